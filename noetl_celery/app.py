@@ -1,0 +1,131 @@
+"""The Celery app: configuration, the two task types, and how decisions are published.
+
+- `noetl.run_task` (queue NOETL_TASK_QUEUE): one attempt of one tool call; ends by sending its
+  outcome to `noetl.on_event`.
+- `noetl.on_event` (queue NOETL_EVENT_QUEUE): records the event and decides what runs next.
+Both are late-acknowledged and rejected on worker loss, so a killed worker loses nothing.
+Neither uses Celery retries, chords or groups: retries and loops are on_event's decisions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery import Celery, signals
+
+from noetl_celery import settings as noetl_settings
+from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.errors import ConfigurationError
+from noetl_celery.store.db import dispose_engines
+
+log = logging.getLogger(__name__)
+
+RUN_TASK = "noetl.run_task"
+ON_EVENT = "noetl.on_event"
+EMBEDDED_POLLING_INTERVAL = 0.001  # seconds; memory:// polls at 1 s by default (33 msgs/s)
+
+
+def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool = False) -> None:
+    transport_options = {"visibility_timeout": settings.visibility_timeout}
+    if embedded:
+        transport_options["polling_interval"] = EMBEDDED_POLLING_INTERVAL
+    app.conf.update(
+        broker_url=noetl_settings.EMBEDDED_BROKER if embedded else (settings.broker_url or
+                                                                    noetl_settings.EMBEDDED_BROKER),
+        result_backend=settings.result_backend,
+        task_ignore_result=True,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=settings.prefetch_multiplier,
+        broker_transport_options=transport_options,
+        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
+        visibility_timeout=settings.visibility_timeout,
+        broker_connection_retry_on_startup=True,
+        task_default_queue=settings.task_queue,
+        task_routes={RUN_TASK: {"queue": settings.task_queue}, ON_EVENT: {"queue": settings.event_queue}},
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=False,
+        worker_hijack_root_logger=False,
+        noetl_settings=settings,
+        noetl_embedded=embedded,
+    )
+
+
+app = Celery("noetl_celery")
+configure(app, noetl_settings.load())
+
+
+def current_settings() -> noetl_settings.Settings:
+    return app.conf.noetl_settings
+
+
+@app.task(name=RUN_TASK, bind=True, acks_late=True, ignore_result=True)
+def run_task(self, execution_id: int, message: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    """Run one attempt and report it. `execution_id` is duplicated here for Flower's kwargs column."""
+    payload = worker.execute(current_settings().database_url, TaskMessage.from_dict(message),
+                             queue_id=self.request.id)
+    if payload is not None:
+        send_event(payload)
+
+
+@app.task(name=ON_EVENT, bind=True, acks_late=True, ignore_result=True)
+def on_event(self, execution_id: int, event: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    """Record one event and publish what it decides."""
+    if event.get("kind") == "wake":
+        publish([Dispatch.from_dict(event["dispatch"])], due=event.get("due"))
+        return
+    publish(orchestrator.handle_event(current_settings().database_url, event))
+
+
+def send_event(payload: dict[str, Any], countdown: float = 0.0) -> None:
+    on_event.apply_async(kwargs={"execution_id": payload["execution_id"], "event": payload},
+                         queue=current_settings().event_queue, countdown=countdown or None,
+                         shadow=f"on_event:{payload.get('kind')}")
+
+
+def publish(dispatches: list[Dispatch], due: float | None = None) -> None:
+    """Send the decided task messages. A wait longer than the broker can safely hold (Redis
+    counts it toward the visibility timeout) is split: a `wake` event re-checks the due time."""
+    settings = current_settings()
+    now = time.time()
+    for dispatch in dispatches:
+        wait = (due - now) if due is not None else dispatch.countdown
+        if wait > settings.max_countdown:
+            target = due if due is not None else now + wait
+            send_event({"kind": "wake", "execution_id": dispatch.message["execution_id"],
+                        "dispatch": dispatch.to_dict(), "due": target}, countdown=settings.max_countdown)
+            continue
+        message = TaskMessage.from_dict(dispatch.message)
+        shadow = f"{dispatch.label or message.step}#attempt{message.attempt}"
+        run_task.apply_async(
+            kwargs={"execution_id": message.execution_id, "message": dispatch.message},
+            queue=settings.task_queue,
+            countdown=wait if wait > 0 else None,
+            shadow=shadow,
+            argsrepr=message.describe(),
+            kwargsrepr=f"{{'execution_id': {message.execution_id}}}",
+        )
+
+
+@signals.worker_process_init.connect
+def _fresh_connections(**_: Any) -> None:
+    dispose_engines()  # a forked child never reuses the parent's pooled connections
+
+
+@signals.worker_init.connect
+def _require_broker(sender: Any = None, **_: Any) -> None:
+    if app.conf.noetl_embedded:
+        return
+    settings = current_settings()
+    try:
+        noetl_settings.require_broker(settings)
+    except ConfigurationError as exc:
+        log.error("%s", exc)
+        raise SystemExit(f"noetl_celery: {exc}") from None

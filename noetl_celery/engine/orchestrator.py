@@ -1,0 +1,457 @@
+"""on_event: the only place that decides what runs next, and records every decision.
+
+One call handles one event in one database transaction:
+  1. decide (counters of loops and joins are updated atomically as the decision needs them),
+  2. record the causing event row with the messages to dispatch (its key is deterministic: a
+     redelivered event conflicts on the unique key and the whole transaction rolls back),
+  3. record the decision rows, variables and the execution's counters,
+  4. after commit, publish the messages. A redelivered event whose row exists re-publishes the
+     stored messages (flagged `replay`), so a crash between commit and publish loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection
+
+from noetl_celery.dsl.plan import Action, Step, Task
+from noetl_celery.engine import loops, pagination, policy, routing
+from noetl_celery.engine.context import STATE, ExecutionState, Scope, render_context
+from noetl_celery.engine.ids import attempt_key, run_id_for
+from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
+from noetl_celery.errors import TemplateError
+from noetl_celery.store import repo
+from noetl_celery.store.db import transaction
+from noetl_celery.templating import as_step_result, plain, render_value
+from noetl_celery.tools.base import get_tool
+
+log = logging.getLogger(__name__)
+
+MAX_INLINE_DEPTH = 200  # routing-only steps and inline tasks chained in one decision
+START_KEY = "execution.started"
+
+
+class DuplicateEvent(Exception):
+    """The causing event was recorded before: this delivery is a redelivery."""
+
+
+@dataclass
+class Decider:
+    """Accumulates one event's decisions; `flush` writes them in order."""
+
+    conn: Connection
+    state: ExecutionState
+    running: bool
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    dispatches: list[Dispatch] = field(default_factory=list)
+    variables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending: int = 0
+    failure: dict[str, Any] | None = None
+    depth: int = 0
+
+    @property
+    def plan(self):  # type: ignore[no-untyped-def]
+        return self.state.plan
+
+    @property
+    def execution_id(self) -> int:
+        return self.state.execution_id
+
+    # --- recording -------------------------------------------------------------------------
+
+    def record(self, event_type: str, key: str, **fields: Any) -> str:
+        row = {"execution_id": self.execution_id, "event_id": key, "event_type": event_type, **fields}
+        if self.state.parent_execution_id is not None:
+            row.setdefault("parent_execution_id", self.state.parent_execution_id)
+        self.rows.append(row)
+        return key
+
+    def set_variables(self, scope: str, values: dict[str, Any]) -> None:
+        if not values:
+            return
+        self.variables.setdefault(scope, {}).update(values)
+        target = {"ctx": self.state.ctx, "vars": self.state.vars, "result": self.state.results,
+                  "tasks": self.state.task_results}[scope]
+        target.update(values)  # later decisions of this same event see the new values
+
+    def fail_execution(self, step: str | None, error: Any, parent: str) -> None:
+        if self.failure is None:
+            self.failure = {"step": step, "error": error}
+            self.record("execution.failed", "execution.failed", status="failed", step=step,
+                        error=error, parent_event_id=parent)
+
+    # --- entry points ----------------------------------------------------------------------
+
+    def start_execution(self) -> None:
+        self.record("execution.started", START_KEY, status="running",
+                    context=sanitize({"workload": self.state.workload}),
+                    meta={"playbook": self.plan.name, "entry_step": self.plan.entry_step})
+        self.enter_step(self.plan.entry_step, START_KEY, frames=[], args={})
+
+    def on_outcome(self, message: TaskMessage, outcome: dict[str, Any], report: dict[str, Any]) -> None:
+        step = self.plan.steps[message.step]
+        task = step.tasks[message.task_index]
+        key = attempt_key(message.run_id, message.iteration, message.seq, message.attempt) + ".done"
+        ok = outcome["status"] == "ok"
+        causing = {
+            "event_type": "action.completed" if ok else "action.failed",
+            "status": "completed" if ok else "failed",
+            "step": step.name, "task": task.label, "run_id": message.run_id,
+            "attempt": message.attempt, "iteration": message.iteration, "page": message.page,
+            "parent_event_id": message.parent_event_id, "queue_id": report.get("queue_id"),
+            "worker": report.get("worker"), "started_at": _timestamp(report.get("started_at")),
+            "duration_ms": report.get("duration_ms"),
+            "result": outcome.get("data"), "error": outcome.get("error"),
+            "meta": {k: v for k, v in (("http", outcome.get("http")), ("pg", outcome.get("pg")),
+                                       ("sink", outcome.get("meta", {}).get("sink")),
+                                       ("stdout", outcome.get("meta", {}).get("stdout"))) if v},
+        }
+        self.record(key=key, **causing)
+        if self.running:
+            self.handle_outcome(step, task, message, outcome, self.rows[-1])
+
+    # --- tasks -----------------------------------------------------------------------------
+
+    def scope_of(self, message: TaskMessage, step: Step) -> Scope:
+        return Scope(
+            iteration=message.iteration, element=message.element,
+            iterator=step.loop.iterator if step.loop else None, iter_vars=message.iter_vars,
+            prev=message.prev, args=message.args, attempt=message.attempt, step=step.name,
+            task_results=message.task_results,
+        )
+
+    def handle_outcome(self, step: Step, task: Task, message: TaskMessage, outcome: dict[str, Any],
+                       row: dict[str, Any]) -> None:
+        base = render_context(self.state, self.scope_of(message, step))
+        context = {**base, **policy.outcome_scope(outcome, message.attempt)}
+        verdict = policy.decide(task.policy, outcome, context)
+        action = verdict.action
+        if verdict.rule is not None or verdict.skipped_conditions:
+            row.setdefault("meta", {})["policy"] = {"rule": verdict.rule, "do": action.do,
+                                                     "skipped": verdict.skipped_conditions or None}
+        ok = outcome["status"] == "ok"
+        try:
+            iter_vars = {**message.iter_vars, **plain(render_value(action.set_iter, context))}
+            self.set_variables("ctx", plain(render_value(action.set_ctx, context)))
+            self.set_variables("vars", plain(render_value(action.set_vars, context)))
+        except TemplateError as exc:
+            self.unit_done(step, message, ok=False, data=None,
+                           error={"kind": "template", "message": str(exc)}, row=row)
+            return
+        data = outcome.get("data")
+        task_results = dict(message.task_results)
+        if len(step.tasks) > 1:
+            task_results[task.label] = data
+        do = action.do
+        if do == "stop":
+            do = "continue" if ok else "fail"
+        if do == "retry":
+            if self.retry(step, task, message, outcome, action, context, iter_vars, row):
+                return
+            do = "continue" if ok else "fail"
+        if do == "continue" and not ok and verdict.rule is None:
+            do = "fail"
+        nxt = message.evolve(iter_vars=iter_vars, task_results=task_results, prev=data,
+                             parent_event_id=row["event_id"], attempt=1, page=1, call={})
+        if do == "continue" and message.task_index + 1 < len(step.tasks):
+            self.dispatch_task(step, nxt.evolve(task_index=message.task_index + 1, seq=message.seq + 1))
+        elif do == "jump":
+            target = next((i for i, t in enumerate(step.tasks) if t.label == action.to), None)
+            if target is None:
+                self.unit_done(step, message, ok=False, data=None, row=row,
+                               error={"kind": "policy", "message": f"jump target {action.to!r} is not a task"})
+                return
+            self.dispatch_task(step, nxt.evolve(task_index=target, seq=message.seq + 1))
+        elif do in ("continue", "break"):
+            self.unit_done(step, message, ok=True, data=self.collected_or(data, step, task, message),
+                           row=row, task_results=task_results, iter_vars=iter_vars)
+        else:
+            self.unit_done(step, message, ok=False, data=data, row=row,
+                           error=outcome.get("error") or {"kind": "policy", "message": "failed by policy rule"})
+
+    def retry(self, step: Step, task: Task, message: TaskMessage, outcome: dict[str, Any], action: Action,
+              context: dict[str, Any], iter_vars: dict[str, Any], row: dict[str, Any]) -> bool:
+        """Schedule the same task again (a retry on error, or the next page); False if exhausted."""
+        ok = outcome["status"] == "ok"
+        limit = action.attempts or (policy.DEFAULT_PAGES if ok else policy.DEFAULT_ATTEMPTS)
+        used = message.page if ok else message.attempt
+        base_key = attempt_key(message.run_id, message.iteration, message.seq, message.attempt)
+        if used >= limit:
+            self.record("retry.exhausted", base_key + ".exhausted", status="exhausted", step=step.name,
+                        task=task.label, run_id=message.run_id, attempt=message.attempt,
+                        iteration=message.iteration, page=message.page, parent_event_id=row["event_id"],
+                        meta={"limit": limit, "kind": "pages" if ok else "attempts"})
+            return False
+        if ok:
+            try:
+                call = plain(render_value(action.next_call or {}, context))
+            except TemplateError as exc:
+                self.unit_done(step, message, ok=False, data=None, row=row,
+                               error={"kind": "template", "message": str(exc)})
+                return True
+            row["event_type"] = "page.completed"
+            row.setdefault("meta", {})["collect"] = action.collect.model_dump() if action.collect else None
+            nxt = message.evolve(seq=message.seq + 1, page=message.page + 1, attempt=1, call=call,
+                                 iter_vars=iter_vars, parent_event_id=row["event_id"])
+            self.dispatch_task(step, nxt)
+            return True
+        retry_after = (outcome.get("error") or {}).get("retry_after")
+        delay = policy.next_backoff(action, message.attempt, retry_after)
+        key = self.record("retry.scheduled", base_key + ".retry", status="scheduled", step=step.name,
+                          task=task.label, run_id=message.run_id, attempt=message.attempt + 1,
+                          iteration=message.iteration, page=message.page, parent_event_id=row["event_id"],
+                          meta={"delay": delay, "reason": (outcome.get("error") or {}).get("message"),
+                                "rule": row.get("meta", {}).get("policy", {}).get("rule"), "limit": limit})
+        nxt = message.evolve(attempt=message.attempt + 1, iter_vars=iter_vars, parent_event_id=key)
+        self.dispatch_task(step, nxt, countdown=delay, record_start=False)  # the retry row is its start
+        return True
+
+    def collected_or(self, data: Any, step: Step, task: Task, message: TaskMessage) -> Any:
+        """The step's data after a task's last page: the collected pages when it paginated."""
+        if message.page <= 1 and not _collects(task):
+            return data
+        return pagination.collect_pages(self.conn, self.execution_id, message, task, data)
+
+    def dispatch_task(self, step: Step, message: TaskMessage, countdown: float = 0.0,
+                      record_start: bool = True) -> None:
+        task = step.tasks[message.task_index]
+        spec = get_tool(task.kind)
+        if spec is not None and spec.routing_only and task.sink is None and countdown == 0:
+            self.run_inline(step, task, message)
+            return
+        key = attempt_key(message.run_id, message.iteration, message.seq, message.attempt)
+        first_of_iteration = message.iteration is not None and message.seq == 0 and message.attempt == 1
+        if record_start:
+            self.record("iteration.started" if first_of_iteration else "action.started", key + ".start",
+                        status="started", step=step.name, task=task.label, run_id=message.run_id,
+                        attempt=message.attempt, iteration=message.iteration, page=message.page,
+                        parent_event_id=message.parent_event_id,
+                        context=sanitize({"element": message.element, "call": message.call or None,
+                                          "args": message.args or None}))
+        message = message.evolve(parent_event_id=key + ".start")
+        self.dispatches.append(Dispatch.task(message, countdown=countdown, label=f"{step.name}:{task.label}"))
+
+    def run_inline(self, step: Step, task: Task, message: TaskMessage) -> None:
+        """A routing-only task (noop/end/router) is decided here, without a worker round trip."""
+        self.depth += 1
+        if self.depth > MAX_INLINE_DEPTH:
+            self.unit_done(step, message, ok=False, data=None, row={"event_id": message.parent_event_id},
+                           error={"kind": "routing", "message": f"more than {MAX_INLINE_DEPTH} routing-only "
+                                  "tasks in a row: a cycle of steps without work?"})
+            return
+        context = render_context(self.state, self.scope_of(message, step))
+        try:
+            args = plain(render_value(task.config.get("args"), context))
+            outcome = {"status": "ok", "data": args}
+        except TemplateError as exc:
+            outcome = {"status": "error", "error": {"kind": "template", "message": str(exc)}}
+        row = {"event_id": message.parent_event_id}
+        self.handle_outcome(step, task, message, outcome, row)
+
+    # --- units: a step run, or one iteration of a loop ---------------------------------------
+
+    def unit_done(self, step: Step, message: TaskMessage, *, ok: bool, data: Any, row: dict[str, Any],
+                  error: Any = None, task_results: dict[str, Any] | None = None,
+                  iter_vars: dict[str, Any] | None = None) -> None:
+        if message.iteration is not None:
+            if row.get("event_type", "").startswith("action.") and row.get("execution_id"):
+                row["event_type"] = "iteration.completed" if ok else "iteration.failed"
+                row["result"] = data
+            loops.iteration_done(self, step, message, ok=ok, data=data, error=error, row=row)
+            return
+        self.step_done(step, message.run_id, ok=ok, data=data, error=error, frames=message.frames,
+                       args=message.args, task_results=task_results or {}, parent=row["event_id"])
+
+    def step_done(self, step: Step, run_id: str, *, ok: bool, data: Any, error: Any, frames: list[list[str]],
+                  args: dict[str, Any], task_results: dict[str, Any], parent: str, via: str = "call",
+                  counted: bool = True) -> None:
+        if counted:
+            self.pending -= 1
+        done_key = f"{run_id}.step.done"
+        if not ok:
+            self.record("step.failed", done_key, status="failed", step=step.name, run_id=run_id,
+                        error=error, parent_event_id=parent)
+            self.fail_execution(step.name, error, done_key)
+            return
+        self.set_variables("result", {step.name: data})
+        if len(step.tasks) > 1 and task_results:
+            self.set_variables("tasks", {step.name: task_results})
+        scope = Scope(args=args, step=step.name)
+        context = render_context(self.state, scope)
+        response = data.get("data") if isinstance(data, dict) and "status_code" in data else data
+        context.update(result=as_step_result(data), response=response,
+                       event={"name": routing.TERMINAL_EVENT_NAMES[via]})
+        try:
+            self.set_variables("vars", plain(render_value(step.vars, context)))
+            self.set_variables("ctx", plain(render_value(step.set_ctx, context)))
+            context.update(ctx=self.state.ctx, vars=self.state.vars)
+            fired = [] if step.name == self.plan.final_step else routing.fired_arcs(step, context)
+            targets = [(arc.step, routing.arc_args(arc, context)) for arc in fired]
+        except TemplateError as exc:
+            err = {"kind": "template", "message": str(exc)}
+            self.record("step.failed", done_key, status="failed", step=step.name, run_id=run_id,
+                        error=err, parent_event_id=parent)
+            self.fail_execution(step.name, err, done_key)
+            return
+        self.record("step.completed", done_key, status="completed", step=step.name, run_id=run_id,
+                    result=data, parent_event_id=parent,
+                    meta={"next": [t for t, _ in targets]} if targets else None)
+        if not targets and step.next.arcs and self.plan.no_next_is_error and step.name != self.plan.final_step:
+            err = {"kind": "routing", "message": f"no arc of step {step.name!r} matched"}
+            self.fail_execution(step.name, err, done_key)
+            return
+        self.route(step, targets, frames, done_key)
+
+    # --- routing and joins -----------------------------------------------------------------
+
+    def route(self, step: Step, targets: list[tuple[str, dict[str, Any]]], frames: list[list[str]],
+              parent: str) -> None:
+        if not targets:
+            self.branch_ended(frames, parent)
+            return
+        child_frames = frames
+        if len(targets) > 1 and step.join:
+            repo.open_join(self.conn, self.execution_id, parent, step.join, len(targets))
+            child_frames = [*frames, [parent, step.join]]
+        for target, args in targets:
+            self.enter_step(target, parent, child_frames, args)
+
+    def enter_step(self, name: str, parent: str, frames: list[list[str]], args: dict[str, Any]) -> None:
+        if frames and frames[-1][1] == name:
+            fork_id = frames[-1][0]
+            settled, arrived, width = repo.settle_join(self.conn, self.execution_id, fork_id, arrived=True)
+            self.record("join.arrived", f"{parent}>{name}.arrive", status="waiting" if settled < width else "ready",
+                        step=name, parent_event_id=parent, meta={"fork": fork_id, "settled": settled,
+                                                                 "width": width})
+            if settled == width:
+                self.start_step(name, f"{fork_id}.join", frames[:-1], args)
+            return
+        self.start_step(name, parent, frames, args)
+
+    def branch_ended(self, frames: list[list[str]], parent: str) -> None:
+        """A branch inside a fork ended without reaching the join: settle it, maybe release the join."""
+        if not frames:
+            return
+        fork_id, join_step = frames[-1]
+        settled, arrived, width = repo.settle_join(self.conn, self.execution_id, fork_id, arrived=False)
+        if settled < width:
+            return
+        if arrived:
+            self.start_step(join_step, f"{fork_id}.join", frames[:-1], {})
+        else:
+            self.branch_ended(frames[:-1], parent)
+
+    def start_step(self, name: str, parent: str, frames: list[list[str]], args: dict[str, Any]) -> None:
+        step = self.plan.steps[name]
+        run_id = run_id_for(parent, name)
+        start_key = self.record("step.started", f"{run_id}.step.start", status="started", step=name,
+                                run_id=run_id, parent_event_id=parent,
+                                context=sanitize({"args": args}) if args else None)
+        self.depth += 1
+        if self.depth > MAX_INLINE_DEPTH:
+            err = {"kind": "routing", "message": f"more than {MAX_INLINE_DEPTH} steps without work in a row"}
+            self.fail_execution(name, err, start_key)
+            return
+        context = render_context(self.state, Scope(args=args, step=name))
+        try:
+            allowed = routing.admitted(step.admit, context)
+        except TemplateError as exc:
+            self.fail_execution(name, {"kind": "template", "message": str(exc)}, start_key)
+            return
+        if not allowed:
+            self.record("step.skipped", f"{run_id}.step.skipped", status="skipped", step=name, run_id=run_id,
+                        parent_event_id=start_key)
+            self.branch_ended(frames, start_key)
+            return
+        self.pending += 1
+        if step.loop is not None:
+            loops.start_loop(self, step, run_id, start_key, frames, args, context)
+            return
+        if not step.tasks:
+            self.step_done(step, run_id, ok=True, data=args or None, error=None, frames=frames, args=args,
+                           task_results={}, parent=start_key)
+            return
+        message = TaskMessage(execution_id=self.execution_id, run_id=run_id, step=name, task_index=0,
+                              frames=frames, args=args, parent_event_id=start_key)
+        self.dispatch_task(step, message)
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def flush(self) -> list[Dispatch]:
+        """Write everything decided; raises DuplicateEvent (and rolls back) on a redelivery."""
+        pending, version = repo.bump_execution(self.conn, self.execution_id, pending=self.pending,
+                                               version=1 if self.variables else 0)
+        if self.running and self.failure is None and pending <= 0:
+            self.record("execution.completed", "execution.completed", status="completed",
+                        parent_event_id=self.rows[-1]["event_id"] if self.rows else None)
+            repo.finish_execution(self.conn, self.execution_id, "completed")
+        if self.failure is not None:
+            repo.finish_execution(self.conn, self.execution_id, "failed", error=self.failure["error"],
+                                  failed_step=self.failure["step"])
+        dispatches = [d.with_version(version) for d in self.dispatches] if self.running else []
+        causing, *decisions = self.rows
+        causing = {**causing, "meta": {**(causing.get("meta") or {}),
+                                       **({"dispatch": [d.to_dict() for d in dispatches]} if dispatches else {})}}
+        if not repo.insert_event(self.conn, causing):
+            raise DuplicateEvent(causing["event_id"])
+        repo.insert_events(self.conn, decisions)
+        for scope, values in self.variables.items():
+            repo.put_variables(self.conn, self.execution_id, scope, values)
+        return dispatches
+
+
+def _timestamp(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else None
+
+
+def _collects(task: Task) -> bool:
+    return bool(task.policy and any(rule.then.collect for rule in task.policy.rules))
+
+
+def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
+    """Decide on one event; returns what to publish (already recorded)."""
+    execution_id = int(payload["execution_id"])
+    kind = payload["kind"]
+    with transaction(url) as conn:
+        head = repo.execution_head(conn, execution_id)
+    if head is None:
+        log.warning("event for unknown execution %s dropped", execution_id)
+        return []
+    state = STATE.get(url, execution_id, min_version=head["state_version"])
+    try:
+        with transaction(url) as conn:
+            head = repo.execution_head(conn, execution_id)
+            decider = Decider(conn=conn, state=state, running=head["status"] == "running")
+            if kind == "start":
+                decider.start_execution()
+            elif kind == "outcome":
+                decider.on_outcome(TaskMessage.from_dict(payload["task"]), payload["outcome"], payload["report"])
+            else:
+                raise ValueError(f"unknown event kind {kind!r}")
+            dispatches = decider.flush()
+    except DuplicateEvent as dup:
+        STATE.forget(url, execution_id)
+        return replay(url, execution_id, str(dup))
+    except Exception:
+        STATE.forget(url, execution_id)  # the in-memory state saw writes that were rolled back
+        raise
+    if decider.variables:
+        STATE.forget(url, execution_id)
+    return dispatches
+
+
+def replay(url: str, execution_id: int, key: str) -> list[Dispatch]:
+    """A redelivered event: publish again what its first delivery decided (receivers dedupe)."""
+    with transaction(url) as conn:
+        row = repo.find_event(conn, execution_id, key)
+    stored = ((row or {}).get("meta") or {}).get("dispatch") or []
+    return [Dispatch.from_dict(d).as_replay() for d in stored]
+
+
+def start_payload(execution_id: int) -> dict[str, Any]:
+    return {"kind": "start", "execution_id": execution_id}
+

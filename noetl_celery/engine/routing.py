@@ -1,0 +1,46 @@
+"""Routing: which arcs of a finished step fire, and whether a step is admitted.
+
+Pure functions over the plan and a render context; the orchestrator records what they decide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from noetl_celery.dsl.plan import Arc, Rule, Step
+from noetl_celery.engine.policy import EventName
+from noetl_celery.templating import evaluate_condition, plain, render_value
+
+# What `event.name` equals when a step's arcs are evaluated, by how the step ended.
+TERMINAL_EVENT_NAMES = {
+    "call": EventName("call.done", ("step.exit", "step.done", "step.completed", "action.completed")),
+    "loop": EventName("loop.done", ("step.exit", "step.done", "step.completed", "iterator.completed")),
+}
+
+
+def fired_arcs(step: Step, context: dict[str, Any]) -> list[Arc]:
+    """The arcs that fire: exclusive mode takes the first that holds, inclusive takes all."""
+    fired: list[Arc] = []
+    for arc in step.next.arcs:
+        holds = evaluate_condition(arc.when, context)
+        if arc.negate:
+            holds = not holds
+        if holds:
+            fired.append(arc)
+            if step.next.mode == "exclusive":
+                break
+    return fired
+
+
+def arc_args(arc: Arc, context: dict[str, Any]) -> dict[str, Any]:
+    return plain(render_value(arc.args, context)) if arc.args else {}
+
+
+def admitted(rules: list[Rule] | None, context: dict[str, Any]) -> bool:
+    """Admission rules: the first that holds decides; `continue` admits. No rules: admitted."""
+    if not rules:
+        return True
+    for rule in rules:
+        if evaluate_condition(rule.when, context):
+            return rule.then.do == "continue"
+    return False

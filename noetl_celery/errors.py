@@ -1,0 +1,47 @@
+"""Errors a user of noetl_celery can see and catch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a playbook: where it is and what is wrong."""
+
+    file: str
+    line: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+
+class NoetlError(Exception):
+    """Base class of every error noetl_celery raises on purpose."""
+
+
+class PlaybookError(NoetlError):
+    """A playbook is invalid. Carries every problem found, each with file, line and key path."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class ConfigurationError(NoetlError):
+    """The environment (broker, database, credentials) is not usable as configured."""
+
+
+class CredentialError(NoetlError):
+    """A credential named by `auth:` cannot be resolved."""
+
+
+class TemplateError(NoetlError):
+    """A template failed to render; names the template and the reason."""
+
+
+class ExecutionNotFound(NoetlError):
+    """No execution with that id in the event store."""

@@ -1,0 +1,121 @@
+"""SQLAlchemy models of the event store. Alembic owns the schema (alembic/versions)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, String, UniqueConstraint
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+Json = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: Json, Any: Json}
+
+
+class Execution(Base):
+    """One run of a playbook. `pending` counts step runs dispatched and not yet finished."""
+
+    __tablename__ = "noetl_execution"
+
+    execution_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    parent_execution_id: Mapped[int | None] = mapped_column(BigInteger)
+    playbook_name: Mapped[str] = mapped_column(String(200))
+    playbook_path: Mapped[str | None] = mapped_column(String(500))
+    status: Mapped[str] = mapped_column(String(16), index=True)  # running | completed | failed
+    plan: Mapped[dict[str, Any]] = mapped_column(Json)
+    workload: Mapped[dict[str, Any]] = mapped_column(Json)
+    error: Mapped[Any | None] = mapped_column(Json)
+    failed_step: Mapped[str | None] = mapped_column(String(200))
+    pending: Mapped[int] = mapped_column(Integer, default=0)
+    state_version: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Event(Base):
+    """One row per attempt, iteration and decision. `event_id` is deterministic: redelivery of
+    the same event hits the unique key and is a no-op."""
+
+    __tablename__ = "noetl_event"
+    __table_args__ = (
+        UniqueConstraint("execution_id", "event_id", name="uq_noetl_event_key"),
+        Index("ix_noetl_event_run", "execution_id", "run_id", "event_type"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    execution_id: Mapped[int] = mapped_column(BigInteger, index=True)
+    event_id: Mapped[str] = mapped_column(String(200))
+    parent_event_id: Mapped[str | None] = mapped_column(String(200))
+    parent_execution_id: Mapped[int | None] = mapped_column(BigInteger)
+    queue_id: Mapped[str | None] = mapped_column(String(64))  # Celery task id
+    event_type: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str | None] = mapped_column(String(32))
+    step: Mapped[str | None] = mapped_column(String(200))
+    task: Mapped[str | None] = mapped_column(String(200))
+    run_id: Mapped[str | None] = mapped_column(String(64))
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    iteration: Mapped[int | None] = mapped_column(Integer)
+    page: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    duration_ms: Mapped[float | None] = mapped_column(Float)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    context: Mapped[Any | None] = mapped_column(Json)
+    result: Mapped[Any | None] = mapped_column(Json)
+    error: Mapped[Any | None] = mapped_column(Json)
+    meta: Mapped[Any | None] = mapped_column(Json)
+
+
+class Variable(Base):
+    """Execution-scoped state, one row per name: ctx.*, vars.* and each step's latest result."""
+
+    __tablename__ = "noetl_variable"
+
+    execution_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # ctx | vars | result
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    value: Mapped[Any | None] = mapped_column(Json)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Join(Base):
+    """Fan-in state of one fork: how many of its branches have settled, and where they meet."""
+
+    __tablename__ = "noetl_join"
+
+    execution_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    fork_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    join_step: Mapped[str] = mapped_column(String(200))
+    width: Mapped[int] = mapped_column(Integer)
+    settled: Mapped[int] = mapped_column(Integer, default=0)
+    arrived: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class LoopState(Base):
+    """Counters of one loop instance (one entry of a loop step). A cache of the event rows."""
+
+    __tablename__ = "noetl_loop"
+
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    execution_id: Mapped[int] = mapped_column(BigInteger, index=True)
+    step: Mapped[str] = mapped_column(String(200))
+    mode: Mapped[str] = mapped_column(String(16))
+    total: Mapped[int] = mapped_column(Integer)
+    cap: Mapped[int] = mapped_column(Integer)
+    dispatched: Mapped[int] = mapped_column(Integer, default=0)
+    done: Mapped[int] = mapped_column(Integer, default=0)
+    succeeded: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(16))  # running | completed
+    collection: Mapped[Any | None] = mapped_column(Json)
+    context: Mapped[Any | None] = mapped_column(Json)  # run context of the loop (fork frames, args)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+

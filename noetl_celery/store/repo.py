@@ -1,0 +1,274 @@
+"""The few queries the engine needs, in SQLAlchemy Core (the hot path stays lean).
+
+Every write that must happen once per event is either an idempotent insert on the event's
+deterministic key (a duplicate is detected by `RETURNING` giving no row, never by rowcount) or an
+atomic `UPDATE ... RETURNING` in the same transaction as that insert.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+from sqlalchemy import Connection, and_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from noetl_celery.store.models import Event, Execution, Join, LoopState, Variable
+
+EVENTS = Event.__table__
+EXECUTIONS = Execution.__table__
+VARIABLES = Variable.__table__
+JOINS = Join.__table__
+LOOPS = LoopState.__table__
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _insert(conn: Connection, table):  # type: ignore[no-untyped-def]
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(table)
+    if dialect == "sqlite":
+        return sqlite.insert(table)
+    raise NotImplementedError(f"event store on {dialect} is not supported (use PostgreSQL or SQLite)")
+
+
+# --- executions ---------------------------------------------------------------------------
+
+
+def create_execution(conn: Connection, *, execution_id: int, plan: dict[str, Any], workload: dict[str, Any],
+                     parent_execution_id: int | None = None) -> None:
+    now = utcnow()
+    conn.execute(
+        EXECUTIONS.insert().values(
+            execution_id=execution_id,
+            parent_execution_id=parent_execution_id,
+            playbook_name=plan["name"],
+            playbook_path=plan.get("path"),
+            status="running",
+            plan=plan,
+            workload=workload,
+            pending=0,
+            state_version=0,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+
+
+def get_execution(conn: Connection, execution_id: int) -> dict[str, Any] | None:
+    row = conn.execute(select(EXECUTIONS).where(EXECUTIONS.c.execution_id == execution_id)).mappings().first()
+    return dict(row) if row else None
+
+
+def execution_head(conn: Connection, execution_id: int) -> dict[str, Any] | None:
+    """Status, pending and state version (no plan, no workload)."""
+    c = EXECUTIONS.c
+    row = conn.execute(
+        select(c.status, c.pending, c.state_version).where(c.execution_id == execution_id)
+    ).mappings().first()
+    return dict(row) if row else None
+
+
+def bump_execution(conn: Connection, execution_id: int, *, pending: int = 0, version: int = 0) -> tuple[int, int]:
+    """Atomically add to the pending counter and the state version; returns both new values."""
+    c = EXECUTIONS.c
+    row = conn.execute(
+        update(EXECUTIONS)
+        .where(c.execution_id == execution_id)
+        .values(pending=c.pending + pending, state_version=c.state_version + version, updated_at=utcnow())
+        .returning(c.pending, c.state_version)
+    ).first()
+    if row is None:
+        raise LookupError(f"execution {execution_id} not found")
+    return int(row[0]), int(row[1])
+
+
+def finish_execution(conn: Connection, execution_id: int, status: str, *, error: Any = None,
+                     failed_step: str | None = None) -> bool:
+    """Move a running execution to completed/failed; False if it had already finished."""
+    c = EXECUTIONS.c
+    now = utcnow()
+    row = conn.execute(
+        update(EXECUTIONS)
+        .where(and_(c.execution_id == execution_id, c.status == "running"))
+        .values(status=status, error=error, failed_step=failed_step, finished_at=now, updated_at=now)
+        .returning(c.execution_id)
+    ).first()
+    return row is not None
+
+
+def list_executions(conn: Connection, limit: int = 20) -> list[dict[str, Any]]:
+    c = EXECUTIONS.c
+    rows = conn.execute(
+        select(c.execution_id, c.playbook_name, c.status, c.created_at, c.finished_at, c.failed_step)
+        .order_by(c.created_at.desc())
+        .limit(limit)
+    ).mappings()
+    return [dict(r) for r in rows]
+
+
+# --- events -------------------------------------------------------------------------------
+
+
+def insert_event(conn: Connection, row: dict[str, Any]) -> bool:
+    """Insert one event row; False when an event with the same key exists (a redelivery)."""
+    values = {"created_at": utcnow(), **row}
+    stmt = _insert(conn, EVENTS).values(**values).on_conflict_do_nothing(
+        index_elements=["execution_id", "event_id"]
+    ).returning(EVENTS.c.id)
+    return conn.execute(stmt).first() is not None
+
+
+def insert_events(conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
+    """Insert decision rows (keys derived from a fresh causing event: no conflict expected)."""
+    now = utcnow()
+    batch = [{"created_at": now, **r} for r in rows]
+    if batch:
+        columns = set().union(*batch)
+        batch = [{c: r.get(c) for c in columns} for r in batch]  # executemany needs one shape
+        stmt = _insert(conn, EVENTS).on_conflict_do_nothing(index_elements=["execution_id", "event_id"])
+        conn.execute(stmt, batch)
+
+
+def find_event(conn: Connection, execution_id: int, event_id: str) -> dict[str, Any] | None:
+    c = EVENTS.c
+    row = conn.execute(
+        select(EVENTS).where(and_(c.execution_id == execution_id, c.event_id == event_id))
+    ).mappings().first()
+    return dict(row) if row else None
+
+
+def event_exists(conn: Connection, execution_id: int, event_id: str) -> bool:
+    c = EVENTS.c
+    return conn.execute(
+        select(c.id).where(and_(c.execution_id == execution_id, c.event_id == event_id))
+    ).first() is not None
+
+
+def list_events(conn: Connection, execution_id: int) -> list[dict[str, Any]]:
+    rows = conn.execute(select(EVENTS).where(EVENTS.c.execution_id == execution_id).order_by(EVENTS.c.id)).mappings()
+    return [dict(r) for r in rows]
+
+
+def run_events(conn: Connection, execution_id: int, run_id: str, event_type: str,
+               columns: tuple[str, ...] = ("iteration", "status", "result", "error")) -> list[dict[str, Any]]:
+    c = EVENTS.c
+    rows = conn.execute(
+        select(*[c[name] for name in columns])
+        .where(and_(c.execution_id == execution_id, c.run_id == run_id, c.event_type == event_type))
+        .order_by(c.id)
+    ).mappings()
+    return [dict(r) for r in rows]
+
+
+# --- variables (ctx, vars, step results) --------------------------------------------------
+
+
+def put_variables(conn: Connection, execution_id: int, scope: str, values: dict[str, Any]) -> None:
+    if not values:
+        return
+    now = utcnow()
+    rows = [{"execution_id": execution_id, "scope": scope, "name": k, "value": v, "updated_at": now}
+            for k, v in values.items()]
+    stmt = _insert(conn, VARIABLES)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["execution_id", "scope", "name"],
+        set_={"value": stmt.excluded.value, "updated_at": stmt.excluded.updated_at},
+    )
+    conn.execute(stmt, rows)
+
+
+def load_variables(conn: Connection, execution_id: int) -> dict[str, dict[str, Any]]:
+    c = VARIABLES.c
+    scopes: dict[str, dict[str, Any]] = {}
+    for scope, name, value in conn.execute(select(c.scope, c.name, c.value).where(c.execution_id == execution_id)):
+        scopes.setdefault(scope, {})[name] = value
+    return scopes
+
+
+# --- joins --------------------------------------------------------------------------------
+
+
+def open_join(conn: Connection, execution_id: int, fork_id: str, join_step: str, width: int) -> None:
+    conn.execute(
+        _insert(conn, JOINS)
+        .values(execution_id=execution_id, fork_id=fork_id, join_step=join_step, width=width, settled=0, arrived=0)
+        .on_conflict_do_nothing(index_elements=["execution_id", "fork_id"])
+    )
+
+
+def settle_join(conn: Connection, execution_id: int, fork_id: str, *, arrived: bool) -> tuple[int, int, int]:
+    """One branch of the fork settled (arrived at the join, or ended); returns (settled, arrived, width)."""
+    c = JOINS.c
+    row = conn.execute(
+        update(JOINS)
+        .where(and_(c.execution_id == execution_id, c.fork_id == fork_id))
+        .values(settled=c.settled + 1, arrived=c.arrived + (1 if arrived else 0))
+        .returning(c.settled, c.arrived, c.width)
+    ).first()
+    if row is None:
+        raise LookupError(f"fork {fork_id} of execution {execution_id} not found")
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+# --- loops --------------------------------------------------------------------------------
+
+
+def create_loop(conn: Connection, values: dict[str, Any]) -> None:
+    now = utcnow()
+    conn.execute(
+        _insert(conn, LOOPS)
+        .values(created_at=now, updated_at=now, status="running", dispatched=0, done=0, succeeded=0, failed=0,
+                **values)
+        .on_conflict_do_nothing(index_elements=["run_id"])
+    )
+
+
+def get_loop(conn: Connection, run_id: str, *, with_collection: bool = False) -> dict[str, Any] | None:
+    c = LOOPS.c
+    cols = [col for col in LOOPS.c if with_collection or col.name != "collection"]
+    row = conn.execute(select(*cols).where(c.run_id == run_id)).mappings().first()
+    return dict(row) if row else None
+
+
+def loop_iteration_done(conn: Connection, run_id: str, *, ok: bool) -> dict[str, Any]:
+    """Count one finished iteration; returns the counters after the update (done, total, cap, ...)."""
+    c = LOOPS.c
+    row = conn.execute(
+        update(LOOPS)
+        .where(c.run_id == run_id)
+        .values(
+            done=c.done + 1,
+            succeeded=c.succeeded + (1 if ok else 0),
+            failed=c.failed + (0 if ok else 1),
+            updated_at=utcnow(),
+        )
+        .returning(c.done, c.succeeded, c.failed, c.total, c.cap, c.status)
+    ).mappings().first()
+    if row is None:
+        raise LookupError(f"loop {run_id} not found")
+    return dict(row)
+
+
+def claim_loop_indexes(conn: Connection, run_id: str, count: int) -> int:
+    """Add `count` to dispatched (loop start); returns the new value."""
+    c = LOOPS.c
+    row = conn.execute(
+        update(LOOPS).where(c.run_id == run_id).values(dispatched=c.dispatched + count).returning(c.dispatched)
+    ).first()
+    return int(row[0]) if row else 0
+
+
+def complete_loop(conn: Connection, run_id: str) -> bool:
+    """Mark the loop completed exactly once; True only for the caller that did it."""
+    c = LOOPS.c
+    row = conn.execute(
+        update(LOOPS)
+        .where(and_(c.run_id == run_id, c.status == "running"))
+        .values(status="completed", updated_at=utcnow())
+        .returning(c.run_id)
+    ).first()
+    return row is not None
