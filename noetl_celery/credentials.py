@@ -1,0 +1,248 @@
+"""Resolve the credentials a task names in `auth:`, and scrub their secrets from outputs.
+
+`resolve(ref)`: ref is None, a name (`auth: pg_local`), or a mapping naming one
+(`auth: {type: postgres, credential: pg_k8s}`; also `name:` or `key:`). Lookup order:
+1. the env var NOETL_AUTH_<NAME> (the name upper-cased, every non-alphanumeric character -> _):
+   a JSON object, or a plain string (a DSN, URL or token);
+2. the JSON (.json) or YAML (any other suffix) file named by NOETL_CREDENTIALS_FILE: a mapping
+   name -> credential (optionally nested under a top-level `credentials:` key).
+A mapping ref with a `type` adds that type to a found mapping credential that has none.
+A mapping ref without `credential:` that carries a credential inline (token/password/value/
+headers/dsn/url...) is returned as it is. Not found -> CredentialError naming the credential and both
+places looked.
+
+`secret_values(credential)` lists the secret strings of a credential; `scrub(obj, secrets)`
+replaces them by "***" in a deep copy of a JSON-like value.
+
+This module never logs and never puts a secret value into an error message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import yaml
+
+from noetl_celery.errors import CredentialError
+
+ENV_PREFIX = "NOETL_AUTH_"
+FILE_ENV = "NOETL_CREDENTIALS_FILE"
+MIN_SECRET_LENGTH = 4  # shorter strings are not scrubbed (they would mangle ordinary text)
+SECRET_KEYS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pass",
+        "token",
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "secret",
+        "client_secret",
+        "api_key",
+        "apikey",
+        "value",
+        "private_key",
+        "authorization",
+    }
+)
+DSN_KEYS = frozenset({"dsn", "url", "uri", "connection_string", "database_url"})
+_NAME_KEYS = ("credential", "name", "key")
+
+_file_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+
+
+def env_var_name(name: str) -> str:
+    """The env var that holds credential `name`: NOETL_AUTH_<NAME, non-alnum -> _>."""
+    return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+
+
+def resolve(ref: Any) -> Any | None:
+    """The credential `ref` names (a mapping or a string), None for no ref."""
+    if ref is None or ref == "":
+        return None
+    cred_type: str | None = None
+    if isinstance(ref, dict):
+        cred_type = ref.get("type")
+        names = [ref[k] for k in _NAME_KEYS if isinstance(ref.get(k), str) and ref[k]]
+        if not ref.get("credential") and (SECRET_KEYS | DSN_KEYS | {"headers"}) & set(ref):
+            return dict(ref)  # an inline credential ({type: header, name: X-Key, value: ...})
+        name = names[0] if names else None
+        if name is None:
+            keys = ", ".join(sorted(str(k) for k in ref)) or "(none)"
+            raise CredentialError(
+                f"auth mapping names no credential: give `credential: <name>` (keys: {keys})"
+            )
+    elif isinstance(ref, str):
+        name = ref
+    else:
+        raise CredentialError(f"auth must be a credential name or a mapping, not {type(ref).__name__}")
+
+    found = _from_env(name)
+    if found is None:
+        found = _from_file(name)
+    if found is None:
+        var = env_var_name(name)
+        path = os.environ.get(FILE_ENV)
+        where_file = (
+            f"the file {path} ({FILE_ENV})" if path else f"no credentials file ({FILE_ENV} is not set)"
+        )
+        raise CredentialError(
+            f"credential {name!r} not found: looked in the env var {var} and in {where_file}"
+        )
+    if cred_type and isinstance(found, dict) and "type" not in found:
+        found = {"type": cred_type, **found}
+    return found
+
+
+def _from_env(name: str) -> Any | None:
+    var = env_var_name(name)
+    raw = os.environ.get(var)
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip()
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CredentialError(
+                f"env var {var} starts with '{{' but is not valid JSON (at char {exc.pos})"
+            ) from None
+        if not isinstance(value, dict):
+            raise CredentialError(f"env var {var} must hold a JSON object or a plain string")
+        return value
+    return text
+
+
+def _from_file(name: str) -> Any | None:
+    path = os.environ.get(FILE_ENV)
+    if not path:
+        return None
+    entries = _load_file(Path(path))
+    return entries.get(name)
+
+
+def _load_file(path: Path) -> dict[str, Any]:
+    """The name -> credential mapping of a credentials file (cached by modification time)."""
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        raise CredentialError(f"credentials file {path} ({FILE_ENV}) cannot be read") from None
+    cached = _file_cache.get(str(path))
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except OSError:
+        raise CredentialError(f"credentials file {path} ({FILE_ENV}) cannot be read") from None
+    except json.JSONDecodeError as exc:  # messages of the parsers could quote secrets: keep the position only
+        raise CredentialError(f"credentials file {path} is not valid JSON (line {exc.lineno})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise CredentialError(f"credentials file {path} is not valid YAML{where}") from None
+    if data is None:
+        data = {}
+    if isinstance(data, dict) and set(data) == {"credentials"} and isinstance(data["credentials"], dict):
+        data = data["credentials"]
+    if not isinstance(data, dict):
+        raise CredentialError(f"credentials file {path} must hold a mapping name -> credential")
+    _file_cache[str(path)] = (mtime, data)
+    return data
+
+
+def _dsn_passwords(text: str) -> set[str]:
+    """The password inside a URL (scheme://user:password@host, raw and decoded) or a key=value DSN."""
+    if "://" in text:
+        try:
+            password = urlsplit(text).password
+        except ValueError:
+            return set()
+        return {password, unquote(password)} if password else set()
+    match = re.search(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", text)
+    if not match:
+        return set()
+    value = match.group(1)
+    if value.startswith("'"):
+        value = re.sub(r"\\(.)", r"\1", value[1:-1])
+    return {value}
+
+
+def _looks_like_dsn(text: str) -> bool:
+    return "://" in text or bool(re.search(r"(?:^|\s)(host|dbname|user|password)\s*=", text))
+
+
+def secret_values(credential: Any) -> set[str]:
+    """The secret strings inside a credential, to be scrubbed from outcomes and logs.
+
+    A plain string is a secret as a whole, unless it is a DSN/URL (then its password is).
+    In a mapping: the values of password/token/value/secret/api_key-like keys, every value
+    under `headers`, the password of dsn/url values, and the basic-auth header value.
+    """
+    found: set[str] = set()
+    if credential is None:
+        return found
+    if isinstance(credential, str):
+        if _looks_like_dsn(credential):
+            found |= _dsn_passwords(credential)
+        elif credential:
+            found.add(credential)
+        return found
+    if isinstance(credential, list):
+        for item in credential:
+            found |= secret_values(item) if isinstance(item, (dict, list)) else set()
+        return found
+    if not isinstance(credential, dict):
+        return found
+    for key, value in credential.items():
+        lowered = str(key).lower()
+        if isinstance(value, (dict, list)):
+            if lowered == "headers" and isinstance(value, dict):
+                found |= {str(v) for v in value.values() if v not in (None, "")}
+            else:
+                found |= secret_values(value)
+        elif value is None or value == "":
+            continue
+        elif lowered in SECRET_KEYS:
+            found.add(str(value))
+        elif lowered in DSN_KEYS and isinstance(value, str):
+            found |= _dsn_passwords(value)
+    if credential.get("password") and (credential.get("username") or credential.get("user")):
+        user = credential.get("username") or credential.get("user")
+        found.add(base64.b64encode(f"{user}:{credential['password']}".encode()).decode("ascii"))
+    return found
+
+
+def scrub(obj: Any, secrets: set[str] | frozenset[str] | list[str]) -> Any:
+    """A deep copy of a JSON-like value with each secret (len >= 4) replaced by "***"."""
+    usable = sorted(
+        (s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LENGTH), key=len, reverse=True
+    )
+    return _scrub(obj, usable)
+
+
+def _scrub(obj: Any, secrets: list[str]) -> Any:
+    if isinstance(obj, str):
+        for secret in secrets:
+            if secret in obj:
+                obj = obj.replace(secret, "***")
+        return obj
+    if isinstance(obj, dict):
+        return {_scrub(k, secrets) if isinstance(k, str) else k: _scrub(v, secrets) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_scrub(v, secrets) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_scrub(v, secrets) for v in obj)
+    if isinstance(obj, (set, frozenset)):
+        return type(obj)(_scrub(v, secrets) for v in obj)
+    return obj

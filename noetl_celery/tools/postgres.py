@@ -1,0 +1,331 @@
+"""The `postgres` tool: run SQL text, or write rows into a table, with psycopg2.
+
+Two shapes:
+
+* SQL: `command` (aliases query, sql, statement) is run as ONE `cursor.execute`, so
+  multi-statement text and `DO $$ ... $$` blocks work. `params` binds `%(name)s` (a mapping) or
+  `%s` (a list); without `params` no parameters are passed, so a literal `%` needs no escaping.
+  Data: {rows: [{column: value}] of the last statement of the text (libpq returns only the last
+  statement's result; [] when it returns no rows), row_count, columns, statusmessage}.
+* table write (the sink shape): `table` + `args` (a mapping column -> value, or a list of them)
+  + `mode` insert | append (the same) | upsert (needs `key`: a column or a list of columns;
+  ON CONFLICT (key) DO UPDATE SET the other columns; rows repeating a key keep the last one).
+  A dict or list value is written as JSON. Data: {row_count, table, mode}.
+
+Success commits, an error rolls back (`autocommit: true` runs without a transaction). Values
+read back go through `to_jsonable`. Errors: kind "sql_error" with code/pg.code = SQLSTATE
+(retryable for serialization failures and deadlocks), "connection" when the server cannot be
+reached or the connection broke (retryable, except for a wrong role/password/database).
+A password never appears in an error message.
+
+Credential: a DSN or URL string, or a mapping {dsn} or {host, port, user, password,
+database|dbname|db, sslmode}; without one, the env var NOETL_POSTGRES_DSN is used. `database`
+in the config overrides the credential's database. Connections are cached per process and
+thread, keyed by DSN. The call's timeout becomes the transaction's statement_timeout.
+This module does not log and does not render templates.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+from psycopg2 import sql
+
+from noetl_celery.jsonable import to_jsonable
+from noetl_celery.tools.base import Outcome, ToolCall, register
+
+DSN_ENV = "NOETL_POSTGRES_DSN"
+CONNECT_TIMEOUT = "10"  # seconds, unless the credential says otherwise
+PING_AFTER_IDLE = 30.0  # seconds; a cached connection idle longer is checked before use
+MAX_CONNECTIONS_PER_THREAD = 4
+INSERT_CHUNK = 1000  # rows per INSERT statement
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
+_CREDENTIAL_KEYS = {
+    "host": "host",
+    "hostname": "host",
+    "port": "port",
+    "user": "user",
+    "username": "user",
+    "password": "password",
+    "database": "dbname",
+    "dbname": "dbname",
+    "db": "dbname",
+    "sslmode": "sslmode",
+    "connect_timeout": "connect_timeout",
+    "options": "options",
+    "application_name": "application_name",
+    "sslrootcert": "sslrootcert",
+}
+_SQL_KEYS = ("command", "query", "sql", "statement")
+# Connect errors that waiting does not cure (wrong role, password or database): not retryable.
+_PERMANENT_CONNECT_ERRORS = ("authentication failed", "does not exist", "no pg_hba.conf entry")
+
+
+class _ConnectionCache(threading.local):
+    """Connections of this thread, keyed by DSN; forgotten (not closed) after a fork."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.conns: OrderedDict[str, tuple[Any, float]] = OrderedDict()
+
+
+_cache = _ConnectionCache()
+_inherited: list[Any] = []  # connections of a parent process: kept alive, never closed here
+
+
+def build_dsn(credential: Any, database: str | None = None) -> tuple[str, str | None]:
+    """(normalised DSN, password or None) from a credential; ValueError for a bad shape."""
+    if credential is None:
+        credential = os.environ.get(DSN_ENV)
+        if not credential:
+            raise ValueError(f"no postgres credential: give the task an `auth:` or set {DSN_ENV}")
+    if isinstance(credential, dict):
+        dsn = credential.get("dsn") or credential.get("url") or credential.get("connection_string")
+        if dsn:
+            parts = psycopg2.extensions.parse_dsn(str(dsn))
+        else:
+            parts = {
+                _CREDENTIAL_KEYS[k]: str(v)
+                for k, v in credential.items()
+                if k in _CREDENTIAL_KEYS and v is not None
+            }
+            if not parts:
+                keys = ", ".join(sorted(str(k) for k in credential)) or "(none)"
+                raise ValueError(f"postgres credential has none of dsn/host/user/database (keys: {keys})")
+    elif isinstance(credential, str):
+        try:
+            parts = psycopg2.extensions.parse_dsn(credential)
+        except psycopg2.ProgrammingError:
+            raise ValueError("postgres credential is not a valid DSN or postgresql:// URL") from None
+    else:
+        raise ValueError(
+            f"postgres credential must be a DSN string or a mapping, not {type(credential).__name__}"
+        )
+    if database:
+        parts["dbname"] = str(database)
+    parts.setdefault("connect_timeout", CONNECT_TIMEOUT)
+    parts.setdefault("application_name", "noetl_celery")
+    return psycopg2.extensions.make_dsn(**parts), parts.get("password")
+
+
+def _connection(dsn: str) -> Any:
+    """A live connection for `dsn` from this thread's cache, or a new one."""
+    if _cache.pid != os.getpid():
+        _inherited.extend(conn for conn, _ in _cache.conns.values())
+        _cache.conns.clear()
+        _cache.pid = os.getpid()
+    entry = _cache.conns.pop(dsn, None)
+    if entry is not None:
+        conn, last_used = entry
+        if not conn.closed and time.monotonic() - last_used > PING_AFTER_IDLE:
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT 1")
+                conn.rollback()
+            except psycopg2.Error:
+                _close(conn)
+        if not conn.closed:
+            _cache.conns[dsn] = (conn, time.monotonic())
+            return conn
+    conn = psycopg2.connect(dsn)
+    _cache.conns[dsn] = (conn, time.monotonic())
+    while len(_cache.conns) > MAX_CONNECTIONS_PER_THREAD:
+        _, (old, _) = _cache.conns.popitem(last=False)
+        _close(old)
+    return conn
+
+
+def _close(conn: Any) -> None:
+    try:
+        conn.close()
+    except psycopg2.Error:
+        pass
+
+
+def _forget(dsn: str) -> None:
+    entry = _cache.conns.pop(dsn, None)
+    if entry is not None:
+        _close(entry[0])
+
+
+def _adapt(value: Any) -> Any:
+    return psycopg2.extras.Json(value) if isinstance(value, (dict, list)) else value
+
+
+def _table_ident(table: str) -> sql.Composable:
+    return sql.SQL(".").join(sql.Identifier(part) for part in table.split("."))
+
+
+def _write_rows(cur: Any, table: str, rows: list[dict[str, Any]], mode: str, key: Any) -> int:
+    """INSERT (or upsert) `rows` into `table`; returns the number of rows written."""
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(c for c in row if c not in columns)
+    conflict = sql.SQL("")
+    if mode == "upsert":
+        keys = [k.strip() for k in key.split(",")] if isinstance(key, str) else [str(k) for k in key or []]
+        if not keys:
+            raise ValueError("postgres: mode upsert needs `key` (a column or a list of columns)")
+        for k in keys:
+            if any(k not in row for row in rows):
+                raise ValueError(f"postgres: upsert key column {k!r} is missing from args")
+        latest = {tuple(str(row[k]) for k in keys): row for row in rows}  # one row per key
+        rows = list(latest.values())
+        others = [c for c in columns if c not in keys]
+        action = (
+            sql.SQL("DO UPDATE SET {}").format(
+                sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)
+            )
+            if others
+            else sql.SQL("DO NOTHING")
+        )
+        conflict = sql.SQL(" ON CONFLICT ({}) {}").format(
+            sql.SQL(", ").join(sql.Identifier(k) for k in keys), action
+        )
+    count = 0
+    for start in range(0, len(rows), INSERT_CHUNK):
+        chunk = rows[start : start + INSERT_CHUNK]
+        values: list[Any] = []
+        tuples = []
+        for row in chunk:
+            cells = []
+            for column in columns:
+                if column in row:
+                    cells.append(sql.Placeholder())
+                    values.append(_adapt(row[column]))
+                else:
+                    cells.append(sql.SQL("DEFAULT"))
+            tuples.append(sql.SQL("({})").format(sql.SQL(", ").join(cells)))
+        statement = sql.SQL("INSERT INTO {} ({}) VALUES {}{}").format(
+            _table_ident(table),
+            sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+            sql.SQL(", ").join(tuples),
+            conflict,
+        )
+        cur.execute(statement, values)
+        count += max(cur.rowcount, 0)
+    return count
+
+
+def _scrub(text: str, password: str | None) -> str:
+    return text.replace(password, "***") if password else text
+
+
+@register(
+    "postgres",
+    fields={
+        "command",
+        "query",
+        "sql",
+        "statement",
+        "params",
+        "table",
+        "mode",
+        "key",
+        "args",
+        "database",
+        "autocommit",
+    },
+    required=({"command", "query", "sql", "statement", "table"},),
+)
+def run_postgres(call: ToolCall) -> Outcome:
+    """Run the SQL text or the table write described by the call's config."""
+    cfg = call.config
+    text = next((cfg[k] for k in _SQL_KEYS if cfg.get(k)), None)
+    table = cfg.get("table")
+    if text is None and not table:
+        return Outcome.fail(
+            "invalid_args", "postgres: give `command` (or query/sql/statement) or `table` + `args`"
+        )
+    mode = str(cfg.get("mode") or "insert").lower()
+    rows: list[dict[str, Any]] = []
+    if text is None:
+        if mode not in ("insert", "append", "upsert"):
+            return Outcome.fail(
+                "invalid_args", f"postgres: mode must be insert, append or upsert, not {mode!r}"
+            )
+        args = cfg.get("args")
+        rows = [args] if isinstance(args, dict) else list(args) if isinstance(args, list) else []
+        if not rows or not all(isinstance(r, dict) and r for r in rows):
+            return Outcome.fail(
+                "invalid_args", "postgres: table write needs `args`: a mapping of columns or a list of them"
+            )
+    try:
+        dsn, password = build_dsn(call.credential, cfg.get("database"))
+    except ValueError as exc:
+        return Outcome.fail("credential", str(exc))
+
+    try:
+        conn = _connection(dsn)
+    except psycopg2.Error as exc:
+        message = _scrub(str(exc).strip(), password)
+        retryable = not any(hint in message for hint in _PERMANENT_CONNECT_ERRORS)
+        return Outcome.fail(
+            "connection",
+            f"cannot connect to PostgreSQL: {message}",
+            retryable,
+            code=exc.pgcode,
+            pg={"code": exc.pgcode},
+        )
+
+    try:
+        conn.autocommit = bool(cfg.get("autocommit"))
+        with conn.cursor() as cur:
+            if call.timeout and not conn.autocommit:  # for this transaction only
+                cur.execute(
+                    "SELECT set_config('statement_timeout', %s, true)", [str(int(call.timeout * 1000))]
+                )
+            if text is None:
+                count = _write_rows(cur, str(table), rows, mode, cfg.get("key"))
+                data: dict[str, Any] = {"row_count": count, "table": table, "mode": mode}
+            else:
+                params = cfg.get("params")
+                if isinstance(params, dict):  # a mapping value binds as JSON; a list stays an ARRAY
+                    params = {
+                        k: psycopg2.extras.Json(v) if isinstance(v, dict) else v for k, v in params.items()
+                    }
+                if params is None:
+                    cur.execute(text)
+                else:
+                    cur.execute(text, params)
+                columns = [d.name for d in cur.description] if cur.description else []
+                fetched = cur.fetchall() if cur.description else []
+                data = {
+                    "rows": [to_jsonable(dict(zip(columns, row, strict=True))) for row in fetched],
+                    "row_count": cur.rowcount,
+                    "columns": columns,
+                    "statusmessage": cur.statusmessage,
+                }
+        if not conn.autocommit:
+            conn.commit()
+        return Outcome.ok(data)
+    except ValueError as exc:
+        _rollback(conn, dsn)
+        return Outcome.fail("invalid_args", str(exc))
+    except psycopg2.Error as exc:
+        _rollback(conn, dsn)
+        message = _scrub((exc.pgerror or str(exc)).strip(), password)
+        code = exc.pgcode
+        if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and (
+            conn.closed or code is None
+        ):
+            _forget(dsn)
+            return Outcome.fail(
+                "connection", f"PostgreSQL connection failed: {message}", True, code=code, pg={"code": code}
+            )
+        return Outcome.fail("sql_error", message, code in RETRYABLE_SQLSTATES, code=code, pg={"code": code})
+
+
+def _rollback(conn: Any, dsn: str) -> None:
+    try:
+        if not conn.closed and not conn.autocommit:
+            conn.rollback()
+    except psycopg2.Error:
+        _forget(dsn)

@@ -1,0 +1,182 @@
+"""The `python` tool: run a playbook's inline Python code and return what it produced.
+
+Two styles, both found in real playbooks:
+
+* `def main(...)` / `async def main(...)`: after the code ran, a callable global `main` is
+  called with keyword arguments from `args` (alias `input`). A parameter named `context` that
+  `args` does not provide receives the render context (legacy loops read
+  `context.get('item')`); a parameter named `input_data` that `args` does not provide receives
+  the whole args dict; `**kwargs` receives the remaining args; args main does not declare are
+  ignored. The value returned (awaited if a coroutine) is the outcome's data.
+* script style (no `main`): the code runs with every arg bound as a global, plus
+  `input_data` (the args dict) and `context` (the render context); the outcome's data is the
+  global `result` afterwards (None when unset). Top-level `await` is allowed.
+
+The data is returned unchanged (a `{status, data}` dict is NOT unwrapped), made
+JSON-serialisable by `to_jsonable`. print() output is captured into `Outcome.meta["stdout"]`
+(truncated) and never reaches the worker's stdout. Compiled code is cached per source text.
+
+This module does not sandbox the code (playbook authors are trusted, as in NoETL), does not
+enforce the timeout (Celery's time limits do) and does no I/O of its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import builtins
+import concurrent.futures
+import contextlib
+import hashlib
+import inspect
+import io
+import linecache
+import traceback
+from functools import lru_cache
+from types import CodeType, TracebackType
+from typing import Any
+
+from noetl_celery.jsonable import to_jsonable
+from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, register
+
+__all__ = ["run_python", "to_jsonable"]
+
+STDOUT_LIMIT = 4000  # characters of captured print() output kept in Outcome.meta["stdout"]
+
+
+@lru_cache(maxsize=256)
+def _compile(code: str) -> tuple[CodeType, str]:
+    """Compile `code` once per distinct source; returns (code object, its pseudo file name)."""
+    filename = f"<playbook code {hashlib.sha1(code.encode()).hexdigest()[:10]}>"
+    compiled = compile(code, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    # Let tracebacks show the source lines of the user's code.
+    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+    return compiled, filename
+
+
+def _run_coroutine(awaitable: Any) -> Any:
+    """Run a coroutine to completion, also when this thread already runs an event loop."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is None:
+        return asyncio.run(awaitable)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, awaitable).result()
+
+
+def _call_main(main: Any, args: dict[str, Any], context: dict[str, Any]) -> Any:
+    """Call main with the arguments its signature asks for; _MissingArguments names missing ones."""
+    sig = inspect.signature(main)
+    positional: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    missing: list[str] = []
+    takes_var_kw = False
+    for name, param in sig.parameters.items():
+        if param.kind is param.VAR_POSITIONAL:
+            continue
+        if param.kind is param.VAR_KEYWORD:
+            takes_var_kw = True
+            continue
+        if name in args:
+            value = args[name]
+        elif name == "context":
+            value = context
+        elif name == "input_data":
+            value = args
+        elif param.default is not param.empty:
+            continue
+        else:
+            missing.append(name)
+            continue
+        if param.kind is param.POSITIONAL_ONLY:
+            positional.append(value)
+        else:
+            kwargs[name] = value
+    if missing:
+        raise _MissingArguments(missing, sorted(args))
+    if takes_var_kw:
+        for name, value in args.items():
+            kwargs.setdefault(name, value)
+    value = main(*positional, **kwargs)
+    if inspect.isawaitable(value):
+        value = _run_coroutine(value)
+    return value
+
+
+class _MissingArguments(Exception):
+    def __init__(self, missing: list[str], given: list[str]):
+        self.missing, self.given = missing, given
+        super().__init__(
+            f"main() is missing required argument(s) {', '.join(missing)}; "
+            f"args given: {', '.join(given) if given else '(none)'}"
+        )
+
+
+def _user_traceback(exc: BaseException, filename: str) -> tuple[str, int | None]:
+    """The traceback text starting at the user's code, and the line of the last user frame."""
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next
+    frames = traceback.extract_tb(tb if tb is not None else exc.__traceback__)
+    user_lines = [f.lineno for f in frames if f.filename == filename]
+    text = "".join(traceback.format_exception(type(exc), exc, tb if tb is not None else exc.__traceback__))
+    return text.replace(filename, "<code>"), (user_lines[-1] if user_lines else None)
+
+
+@register("python", fields={"code", "args", "input"}, required=({"code"},), raw_fields={"code"})
+def run_python(call: ToolCall) -> Outcome:
+    """Run the call's code (see the module docstring) and return its value as the data."""
+    code = call.config.get("code")
+    if not isinstance(code, str) or not code.strip():
+        return Outcome.fail("invalid_args", "python: `code` must be a non-empty string")
+    raw_args = call.config.get("args")
+    if raw_args is None:
+        raw_args = call.config.get("input")
+    if raw_args is None:
+        raw_args = {}
+    if not isinstance(raw_args, dict):
+        return Outcome.fail(
+            "invalid_args", f"python: `args` must be a mapping, got {type(raw_args).__name__}"
+        )
+    args: dict[str, Any] = dict(raw_args)
+    context = call.context if call.context is not None else {}
+
+    try:
+        compiled, filename = _compile(code)
+    except SyntaxError as exc:
+        return Outcome.fail("exception", f"SyntaxError: {exc.msg} (line {exc.lineno} of the code)")
+
+    namespace: dict[str, Any] = {
+        "__name__": "__noetl_code__",
+        "__builtins__": builtins,
+        "input_data": args,
+        "context": context,
+        **args,
+    }
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            pending = eval(compiled, namespace)  # noqa: S307 - running the playbook's code is the job
+            if inspect.isawaitable(pending):  # top-level await
+                _run_coroutine(pending)
+            main = namespace.get("main")
+            if callable(main):
+                data = _call_main(main, args, context)
+            else:
+                data = namespace.get("result")
+    except _MissingArguments as exc:
+        outcome = Outcome.fail("invalid_args", f"python: {exc}", missing=exc.missing)
+    except (Exception, SystemExit) as exc:  # sys.exit() in user code must not stop the worker
+        text, line = _user_traceback(exc, filename)
+        where = f" (line {line} of the code)" if line is not None else ""
+        outcome = Outcome.fail(
+            "exception", f"{type(exc).__name__}: {exc}{where}", traceback=text[-ERROR_TEXT_LIMIT:], line=line
+        )
+    else:
+        outcome = Outcome.ok(to_jsonable(data))
+    printed = buffer.getvalue()
+    if printed:
+        outcome.meta["stdout"] = printed[:STDOUT_LIMIT]
+    return outcome
