@@ -1,0 +1,137 @@
+"""Shared fixtures. The logic lives in tests/support (services.py, workers.py).
+
+Session fixtures: redis_url, postgres_server_url, postgres_url, pg_dsn.
+Function fixtures: sqlite_url, fresh_postgres, worker_factory.
+Options: --run-slow (tests marked `slow` run only with it or with env CI=true).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import services as svc
+from tests.support.workers import WorkerGroup
+
+MARKERS = {
+    "services": "needs a real Redis and PostgreSQL (started by the test session when not configured)",
+    "slow": "long-running correctness runs",
+}
+SERVICE_FIXTURES = {"redis_url", "redis_server_url", "postgres_server_url", "postgres_url",
+                    "pg_dsn", "fresh_postgres", "worker_factory"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="run tests marked slow (always run when env CI=true)")
+
+
+def pytest_configure(config):
+    for name, doc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+
+
+def pytest_collection_modifyitems(config, items):
+    run_slow = config.getoption("--run-slow") or svc.ci_mode()
+    skip_slow = pytest.mark.skip(reason="slow: give --run-slow (or CI=true) to run")
+    for item in items:
+        if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker("services")
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(skip_slow)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    group = getattr(item, "_noetl_workers", None)
+    if group is not None and report.failed:
+        report.sections.extend(group.log_sections())
+
+
+# ------------------------------------------------------------------ services
+
+
+@pytest.fixture(scope="session")
+def services():
+    """The session's `tests.support.services.Services` (finds or starts the servers)."""
+    with svc.Services() as s:
+        yield s
+
+
+def _get(fn):
+    try:
+        return fn()
+    except svc.ServiceUnavailable as exc:
+        svc.unavailable(str(exc))
+
+
+@pytest.fixture(scope="session")
+def redis_server_url(services) -> str:
+    """Server-level Redis URL (no database index)."""
+    return _get(services.redis_server_url)
+
+
+@pytest.fixture(scope="session")
+def redis_url(services) -> str:
+    """Redis URL with this session's own database index (flushed at start and end)."""
+    return _get(services.redis_url)
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url(services) -> str:
+    """Server-level libpq URL (postgresql://user@host:port/postgres)."""
+    return _get(services.postgres_server_url)
+
+
+@pytest.fixture(scope="session")
+def postgres_database(services) -> svc.FreshDatabase:
+    return _get(services.postgres_database)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_database) -> str:
+    """SQLAlchemy URL (postgresql+psycopg2://) of this session's fresh database."""
+    return postgres_database.url
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(postgres_database) -> str:
+    """The same database as a libpq key/value DSN (for the postgres tool)."""
+    return postgres_database.dsn
+
+
+@pytest.fixture
+def fresh_postgres(postgres_server_url):
+    """A database of this test's own (FreshDatabase: .url, .dsn, .name), dropped after it."""
+    with svc.fresh_database(postgres_server_url) as db:
+        yield db
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    """SQLAlchemy URL of a SQLite file in this test's tmp dir."""
+    return f"sqlite:///{tmp_path / 'noetl.sqlite'}"
+
+
+# ------------------------------------------------------------------ workers
+
+
+@pytest.fixture
+def worker_factory(request, tmp_path, redis_url):
+    """Start real worker processes: ``worker_factory(app="noetl_celery", env={...}, concurrency=4,
+    pool="prefork", queues=(...), name=None, start=True, timeout=30)`` -> WorkerProcess.
+
+    NOETL_BROKER_URL defaults to `redis_url`; every worker is stopped at teardown and the tail
+    of its log is added to the report of a failed test.
+    """
+    log_dir = tmp_path / "workers"
+    log_dir.mkdir()
+    group = WorkerGroup(log_dir, default_env={"NOETL_BROKER_URL": redis_url})
+    request.node._noetl_workers = group
+    yield group
+    errors = group.stop_all()
+    if errors:
+        for name, text in group.log_sections():
+            print(f"----- {name}\n{text}")
+        pytest.fail("could not stop workers: " + "; ".join(errors), pytrace=False)

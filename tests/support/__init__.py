@@ -1,0 +1,1 @@
+"""Test support: real Redis/PostgreSQL servers (`services`) and real Celery workers (`workers`)."""

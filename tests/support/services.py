@@ -1,0 +1,779 @@
+"""Real Redis and PostgreSQL servers for the test suite.
+
+Where a server comes from, in this order (see `Services`):
+
+(a) configured: env ``NOETL_TEST_REDIS_URL`` / ``NOETL_TEST_POSTGRES_URL`` (a server-level URL,
+    e.g. ``redis://127.0.0.1:6379`` and ``postgresql://postgres@127.0.0.1:5432/postgres``).
+    A configured server that does not answer is reported, not silently replaced.
+(b) the local default servers (``DEFAULT_REDIS_URL``, ``DEFAULT_POSTGRES_URL``) if they answer
+    within about 1 s (and, for PostgreSQL, the role may create databases);
+(c) throw-away servers started from the installed binaries on free loopback ports in a temp dir
+    (`RedisServer`, `PostgresCluster`), stopped when the session ends.
+
+When none is possible the fixtures call `unavailable(reason)`: ``pytest.skip`` normally,
+``pytest.fail`` when env ``CI`` is true (CI must not go green by skipping).
+
+Isolation
+---------
+Redis: each test session claims its own **database index** among 1..15 (`claim_redis_db`), never
+0 (a developer's own default). A claim is a key ``noetl:test:session-claim`` in that database,
+set by a Lua script that in one step checks the key is absent, FLUSHDBs the database and sets the
+key (with a 3 h TTL, so a crashed session frees it; a claim left by a dead process on this host is
+taken over at once). The session FLUSHDBs it again and drops the claim at the end. A database
+index rather than a key prefix because Celery/kombu (broker queues, unacked sets, result keys,
+pidbox fanout channels, which kombu prefixes with the db number) and the code under test can
+then use any key names, and FLUSHDB cleans everything at once. Tests must not FLUSHDB the
+session database themselves (that would drop the claim); a test that needs its own can call
+`claim_redis_db` again. If all 15 are taken, a throw-away server is started instead.
+
+PostgreSQL: each session creates a fresh database ``noetl_test_<pid>_<random>`` (`fresh_database`,
+also usable by tests that want one of their own), dropped at the end after terminating its
+connections.
+
+Throw-away servers get ``--pdeathsig`` (util-linux ``setpriv``) so that they die with the thread
+that started them (the pytest main thread) even if pytest itself is killed. PostgreSQL refuses to
+run as root: as root the cluster is created and run as the ``postgres`` OS user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn, Self
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+REDIS_URL_ENV = "NOETL_TEST_REDIS_URL"
+POSTGRES_URL_ENV = "NOETL_TEST_POSTGRES_URL"
+
+REDIS_CLAIM_KEY = "noetl:test:session-claim"
+REDIS_CLAIM_TTL_MS = 3 * 3600 * 1000
+REDIS_SESSION_DBS = range(1, 16)
+
+ANSWER_TIMEOUT = 1.0  # seconds a local default server has to answer
+
+
+class ServiceUnavailable(Exception):
+    """No server of that kind could be had; the message says why."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def ci_mode() -> bool:
+    """True when env CI says we run in CI (true/1/yes)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip the test for lack of a service, or fail it in CI (env CI=true)."""
+    if ci_mode():
+        pytest.fail(f"service unavailable (CI=true, so this fails): {reason}", pytrace=False)
+    pytest.skip(f"service unavailable: {reason}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago (bind to port 0 and read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _tcp_answers(host: str | None, port: int | None, timeout: float) -> bool:
+    if not host or host.startswith("/"):
+        return True  # unix socket: let the client try
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _process_alive(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _launcher(as_user: str | None, deathsig: str | None) -> list[str]:
+    """Command prefix that switches to `as_user` and sets a parent-death signal, via setpriv.
+
+    Empty when neither is wanted. Without setpriv only the user switch is possible (done by
+    the caller through Popen's user=/group=), so it returns [] and the caller falls back.
+    """
+    setpriv = shutil.which("setpriv")
+    if not setpriv or (as_user is None and deathsig is None):
+        return []
+    cmd = [setpriv]
+    if as_user is not None:
+        cmd += [f"--reuid={as_user}", f"--regid={as_user}", "--clear-groups"]
+    if deathsig is not None:
+        cmd += [f"--pdeathsig={deathsig}"]
+    return cmd + ["--"]
+
+
+def _popen_as(argv: Sequence[str], *, as_user: str | None, deathsig: str | None,
+              **kwargs) -> subprocess.Popen:
+    prefix = _launcher(as_user, deathsig)
+    if as_user is not None and not prefix:
+        pw = pwd.getpwnam(as_user)
+        kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+    return subprocess.Popen([*prefix, *argv], **kwargs)
+
+
+def _stop_process(proc: subprocess.Popen | None, sig: int, timeout: float) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(10)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# --------------------------------------------------------------------------- Redis
+
+
+def redis_base_url(url: str) -> str:
+    """The server-level part of a Redis URL (database path and ?db= dropped)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = "&".join(q for q in parts.query.split("&") if q and not q.startswith("db="))
+        return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
+    return urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
+
+
+def redis_db_url(server_url: str, db: int) -> str:
+    """`server_url` pointed at database index `db`."""
+    base = redis_base_url(server_url)
+    parts = urlsplit(base)
+    if parts.scheme == "unix":
+        query = "&".join(q for q in (parts.query, f"db={db}") if q)
+        return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, ""))
+
+
+def redis_client(url: str, timeout: float = 5.0):
+    import redis
+
+    return redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+
+
+def redis_answers(url: str, timeout: float = ANSWER_TIMEOUT) -> bool:
+    """True if a Redis server at `url` answers PING within `timeout` seconds."""
+    parts = urlsplit(url)
+    if parts.scheme != "unix" and not _tcp_answers(parts.hostname or "127.0.0.1",
+                                                   parts.port or 6379, timeout):
+        return False
+    try:
+        client = redis_client(url, timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - any failure means 'no'
+        return False
+
+
+def find_redis_server() -> str | None:
+    return shutil.which("redis-server")
+
+
+class RedisServer:
+    """A throw-away ``redis-server`` on a free loopback port, nothing kept on disk.
+
+    >>> with RedisServer() as srv: ...   # srv.url == "redis://127.0.0.1:<port>"
+    """
+
+    def __init__(self, port: int | None = None, workdir: str | Path | None = None,
+                 binary: str | None = None, die_with_parent: bool = True):
+        self.binary = binary or find_redis_server()
+        self.port = port
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir) if workdir else None
+        self.die_with_parent = die_with_parent
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "redis.log"
+
+    def start(self, timeout: float = 15.0) -> RedisServer:
+        if not self.binary:
+            raise ServiceUnavailable("redis-server is not installed")
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="noetl-redis-"))
+        fixed_port = self.port is not None
+        last = ""
+        for _attempt in range(1 if fixed_port else 3):
+            if not fixed_port:
+                self.port = free_port()
+            argv = [self.binary, "--port", str(self.port), "--save", "", "--appendonly", "no",
+                    "--bind", "127.0.0.1", "--daemonize", "no", "--dir", str(self.workdir),
+                    "--logfile", str(self.log_path)]
+            self.proc = _popen_as(argv, as_user=None,
+                                  deathsig="TERM" if self.die_with_parent else None,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.STDOUT, cwd=self.workdir)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                if redis_answers(self.url, 0.5):
+                    return self
+                time.sleep(0.05)
+            last = _tail(self.log_path)
+            _stop_process(self.proc, signal.SIGKILL, 5)
+        self.proc = None
+        raise ServiceUnavailable(f"throw-away redis-server did not start:\n{last}")
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        _stop_process(self.proc, signal.SIGTERM, timeout)
+        if self._own_dir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@dataclass
+class RedisDbClaim:
+    """A Redis database index held by this session (see the module doc)."""
+
+    server_url: str
+    db: int
+    token: str
+    released: bool = False
+
+    @property
+    def url(self) -> str:
+        return redis_db_url(self.server_url, self.db)
+
+    def release(self, flush: bool = True) -> None:
+        """FLUSHDB (if `flush`) and drop the claim, only while it is still ours."""
+        if self.released:
+            return
+        self.released = True
+        with contextlib.suppress(Exception):
+            client = redis_client(self.url)
+            try:
+                client.eval(_RELEASE_SCRIPT, 1, REDIS_CLAIM_KEY, self.token, 1 if flush else 0)
+            finally:
+                client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+_CLAIM_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('FLUSHDB')
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+_RELEASE_SCRIPT = """
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return 0 end
+if ARGV[2] == '1' then redis.call('FLUSHDB') else redis.call('DEL', KEYS[1]) end
+return 1
+"""
+_DROP_STALE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def _claim_is_stale(value: bytes | None) -> bool:
+    """A claim made on this host by a process that no longer runs."""
+    if value is None:
+        return False
+    try:
+        owner = json.loads(value)
+        return owner["host"] == socket.gethostname() and not _process_alive(int(owner["pid"]))
+    except Exception:  # noqa: BLE001 - any failure means 'no'
+        return False
+
+
+def claim_redis_db(server_url: str, dbs: Sequence[int] | range = REDIS_SESSION_DBS,
+                   ttl_ms: int = REDIS_CLAIM_TTL_MS) -> RedisDbClaim:
+    """Claim (and FLUSHDB) the first free database index in `dbs` on `server_url`."""
+    import redis
+
+    token = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                        "nonce": secrets.token_hex(6)})
+    for db in dbs:
+        url = redis_db_url(server_url, db)
+        client = redis_client(url)
+        try:
+            current = client.get(REDIS_CLAIM_KEY)
+            if _claim_is_stale(current):
+                client.eval(_DROP_STALE_SCRIPT, 1, REDIS_CLAIM_KEY, current)
+            if client.eval(_CLAIM_SCRIPT, 1, REDIS_CLAIM_KEY, token, ttl_ms) == 1:
+                return RedisDbClaim(server_url=redis_base_url(server_url), db=db, token=token)
+        except redis.ResponseError as exc:
+            if "out of range" in str(exc).lower():
+                break  # server has fewer databases
+            raise
+        finally:
+            client.close()
+    raise ServiceUnavailable(f"no free Redis database among {list(dbs)} on {server_url}")
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def _sa_url(url: str):
+    from sqlalchemy.engine import make_url
+
+    return make_url(url)
+
+
+def libpq_url(url: str, database: str | None = None) -> str:
+    """A ``postgresql://`` URI libpq/psycopg2 accept (a ``+driver`` suffix is dropped)."""
+    u = _sa_url(url).set(drivername="postgresql")
+    if database is not None:
+        u = u.set(database=database)
+    return u.render_as_string(hide_password=False)
+
+
+def sqlalchemy_url(url: str, database: str | None = None,
+                   driver: str = "postgresql+psycopg2") -> str:
+    """A SQLAlchemy URL with an explicit driver (default psycopg2)."""
+    u = _sa_url(url).set(drivername=driver)
+    if database is not None:
+        u = u.set(database=database)
+    return u.render_as_string(hide_password=False)
+
+
+def libpq_dsn(url: str, database: str | None = None) -> str:
+    """The same connection as a libpq key/value DSN (``host=... port=... user=... dbname=...``)."""
+    u = _sa_url(url)
+    fields: dict[str, object] = {"host": u.host, "port": u.port, "user": u.username,
+                                 "password": u.password,
+                                 "dbname": database if database is not None else u.database}
+    for key, value in u.query.items():  # e.g. ?sslmode=require or ?host=/run/postgresql
+        if fields.get(key) is None:
+            fields[key] = value if isinstance(value, str) else value[-1]
+
+    def q(v: object) -> str:
+        s = str(v)
+        if s and all(c.isalnum() or c in "._-/:@" for c in s):
+            return s
+        return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    return " ".join(f"{k}={q(v)}" for k, v in fields.items() if v is not None)
+
+
+def pg_connect(url: str, timeout: float = 5.0, **kwargs):
+    """psycopg2 connection to `url` (libpq or SQLAlchemy form)."""
+    import psycopg2
+
+    return psycopg2.connect(libpq_url(url), connect_timeout=max(2, int(timeout + 0.999)), **kwargs)
+
+
+def postgres_answers(url: str, timeout: float = ANSWER_TIMEOUT, need_createdb: bool = True) -> bool:
+    """True if a PostgreSQL server at `url` accepts us within about `timeout` seconds.
+
+    With `need_createdb`, the role must also be allowed to create databases.
+    """
+    u = _sa_url(url)
+    host = u.host or (u.query.get("host") if isinstance(u.query.get("host"), str) else None)
+    if host and not host.startswith("/") and not _tcp_answers(host, u.port or 5432, timeout):
+        return False
+    try:
+        conn = pg_connect(url, timeout)
+    except Exception:  # noqa: BLE001 - any failure means 'no'
+        return False
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT rolsuper OR rolcreatedb FROM pg_roles WHERE rolname = current_user")
+            row = cur.fetchone()
+        return bool(row and row[0]) if need_createdb else True
+    except Exception:  # noqa: BLE001 - any failure means 'no'
+        return False
+    finally:
+        conn.close()
+
+
+def find_postgres_bindir() -> Path | None:
+    """The directory holding ``initdb`` and ``postgres`` (PATH first, then the newest
+    /usr/lib/postgresql/<version>/bin)."""
+    initdb = shutil.which("initdb")
+    if initdb:
+        real = Path(os.path.realpath(initdb)).parent
+        if (real / "postgres").exists():
+            return real
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
+    for c in reversed(candidates):
+        bindir = Path(c).parent
+        if (bindir / "postgres").exists():
+            return bindir
+    return None
+
+
+class PostgresCluster:
+    """A throw-away PostgreSQL cluster (initdb + postgres) on a free loopback port.
+
+    Trust auth, superuser ``postgres``, ``fsync=off``; the socket lives in the temp dir. As root
+    it runs as the ``postgres`` OS user (PostgreSQL refuses root).
+
+    >>> with PostgresCluster() as pg: ...   # pg.url == "postgresql://postgres@127.0.0.1:<port>/postgres"
+    """
+
+    def __init__(self, port: int | None = None, bindir: str | Path | None = None,
+                 os_user: str | None = None, die_with_parent: bool = True):
+        self.bindir = Path(bindir) if bindir else find_postgres_bindir()
+        self.port = port
+        self.os_user = os_user if os_user is not None else ("postgres" if _is_root() else None)
+        self.die_with_parent = die_with_parent
+        self.workdir: Path | None = None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def datadir(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "data"
+
+    @property
+    def sockdir(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "sock"
+
+    @property
+    def log_path(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "postgres.log"
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env.update(LC_ALL="C", LANG="C", HOME=str(self.workdir))
+        return env
+
+    def _initdb(self) -> None:
+        assert self.bindir is not None and self.workdir is not None
+        argv = [str(self.bindir / "initdb"), "-D", str(self.datadir), "-A", "trust", "-U",
+                "postgres", "-E", "UTF8", "--locale=C", "--no-sync"]
+        res = _popen_as(argv, as_user=self.os_user, deathsig=None, cwd=self.workdir,
+                        env=self._env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
+        out, _ = res.communicate(timeout=120)
+        if res.returncode != 0:
+            raise ServiceUnavailable(f"initdb failed ({res.returncode}):\n{out[-3000:]}")
+
+    def start(self, timeout: float = 60.0) -> PostgresCluster:
+        if self.bindir is None:
+            raise ServiceUnavailable("PostgreSQL server binaries (initdb, postgres) are not installed")
+        if self.os_user is not None:
+            try:
+                pw = pwd.getpwnam(self.os_user)
+            except KeyError:
+                raise ServiceUnavailable(f"running as root and there is no OS user {self.os_user!r} "
+                                         "to run PostgreSQL as") from None
+        self.workdir = Path(tempfile.mkdtemp(prefix="noetl-pg-"))
+        try:
+            self.sockdir.mkdir()
+            if self.os_user is not None:
+                for p in (self.workdir, self.sockdir):
+                    os.chown(p, pw.pw_uid, pw.pw_gid)
+            self._initdb()
+            fixed_port = self.port is not None
+            last = ""
+            for _attempt in range(1 if fixed_port else 3):
+                if not fixed_port:
+                    self.port = free_port()
+                argv = [str(self.bindir / "postgres"), "-D", str(self.datadir), "-p", str(self.port),
+                        "-k", str(self.sockdir), "-c", "listen_addresses=127.0.0.1",
+                        "-c", "fsync=off", "-c", "synchronous_commit=off",
+                        "-c", "full_page_writes=off", "-c", "max_connections=200"]
+                with open(self.log_path, "ab") as log:
+                    if self.os_user is not None:
+                        os.chown(self.log_path, pw.pw_uid, pw.pw_gid)
+                    self.proc = _popen_as(argv, as_user=self.os_user,
+                                          deathsig="INT" if self.die_with_parent else None,
+                                          cwd=self.workdir, env=self._env(),
+                                          stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT)
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    if self.proc.poll() is not None:
+                        break
+                    if postgres_answers(self.url, 1.0):
+                        return self
+                    time.sleep(0.1)
+                last = _tail(self.log_path)
+                _stop_process(self.proc, signal.SIGQUIT, 10)
+            self.proc = None
+            raise ServiceUnavailable(f"throw-away postgres did not start:\n{last}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Fast shutdown (SIGINT), then SIGKILL; the temp dir is removed."""
+        _stop_process(self.proc, signal.SIGINT, timeout)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def new_database_name(prefix: str = "noetl_test") -> str:
+    return f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
+
+
+def drop_database(server_url: str, name: str) -> None:
+    """Terminate the connections to `name`, then drop it (if it exists)."""
+    conn = pg_connect(server_url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            # Refuse new connections first, so a reconnecting pool cannot race the drop.
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if cur.fetchone() is None:
+                return
+            cur.execute(f"ALTER DATABASE {_quote_ident(name)} ALLOW_CONNECTIONS false")
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+            cur.execute(f"DROP DATABASE IF EXISTS {_quote_ident(name)}")
+    finally:
+        conn.close()
+
+
+@dataclass
+class FreshDatabase:
+    """A database created for a test session or a test; `drop()` removes it."""
+
+    server_url: str
+    name: str
+    dropped: bool = field(default=False)
+
+    @property
+    def url(self) -> str:
+        """SQLAlchemy URL (``postgresql+psycopg2://``)."""
+        return sqlalchemy_url(self.server_url, self.name)
+
+    @property
+    def libpq_url(self) -> str:
+        return libpq_url(self.server_url, self.name)
+
+    @property
+    def dsn(self) -> str:
+        """libpq key/value DSN."""
+        return libpq_dsn(self.server_url, self.name)
+
+    def drop(self) -> None:
+        if not self.dropped:
+            self.dropped = True
+            drop_database(self.server_url, self.name)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.drop()
+
+
+def fresh_database(server_url: str, prefix: str = "noetl_test") -> FreshDatabase:
+    """Create an empty database ``<prefix>_<pid>_<random>`` on `server_url` (use as a context
+    manager or call `.drop()`)."""
+    name = new_database_name(prefix)
+    conn = pg_connect(server_url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {_quote_ident(name)} TEMPLATE template0 ENCODING 'UTF8'")
+    finally:
+        conn.close()
+    return FreshDatabase(server_url=server_url, name=name)
+
+
+# --------------------------------------------------------------------------- session
+
+
+class Services:
+    """Finds or starts the servers for one test session and cleans up in `close()`.
+
+    Each getter resolves once (a failure is remembered, so later fixtures fail fast with the
+    same reason) and raises `ServiceUnavailable`.
+    """
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._cache: dict[str, str | ServiceUnavailable] = {}
+        self.sources: dict[str, str] = {}  # kind -> "configured" | "local" | "throw-away"
+
+    def _cached(self, key: str, make) -> str:
+        if key not in self._cache:
+            try:
+                self._cache[key] = make()
+            except ServiceUnavailable as exc:
+                self._cache[key] = exc
+        value = self._cache[key]
+        if isinstance(value, ServiceUnavailable):
+            raise value
+        return value
+
+    # Redis
+    def redis_server_url(self) -> str:
+        return self._cached("redis_server", self._find_redis)
+
+    def _find_redis(self) -> str:
+        configured = os.environ.get(REDIS_URL_ENV)
+        if configured:
+            if not redis_answers(configured, 5.0):
+                raise ServiceUnavailable(f"{REDIS_URL_ENV}={configured} does not answer PING")
+            self.sources["redis"] = "configured"
+            return redis_base_url(configured)
+        if redis_answers(DEFAULT_REDIS_URL):
+            self.sources["redis"] = "local"
+            return DEFAULT_REDIS_URL
+        return self._throwaway_redis()
+
+    def _throwaway_redis(self) -> str:
+        server = RedisServer()
+        server.start()
+        self._stack.callback(server.stop)
+        self.sources["redis"] = "throw-away"
+        return server.url
+
+    def redis_url(self) -> str:
+        """Server URL + this session's own database index."""
+        return self._cached("redis", self._claim_redis)
+
+    def _claim_redis(self) -> str:
+        server = self.redis_server_url()
+        try:
+            claim = claim_redis_db(server)
+        except ServiceUnavailable:
+            if self.sources.get("redis") != "local":
+                raise
+            # every index taken on the shared local server: use a private one
+            self._cache["redis_server"] = server = self._throwaway_redis()
+            claim = claim_redis_db(server)
+        self._stack.callback(claim.release)
+        return claim.url
+
+    # PostgreSQL
+    def postgres_server_url(self) -> str:
+        return self._cached("postgres_server", self._find_postgres)
+
+    def _find_postgres(self) -> str:
+        configured = os.environ.get(POSTGRES_URL_ENV)
+        if configured:
+            if not postgres_answers(configured, 5.0):
+                raise ServiceUnavailable(f"{POSTGRES_URL_ENV}={configured} does not accept a "
+                                         "connection (or its role may not create databases)")
+            self.sources["postgres"] = "configured"
+            return libpq_url(configured)
+        if postgres_answers(DEFAULT_POSTGRES_URL):
+            self.sources["postgres"] = "local"
+            return DEFAULT_POSTGRES_URL
+        cluster = PostgresCluster()
+        cluster.start()
+        self._stack.callback(cluster.stop)
+        self.sources["postgres"] = "throw-away"
+        return cluster.url
+
+    def postgres_database(self) -> FreshDatabase:
+        """This session's fresh database (created once, dropped at close)."""
+        key = "postgres_db"
+        if key not in self._cache:
+            try:
+                db = fresh_database(self.postgres_server_url())
+            except ServiceUnavailable as exc:
+                self._cache[key] = exc
+                raise
+            except Exception as exc:
+                self._cache[key] = ServiceUnavailable(f"cannot create a test database: {exc}")
+                raise self._cache[key] from exc
+            self._stack.callback(db.drop)
+            self._cache[key] = db  # type: ignore[assignment]
+        value = self._cache[key]
+        if isinstance(value, ServiceUnavailable):
+            raise value
+        return value  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def throwaway_redis() -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        yield srv
+
+
+@contextlib.contextmanager
+def throwaway_postgres() -> Iterator[PostgresCluster]:
+    with PostgresCluster() as pg:
+        yield pg
