@@ -1,0 +1,386 @@
+"""Playbook front end: load a playbook of any dialect, validate it, normalise it into one Plan.
+
+Decides: the top-level shape (apiVersion, kind, metadata, workload, ctx, executor, workbook,
+workflow), the dialect of each step (tool a string or absent: legacy; tool a mapping or list:
+canonical; `case:`: v2 case), the step-level keys every dialect shares (loop, retry, sink,
+vars, set_ctx/set, admission), the graph checks (unique step names, arc targets, entry and
+final steps) and `Plan.dialect`. Every problem is collected; `load_plan` raises once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from noetl_celery.dsl.canonical import build_loop, canonical_tasks, routing, task_from_mapping
+from noetl_celery.dsl.case import compile_case
+from noetl_celery.dsl.legacy import Workbook, legacy_tasks, workbook_entry_task
+from noetl_celery.dsl.plan import Plan, Policy, Routing, Rule, Sink, Step, Task
+from noetl_celery.dsl.policy import admit_rules, legacy_retry, when_admit
+from noetl_celery.dsl.validate import (
+    Context,
+    boolean,
+    build_sink,
+    check_keys,
+    check_templates,
+    condition,
+    expect_list,
+    expect_mapping,
+    expect_str,
+    join,
+    step_path,
+    suggest,
+)
+from noetl_celery.dsl.yaml_lines import LDict, line_of, load_yaml, plain
+from noetl_celery.errors import PlaybookError, Problem
+
+__all__ = ["PlaybookError", "load_plan"]
+
+API_VERSIONS = ("noetl.io/v1", "noetl.io/v2", "noetl.io/v10")
+LEGACY_API_VERSION = "noetl.io/v1"
+TOP_KEYS = frozenset(
+    {"apiVersion", "kind", "metadata", "workload", "ctx", "keychain", "executor", "workbook", "workflow"}
+)
+METADATA_KEYS = frozenset({"name", "path", "description", "version", "labels"})
+EXECUTOR_KEYS = frozenset({"profile", "version", "requires", "spec"})
+EXECUTOR_SPEC_KEYS = frozenset({"entry_step", "final_step", "no_next_is_error", "policy"})
+CANONICAL_WORKBOOK_KEYS = frozenset({"name", "desc", "tool", "assert"})
+DEFAULT_ENTRY_STEP = "start"
+SET_TARGETS = {"ctx": "set_ctx", "vars": "vars"}  # step-level `set: {ctx.x: ..., vars.y: ...}`
+
+
+def load_plan(
+    source: str | Path, *, text: str | None = None, overrides: dict[str, Any] | None = None
+) -> Plan:
+    """Read the playbook at `source` (or `text`, named `source` in problems) and return its Plan.
+
+    `overrides` is deep-merged over the playbook's workload. Raises PlaybookError carrying every
+    problem found (file, line, key path, message).
+    """
+    file = str(source)
+    if text is None:
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PlaybookError(
+                [Problem(file, None, "", f"cannot read the playbook: {exc.strerror or exc}")]
+            ) from exc
+    document, problems = load_yaml(text, file)
+    ctx = Context(file=file, problems=problems)
+    plan = _plan(ctx, document, overrides or {}) if document is not None else None
+    if document is not None:
+        check_templates(ctx, document)
+    if ctx.problems or plan is None:
+        raise PlaybookError(sorted(ctx.problems, key=lambda p: (p.line or 0, p.path)))
+    return plan
+
+
+def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None:
+    top = expect_mapping(ctx, document, 1, "")
+    if top is None:
+        return None
+    check_keys(ctx, top, TOP_KEYS, "")
+    api_version = _api_version(ctx, top)
+    if top.get("kind") != "Playbook":
+        ctx.problem(line_of(top, "kind"), "kind", f"kind must be Playbook, not {top.get('kind')!r}")
+    for key, shape in (("metadata", "{name: ...}"), ("workflow", "[steps]")):
+        if key not in top:
+            ctx.problem(top.line, "", f"a playbook needs {key}: {shape}")
+    metadata = (
+        expect_mapping(ctx, top.get("metadata", LDict()), line_of(top, "metadata"), "metadata") or LDict()
+    )
+    check_keys(ctx, metadata, METADATA_KEYS, "metadata")
+    name = None
+    if "name" in metadata:
+        name = expect_str(ctx, metadata["name"], line_of(metadata, "name"), "metadata.name")
+    elif "metadata" in top:
+        ctx.problem(line_of(top, "metadata"), "metadata", "metadata needs name: <playbook name>")
+    workload = expect_mapping(ctx, top.get("workload") or LDict(), line_of(top, "workload"), "workload")
+    variables = expect_mapping(ctx, top.get("ctx") or LDict(), line_of(top, "ctx"), "ctx")
+    executor = _executor(ctx, top)
+    workbook = _workbook(ctx, top.get("workbook"), line_of(top, "workbook"))
+    steps, shapes = _workflow(ctx, top, workbook)
+    if not steps:
+        return None
+    entry = _entry_and_final(ctx, executor, steps)
+    final = executor.get("final_step")
+    return Plan(
+        name=name or "",
+        path=_optional_str(ctx, metadata, "path"),
+        api_version=api_version or "",
+        dialect=_dialect(shapes, api_version),
+        description=_optional_str(ctx, metadata, "description"),
+        workload=_deep_merge(plain(workload or {}), overrides),
+        ctx=plain(variables or {}),
+        entry_step=entry,
+        final_step=final if isinstance(final, str) else None,
+        no_next_is_error=bool(executor.get("no_next_is_error")),
+        steps=steps,
+        source_file=ctx.file,
+    )
+
+
+def _dialect(shapes: set[str], api_version: str | None) -> Literal["legacy", "v2case", "canonical"]:
+    """v2case if any step uses case:, legacy if a v1 playbook has a legacy-shaped step, else canonical."""
+    if "case" in shapes:
+        return "v2case"
+    if "legacy" in shapes and api_version == LEGACY_API_VERSION:
+        return "legacy"
+    return "canonical"
+
+
+def _optional_str(ctx: Context, metadata: LDict, key: str) -> str | None:
+    if key not in metadata:
+        return None
+    return expect_str(ctx, metadata[key], line_of(metadata, key), f"metadata.{key}")
+
+
+def _api_version(ctx: Context, top: LDict) -> str | None:
+    value = top.get("apiVersion")
+    if value not in API_VERSIONS:
+        line = line_of(top, "apiVersion")
+        ctx.problem(line, "apiVersion", f"apiVersion must be one of {', '.join(API_VERSIONS)}, not {value!r}")
+        return None
+    return value
+
+
+def _executor(ctx: Context, top: LDict) -> dict[str, Any]:
+    executor = (
+        expect_mapping(ctx, top.get("executor") or LDict(), line_of(top, "executor"), "executor") or LDict()
+    )
+    check_keys(ctx, executor, EXECUTOR_KEYS, "executor")
+    spec = (
+        expect_mapping(ctx, executor.get("spec") or LDict(), line_of(executor, "spec"), "executor.spec")
+        or LDict()
+    )
+    check_keys(ctx, spec, EXECUTOR_SPEC_KEYS, "executor.spec")
+    for key in ("entry_step", "final_step"):
+        if key in spec:
+            expect_str(ctx, spec[key], line_of(spec, key), f"executor.spec.{key}")
+    boolean(ctx, spec, "no_next_is_error", "executor.spec")
+    return spec
+
+
+def _entry_and_final(ctx: Context, executor: dict[str, Any], steps: dict[str, Step]) -> str:
+    for key in ("entry_step", "final_step"):
+        name = executor.get(key)
+        if isinstance(name, str) and name not in steps:
+            line = line_of(executor, key)
+            ctx.problem(line, f"executor.spec.{key}", f"no step named '{name}'{suggest(name, steps)}")
+    entry = executor.get("entry_step")
+    if isinstance(entry, str) and entry in steps:
+        return entry
+    return DEFAULT_ENTRY_STEP if DEFAULT_ENTRY_STEP in steps else next(iter(steps))
+
+
+def _deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _workbook(ctx: Context, value: Any, line: int | None) -> Workbook:
+    workbook: Workbook = {}
+    entries = expect_list(ctx, value, line, "workbook") if value is not None else []
+    for index, raw in enumerate(entries or []):
+        path, item_line = f"workbook[{index}]", line_of(value, index)
+        entry = expect_mapping(ctx, raw, item_line, path)
+        if entry is None:
+            continue
+        name = expect_str(ctx, entry.get("name"), line_of(entry, "name"), join(path, "name"))
+        if name is None:
+            continue
+        path = f"{path}({name})"
+        if name in workbook:
+            ctx.problem(
+                line_of(entry, "name"), join(path, "name"), f"workbook entry '{name}' is defined twice"
+            )
+        tool = entry.get("tool")
+        if "tool" not in entry:
+            ctx.problem(item_line, path, "a workbook entry needs tool: <kind> (or tool: {kind: ...})")
+            task = None
+        elif isinstance(tool, dict):
+            check_keys(ctx, entry, CANONICAL_WORKBOOK_KEYS, path)
+            task = task_from_mapping(ctx, tool, name, line_of(entry, "tool"), join(path, "tool"), {})
+        else:
+            task = workbook_entry_task(ctx, entry, name, path)
+        workbook[name] = task
+    return workbook
+
+
+def _workflow(ctx: Context, top: LDict, workbook: Workbook) -> tuple[dict[str, Step], set[str]]:
+    if "workflow" not in top:
+        return {}, set()
+    items = expect_list(ctx, top["workflow"], line_of(top, "workflow"), "workflow")
+    if items is None:
+        return {}, set()
+    if not items:
+        ctx.problem(line_of(top, "workflow"), "workflow", "the workflow has no steps")
+    steps: dict[str, Step] = {}
+    shapes: set[str] = set()
+    for index, raw in enumerate(items):
+        path, line = step_path(index, raw), line_of(items, index)
+        step = expect_mapping(ctx, raw, line, path)
+        if step is None:
+            continue
+        built = _step(ctx, step, line, path, workbook)
+        if built is None:
+            continue
+        if built.name in steps:
+            ctx.problem(
+                line,
+                join(path, "step"),
+                f"step '{built.name}' is already defined at line {steps[built.name].line}",
+            )
+            continue
+        steps[built.name] = built
+        shapes.add(_shape(step))
+    for ref in ctx.arc_refs:
+        if ref.target not in steps and steps:
+            ctx.problem(ref.line, ref.path, f"no step named '{ref.target}'{suggest(ref.target, steps)}")
+    return steps, shapes
+
+
+def _shape(step: LDict) -> str:
+    """case: v2 case form; tool a mapping or a list: canonical; tool a string or absent: legacy."""
+    if "case" in step:
+        return "case"
+    return "canonical" if isinstance(step.get("tool"), (dict, list)) else "legacy"
+
+
+def _step(ctx: Context, step: LDict, line: int | None, path: str, workbook: Workbook) -> Step | None:
+    name = expect_str(ctx, step.get("step"), line_of(step, "step"), join(path, "step"))
+    if name is None:
+        return None
+    if isinstance(step.get("tool"), (dict, list)):
+        tasks = canonical_tasks(ctx, step, name, path, workbook)
+    else:
+        tasks = legacy_tasks(ctx, step, name, path, workbook)
+    next_routing = routing(ctx, step.get("next"), line_of(step, "next"), join(path, "next"))
+    if "case" in step:
+        next_routing = _case(ctx, step, tasks, next_routing, path)
+    if "retry" in step:
+        policy, page_sink = legacy_retry(ctx, step["retry"], line_of(step, "retry"), join(path, "retry"))
+        _attach_policy(ctx, tasks, policy, step, "retry", path)
+        _attach_sink(ctx, tasks, page_sink, name, step, "retry", path)
+    if "sink" in step:
+        sink = build_sink(ctx, step["sink"], line_of(step, "sink"), join(path, "sink"))
+        _attach_sink(ctx, tasks, sink, name, step, "sink", path)
+    variables, set_ctx = _assignments(ctx, step, path)
+    loop = (
+        build_loop(ctx, step["loop"], line_of(step, "loop"), join(path, "loop")) if "loop" in step else None
+    )
+    desc = (
+        expect_str(ctx, step["desc"], line_of(step, "desc"), join(path, "desc")) if "desc" in step else None
+    )
+    return Step(
+        name=name,
+        desc=desc,
+        admit=_admission(ctx, step, path),
+        tasks=tasks,
+        loop=loop,
+        vars=variables,
+        set_ctx=set_ctx,
+        next=next_routing,
+        line=line,
+    )
+
+
+def _case(ctx: Context, step: LDict, tasks: list[Task], next_routing: Routing, path: str) -> Routing:
+    """case: entries with next are the step's arcs (unless next: routes), the rest its task's policy."""
+    result = compile_case(ctx, step["case"], line_of(step, "case"), join(path, "case"))
+    if result.rules:
+        _attach_policy(ctx, tasks, Policy(rules=result.rules), step, "case", path)
+    if not result.arcs:
+        return next_routing
+    if next_routing.arcs:
+        message = "route with next inside case or with next:, not both"
+        ctx.problem(line_of(step, "next"), join(path, "next"), message)
+    return Routing(mode="inclusive", arcs=result.arcs)
+
+
+def _attach_policy(
+    ctx: Context, tasks: list[Task], policy: Policy | None, step: LDict, key: str, path: str
+) -> None:
+    """A step-level policy (retry:, case:) belongs to the step's single task."""
+    if policy is None:
+        return
+    line = line_of(step, key)
+    if len(tasks) != 1:
+        what = "a step without a tool" if not tasks else "a pipeline (put spec.policy on a task)"
+        ctx.problem(line, join(path, key), f"{key}: needs exactly one task; this is {what}")
+        return
+    if tasks[0].policy is not None:
+        ctx.problem(
+            line, join(path, key), f"the task already has a policy; give {key}: or spec.policy, not both"
+        )
+        return
+    tasks[0].policy = policy
+
+
+def _attach_sink(
+    ctx: Context, tasks: list[Task], sink: Sink | None, name: str, step: LDict, key: str, path: str
+) -> None:
+    """A step's sink runs after its last task; a step with no task gets a noop one to carry it."""
+    if sink is None:
+        return
+    if not tasks:
+        tasks.append(Task(label=name, kind="noop", line=step.line))
+    if tasks[-1].sink is not None:
+        ctx.problem(line_of(step, key), join(path, key), "the step's last task already has a sink")
+        return
+    tasks[-1].sink = sink
+
+
+def _assignments(ctx: Context, step: LDict, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`vars:`, `set_ctx:` and `set: {ctx.x: ..., vars.y: ...}` -> (vars, set_ctx), unrendered."""
+    targets: dict[str, dict[str, Any]] = {"vars": {}, "set_ctx": {}}
+    for key in ("vars", "set_ctx"):
+        if key in step:
+            targets[key].update(
+                plain(expect_mapping(ctx, step[key], line_of(step, key), join(path, key)) or {})
+            )
+    if "set" in step:
+        values = expect_mapping(ctx, step["set"], line_of(step, "set"), join(path, "set")) or LDict()
+        for key, value in values.items():
+            scope, _, name = key.partition(".")
+            if scope not in SET_TARGETS or not name:
+                ctx.problem(
+                    line_of(values, key),
+                    join(path, f"set.{key}"),
+                    "a step's set keys look like ctx.x or vars.x",
+                )
+            elif name in targets[SET_TARGETS[scope]]:
+                ctx.problem(line_of(values, key), join(path, f"set.{key}"), f"'{name}' is assigned twice")
+            else:
+                targets[SET_TARGETS[scope]][name] = plain(value)
+    return targets["vars"], targets["set_ctx"]
+
+
+def _admission(ctx: Context, step: LDict, path: str) -> list[Rule] | None:
+    """`spec.policy.admit` (canonical) or a step-level `when:` -> admission rules."""
+    admit: list[Rule] | None = None
+    if "spec" in step:
+        spec_path = join(path, "spec")
+        spec = expect_mapping(ctx, step["spec"], line_of(step, "spec"), spec_path) or LDict()
+        check_keys(ctx, spec, {"policy"}, spec_path)
+        if "policy" in spec:
+            policy_path = join(spec_path, "policy")
+            policy = expect_mapping(ctx, spec["policy"], line_of(spec, "policy"), policy_path) or LDict()
+            check_keys(ctx, policy, {"admit"}, policy_path)
+            if "admit" in policy:
+                admit = admit_rules(
+                    ctx, policy["admit"], line_of(policy, "admit"), join(policy_path, "admit")
+                )
+    if "when" in step:
+        if admit is not None:
+            ctx.problem(
+                line_of(step, "when"), join(path, "when"), "give when: or spec.policy.admit, not both"
+            )
+        else:
+            admit = when_admit(condition(ctx, step, "when", path), join(path, "when"))
+    return admit

@@ -1,0 +1,391 @@
+"""The canonical (noetl.io/v2, v10) step: `tool: {kind, ...}` or a pipeline of labelled tasks.
+
+Decides: how a tool mapping becomes a Task (fields beside `kind` or under `spec`, with
+`spec.policy` as the task's policy), how a pipeline list is read (`- label: {kind}` or
+`- name: label, kind:`), that a tool field written at step level is a mistake, how step `args`
+reach every task, what `next: {spec: {mode}, arcs}` means, and how every loop form (legacy
+collection/element, canonical in/iterator/spec, cursor) becomes one Loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from noetl_celery.dsl.legacy import STEP_KEYS, Workbook, arc, legacy_arcs, resolve_workbook
+from noetl_celery.dsl.plan import DEFAULT_PARALLEL_CAP, Loop, Routing, Task
+from noetl_celery.dsl.policy import task_policy
+from noetl_celery.dsl.validate import (
+    TASK_META_KEYS,
+    WORKBOOK_KIND,
+    Context,
+    boolean,
+    build_sink,
+    check_fields,
+    check_keys,
+    check_required,
+    condition,
+    expect_list,
+    expect_mapping,
+    expect_str,
+    join,
+    number,
+    suggest,
+    tool_only_fields,
+    tool_spec,
+    unknown_key,
+)
+from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
+from noetl_celery.tools.base import get_tool
+
+WORKBOOK_CALL_KEYS = frozenset({"kind", "name", "args", "auth"})
+ROUTE_MODES = {"exclusive": "exclusive", "inclusive": "inclusive", "parallel": "inclusive"}
+NO_MATCH_ACTIONS = (None, "quiet", "error")
+ARC_KEYS = frozenset({"step", "when", "args"})
+LEGACY_LOOP_KEYS = frozenset(
+    {"collection", "element", "concurrency", "chunk_size", "enumerate", "where", "limit"}
+)
+LOOP_KEYS = LEGACY_LOOP_KEYS | {"in", "iterator", "mode", "max_in_flight", "cursor", "spec"}
+LOOP_SPEC_KEYS = frozenset({"mode", "max_in_flight", "chunk_size", "policy", "frame"})
+LOOP_POLICY_KEYS = frozenset({"exec"})  # accepted for compatibility; every loop runs on the workers
+LOOP_MODES = {
+    "sequential": "sequential",
+    "async": "parallel",
+    "parallel": "parallel",
+    "chunked": "chunked",
+    "cursor": "cursor",
+}
+CURSOR_KEYS = frozenset({"kind", "auth", "claim"})
+CURSOR_KINDS = ("postgres",)
+FRAME_KEYS = frozenset(
+    {
+        "max_rows",
+        "max_seconds",
+        "max_bytes",
+        "lease_seconds",
+        "heartbeat_seconds",
+        "row_concurrency",
+        "process",
+    }
+)
+
+
+def canonical_tasks(ctx: Context, step: LDict, label: str, path: str, workbook: Workbook) -> list[Task]:
+    """The tasks of a step whose `tool` is a mapping (one task) or a list (a pipeline)."""
+    tool, tool_line, tool_path = step["tool"], line_of(step, "tool"), join(path, "tool")
+    if isinstance(tool, list):
+        tasks = _pipeline(ctx, tool, tool_path, workbook)
+    else:
+        task = task_from_mapping(ctx, tool, label, tool_line, tool_path, workbook)
+        tasks = [task] if task is not None else []
+    _check_step_keys(ctx, step, tasks, path)
+    if "args" in step:
+        args = plain(expect_mapping(ctx, step["args"], line_of(step, "args"), join(path, "args")) or {})
+        for task in tasks:
+            task.config["args"] = {**args, **task.config.get("args", {})}
+    _check_jumps(ctx, tasks, tool_path)
+    return tasks
+
+
+def _check_step_keys(ctx: Context, step: LDict, tasks: list[Task], path: str) -> None:
+    owners: dict[str, list[str]] = {}
+    for task in tasks:
+        spec = get_tool(task.kind)
+        for key in tool_only_fields(spec) if spec else ():
+            owners.setdefault(key, []).append(task.kind)
+    for key in step:
+        if key in STEP_KEYS:
+            continue
+        if key in owners:
+            kinds = " / ".join(dict.fromkeys(owners[key]))
+            ctx.problem(
+                line_of(step, key),
+                join(path, key),
+                f"'{key}' is a field of the {kinds} tool; put it under tool",
+            )
+        else:
+            unknown_key(ctx, step, key, path, STEP_KEYS)
+
+
+def task_from_mapping(
+    ctx: Context, value: Any, label: str, line: int | None, path: str, workbook: Workbook, label_key: str = ""
+) -> Task | None:
+    """`{kind, <fields>, auth?, sink?, spec: {<fields>, policy}}` -> Task."""
+    tool = expect_mapping(ctx, value, line, path)
+    if tool is None:
+        return None
+    if "kind" not in tool:
+        ctx.problem(line, path, "a tool needs kind: <tool kind>")
+        return None
+    if tool["kind"] == WORKBOOK_KIND and not label_key:
+        check_keys(ctx, tool, WORKBOOK_CALL_KEYS, path)
+        return resolve_workbook(
+            ctx,
+            workbook,
+            tool.get("name"),
+            tool.get("args"),
+            tool.get("auth"),
+            label,
+            line_of(tool, "name") or line,
+            path,
+        )
+    if tool["kind"] == WORKBOOK_KIND:
+        ctx.problem(
+            line_of(tool, "kind"),
+            join(path, "kind"),
+            "call a workbook entry as `- label: {kind: workbook, name: ...}`",
+        )
+        return None
+    spec = tool_spec(ctx, tool["kind"], line_of(tool, "kind"), join(path, "kind"))
+    if spec is None:
+        return None
+    fields = _fields(ctx, tool, path, label_key)
+    for key, (holder, holder_path) in fields.items():
+        check_fields(ctx, spec, holder, [key], holder_path)
+
+    def read(key: str) -> tuple[Any, int | None, str]:
+        holder, holder_path = fields[key]
+        return holder[key], line_of(holder, key), join(holder_path, key)
+
+    config = {key: plain(read(key)[0]) for key in fields if key not in TASK_META_KEYS and key in spec.fields}
+    policy = task_policy(ctx, *read("policy")) if "policy" in fields else None
+    sink = build_sink(ctx, *read("sink")) if "sink" in fields else None
+    auth = plain(read("auth")[0]) if "auth" in fields else None
+    check_required(ctx, spec, config, line, path)
+    return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, sink=sink, line=line)
+
+
+def _fields(ctx: Context, tool: LDict, path: str, label_key: str) -> dict[str, tuple[LDict, str]]:
+    """Every key of the task beside `kind`, with the mapping (tool or tool.spec) that holds it."""
+    fields = {key: (tool, path) for key in tool if key not in ("kind", "spec", label_key)}
+    if "name" in fields and not label_key:
+        message = "name: on a tool only goes with kind: workbook"
+        ctx.problem(line_of(tool, "name"), join(path, "name"), message)
+        fields.pop("name")
+    if "spec" in tool:
+        spec_path = join(path, "spec")
+        lifted = expect_mapping(ctx, tool["spec"], line_of(tool, "spec"), spec_path) or LDict()
+        for key in lifted:
+            if key in fields:
+                message = f"'{key}' is given both on the tool and in spec"
+                ctx.problem(line_of(lifted, key), join(spec_path, key), message)
+            else:
+                fields[key] = (lifted, spec_path)
+    return fields
+
+
+def _pipeline(ctx: Context, items: list[Any], path: str, workbook: Workbook) -> list[Task]:
+    tasks: list[Task] = []
+    seen: dict[str, int | None] = {}
+    if not items:
+        ctx.problem(line_of(items, 0), path, "a pipeline needs at least one task")
+    for index, raw in enumerate(items):
+        item_path, item_line = join(path, index), line_of(items, index)
+        item = expect_mapping(ctx, raw, item_line, item_path)
+        if item is None:
+            continue
+        if "kind" in item:  # - name: label, kind: ...
+            label = expect_str(ctx, item.get("name"), item_line, join(item_path, "name"))
+            body, body_path, label_key = item, item_path, "name"
+        elif len(item) == 1 and isinstance(next(iter(item.values())), dict):  # - label: {kind: ...}
+            label = next(iter(item))
+            body, body_path, label_key = item[label], join(item_path, label), ""
+        else:
+            ctx.problem(
+                item_line,
+                item_path,
+                "a pipeline task is `- label: {kind: ...}` or `- name: label, kind: ...`",
+            )
+            continue
+        if label is None:
+            continue
+        if label in seen:
+            ctx.problem(item_line, item_path, f"task label '{label}' is already used at line {seen[label]}")
+        seen[label] = item_line
+        task = task_from_mapping(ctx, body, label, item_line, body_path, workbook, label_key)
+        if task is not None:
+            tasks.append(task)
+    return tasks
+
+
+def _check_jumps(ctx: Context, tasks: list[Task], path: str) -> None:
+    labels = [task.label for task in tasks]
+    for task in tasks:
+        for rule in task.policy.rules if task.policy else ():
+            target = rule.then.to
+            if rule.then.do == "jump" and target is not None and target not in labels:
+                ctx.problem(
+                    task.line, rule.source, f"jump to unknown task '{target}'{suggest(target, labels)}"
+                )
+
+
+# ---------------------------------------------------------------------------------------------
+# next:
+
+
+def routing(ctx: Context, value: Any, line: int | None, path: str) -> Routing:
+    """`next: {spec: {mode}, arcs: [...]}` (default exclusive) or a legacy list (inclusive)."""
+    if value is None:
+        return Routing()
+    if not (isinstance(value, dict) and ({"arcs", "spec"} & value.keys())):
+        return Routing(mode="inclusive", arcs=legacy_arcs(ctx, value, line, path))
+    nxt = expect_mapping(ctx, value, line, path) or LDict()
+    check_keys(ctx, nxt, {"spec", "arcs"}, path)
+    mode, on_no_match = "exclusive", None
+    if "spec" in nxt:
+        spec_path = join(path, "spec")
+        spec = expect_mapping(ctx, nxt["spec"], line_of(nxt, "spec"), spec_path) or LDict()
+        check_keys(ctx, spec, {"mode", "on_no_match"}, spec_path)
+        written = spec.get("mode", "exclusive")
+        if written not in ROUTE_MODES:
+            hint = suggest(str(written), ROUTE_MODES)
+            ctx.problem(
+                line_of(spec, "mode"), join(spec_path, "mode"), f"unknown routing mode '{written}'{hint}"
+            )
+        mode = ROUTE_MODES.get(written, "exclusive")
+        on_no_match = spec.get("on_no_match")
+        if on_no_match not in NO_MATCH_ACTIONS:
+            hint = suggest(str(on_no_match), ("quiet", "error"))
+            ctx.problem(
+                line_of(spec, "on_no_match"),
+                join(spec_path, "on_no_match"),
+                f"on_no_match must be quiet or error, not {on_no_match!r}{hint}",
+            )
+            on_no_match = None
+    arcs_path = join(path, "arcs")
+    items = expect_list(ctx, nxt.get("arcs", []), line_of(nxt, "arcs"), arcs_path) or []
+    arcs = []
+    for index, raw in enumerate(items):
+        item_path, item_line = join(arcs_path, index), line_of(items, index)
+        item = expect_mapping(ctx, raw, item_line, item_path)
+        if item is None or not check_keys(ctx, item, ARC_KEYS, item_path):
+            continue
+        made = arc(ctx, item, condition(ctx, item, "when", item_path), False, item_line, item_path)
+        arcs.extend([made] if made is not None else [])
+    return Routing(mode=mode, arcs=arcs, on_no_match=on_no_match)
+
+
+# ---------------------------------------------------------------------------------------------
+# loop:
+
+
+def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | None:
+    loop = expect_mapping(ctx, value, line, path)
+    if loop is None:
+        return None
+    check_keys(ctx, loop, LOOP_KEYS, path)
+    spec_path = join(path, "spec")
+    spec = expect_mapping(ctx, loop.get("spec", LDict()), line_of(loop, "spec"), spec_path) or LDict()
+    check_keys(ctx, spec, LOOP_SPEC_KEYS, spec_path)
+    _check_loop_policy(ctx, spec, spec_path)
+    collection = _one_of(ctx, loop, ("in", "collection"), path)
+    iterator = _one_of(ctx, loop, ("iterator", "element"), path) or "item"
+    if not isinstance(iterator, str) or not iterator.isidentifier():
+        ctx.problem(
+            line_of(loop, "iterator"), join(path, "iterator"), f"iterator must be a name, not {iterator!r}"
+        )
+        iterator = "item"
+    cursor = _cursor(ctx, loop, path) if "cursor" in loop else None
+    if (collection is None) == (cursor is None):
+        ctx.problem(line, path, "a loop needs exactly one of in (or collection) and cursor")
+    elif collection is not None and not isinstance(collection, (str, list)):
+        ctx.problem(
+            line_of(loop, "in") or line_of(loop, "collection"),
+            path,
+            "in: must be a template string or a list",
+        )
+    mode = _mode(ctx, loop, spec, path, cursor is not None)
+    cap = _cap(ctx, loop, spec, path)
+    if mode == "sequential":
+        cap = 1
+    elif cap is None:
+        cap = DEFAULT_PARALLEL_CAP if mode == "parallel" else 1
+    chunk_size = number(ctx, spec, "chunk_size", spec_path, integer=True) or number(
+        ctx, loop, "chunk_size", path, integer=True
+    )
+    if (mode == "chunked") != (chunk_size is not None):
+        ctx.problem(line, path, "chunk_size goes with mode: chunked (and chunked needs a chunk_size)")
+    frame = None
+    if "frame" in spec:
+        frame_path = join(spec_path, "frame")
+        frame = expect_mapping(ctx, spec["frame"], line_of(spec, "frame"), frame_path)
+        if frame is not None:
+            check_keys(ctx, frame, FRAME_KEYS, frame_path)
+            if mode != "cursor":
+                ctx.problem(line_of(spec, "frame"), frame_path, "frame: only applies to a cursor loop")
+    return Loop(
+        collection=plain(collection),
+        cursor=cursor,
+        iterator=iterator,
+        mode=mode,
+        max_in_flight=max(cap, 1),
+        chunk_size=chunk_size,
+        enumerate=bool(boolean(ctx, loop, "enumerate", path)),
+        where=condition(ctx, loop, "where", path),
+        limit=number(ctx, loop, "limit", path, integer=True),
+        line=line,
+        frame=plain(frame),
+    )
+
+
+def _one_of(ctx: Context, loop: LDict, keys: tuple[str, str], path: str) -> Any:
+    present = [key for key in keys if key in loop]
+    if len(present) > 1:
+        ctx.problem(line_of(loop, keys[1]), join(path, keys[1]), f"give {keys[0]} or {keys[1]}, not both")
+    return loop[present[0]] if present else None
+
+
+def _mode(ctx: Context, loop: LDict, spec: LDict, path: str, is_cursor: bool) -> Any:
+    if "mode" in loop and "mode" in spec and loop["mode"] != spec["mode"]:
+        ctx.problem(
+            line_of(spec, "mode"), join(path, "spec.mode"), "mode is given twice with different values"
+        )
+    holder, hpath = (spec, join(path, "spec")) if "mode" in spec else (loop, path)
+    written = holder.get("mode", "cursor" if is_cursor else "sequential")
+    if written not in LOOP_MODES:
+        hint = suggest(str(written), LOOP_MODES)
+        ctx.problem(line_of(holder, "mode"), join(hpath, "mode"), f"unknown loop mode '{written}'{hint}")
+        return "cursor" if is_cursor else "sequential"
+    if (written == "cursor") != is_cursor:
+        ctx.problem(
+            line_of(holder, "mode"), join(hpath, "mode"), "mode: cursor goes with cursor: (and only there)"
+        )
+    return LOOP_MODES[written]
+
+
+def _cap(ctx: Context, loop: LDict, spec: LDict, path: str) -> int | None:
+    caps = [
+        value
+        for holder, key, hpath in (
+            (spec, "max_in_flight", join(path, "spec")),
+            (loop, "max_in_flight", path),
+            (loop, "concurrency", path),
+        )
+        if (value := number(ctx, holder, key, hpath, integer=True)) is not None
+    ]
+    return caps[0] if caps else None
+
+
+def _check_loop_policy(ctx: Context, spec: LDict, spec_path: str) -> None:
+    if "policy" in spec:
+        policy_path = join(spec_path, "policy")
+        policy = expect_mapping(ctx, spec["policy"], line_of(spec, "policy"), policy_path)
+        if policy is not None:
+            check_keys(ctx, policy, LOOP_POLICY_KEYS, policy_path)
+
+
+def _cursor(ctx: Context, loop: LDict, path: str) -> dict[str, Any] | None:
+    cursor_path = join(path, "cursor")
+    cursor = expect_mapping(ctx, loop["cursor"], line_of(loop, "cursor"), cursor_path)
+    if cursor is None:
+        return None
+    check_keys(ctx, cursor, CURSOR_KEYS, cursor_path)
+    kind = cursor.get("kind")
+    if kind not in CURSOR_KINDS:
+        hint = suggest(str(kind), CURSOR_KINDS)
+        ctx.problem(
+            line_of(cursor, "kind"),
+            join(cursor_path, "kind"),
+            f"cursor kind '{kind}' is not supported (known: {', '.join(CURSOR_KINDS)}){hint}",
+        )
+    expect_str(ctx, cursor.get("claim"), line_of(cursor, "claim"), join(cursor_path, "claim"))
+    return plain(cursor)

@@ -1,0 +1,228 @@
+"""The legacy (noetl.io/v1) step: `tool: <kind>` with the tool's fields inline on the step.
+
+Decides: which keys of a legacy step are step keys and which are tool fields, how a step (or a
+legacy workbook entry) becomes one Task, how `tool: workbook` + `name:` resolves at compile
+time, when a step is routing-only (no task), and what a legacy `next:` list means as arcs
+(every entry whose `when` holds fires; `then`/`else` branches become negated twins).
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from typing import Any
+
+from noetl_celery.dsl.plan import Arc, Task
+from noetl_celery.dsl.policy import task_policy
+from noetl_celery.dsl.validate import (
+    TASK_META_KEYS,
+    WORKBOOK_KIND,
+    ArcRef,
+    Context,
+    check_fields,
+    check_keys,
+    check_required,
+    condition,
+    expect_list,
+    expect_mapping,
+    expect_str,
+    join,
+    suggest,
+    tool_spec,
+    unknown_key,
+)
+from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
+
+# Keys a step may carry in any dialect (tool fields aside).
+STEP_KEYS = frozenset(
+    {
+        "step",
+        "desc",
+        "tool",
+        "loop",
+        "retry",
+        "sink",
+        "next",
+        "vars",
+        "set_ctx",
+        "set",
+        "args",
+        "spec",
+        "case",
+        "when",
+    }
+)
+LEGACY_STEP_KEYS = STEP_KEYS | {"auth", "name"}
+LEGACY_WORKBOOK_KEYS = frozenset({"name", "desc", "tool", "assert", "args", "auth"})
+NEXT_ENTRY_KEYS = frozenset({"step", "when", "then", "else", "args"})
+BRANCH_KEYS = frozenset({"step", "args"})
+
+Workbook = dict[str, Task | None]  # entry name -> its task (None when the entry itself is broken)
+
+
+def legacy_tasks(ctx: Context, step: LDict, label: str, path: str, workbook: Workbook) -> list[Task]:
+    """The tasks of a legacy-shaped step: none (routing-only) or one."""
+    tool = step.get("tool")
+    if tool == WORKBOOK_KIND:
+        check_keys(ctx, step, LEGACY_STEP_KEYS, path)
+        return _workbook_call(ctx, step, label, path, workbook)
+    if "name" in step:
+        ctx.problem(
+            line_of(step, "name"),
+            join(path, "name"),
+            "name: refers to a workbook entry; it needs tool: workbook",
+        )
+    if tool is None:
+        check_keys(ctx, step, LEGACY_STEP_KEYS, path)
+        if "auth" in step:
+            ctx.problem(line_of(step, "auth"), join(path, "auth"), "auth: needs a tool on the step")
+        if "args" not in step:
+            return []
+        args = expect_mapping(ctx, step["args"], line_of(step, "args"), join(path, "args"))
+        return [Task(label=label, kind="noop", config={"args": plain(args or {})}, line=step.line)]
+    task = inline_task(ctx, step, LEGACY_STEP_KEYS, label, path)
+    return [task] if task is not None else []
+
+
+def inline_task(ctx: Context, mapping: LDict, reserved: frozenset[str], label: str, path: str) -> Task | None:
+    """`tool: <kind>` plus the tool's fields among the keys of `mapping` (keys in `reserved` aside)."""
+    tool_line, tool_path = line_of(mapping, "tool"), join(path, "tool")
+    spec = tool_spec(ctx, mapping.get("tool"), tool_line, tool_path)
+    if spec is None:
+        return None
+    field_keys = [key for key in mapping if key not in reserved]
+    for key in field_keys:
+        if key in TASK_META_KEYS - {"policy"}:
+            unknown_key(ctx, mapping, key, path, reserved | spec.fields - TASK_META_KEYS)
+    field_keys = [key for key in field_keys if key not in TASK_META_KEYS - {"policy"}]
+    check_fields(ctx, spec, mapping, field_keys, path, also=reserved)
+    config = {key: plain(mapping[key]) for key in field_keys if key in spec.fields and key != "policy"}
+    if "args" in mapping:
+        args = expect_mapping(ctx, mapping["args"], line_of(mapping, "args"), join(path, "args"))
+        config["args"] = plain(args or {})
+    policy = None
+    if "policy" in mapping:
+        policy = task_policy(ctx, mapping["policy"], line_of(mapping, "policy"), join(path, "policy"))
+    if spec.routing_only and not config and policy is None and "sink" not in mapping:
+        return None  # `tool: end` and friends with nothing to do: a routing-only step
+    check_required(ctx, spec, config, tool_line, tool_path)
+    auth = plain(mapping.get("auth"))
+    return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, line=tool_line)
+
+
+def _workbook_call(ctx: Context, step: LDict, label: str, path: str, workbook: Workbook) -> list[Task]:
+    name = step.get("name")
+    if name is None:
+        ctx.problem(line_of(step, "tool"), join(path, "tool"), "tool: workbook needs name: <workbook entry>")
+        return []
+    args = step.get("args")
+    task = resolve_workbook(ctx, workbook, name, args, step.get("auth"), label, line_of(step, "name"), path)
+    return [task] if task is not None else []
+
+
+def resolve_workbook(
+    ctx: Context, workbook: Workbook, name: Any, args: Any, auth: Any, label: str, line: int | None, path: str
+) -> Task | None:
+    """A copy of workbook entry `name` as the step's task, the step's args merged over the entry's."""
+    name_path = join(path, "name")
+    if not isinstance(name, str) or name not in workbook:
+        hint = suggest(str(name), workbook) if isinstance(name, str) else ""
+        ctx.problem(line, name_path, f"no workbook entry named '{name}'{hint}")
+        return None
+    entry = workbook[name]
+    if entry is None:
+        return None  # the entry's own problems are already reported
+    config = deepcopy(entry.config)
+    if args is not None:
+        step_args = expect_mapping(ctx, args, line, join(path, "args")) or {}
+        config["args"] = {**config.get("args", {}), **plain(step_args)}
+    auth = plain(auth) if auth is not None else entry.auth
+    return entry.model_copy(update={"label": label, "config": config, "auth": auth, "line": line}, deep=True)
+
+
+def workbook_entry_task(ctx: Context, entry: LDict, name: str, path: str) -> Task | None:
+    """A legacy workbook entry: `{name, tool: <kind>, <fields>...}`."""
+    if entry.get("tool") == WORKBOOK_KIND:
+        ctx.problem(line_of(entry, "tool"), join(path, "tool"), "a workbook entry cannot call the workbook")
+        return None
+    return inline_task(ctx, entry, LEGACY_WORKBOOK_KEYS, name, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# next:
+
+
+def legacy_arcs(ctx: Context, value: Any, line: int | None, path: str) -> list[Arc]:
+    """`next: a`, `next: {step: a}` or `next: [{step, when?, args?} | {when, then: [...], else: [...]}]`."""
+    if isinstance(value, str):
+        ctx.arc_refs.append(ArcRef(value, line, path))
+        return [Arc(step=value, line=line)]
+    if isinstance(value, dict):
+        return _entry(ctx, expect_mapping(ctx, value, line, path) or LDict(), line, path)
+    entries = expect_list(ctx, value, line, path) or []
+    arcs: list[Arc] = []
+    for index, entry in enumerate(entries):
+        entry_path, entry_line = join(path, index), line_of(entries, index)
+        if isinstance(entry, str):
+            ctx.arc_refs.append(ArcRef(entry, entry_line, entry_path))
+            arcs.append(Arc(step=entry, line=entry_line))
+            continue
+        mapping = expect_mapping(ctx, entry, entry_line, entry_path)
+        if mapping is not None:
+            arcs.extend(_entry(ctx, mapping, entry_line, entry_path))
+    return arcs
+
+
+def _entry(ctx: Context, entry: LDict, line: int | None, path: str) -> list[Arc]:
+    if not check_keys(ctx, entry, NEXT_ENTRY_KEYS, path):
+        return []
+    when = condition(ctx, entry, "when", path)
+    if "then" in entry or "else" in entry:
+        if "step" in entry:
+            ctx.problem(line_of(entry, "step"), join(path, "step"), "give either step or then/else, not both")
+        if when is None:
+            ctx.problem(line, path, "then/else needs a when")
+        arcs = _branch(ctx, entry, "then", when, False, path)
+        return arcs + _branch(ctx, entry, "else", when, True, path)
+    return [a for a in [arc(ctx, entry, when, False, line, path)] if a is not None]
+
+
+def _branch(ctx: Context, entry: LDict, key: str, when: Any, negate: bool, path: str) -> list[Arc]:
+    if key not in entry:
+        return []
+    branch_path = join(path, key)
+    items = entry[key]
+    items = (
+        [items]
+        if isinstance(items, (dict, str))
+        else expect_list(ctx, items, line_of(entry, key), branch_path)
+    )
+    arcs: list[Arc] = []
+    for index, item in enumerate(items or []):
+        item_path = join(branch_path, index)
+        item_line = line_of(items, index) if isinstance(items, list) else line_of(entry, key)
+        if isinstance(item, str):
+            item = LDict({"step": item})
+            item.line = item_line
+        mapping = expect_mapping(ctx, item, item_line, item_path)
+        if mapping is None or not check_keys(ctx, mapping, BRANCH_KEYS, item_path):
+            continue
+        made = arc(ctx, mapping, when, negate, item_line, item_path)
+        arcs.extend([made] if made is not None else [])
+    return arcs
+
+
+def arc(ctx: Context, entry: LDict, when: Any, negate: bool, line: int | None, path: str) -> Arc | None:
+    """`{step, args?}` under condition `when` -> Arc (its target is checked later)."""
+    if "step" not in entry:
+        ctx.problem(line, path, "a next entry needs step: <name>")
+        return None
+    target = expect_str(ctx, entry["step"], line_of(entry, "step"), join(path, "step"))
+    if target is None:
+        return None
+    ctx.arc_refs.append(ArcRef(target, line_of(entry, "step"), join(path, "step")))
+    args = (
+        expect_mapping(ctx, entry["args"], line_of(entry, "args"), join(path, "args"))
+        if "args" in entry
+        else None
+    )
+    return Arc(step=target, when=when, negate=negate, args=plain(args or {}), line=line)

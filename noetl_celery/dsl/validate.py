@@ -1,0 +1,245 @@
+"""Checks every dialect shares, and how their problems are worded.
+
+Decides: the wording of a problem (unknown key + "did you mean", wrong type, unsupported tool
+kind, missing required tool field), which tool kinds exist (the tool registry is the only
+authority), how a condition and a number are read, how a `sink:` is read, and that every
+template parses. It collects problems into a `Context`; it never raises and never renders.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+
+from noetl_celery.dsl.plan import Condition, Sink
+from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
+from noetl_celery.errors import Problem
+from noetl_celery.tools.base import COMMON_FIELDS, ToolSpec, get_tool, known_kinds
+
+SUGGESTION_CUTOFF = 0.6  # difflib similarity below which no "did you mean" is offered
+WORKBOOK_KIND = "workbook"  # resolved at compile time, not a registered tool
+NON_TEMPLATE_KEYS = frozenset({"code"})  # python source: braces are Python, not Jinja
+# Task keys that are not tool configuration: handled by the plan itself.
+TASK_META_KEYS = frozenset({"kind", "auth", "spec", "policy", "desc", "sink", "name"})
+SINK_META_KEYS = frozenset({"tool", "kind", "auth"})
+
+_JINJA = jinja2.Environment()
+
+
+@dataclass
+class ArcRef:
+    """A reference to a step by name, checked once every step is known."""
+
+    target: str
+    line: int | None
+    path: str
+
+
+@dataclass
+class Context:
+    """What one compilation accumulates: the problems found and the references to check."""
+
+    file: str
+    problems: list[Problem] = field(default_factory=list)
+    arc_refs: list[ArcRef] = field(default_factory=list)
+
+    def problem(self, line: int | None, path: str, message: str) -> None:
+        self.problems.append(Problem(self.file, line, path, message))
+
+
+def join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def suggest(word: str, choices: Iterable[str]) -> str:
+    """ "; did you mean 'x'?" for the closest choice, or "" when nothing is close."""
+    close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=SUGGESTION_CUTOFF)
+    if not close and word.lstrip("-_ ") != word:
+        close = difflib.get_close_matches(
+            word.lstrip("-_ "), sorted(set(choices)), n=1, cutoff=SUGGESTION_CUTOFF
+        )
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def unknown_key(ctx: Context, mapping: Any, key: str, path: str, choices: Iterable[str]) -> None:
+    ctx.problem(line_of(mapping, key), join(path, key), f"unknown key '{key}'{suggest(key, choices)}")
+
+
+def check_keys(ctx: Context, mapping: LDict, allowed: Iterable[str], path: str) -> bool:
+    """Report every key of `mapping` not in `allowed`. True when there was none."""
+    allowed = frozenset(allowed)
+    unknown = [key for key in mapping if key not in allowed]
+    for key in unknown:
+        unknown_key(ctx, mapping, key, path, allowed)
+    return not unknown
+
+
+def expect_mapping(ctx: Context, value: Any, line: int | None, path: str) -> LDict | None:
+    if isinstance(value, dict):
+        return value if isinstance(value, LDict) else LDict(value)
+    ctx.problem(line, path, f"must be a mapping, not {_type_name(value)}")
+    return None
+
+
+def expect_list(ctx: Context, value: Any, line: int | None, path: str) -> list[Any] | None:
+    if isinstance(value, list):
+        return value
+    ctx.problem(line, path, f"must be a list, not {_type_name(value)}")
+    return None
+
+
+def expect_str(ctx: Context, value: Any, line: int | None, path: str) -> str | None:
+    if isinstance(value, str) and value:
+        return value
+    ctx.problem(line, path, f"must be a non-empty string, not {_type_name(value)}")
+    return None
+
+
+def number(ctx: Context, mapping: LDict, key: str, path: str, *, integer: bool = False) -> Any:
+    """mapping[key] as an int (or float); None when absent; a problem when not a number."""
+    value = mapping.get(key)
+    if value is None:
+        return None
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or value < 0:
+        kind = "a non-negative integer" if integer else "a non-negative number"
+        ctx.problem(line_of(mapping, key), join(path, key), f"must be {kind}, not {value!r}")
+        return None
+    return value
+
+
+def boolean(ctx: Context, mapping: LDict, key: str, path: str) -> bool | None:
+    value = mapping.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    ctx.problem(line_of(mapping, key), join(path, key), f"must be true or false, not {value!r}")
+    return None
+
+
+def condition(ctx: Context, mapping: LDict, key: str, path: str) -> Condition:
+    """A `when`-like value: a template string or a literal boolean."""
+    value = mapping.get(key)
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    ctx.problem(
+        line_of(mapping, key), join(path, key), f"must be a template string or a boolean, not {value!r}"
+    )
+    return None
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "a boolean"), (dict, "a mapping"), (list, "a list"), (str, "a string")):
+        if isinstance(value, kind):
+            return name
+    return "a number" if isinstance(value, (int, float)) else type(value).__name__
+
+
+def step_path(index: int, step: Any) -> str:
+    """`workflow[3](fetch_users)`: the path of a step, with its name when it has one."""
+    name = step.get("step") if isinstance(step, dict) else None
+    return f"workflow[{index}]({name})" if isinstance(name, str) else f"workflow[{index}]"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tools
+
+
+def known_tool_kinds() -> list[str]:
+    return sorted({*known_kinds(), WORKBOOK_KIND})
+
+
+def tool_spec(ctx: Context, kind: Any, line: int | None, path: str) -> ToolSpec | None:
+    """The registered tool of `kind`, or a problem naming the kinds that exist."""
+    if not isinstance(kind, str) or not kind:
+        ctx.problem(line, path, f"tool kind must be a non-empty string, not {_type_name(kind)}")
+        return None
+    spec = get_tool(kind)
+    if spec is None:
+        known = known_tool_kinds()
+        hint = suggest(kind, known)
+        ctx.problem(line, path, f"tool kind '{kind}' is not supported (known: {', '.join(known)}){hint}")
+    return spec
+
+
+def tool_only_fields(spec: ToolSpec) -> frozenset[str]:
+    """Fields that belong to this tool and could not be meant for the step (plus auth/timeout/input)."""
+    return (spec.fields - COMMON_FIELDS) | {"auth", "timeout", "input"}
+
+
+def check_fields(
+    ctx: Context, spec: ToolSpec, mapping: LDict, keys: Iterable[str], path: str, also: Iterable[str] = ()
+) -> None:
+    """Each of `keys` (taken from `mapping`) must be a field of the tool; `also`: other valid keys there."""
+    choices = spec.fields - TASK_META_KEYS | set(also)
+    for key in keys:
+        if key not in spec.fields:
+            message = f"unknown key '{key}' for the {spec.kind} tool{suggest(key, choices)}"
+            ctx.problem(line_of(mapping, key), join(path, key), message)
+
+
+def check_required(ctx: Context, spec: ToolSpec, config: dict[str, Any], line: int | None, path: str) -> None:
+    for group in spec.required:
+        if not any(config.get(key) not in (None, "") for key in group):
+            ctx.problem(line, path, f"{spec.kind} tool needs one of: {', '.join(sorted(group))}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sinks
+
+
+def build_sink(ctx: Context, value: Any, line: int | None, path: str) -> Sink | None:
+    """`sink: {tool: postgres, auth, table, ...}` (or `kind:`, or `tool: {kind: ...}`) -> Sink."""
+    sink = expect_mapping(ctx, value, line, path)
+    if sink is None:
+        return None
+    fields = sink
+    tool = sink.get("tool", sink.get("kind"))
+    if "tool" in sink and "kind" in sink:
+        ctx.problem(line_of(sink, "kind"), join(path, "kind"), "give the sink's kind once: tool or kind")
+        return None
+    if isinstance(tool, dict):  # sink: {tool: {kind: postgres, ...}}
+        fields = expect_mapping(ctx, tool, line_of(sink, "tool"), join(path, "tool")) or LDict()
+        check_keys(ctx, sink, {"tool"}, path)
+        path, tool = join(path, "tool"), fields.get("kind")
+        if "tool" in fields:
+            unknown_key(ctx, fields, "tool", path, fields.keys() - {"tool"})
+    if tool is None:
+        ctx.problem(line, path, "a sink needs a tool kind (tool: postgres, ...)")
+        return None
+    spec = tool_spec(ctx, tool, line_of(fields, "tool") or line_of(fields, "kind"), path)
+    if spec is None:
+        return None
+    config_keys = [key for key in fields if key not in SINK_META_KEYS]
+    check_fields(ctx, spec, fields, config_keys, path)
+    config = {key: plain(fields[key]) for key in config_keys}
+    check_required(ctx, spec, config, line, path)
+    return Sink(kind=spec.kind, config=config, auth=plain(fields.get("auth")), line=line)
+
+
+# ---------------------------------------------------------------------------------------------
+# Templates
+
+
+def check_templates(ctx: Context, value: Any, path: str = "", line: int | None = None) -> None:
+    """Every string that looks like a Jinja template must parse (nothing is rendered)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key not in NON_TEMPLATE_KEYS:
+                check_templates(ctx, item, join(path, key), line_of(value, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            item_path = step_path(index, item) if path == "workflow" else join(path, index)
+            check_templates(ctx, item, item_path, line_of(value, index))
+    elif isinstance(value, str) and ("{{" in value or "{%" in value):
+        try:
+            _JINJA.parse(value)
+        except jinja2.TemplateSyntaxError as exc:
+            ctx.problem(line, path, f"template does not parse (its line {exc.lineno}): {exc.message}")
