@@ -111,6 +111,11 @@ class Decider:
                                        ("stdout", outcome.get("meta", {}).get("stdout"))) if v},
         }
         self.record(key=key, **causing)
+        sink = outcome.get("meta", {}).get("sink") or {}
+        if sink.get("kind") in ("event_log", "log") and sink.get("status") == "ok":
+            self.record("sink.event_log", key + ".sink", status="recorded", step=step.name, task=task.label,
+                        run_id=message.run_id, iteration=message.iteration, parent_event_id=key,
+                        result=(sink.get("data") or {}).get("event_log"))
         if self.running:
             self.handle_outcome(step, task, message, outcome, self.rows[-1])
 
@@ -233,7 +238,8 @@ class Decider:
                         context=sanitize({"element": message.element, "call": message.call or None,
                                           "args": message.args or None}))
         message = message.evolve(parent_event_id=key + ".start")
-        self.dispatches.append(Dispatch.task(message, countdown=countdown, label=f"{step.name}:{task.label}"))
+        label = step.name if task.label == step.name else f"{step.name}:{task.label}"
+        self.dispatches.append(Dispatch.task(message, countdown=countdown, label=label))
 
     def run_inline(self, step: Step, task: Task, message: TaskMessage) -> None:
         """A routing-only task (noop/end/router) is decided here, without a worker round trip."""

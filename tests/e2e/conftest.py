@@ -1,0 +1,53 @@
+"""End-to-end fixtures: every test here runs once per deployment (embedded, distributed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from noetl_celery.mockapi import start_mock_api
+from noetl_celery.store.db import migrate
+from tests.support.engines import DistributedEngine, EmbeddedEngine
+from tests.support.workers import WorkerGroup
+
+API_TOKEN = "tok-3f9c1e-very-secret-value"  # must never appear in any event row
+PG_PASSWORD_MARKER = "pg-credential-name-only"
+
+
+@pytest.fixture(scope="session")
+def mock_api():
+    with start_mock_api() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def credential_env(pg_dsn) -> dict[str, str]:
+    """Credentials by name, as a deployment would provide them to workers."""
+    return {
+        "NOETL_AUTH_PG_LOCAL": pg_dsn,
+        "NOETL_AUTH_PG_K8S": pg_dsn,
+        "NOETL_AUTH_PG_TEST": pg_dsn,
+        "NOETL_AUTH_API_TOKEN": json.dumps({"type": "bearer", "token": API_TOKEN}),
+    }
+
+
+@pytest.fixture(scope="module", params=["embedded", "distributed"])
+def engine(request, tmp_path_factory, credential_env):
+    if request.param == "embedded":
+        yield EmbeddedEngine(tmp_path_factory.mktemp("noetl-home"), credential_env)
+        return
+    redis_url = request.getfixturevalue("redis_url")
+    postgres_url = request.getfixturevalue("postgres_url")
+    migrate(postgres_url)
+    group = WorkerGroup(tmp_path_factory.mktemp("workers"),
+                        default_env={"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": postgres_url,
+                                     **credential_env})
+    group(concurrency=4)
+    try:
+        yield DistributedEngine(redis_url, postgres_url, credential_env)
+    finally:
+        errors = group.stop_all()
+        if errors:
+            for name, text in group.log_sections():
+                print(f"----- {name}\n{text}")
