@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from celery import Celery, signals
+from sqlalchemy.exc import DBAPIError
 
 from noetl_celery import settings as noetl_settings
 from noetl_celery.engine import orchestrator, worker
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 RUN_TASK = "noetl.run_task"
 ON_EVENT = "noetl.on_event"
 EMBEDDED_POLLING_INTERVAL = 0.001  # seconds; memory:// polls at 1 s by default (33 msgs/s)
+EVENT_DB_RETRIES = 20  # times an event is delayed while the event store is unreachable
+EVENT_DB_MAX_WAIT = 60.0  # seconds; the longest such delay
 
 
 def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool = False) -> None:
@@ -68,10 +71,18 @@ def current_settings() -> noetl_settings.Settings:
 
 @app.task(name=RUN_TASK, bind=True, acks_late=True, ignore_result=True)
 def run_task(self, execution_id: int, message: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
-    """Run one attempt and report it. `execution_id` is duplicated here for Flower's kwargs column."""
+    """Run one attempt and report it. `execution_id` is duplicated here for Flower's kwargs column.
+
+    The outcome goes to on_event: called in this same job when NOETL_EVENT_DISPATCH=inline (the
+    default: one message per attempt), or sent to the on_event queue when it is `queue`.
+    """
     payload = worker.execute(current_settings().database_url, TaskMessage.from_dict(message),
                              queue_id=self.request.id)
-    if payload is not None:
+    if payload is None:
+        return
+    if current_settings().event_dispatch == "inline":
+        process_event(payload)
+    else:
         send_event(payload)
 
 
@@ -81,7 +92,29 @@ def on_event(self, execution_id: int, event: dict[str, Any]) -> None:  # type: i
     if event.get("kind") == "wake":
         publish([Dispatch.from_dict(event["dispatch"])], due=event.get("due"))
         return
-    publish(orchestrator.handle_event(current_settings().database_url, event))
+    process_event(event)
+
+
+def process_event(event: dict[str, Any]) -> None:
+    """on_event's body. A database that is down or busy delays the event (it is sent again to the
+    on_event queue with a growing countdown); any other failure fails the execution, recorded."""
+    url = current_settings().database_url
+    try:
+        dispatches = orchestrator.handle_event(url, event)
+    except DBAPIError as exc:
+        tries = int(event.get("tries", 0)) + 1
+        if tries > EVENT_DB_RETRIES:
+            orchestrator.fail_internally(url, event, f"event store unavailable: {exc.orig!r}")
+            return
+        delay = min(2 ** tries * 0.1, EVENT_DB_MAX_WAIT)
+        log.warning("event store error, event delayed %.1fs (try %d): %s", delay, tries, exc.orig)
+        send_event({**event, "tries": tries}, countdown=delay)
+        return
+    except Exception as exc:
+        log.exception("on_event failed")
+        orchestrator.fail_internally(url, event, f"{type(exc).__name__}: {exc}")
+        return
+    publish(dispatches)
 
 
 def send_event(payload: dict[str, Any], countdown: float = 0.0) -> None:
@@ -129,3 +162,22 @@ def _require_broker(sender: Any = None, **_: Any) -> None:
     except ConfigurationError as exc:
         log.error("%s", exc)
         raise SystemExit(f"noetl_celery: {exc}") from None
+
+
+@app.task(name="noetl.bench_noop", acks_late=True, ignore_result=True)
+def bench_noop(counter_key: str | None = None) -> None:
+    """A task that does nothing but count itself: the raw-Celery baseline of bench/loops.py."""
+    if counter_key:
+        _bench_redis().incr(counter_key)
+
+
+_redis_client: Any = None
+
+
+def _bench_redis() -> Any:
+    global _redis_client
+    if _redis_client is None:
+        import redis
+
+        _redis_client = redis.Redis.from_url(current_settings().broker_url)
+    return _redis_client

@@ -33,6 +33,7 @@ class Settings:
     max_countdown: int
     prefetch_multiplier: int
     task_events: bool
+    event_dispatch: str  # inline: run_task calls on_event in its own job; queue: via the on_event queue
 
     @property
     def embedded_database(self) -> bool:
@@ -63,7 +64,15 @@ def load() -> Settings:
         max_countdown=_int("NOETL_MAX_COUNTDOWN", DEFAULT_MAX_COUNTDOWN),
         prefetch_multiplier=_int("NOETL_PREFETCH_MULTIPLIER", 1),
         task_events=os.environ.get("NOETL_TASK_EVENTS", "1") not in ("0", "false", "no"),
+        event_dispatch=_choice("NOETL_EVENT_DISPATCH", ("inline", "queue"), "inline"),
     )
+
+
+def _choice(name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = os.environ.get(name) or default
+    if value not in allowed:
+        raise ConfigurationError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
 
 
 def require_broker(settings: Settings) -> str:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from sqlalchemy import Connection
 
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.store import repo
@@ -48,7 +51,10 @@ class StateCache:
         self._states: OrderedDict[tuple[str, int], ExecutionState] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, url: str, execution_id: int, min_version: int = 0) -> ExecutionState:
+    def get(self, url: str, execution_id: int, min_version: int = 0,
+            conn: Connection | None = None) -> ExecutionState:
+        """The state at `min_version` or newer; loads through `conn` when given (a caller inside a
+        transaction must pass its connection: SQLite would block a second writer)."""
         key = (url, execution_id)
         with self._lock:
             state = self._states.get(key)
@@ -56,7 +62,7 @@ class StateCache:
                 self._states.move_to_end(key)
         if state is not None and state.version >= min_version:
             return state
-        with transaction(url) as conn:
+        with _reuse(conn) if conn is not None else transaction(url) as conn:
             if state is None:
                 row = repo.get_execution(conn, execution_id)
                 if row is None:
@@ -86,6 +92,11 @@ class StateCache:
 
 
 STATE = StateCache()
+
+
+@contextmanager
+def _reuse(conn: Connection) -> Iterator[Connection]:
+    yield conn
 
 
 @dataclass

@@ -20,9 +20,9 @@ def new_execution_id() -> int:
     return (millis << RANDOM_BITS) | secrets.randbits(RANDOM_BITS)
 
 
-def run_id_for(parent_key: str, step: str) -> str:
-    """The id of the step run that `parent_key` starts for `step`."""
-    digest = hashlib.blake2b(f"{parent_key}>{step}".encode(), digest_size=8).hexdigest()
+def run_id_for(execution_id: int, parent_key: str, step: str) -> str:
+    """The id of the step run that `parent_key` starts for `step` (unique across executions)."""
+    digest = hashlib.blake2b(f"{execution_id}:{parent_key}>{step}".encode(), digest_size=8).hexdigest()
     return digest
 
 

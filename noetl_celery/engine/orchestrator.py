@@ -49,6 +49,7 @@ class Decider:
     rows: list[dict[str, Any]] = field(default_factory=list)
     dispatches: list[Dispatch] = field(default_factory=list)
     variables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    version: int = 0
     pending: int = 0
     failure: dict[str, Any] | None = None
     depth: int = 0
@@ -131,16 +132,22 @@ class Decider:
 
     def handle_outcome(self, step: Step, task: Task, message: TaskMessage, outcome: dict[str, Any],
                        row: dict[str, Any]) -> None:
-        base = render_context(self.state, self.scope_of(message, step))
-        context = {**base, **policy.outcome_scope(outcome, message.attempt)}
-        verdict = policy.decide(task.policy, outcome, context)
+        ok = outcome["status"] == "ok"
+        if task.policy is None or not task.policy.rules:
+            verdict = policy.Verdict(policy.DEFAULT_OK if ok else policy.DEFAULT_ERROR, None, [])
+            context: dict[str, Any] = {}  # nothing to render: the common, fast path
+        else:
+            base = render_context(self.state, self.scope_of(message, step))
+            context = {**base, **policy.outcome_scope(outcome, message.attempt)}
+            verdict = policy.decide(task.policy, outcome, context)
         action = verdict.action
         if verdict.rule is not None or verdict.skipped_conditions:
             row.setdefault("meta", {})["policy"] = {"rule": verdict.rule, "do": action.do,
                                                      "skipped": verdict.skipped_conditions or None}
-        ok = outcome["status"] == "ok"
+        iter_vars = message.iter_vars
         try:
-            iter_vars = {**message.iter_vars, **plain(render_value(action.set_iter, context))}
+            if action.set_iter:
+                iter_vars = {**message.iter_vars, **plain(render_value(action.set_iter, context))}
             self.set_variables("ctx", plain(render_value(action.set_ctx, context)))
             self.set_variables("vars", plain(render_value(action.set_vars, context)))
         except TemplateError as exc:
@@ -353,7 +360,7 @@ class Decider:
 
     def start_step(self, name: str, parent: str, frames: list[list[str]], args: dict[str, Any]) -> None:
         step = self.plan.steps[name]
-        run_id = run_id_for(parent, name)
+        run_id = run_id_for(self.execution_id, parent, name)
         start_key = self.record("step.started", f"{run_id}.step.start", status="started", step=name,
                                 run_id=run_id, parent_event_id=parent,
                                 context=sanitize({"args": args}) if args else None)
@@ -389,22 +396,23 @@ class Decider:
 
     def flush(self) -> list[Dispatch]:
         """Write everything decided; raises DuplicateEvent (and rolls back) on a redelivery."""
-        pending, version = repo.bump_execution(self.conn, self.execution_id, pending=self.pending,
-                                               version=1 if self.variables else 0)
-        if self.running and self.failure is None and pending <= 0:
-            self.record("execution.completed", "execution.completed", status="completed",
-                        parent_event_id=self.rows[-1]["event_id"] if self.rows else None)
-            repo.finish_execution(self.conn, self.execution_id, "completed")
+        version = self.version
+        if self.pending or self.variables or self.failure is not None:
+            pending, version = repo.bump_execution(self.conn, self.execution_id, pending=self.pending,
+                                                   version=1 if self.variables else 0)
+            if self.running and self.failure is None and pending <= 0:
+                self.record("execution.completed", "execution.completed", status="completed",
+                            parent_event_id=self.rows[-1]["event_id"] if self.rows else None)
+                repo.finish_execution(self.conn, self.execution_id, "completed")
         if self.failure is not None:
             repo.finish_execution(self.conn, self.execution_id, "failed", error=self.failure["error"],
                                   failed_step=self.failure["step"])
         dispatches = [d.with_version(version) for d in self.dispatches] if self.running else []
-        causing, *decisions = self.rows
-        causing = {**causing, "meta": {**(causing.get("meta") or {}),
-                                       **({"dispatch": [d.to_dict() for d in dispatches]} if dispatches else {})}}
-        if not repo.insert_event(self.conn, causing):
+        causing = self.rows[0]
+        if dispatches:
+            causing["meta"] = {**(causing.get("meta") or {}), "dispatch": [d.to_dict() for d in dispatches]}
+        if not repo.insert_events(self.conn, self.rows, first_must_be_new=True):
             raise DuplicateEvent(causing["event_id"])
-        repo.insert_events(self.conn, decisions)
         for scope, values in self.variables.items():
             repo.put_variables(self.conn, self.execution_id, scope, values)
         return dispatches
@@ -422,16 +430,15 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
     """Decide on one event; returns what to publish (already recorded)."""
     execution_id = int(payload["execution_id"])
     kind = payload["kind"]
-    with transaction(url) as conn:
-        head = repo.execution_head(conn, execution_id)
-    if head is None:
-        log.warning("event for unknown execution %s dropped", execution_id)
-        return []
-    state = STATE.get(url, execution_id, min_version=head["state_version"])
     try:
         with transaction(url) as conn:
             head = repo.execution_head(conn, execution_id)
-            decider = Decider(conn=conn, state=state, running=head["status"] == "running")
+            if head is None:
+                log.warning("event for unknown execution %s dropped", execution_id)
+                return []
+            state = STATE.get(url, execution_id, min_version=head["state_version"], conn=conn)
+            decider = Decider(conn=conn, state=state, running=head["status"] == "running",
+                              version=head["state_version"])
             if kind == "start":
                 decider.start_execution()
             elif kind == "outcome":
@@ -448,6 +455,23 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
     if decider.variables:
         STATE.forget(url, execution_id)
     return dispatches
+
+
+def fail_internally(url: str, payload: dict[str, Any], reason: str) -> None:
+    """An event could not be decided (a defect or a lasting outage): fail the execution, recorded,
+    rather than leave it running forever."""
+    execution_id = int(payload["execution_id"])
+    error = {"kind": "internal", "message": reason[:2000]}
+    step = (payload.get("task") or {}).get("step")
+    try:
+        with transaction(url) as conn:
+            if repo.finish_execution(conn, execution_id, "failed", error=error, failed_step=step):
+                repo.insert_events(conn, [{"execution_id": execution_id, "event_id": "execution.failed",
+                                           "event_type": "execution.failed", "status": "failed",
+                                           "step": step, "error": error}])
+    except Exception:  # the store itself is gone: nothing more can be recorded
+        log.exception("could not record the failure of execution %s", execution_id)
+    STATE.forget(url, execution_id)
 
 
 def replay(url: str, execution_id: int, key: str) -> list[Dispatch]:

@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from noetl_celery.errors import ConfigurationError
 
 SQLITE_BUSY_TIMEOUT = 60  # seconds a SQLite writer waits for the lock
+POOL_RECYCLE = 1800  # seconds before a pooled server connection is replaced
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _engines: dict[tuple[int, str], Engine] = {}
@@ -69,7 +70,9 @@ def _create_engine(url: str) -> Engine:
         )
         _configure_sqlite(engine)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    # No pre-ping (it costs a round trip per checkout on the hot path): a dropped connection
+    # surfaces as a DBAPIError, the pool discards it, and the event is delayed and retried.
+    return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=POOL_RECYCLE)
 
 
 def dispose_engines() -> None:

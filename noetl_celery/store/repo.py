@@ -113,24 +113,32 @@ def list_executions(conn: Connection, limit: int = 20) -> list[dict[str, Any]]:
 # --- events -------------------------------------------------------------------------------
 
 
-def insert_event(conn: Connection, row: dict[str, Any]) -> bool:
-    """Insert one event row; False when an event with the same key exists (a redelivery)."""
-    values = {"created_at": utcnow(), **row}
-    stmt = _insert(conn, EVENTS).values(**values).on_conflict_do_nothing(
-        index_elements=["execution_id", "event_id"]
-    ).returning(EVENTS.c.id)
-    return conn.execute(stmt).first() is not None
+EVENT_COLUMNS = tuple(c.name for c in EVENTS.c if c.name != "id")
+_insert_statements: dict[str, Any] = {}
 
 
-def insert_events(conn: Connection, rows: Iterable[dict[str, Any]]) -> None:
-    """Insert decision rows (keys derived from a fresh causing event: no conflict expected)."""
+def _events_insert(conn: Connection):  # type: ignore[no-untyped-def]
+    """One cached statement for every batch (executemany keeps its compiled form)."""
+    stmt = _insert_statements.get(conn.dialect.name)
+    if stmt is None:
+        stmt = _insert(conn, EVENTS).on_conflict_do_nothing(index_elements=["execution_id", "event_id"]).returning(
+            EVENTS.c.event_id, sort_by_parameter_order=True
+        )
+        _insert_statements[conn.dialect.name] = stmt
+    return stmt
+
+
+def insert_events(conn: Connection, rows: list[dict[str, Any]], *, first_must_be_new: bool = False) -> bool:
+    """Insert event rows, in order. With `first_must_be_new`, returns False when the first row's
+    key already exists (a redelivered event: the caller rolls back the whole transaction)."""
+    if not rows:
+        return True
     now = utcnow()
-    batch = [{"created_at": now, **r} for r in rows]
-    if batch:
-        columns = set().union(*batch)
-        batch = [{c: r.get(c) for c in columns} for r in batch]  # executemany needs one shape
-        stmt = _insert(conn, EVENTS).on_conflict_do_nothing(index_elements=["execution_id", "event_id"])
-        conn.execute(stmt, batch)
+    batch = [{c: r.get(c) for c in EVENT_COLUMNS} for r in rows]
+    for r in batch:
+        r["created_at"] = r["created_at"] or now
+    inserted = {row[0] for row in conn.execute(_events_insert(conn), batch)}
+    return not first_must_be_new or rows[0]["event_id"] in inserted
 
 
 def find_event(conn: Connection, execution_id: int, event_id: str) -> dict[str, Any] | None:
