@@ -32,7 +32,13 @@ EVENT_DB_MAX_WAIT = 60.0  # seconds; the longest such delay
 
 
 def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool = False) -> None:
-    transport_options = {"visibility_timeout": settings.visibility_timeout}
+    transport_options: dict[str, Any] = {
+        "visibility_timeout": settings.visibility_timeout,
+        # Redis: sweep for messages whose consumer died (unacked past the visibility timeout)
+        # every `restore_interval` seconds, instead of kombu's default of about 100 s.
+        "unacked_restore_interval": settings.restore_interval,
+        "unacked_restore_throttle": 1,
+    }
     if embedded:
         transport_options["polling_interval"] = EMBEDDED_POLLING_INTERVAL
     app.conf.update(

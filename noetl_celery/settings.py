@@ -18,6 +18,7 @@ DEFAULT_TASK_QUEUE = "noetl.tasks"  # tool calls
 DEFAULT_EVENT_QUEUE = "noetl.events"  # on_event
 DEFAULT_VISIBILITY_TIMEOUT = 3600  # seconds; Redis redelivers an unacked message after this
 DEFAULT_MAX_COUNTDOWN = 600  # seconds; longer waits are held as a due time and re-checked
+DEFAULT_RESTORE_INTERVAL = 10  # seconds between sweeps that hand out messages of dead consumers
 EMBEDDED_BROKER = "memory://localhost/"
 
 
@@ -30,6 +31,7 @@ class Settings:
     task_queue: str
     event_queue: str
     visibility_timeout: int
+    restore_interval: int
     max_countdown: int
     prefetch_multiplier: int
     task_events: bool
@@ -61,6 +63,7 @@ def load() -> Settings:
         task_queue=os.environ.get("NOETL_TASK_QUEUE", DEFAULT_TASK_QUEUE),
         event_queue=os.environ.get("NOETL_EVENT_QUEUE", DEFAULT_EVENT_QUEUE),
         visibility_timeout=_int("NOETL_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT),
+        restore_interval=_int("NOETL_RESTORE_INTERVAL", DEFAULT_RESTORE_INTERVAL),
         max_countdown=_int("NOETL_MAX_COUNTDOWN", DEFAULT_MAX_COUNTDOWN),
         prefetch_multiplier=_int("NOETL_PREFETCH_MULTIPLIER", 1),
         task_events=os.environ.get("NOETL_TASK_EVENTS", "1") not in ("0", "false", "no"),

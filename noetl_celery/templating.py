@@ -136,6 +136,18 @@ def _single_expression(text: str) -> str | None:
     return expr.strip()
 
 
+def _defined(value: Any) -> Any:
+    """A native value with no Undefined inside (a filter such as map() can yield them lazily)."""
+    if isinstance(value, Undefined):
+        value._fail_with_undefined_error()
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "generator":
+        return [_defined(v) for v in value]
+    if isinstance(value, Mapping) and not isinstance(value, StepResult):
+        for v in value.values():
+            _defined(v)
+    return value
+
+
 def render_string(text: str, context: Mapping[str, Any]) -> Any:
     """Render one playbook string: native value for a lone expression, else text."""
     if not is_template(text):
@@ -143,10 +155,7 @@ def render_string(text: str, context: Mapping[str, Any]) -> Any:
     try:
         expression = _single_expression(text)
         if expression is not None:
-            value = _compile_expression(expression)(**context)
-            if isinstance(value, Undefined):
-                value._fail_with_undefined_error()
-            return value
+            return _defined(_compile_expression(expression)(**context))
         return _compile_template(text).render(**context)
     except UndefinedError as exc:
         raise TemplateError(f"{exc.message} in template {text.strip()!r}") from None

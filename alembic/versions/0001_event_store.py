@@ -95,6 +95,7 @@ def upgrade() -> None:
         sa.Column("done", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("succeeded", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("failed", sa.Integer(), nullable=False, server_default="0"),
+        sa.Column("tolerated", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("status", sa.String(16), nullable=False),
         sa.Column("collection", Json),
         sa.Column("context", Json),

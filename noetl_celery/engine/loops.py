@@ -112,9 +112,9 @@ def _dispatch_iteration(decider: "Decider", step: Step, run_id: str, index: int,
 
 
 def iteration_done(decider: "Decider", step: Step, message: TaskMessage, *, ok: bool, data: Any, error: Any,
-                   row: dict[str, Any]) -> None:
+                   row: dict[str, Any], tolerated: bool = False) -> None:
     """Count the iteration, dispatch the next index, and finish the loop on the last one."""
-    counters = repo.loop_iteration_done(decider.conn, message.run_id, ok=ok)
+    counters = repo.loop_iteration_done(decider.conn, message.run_id, ok=ok, tolerated=tolerated)
     done, total, cap = counters["done"], counters["total"], counters["cap"]
     next_index = cap + done - 1
     if next_index < total and decider.running and decider.failure is None:
@@ -127,7 +127,7 @@ def iteration_done(decider: "Decider", step: Step, message: TaskMessage, *, ok: 
         return
     results = _ordered_results(decider, message, total, ok=ok, data=data)
     finish_loop(decider, step, message.run_id, row.get("event_id"), results,
-                ok_count=counters["succeeded"], failed=counters["failed"])
+                ok_count=counters["succeeded"], failed=counters["failed"], tolerated=counters["tolerated"])
 
 
 def _ordered_results(decider: "Decider", message: TaskMessage, total: int, *, ok: bool, data: Any) -> list[Any]:
@@ -142,16 +142,19 @@ def _ordered_results(decider: "Decider", message: TaskMessage, total: int, *, ok
 
 
 def finish_loop(decider: "Decider", step: Step, run_id: str, parent: str | None, results: list[Any], *,
-                ok_count: int, failed: int) -> None:
+                ok_count: int, failed: int, tolerated: int = 0) -> None:
+    """The loop's result and the step's end. Failures a policy tolerated do not fail the step."""
     loop_row = repo.get_loop(decider.conn, run_id) or {}
     context = loop_row.get("context") or {}
     total = len(results)
     stats = {"total": total, "success": ok_count, "failed": failed}
-    key = decider.record("iterator.completed", f"{run_id}.loop.done", status="completed" if not failed else "failed",
-                         step=step.name, run_id=run_id, parent_event_id=parent, meta=stats)
+    fatal = failed - tolerated
+    key = decider.record("iterator.completed", f"{run_id}.loop.done", status="failed" if fatal else "completed",
+                         step=step.name, run_id=run_id, parent_event_id=parent,
+                         meta={**stats, "tolerated": tolerated} if tolerated else stats)
     result = {"results": results, "stats": stats}
-    error = None if not failed else {"kind": "loop", "message": f"{failed} of {total} iterations failed",
-                                     "stats": stats}
-    decider.step_done(step, run_id, ok=not failed, data=result, error=error, frames=context.get("frames", []),
+    error = None if not fatal else {"kind": "loop", "message": f"{failed} of {total} iterations failed",
+                                    "stats": stats}
+    decider.step_done(step, run_id, ok=not fatal, data=result, error=error, frames=context.get("frames", []),
                       args=context.get("args", {}), task_results={}, parent=key, via="loop")
 

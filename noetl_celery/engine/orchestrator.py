@@ -112,13 +112,14 @@ class Decider:
                                        ("stdout", outcome.get("meta", {}).get("stdout"))) if v},
         }
         self.record(key=key, **causing)
+        causing_row = self.rows[-1]
         sink = outcome.get("meta", {}).get("sink") or {}
         if sink.get("kind") in ("event_log", "log") and sink.get("status") == "ok":
             self.record("sink.event_log", key + ".sink", status="recorded", step=step.name, task=task.label,
                         run_id=message.run_id, iteration=message.iteration, parent_event_id=key,
                         result=(sink.get("data") or {}).get("event_log"))
         if self.running:
-            self.handle_outcome(step, task, message, outcome, self.rows[-1])
+            self.handle_outcome(step, task, message, outcome, causing_row)
 
     # --- tasks -----------------------------------------------------------------------------
 
@@ -180,7 +181,8 @@ class Decider:
             self.dispatch_task(step, nxt.evolve(task_index=target, seq=message.seq + 1))
         elif do in ("continue", "break"):
             self.unit_done(step, message, ok=True, data=self.collected_or(data, step, task, message),
-                           row=row, task_results=task_results, iter_vars=iter_vars)
+                           row=row, task_results=task_results, iter_vars=iter_vars,
+                           tolerated=None if ok else outcome.get("error"))
         else:
             self.unit_done(step, message, ok=False, data=data, row=row,
                            error=outcome.get("error") or {"kind": "policy", "message": "failed by policy rule"})
@@ -226,7 +228,11 @@ class Decider:
         """The step's data after a task's last page: the collected pages when it paginated."""
         if message.page <= 1 and not _collects(task):
             return data
-        return pagination.collect_pages(self.conn, self.execution_id, message, task, data)
+        collected = pagination.collect_pages(self.conn, self.execution_id, message, task, data)
+        into = pagination.collect_spec(task).into
+        if into and message.iteration is None:
+            self.set_variables("vars", {into: collected})
+        return collected
 
     def dispatch_task(self, step: Step, message: TaskMessage, countdown: float = 0.0,
                       record_start: bool = True) -> None:
@@ -269,12 +275,18 @@ class Decider:
 
     def unit_done(self, step: Step, message: TaskMessage, *, ok: bool, data: Any, row: dict[str, Any],
                   error: Any = None, task_results: dict[str, Any] | None = None,
-                  iter_vars: dict[str, Any] | None = None) -> None:
+                  iter_vars: dict[str, Any] | None = None, tolerated: Any = None) -> None:
+        """A step run, or one loop iteration, is over. `tolerated`: the error a policy rule said
+        to continue past (the unit goes on as a success, a loop counts it as a failure)."""
         if message.iteration is not None:
+            failed = not ok or tolerated is not None
             if row.get("event_type", "").startswith("action.") and row.get("execution_id"):
-                row["event_type"] = "iteration.completed" if ok else "iteration.failed"
+                row["event_type"] = "iteration.failed" if failed else "iteration.completed"
                 row["result"] = data
-            loops.iteration_done(self, step, message, ok=ok, data=data, error=error, row=row)
+                if tolerated is not None:
+                    row.setdefault("meta", {})["tolerated"] = True
+            loops.iteration_done(self, step, message, ok=not failed, data=data, error=error or tolerated,
+                                 row=row, tolerated=tolerated is not None)
             return
         self.step_done(step, message.run_id, ok=ok, data=data, error=error, frames=message.frames,
                        args=message.args, task_results=task_results or {}, parent=row["event_id"])
@@ -313,7 +325,9 @@ class Decider:
         self.record("step.completed", done_key, status="completed", step=step.name, run_id=run_id,
                     result=data, parent_event_id=parent,
                     meta={"next": [t for t, _ in targets]} if targets else None)
-        if not targets and step.next.arcs and self.plan.no_next_is_error and step.name != self.plan.final_step:
+        no_match_fails = step.next.on_no_match == "error" or (step.next.on_no_match is None
+                                                               and self.plan.no_next_is_error)
+        if not targets and step.next.arcs and no_match_fails and step.name != self.plan.final_step:
             err = {"kind": "routing", "message": f"no arc of step {step.name!r} matched"}
             self.fail_execution(step.name, err, done_key)
             return

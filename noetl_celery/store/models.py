@@ -113,6 +113,7 @@ class LoopState(Base):
     done: Mapped[int] = mapped_column(Integer, default=0)
     succeeded: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
+    tolerated: Mapped[int] = mapped_column(Integer, default=0)  # failures a policy said to continue past
     status: Mapped[str] = mapped_column(String(16))  # running | completed
     collection: Mapped[Any | None] = mapped_column(Json)
     context: Mapped[Any | None] = mapped_column(Json)  # run context of the loop (fork frames, args)

@@ -230,7 +230,7 @@ def create_loop(conn: Connection, values: dict[str, Any]) -> None:
     conn.execute(
         _insert(conn, LOOPS)
         .values(created_at=now, updated_at=now, status="running", dispatched=0, done=0, succeeded=0, failed=0,
-                **values)
+                tolerated=0, **values)
         .on_conflict_do_nothing(index_elements=["run_id"])
     )
 
@@ -242,7 +242,7 @@ def get_loop(conn: Connection, run_id: str, *, with_collection: bool = False) ->
     return dict(row) if row else None
 
 
-def loop_iteration_done(conn: Connection, run_id: str, *, ok: bool) -> dict[str, Any]:
+def loop_iteration_done(conn: Connection, run_id: str, *, ok: bool, tolerated: bool = False) -> dict[str, Any]:
     """Count one finished iteration; returns the counters after the update (done, total, cap, ...)."""
     c = LOOPS.c
     row = conn.execute(
@@ -252,9 +252,10 @@ def loop_iteration_done(conn: Connection, run_id: str, *, ok: bool) -> dict[str,
             done=c.done + 1,
             succeeded=c.succeeded + (1 if ok else 0),
             failed=c.failed + (0 if ok else 1),
+            tolerated=c.tolerated + (1 if tolerated else 0),
             updated_at=utcnow(),
         )
-        .returning(c.done, c.succeeded, c.failed, c.total, c.cap, c.status)
+        .returning(c.done, c.succeeded, c.failed, c.tolerated, c.total, c.cap, c.status)
     ).mappings().first()
     if row is None:
         raise LookupError(f"loop {run_id} not found")
