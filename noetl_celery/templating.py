@@ -54,6 +54,30 @@ class StepResult(dict):
         raise KeyError(name)
 
 
+class ResponseView(dict):
+    """`response` in conditions: an HTTP result ({status_code, headers, url, elapsed, data}) whose
+    missing keys read from the body. Legacy playbooks write `response.paging` (the body), v2 case
+    playbooks `response.data.paging` (the result): both work."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, result: Mapping[str, Any], body: Any):
+        super().__init__(result)
+        self.body = body
+
+    def fallback(self, name: str) -> Any:
+        if isinstance(self.body, Mapping) and name in self.body:
+            return self.body[name]
+        raise KeyError(name)
+
+
+def response_view(data: Any) -> Any:
+    """The `response` name for a tool result: a ResponseView for HTTP results, else the data."""
+    if isinstance(data, Mapping) and "status_code" in data and "data" in data:
+        return ResponseView(data, data["data"])
+    return data
+
+
 def as_step_result(value: Any, task_results: Mapping[str, Any] | None = None) -> Any:
     """Wrap a step's result for the render context (non-mappings are returned as they are)."""
     if isinstance(value, Mapping) and not isinstance(value, StepResult):
@@ -73,15 +97,20 @@ class PlaybookEnvironment(SandboxedEnvironment):
                     return obj.alias(attribute)
                 except KeyError:
                     pass
+            if isinstance(obj, ResponseView):
+                try:
+                    return obj.fallback(attribute)
+                except KeyError:
+                    pass
             if isinstance(obj, Lenient):
                 return None
             return self.undefined(obj=obj, name=attribute)
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
-        if isinstance(obj, StepResult) and isinstance(argument, str) and argument not in obj:
+        if isinstance(obj, (StepResult, ResponseView)) and isinstance(argument, str) and argument not in obj:
             try:
-                return obj.alias(argument)
+                return obj.alias(argument) if isinstance(obj, StepResult) else obj.fallback(argument)
             except KeyError:
                 pass
         return super().getitem(obj, argument)
@@ -142,7 +171,7 @@ def _defined(value: Any) -> Any:
         value._fail_with_undefined_error()
     if isinstance(value, (list, tuple)) or type(value).__name__ == "generator":
         return [_defined(v) for v in value]
-    if isinstance(value, Mapping) and not isinstance(value, StepResult):
+    if isinstance(value, Mapping) and not isinstance(value, (StepResult, ResponseView)):
         for v in value.values():
             _defined(v)
     return value

@@ -26,7 +26,7 @@ from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
-from noetl_celery.templating import as_step_result, plain, render_value
+from noetl_celery.templating import as_step_result, plain, render_value, response_view
 from noetl_celery.tools.base import get_tool
 
 log = logging.getLogger(__name__)
@@ -97,17 +97,20 @@ class Decider:
         step = self.plan.steps[message.step]
         task = step.tasks[message.task_index]
         key = attempt_key(message.run_id, message.iteration, message.seq, message.attempt) + ".done"
+        # every attempt links to the first one (a retry's own start is its retry.scheduled row)
+        first_attempt = attempt_key(message.run_id, message.iteration, message.seq, 1) + ".start"
         ok = outcome["status"] == "ok"
         causing = {
             "event_type": "action.completed" if ok else "action.failed",
             "status": "completed" if ok else "failed",
             "step": step.name, "task": task.label, "run_id": message.run_id,
             "attempt": message.attempt, "iteration": message.iteration, "page": message.page,
-            "parent_event_id": message.parent_event_id, "queue_id": report.get("queue_id"),
+            "parent_event_id": first_attempt, "queue_id": report.get("queue_id"),
             "worker": report.get("worker"), "started_at": _timestamp(report.get("started_at")),
             "duration_ms": report.get("duration_ms"),
             "result": outcome.get("data"), "error": outcome.get("error"),
             "meta": {k: v for k, v in (("http", outcome.get("http")), ("pg", outcome.get("pg")),
+                                       ("retry_of", message.parent_event_id if message.attempt > 1 else None),
                                        ("sink", outcome.get("meta", {}).get("sink")),
                                        ("stdout", outcome.get("meta", {}).get("stdout"))) if v},
         }
@@ -182,7 +185,7 @@ class Decider:
         elif do in ("continue", "break"):
             self.unit_done(step, message, ok=True, data=self.collected_or(data, step, task, message),
                            row=row, task_results=task_results, iter_vars=iter_vars,
-                           tolerated=None if ok else outcome.get("error"))
+                           tolerated=None if ok else outcome.get("error"), response=data)
         else:
             self.unit_done(step, message, ok=False, data=data, row=row,
                            error=outcome.get("error") or {"kind": "policy", "message": "failed by policy rule"})
@@ -275,7 +278,8 @@ class Decider:
 
     def unit_done(self, step: Step, message: TaskMessage, *, ok: bool, data: Any, row: dict[str, Any],
                   error: Any = None, task_results: dict[str, Any] | None = None,
-                  iter_vars: dict[str, Any] | None = None, tolerated: Any = None) -> None:
+                  iter_vars: dict[str, Any] | None = None, tolerated: Any = None,
+                  response: Any = None) -> None:
         """A step run, or one loop iteration, is over. `tolerated`: the error a policy rule said
         to continue past (the unit goes on as a success, a loop counts it as a failure)."""
         if message.iteration is not None:
@@ -289,13 +293,15 @@ class Decider:
                                  row=row, tolerated=tolerated is not None)
             return
         self.step_done(step, message.run_id, ok=ok, data=data, error=error, frames=message.frames,
-                       args=message.args, task_results=task_results or {}, parent=row["event_id"])
+                       args=message.args, task_results=task_results or {}, parent=row["event_id"],
+                       response=data if response is None else response)
 
     def step_done(self, step: Step, run_id: str, *, ok: bool, data: Any, error: Any, frames: list[list[str]],
                   args: dict[str, Any], task_results: dict[str, Any], parent: str, via: str = "call",
-                  counted: bool = True) -> None:
-        if counted:
-            self.pending -= 1
+                  response: Any = None) -> None:
+        """A step run is over: record it, store its result, apply vars/set_ctx, route.
+        `response` is the last call's result (the last page), which routing conditions read."""
+        self.pending -= 1
         done_key = f"{run_id}.step.done"
         if not ok:
             self.record("step.failed", done_key, status="failed", step=step.name, run_id=run_id,
@@ -307,8 +313,7 @@ class Decider:
             self.set_variables("tasks", {step.name: task_results})
         scope = Scope(args=args, step=step.name)
         context = render_context(self.state, scope)
-        response = data.get("data") if isinstance(data, dict) and "status_code" in data else data
-        context.update(result=as_step_result(data), response=response,
+        context.update(result=as_step_result(data), response=response_view(data if response is None else response),
                        event={"name": routing.TERMINAL_EVENT_NAMES[via]})
         try:
             self.set_variables("vars", plain(render_value(step.vars, context)))

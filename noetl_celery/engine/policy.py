@@ -13,7 +13,7 @@ from typing import Any
 
 from noetl_celery.dsl.plan import DEFAULT_PAGINATION_MAX, DEFAULT_RETRY_ATTEMPTS, Action, Policy
 from noetl_celery.errors import TemplateError
-from noetl_celery.templating import Lenient, evaluate_condition
+from noetl_celery.templating import Lenient, evaluate_condition, response_view
 
 
 class EventName(str):
@@ -57,7 +57,6 @@ def outcome_scope(outcome: dict[str, Any], attempt: int) -> dict[str, Any]:
     error = Lenient(outcome.get("error") or {})
     http = Lenient(outcome.get("http") or {})
     pg = Lenient(outcome.get("pg") or {})
-    body = data.get("data") if isinstance(data, dict) and http else data
     view = Lenient(status=status, data=data, result=data, error=error, http=http, pg=pg)
     if http.get("status") is not None and "status" not in error and status == "error":
         error["status"] = http["status"]
@@ -66,7 +65,7 @@ def outcome_scope(outcome: dict[str, Any], attempt: int) -> dict[str, Any]:
         "output": view,
         "result": data,
         "data": data,
-        "response": body,
+        "response": response_view(data),
         "error": error if status == "error" else None,
         "status_code": http.get("status"),
         "success": status == "ok",

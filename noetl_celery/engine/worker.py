@@ -17,12 +17,11 @@ from noetl_celery.dsl.plan import Sink, Task
 from noetl_celery.engine.context import STATE, Scope, render_context
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
-from noetl_celery.engine.pagination import response_body
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import to_jsonable
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
-from noetl_celery.templating import as_step_result, plain, render_value
+from noetl_celery.templating import as_step_result, plain, render_value, response_view
 from noetl_celery.tools.base import Outcome, ToolCall, get_tool, run_tool
 
 CALL_OVERRIDES = ("params", "body", "payload", "json", "headers", "args", "data")  # merged by next_call
@@ -68,7 +67,7 @@ def _call(kind: str, config: dict[str, Any], auth: Any, context: dict[str, Any],
 
 def _run_sink(sink: Sink, outcome: Outcome, context: dict[str, Any], execution_id: int,
               secrets: set[str]) -> Outcome:
-    scope = {**context, "result": as_step_result(outcome.data), "response": response_body(outcome.data),
+    scope = {**context, "result": as_step_result(outcome.data), "response": response_view(outcome.data),
              "data": outcome.data}
     return _call(sink.kind, sink.config, sink.auth, scope, execution_id, secrets)
 
