@@ -1,0 +1,117 @@
+"""Retries and pages under real delivery: long backoffs past the broker's visibility timeout, and a
+worker killed in the middle of a pagination."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import redis
+from sqlalchemy import text
+
+from noetl_celery.mockapi import start_mock_api
+from noetl_celery.runner import wait
+from noetl_celery.store.db import get_engine
+from tests.support.engines import cli
+
+PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
+
+
+def submit(env: dict[str, str], playbook: Path, **sets: object) -> int:
+    args = ["submit", str(playbook), "--json"]
+    for key, value in sets.items():
+        args += ["--set", f"{key}={value}"]
+    proc = cli(args, env)
+    assert proc.returncode == 0, proc.stderr
+    return int(json.loads(proc.stdout)["execution_id"])
+
+
+def step_rows(url: str, execution_id: int, step: str) -> list[dict]:
+    with get_engine(url).connect() as conn:
+        result = conn.execute(text("SELECT event_type, attempt, page, meta FROM noetl_event "
+                                   "WHERE execution_id = :x AND step = :s ORDER BY id"),
+                              {"x": execution_id, "s": step})
+        return [dict(r._mapping) for r in result]
+
+
+def queued(redis_url: str) -> int:
+    client = redis.Redis.from_url(redis_url)
+    return sum(client.llen(q) for q in ("noetl.tasks", "noetl.events"))
+
+
+def run_long_backoff(env, store_url, worker_factory, max_countdown: str) -> tuple[int, int]:
+    """(execution id, how many times the retry really ran) with a 9 s backoff and a 4 s
+    visibility timeout."""
+    worker_env = {**env, "NOETL_VISIBILITY_TIMEOUT": "4", "NOETL_RESTORE_INTERVAL": "1",
+                  "NOETL_MAX_COUNTDOWN": max_countdown}
+    worker_factory(env=worker_env, concurrency=2, name=f"patient-{max_countdown}@%h")
+    with start_mock_api() as api:
+        execution_id = submit(env, PLAYBOOKS / "long_backoff.yaml", api_url=api.url)
+        status = wait(store_url, execution_id, timeout=90)
+        time.sleep(6)  # a redelivery would come after the visibility timeout: give it the chance
+        runs = api.state.concurrency_stats()["total"]
+    assert status["status"] == "completed", status
+    return execution_id, runs
+
+
+def test_control_redis_redelivers_a_countdown_held_past_the_visibility_timeout(env, store_url,
+                                                                              worker_factory):
+    # the measured Celery fact the engine designs around: the broker holding the whole wait
+    _, runs = run_long_backoff(env, store_url, worker_factory, max_countdown="600")
+    assert runs > 1
+
+
+def test_a_backoff_longer_than_the_visibility_timeout_runs_the_retry_exactly_once(env, store_url,
+                                                                                  worker_factory):
+    # the engine holds at most NOETL_MAX_COUNTDOWN (1 s) in the broker and re-checks the due time
+    execution_id, runs = run_long_backoff(env, store_url, worker_factory, max_countdown="1")
+    assert runs == 1
+    rows = step_rows(store_url, execution_id, "fetch")
+    kinds = [r["event_type"] for r in rows]
+    assert kinds.count("action.failed") == 1 and kinds.count("action.completed") == 1
+    assert kinds.count("retry.scheduled") == 1
+    retry = next(r for r in rows if r["event_type"] == "retry.scheduled")
+    assert retry["meta"]["delay"] == 9.0
+    with get_engine(store_url).connect() as conn:
+        started, ended = conn.execute(text(
+            "SELECT MIN(started_at), MAX(started_at) FROM noetl_event WHERE execution_id = :x "
+            "AND step = 'fetch' AND event_type IN ('action.failed', 'action.completed')"),
+            {"x": execution_id}).one()
+    assert 9.0 <= (ended - started).total_seconds() < 20
+
+
+def test_a_worker_killed_mid_pagination_loses_and_duplicates_no_page(env, store_url, worker_factory,
+                                                                     redis_url):
+    worker_env = {**env, "NOETL_VISIBILITY_TIMEOUT": "6", "NOETL_RESTORE_INTERVAL": "1"}
+    victim = worker_factory(env=worker_env, concurrency=2, name="pager@%h")
+    with start_mock_api() as api:
+        execution_id = submit(env, PLAYBOOKS / "slow_pages.yaml", api_url=api.url, delay=0.15)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pages = [r for r in step_rows(store_url, execution_id, "pages") if r["event_type"] == "page.completed"]
+            if len(pages) >= 8:
+                break
+            time.sleep(0.05)
+        victim.kill()
+        worker_factory(env=worker_env, concurrency=2, name="pager-2@%h")
+        status = wait(store_url, execution_id, timeout=120)
+    assert status["status"] == "completed", status
+    assert [item["id"] for item in status["results"]["pages"]] == list(range(1, 36))
+    done = [r["page"] for r in step_rows(store_url, execution_id, "pages")
+            if r["event_type"] in ("page.completed", "action.completed")]
+    assert done == list(range(1, 36))  # every page once, in order
+    assert queued(redis_url) == 0
+
+
+def test_a_poison_task_leaves_nothing_in_flight(env, store_url, worker_factory, redis_url):
+    worker_factory(env=env, concurrency=2, name="poison@%h")
+    execution_id = submit(env, PLAYBOOKS / "poison.yaml")
+    status = wait(store_url, execution_id, timeout=60)
+    assert status["status"] == "failed" and status["failed_step"] == "poison"
+    time.sleep(1.0)
+    with get_engine(store_url).connect() as conn:
+        pending = conn.execute(text("SELECT pending FROM noetl_execution WHERE execution_id = :x"),
+                               {"x": execution_id}).scalar_one()
+    assert pending == 0
+    assert queued(redis_url) == 0
