@@ -100,7 +100,21 @@ def embedded_worker(concurrency: int = EMBEDDED_CONCURRENCY) -> Iterator[Any]:
     with start_worker(app, pool="threads", concurrency=concurrency, perform_ping_check=False,
                       loglevel="WARNING", shutdown_timeout=10.0,
                       queues=[settings.task_queue, settings.event_queue]) as worker:
-        yield worker
+        try:
+            yield worker
+        finally:
+            _wake_for_shutdown(app, settings)
+
+
+def _wake_for_shutdown(app: Any, settings: noetl_settings.Settings) -> None:
+    """Ask the embedded worker to stop, and send it one message so that its consumer loop (which
+    waits up to 2 s for a message between shutdown checks) notices at once."""
+    from celery.worker import state
+
+    from noetl_celery.app import bench_noop
+
+    state.should_terminate = 0
+    bench_noop.apply_async(queue=settings.event_queue)
 
 
 def run_embedded(plan: Plan, timeout: float | None = None) -> dict[str, Any]:

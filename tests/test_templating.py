@@ -1,0 +1,69 @@
+"""The one template environment: native values, strict names, legacy aliases, no re-rendering."""
+
+from __future__ import annotations
+
+import pytest
+
+from noetl_celery.errors import TemplateError
+from noetl_celery.templating import (as_step_result, evaluate_condition, render_string, render_value,
+                                     response_view)
+
+
+def test_a_lone_expression_renders_to_its_native_value():
+    ctx = {"items": [1, 2], "n": 3, "page": {"page": "2"}}
+    assert render_string("{{ items }}", ctx) == [1, 2]
+    assert render_string("{{ (page.page | int) + 1 }}", ctx) == 3
+    assert render_string(" {{ n }} ", ctx) == 3
+    assert render_string("id-{{ n }}", ctx) == "id-3"
+    assert render_string("{{ n }}{{ n }}", ctx) == "33"
+
+
+def test_undefined_names_are_errors_that_quote_the_template():
+    with pytest.raises(TemplateError, match="'missing' is undefined in template '{{ missing.x }}'"):
+        render_string("{{ missing.x }}", {})
+    with pytest.raises(TemplateError, match="has no attribute 'square'"):
+        render_string("{{ rows | map(attribute='square') | list }}", {"rows": [None]})
+    assert render_string("{{ missing | default(5) }}", {}) == 5
+
+
+def test_keys_win_over_dict_methods():
+    assert render_string("{{ iter.items }}", {"iter": {"items": [7]}}) == [7]
+    assert render_string("{{ d.keys }}", {"d": {"keys": "k"}}) == "k"
+
+
+def test_legacy_result_aliases():
+    step = as_step_result({"status": "success", "data": {"message": "hi"}})
+    assert render_string("{{ test_step.result.data.message }}", {"test_step": step}) == "hi"
+    flat = as_step_result({"item_name": "a"})
+    assert render_string("{{ result.data.item_name }}", {"result": flat}) == "a"
+    pipeline = as_step_result({"count": 2}, {"validate": {"ok": True}, "transform": {"items": 2}})
+    assert render_string("{{ p.results.transform.items }}", {"p": pipeline}) == 2
+    assert render_string("{{ p.validate.ok }}", {"p": pipeline}) is True
+
+
+def test_response_reads_the_http_result_and_then_the_body():
+    response = response_view({"status_code": 200, "headers": {}, "url": "u", "elapsed": 0.1,
+                              "data": {"paging": {"hasMore": True}, "data": [1]}})
+    assert render_string("{{ response.paging.hasMore }}", {"response": response}) is True
+    assert render_string("{{ response.data.paging.hasMore }}", {"response": response}) is True
+    assert render_string("{{ response.status_code }}", {"response": response}) == 200
+
+
+def test_data_is_never_rendered_again():
+    ctx = {"body": {"sql": "{{ execution_id }}"}, "execution_id": 1}
+    assert render_string("{{ body.sql }}", ctx) == "{{ execution_id }}"
+    assert render_value({"q": "{{ body }}", "code": "{{ x }}"}, ctx, raw_keys=frozenset({"code"})) == {
+        "q": {"sql": "{{ execution_id }}"}, "code": "{{ x }}"}
+
+
+def test_the_sandbox_refuses_unsafe_attributes():
+    with pytest.raises(TemplateError):
+        render_string("{{ ''.__class__.__mro__[1].__subclasses__() }}", {})
+
+
+@pytest.mark.parametrize("condition, expected", [
+    (None, True), (True, True), (False, False), ("{{ 1 > 2 }}", False), ("{{ 'false' }}", False),
+    ("{{ [] }}", False), ("{{ 'yes' }}", True), ("{{ x == 1 }}", True),
+])
+def test_conditions(condition, expected):
+    assert evaluate_condition(condition, {"x": 1}) is expected
