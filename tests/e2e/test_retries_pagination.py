@@ -172,3 +172,16 @@ def test_a_parallel_loop_whose_iterations_paginate(engine, mock_api):
             pages.setdefault(e["iteration"], []).append(e["page"])
     assert pages == {0: list(range(1, 8)), 1: list(range(1, 6)), 2: list(range(1, 4))}
     assert sum(e["event_type"] == "iterator.completed" for e in events) == 1
+
+
+def test_each_page_runs_its_sink_in_its_own_job_and_into_names_the_collection(engine, mock_api):
+    run = engine.run(PLAYBOOKS / "pagination_page_sink.yaml", api(mock_api))
+    assert run.returncode == 0, run.stderr
+    assert run.results["count"] == 35
+    events = engine.events(run.execution_id)
+    sinks = [e["result"] for e in events if e["event_type"] == "sink.event_log"]
+    assert [s["page"] for s in sinks] == [1, 2, 3, 4]
+    assert [len(s["ids"]) for s in sinks] == [10, 10, 10, 5]
+    pages = [e for e in events if e["step"] == "fetch" and e["event_type"] in ("page.completed", "action.completed")]
+    sink_parents = [e["parent_event_id"] for e in events if e["event_type"] == "sink.event_log"]
+    assert sink_parents == [p["event_id"] for p in pages]  # one sink per page, recorded with it
