@@ -258,7 +258,7 @@ def test_vars_set_ctx_and_set_alias_stay_unrendered() -> None:
 
 def test_step_set_with_an_unknown_scope_is_a_problem() -> None:
     found = texts(V10, "workflow:\n  - step: start\n    set: {iter.x: 1}\n")
-    assert found == ["pb.yaml:7: workflow[0](start).set.iter.x: a step's set keys look like ctx.x or vars.x"]
+    assert found == ["pb.yaml:7: workflow[0](start).set.iter.x: set keys look like ctx.x or vars.x"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from noetl_celery.dsl.plan import Plan, Policy, Routing, Rule, Sink, Step, Task
 from noetl_celery.dsl.policy import admit_rules, legacy_retry, when_admit
 from noetl_celery.dsl.validate import (
     Context,
+    assignments,
     boolean,
     build_sink,
     check_keys,
@@ -338,26 +339,7 @@ def _attach_sink(
 
 def _assignments(ctx: Context, step: LDict, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """`vars:`, `set_ctx:` and `set: {ctx.x: ..., vars.y: ...}` -> (vars, set_ctx), unrendered."""
-    targets: dict[str, dict[str, Any]] = {"vars": {}, "set_ctx": {}}
-    for key in ("vars", "set_ctx"):
-        if key in step:
-            targets[key].update(
-                plain(expect_mapping(ctx, step[key], line_of(step, key), join(path, key)) or {})
-            )
-    if "set" in step:
-        values = expect_mapping(ctx, step["set"], line_of(step, "set"), join(path, "set")) or LDict()
-        for key, value in values.items():
-            scope, _, name = key.partition(".")
-            if scope not in SET_TARGETS or not name:
-                ctx.problem(
-                    line_of(values, key),
-                    join(path, f"set.{key}"),
-                    "a step's set keys look like ctx.x or vars.x",
-                )
-            elif name in targets[SET_TARGETS[scope]]:
-                ctx.problem(line_of(values, key), join(path, f"set.{key}"), f"'{name}' is assigned twice")
-            else:
-                targets[SET_TARGETS[scope]][name] = plain(value)
+    targets = assignments(ctx, step, path, SET_TARGETS)
     return targets["vars"], targets["set_ctx"]
 
 

@@ -30,6 +30,7 @@ from noetl_celery.dsl.plan import (
 )
 from noetl_celery.dsl.validate import (
     Context,
+    assignments,
     boolean,
     build_sink,
     check_keys,
@@ -166,24 +167,7 @@ def canonical_action(ctx: Context, value: Any, line: int | None, path: str) -> A
 
 def _sets(ctx: Context, then: LDict, path: str) -> dict[str, dict[str, Any]]:
     """`set_ctx`/`set_iter`/`set_vars` and the `set: {ctx.x: ..., iter.y: ...}` alias."""
-    sets: dict[str, dict[str, Any]] = {field: {} for field in SET_SCOPES.values()}
-    for field in SET_SCOPES.values():
-        if field in then:
-            values = expect_mapping(ctx, then[field], line_of(then, field), join(path, field))
-            sets[field].update(plain(values or {}))
-    if "set" in then:
-        values = expect_mapping(ctx, then["set"], line_of(then, "set"), join(path, "set")) or LDict()
-        for key, value in values.items():
-            scope, _, name = key.partition(".")
-            if scope not in SET_SCOPES or not name:
-                ctx.problem(
-                    line_of(values, key),
-                    join(path, f"set.{key}"),
-                    "set keys look like ctx.x, iter.x or vars.x",
-                )
-                continue
-            sets[SET_SCOPES[scope]][name] = plain(value)
-    return sets
+    return assignments(ctx, then, path, SET_SCOPES)
 
 
 def backoff_kind(ctx: Context, mapping: LDict, path: str) -> BackoffKind | None:

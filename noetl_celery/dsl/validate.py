@@ -243,3 +243,29 @@ def check_templates(ctx: Context, value: Any, path: str = "", line: int | None =
             _JINJA.parse(value)
         except jinja2.TemplateSyntaxError as exc:
             ctx.problem(line, path, f"template does not parse (its line {exc.lineno}): {exc.message}")
+
+
+def assignments(ctx: Context, owner: LDict, path: str, scopes: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Assignments written as separate blocks (`set_ctx:`, `vars:`, ...: the values of `scopes`)
+    and as the `set: {ctx.x: ..., iter.y: ...}` alias (its keys' prefixes are the keys of
+    `scopes`), merged per block; unrendered. A name assigned twice in `set:` is a problem."""
+    targets: dict[str, dict[str, Any]] = {block: {} for block in scopes.values()}
+    for block, values in targets.items():
+        if block in owner:
+            values.update(plain(expect_mapping(ctx, owner[block], line_of(owner, block),
+                                               join(path, block)) or {}))
+    if "set" not in owner:
+        return targets
+    values = expect_mapping(ctx, owner["set"], line_of(owner, "set"), join(path, "set")) or LDict()
+    names = [f"{scope}.x" for scope in scopes]
+    shapes = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+    for key, value in values.items():
+        scope, _, name = key.partition(".")
+        where = join(path, f"set.{key}")
+        if scope not in scopes or not name:
+            ctx.problem(line_of(values, key), where, f"set keys look like {shapes}")
+        elif name in targets[scopes[scope]]:
+            ctx.problem(line_of(values, key), where, f"'{name}' is assigned twice")
+        else:
+            targets[scopes[scope]][name] = plain(value)
+    return targets
