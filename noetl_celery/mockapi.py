@@ -60,8 +60,9 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 TOTAL_ITEMS = 35

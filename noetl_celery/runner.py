@@ -6,8 +6,9 @@ The CLI is a thin layer over these functions; a Python user calls the same ones.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from noetl_celery import settings as noetl_settings
 from noetl_celery.dsl.plan import Plan

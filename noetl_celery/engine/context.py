@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Connection
 

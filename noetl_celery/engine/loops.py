@@ -38,7 +38,7 @@ def _remember(run_id: str, items: list[Any]) -> None:
             _collections.popitem(last=False)
 
 
-def _collection(decider: "Decider", run_id: str) -> list[Any]:
+def _collection(decider: Decider, run_id: str) -> list[Any]:
     with _lock:
         items = _collections.get(run_id)
     if items is None:
@@ -71,7 +71,7 @@ def build_items(step: Step, context: dict[str, Any]) -> list[Any]:
     return items
 
 
-def start_loop(decider: "Decider", step: Step, run_id: str, parent: str, frames: list[list[str]],
+def start_loop(decider: Decider, step: Step, run_id: str, parent: str, frames: list[list[str]],
                args: dict[str, Any], context: dict[str, Any]) -> None:
     loop = step.loop
     assert loop is not None
@@ -104,14 +104,14 @@ def start_loop(decider: "Decider", step: Step, run_id: str, parent: str, frames:
         _dispatch_iteration(decider, step, run_id, index, items[index], frames, args, key)
 
 
-def _dispatch_iteration(decider: "Decider", step: Step, run_id: str, index: int, element: Any,
+def _dispatch_iteration(decider: Decider, step: Step, run_id: str, index: int, element: Any,
                         frames: list[list[str]], args: dict[str, Any], parent: str) -> None:
     message = TaskMessage(execution_id=decider.execution_id, run_id=run_id, step=step.name, iteration=index,
                           element=element, frames=frames, args=args, parent_event_id=parent)
     decider.dispatch_task(step, message)
 
 
-def iteration_done(decider: "Decider", step: Step, message: TaskMessage, *, ok: bool, data: Any, error: Any,
+def iteration_done(decider: Decider, step: Step, message: TaskMessage, *, ok: bool, data: Any, error: Any,
                    row: dict[str, Any], tolerated: bool = False) -> None:
     """Count the iteration, dispatch the next index, and finish the loop on the last one."""
     counters = repo.loop_iteration_done(decider.conn, message.run_id, ok=ok, tolerated=tolerated)
@@ -130,7 +130,7 @@ def iteration_done(decider: "Decider", step: Step, message: TaskMessage, *, ok: 
                 ok_count=counters["succeeded"], failed=counters["failed"], tolerated=counters["tolerated"])
 
 
-def _ordered_results(decider: "Decider", message: TaskMessage, total: int, *, ok: bool, data: Any) -> list[Any]:
+def _ordered_results(decider: Decider, message: TaskMessage, total: int, *, ok: bool, data: Any) -> list[Any]:
     """Every iteration's result in collection order (the current one is not written yet)."""
     by_index: dict[int, Any] = {}
     for kind in ("iteration.completed", "iteration.failed"):
@@ -141,7 +141,7 @@ def _ordered_results(decider: "Decider", message: TaskMessage, total: int, *, ok
     return [by_index.get(i) for i in range(total)]
 
 
-def finish_loop(decider: "Decider", step: Step, run_id: str, parent: str | None, results: list[Any], *,
+def finish_loop(decider: Decider, step: Step, run_id: str, parent: str | None, results: list[Any], *,
                 ok_count: int, failed: int, tolerated: int = 0) -> None:
     """The loop's result and the step's end. Failures a policy tolerated do not fail the step."""
     loop_row = repo.get_loop(decider.conn, run_id) or {}

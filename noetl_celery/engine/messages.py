@@ -36,14 +36,14 @@ class TaskMessage:
     parent_event_id: str | None = None
     replay: bool = False
 
-    def evolve(self, **changes: Any) -> "TaskMessage":
+    def evolve(self, **changes: Any) -> TaskMessage:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TaskMessage":
+    def from_dict(cls, data: dict[str, Any]) -> TaskMessage:
         return cls(**data)
 
     def describe(self) -> str:
@@ -66,20 +66,20 @@ class Dispatch:
     label: str = ""
 
     @classmethod
-    def task(cls, message: TaskMessage, *, countdown: float = 0.0, label: str = "") -> "Dispatch":
+    def task(cls, message: TaskMessage, *, countdown: float = 0.0, label: str = "") -> Dispatch:
         return cls(kind="run", message=message.to_dict(), countdown=countdown, label=label)
 
-    def with_version(self, version: int) -> "Dispatch":
+    def with_version(self, version: int) -> Dispatch:
         return replace(self, message={**self.message, "version": version})
 
-    def as_replay(self) -> "Dispatch":
+    def as_replay(self) -> Dispatch:
         return replace(self, message={**self.message, "replay": True}, countdown=0.0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Dispatch":
+    def from_dict(cls, data: dict[str, Any]) -> Dispatch:
         return cls(**data)
 
 

@@ -12,8 +12,8 @@ One call handles one event in one database transaction:
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection

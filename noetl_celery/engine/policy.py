@@ -22,7 +22,7 @@ class EventName(str):
 
     aliases: frozenset[str]
 
-    def __new__(cls, name: str, aliases: tuple[str, ...] = ()) -> "EventName":
+    def __new__(cls, name: str, aliases: tuple[str, ...] = ()) -> EventName:
         obj = super().__new__(cls, name)
         obj.aliases = frozenset((name, *aliases))
         return obj

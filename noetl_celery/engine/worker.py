@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from noetl_celery import credentials
@@ -110,7 +110,7 @@ def execute(url: str, message: TaskMessage, *, queue_id: str | None = None) -> d
     report = {
         "queue_id": queue_id,
         "worker": WORKER_NAME,
-        "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(),
+        "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
         "duration_ms": round((time.time() - started) * 1000, 3),
     }
     return {"kind": "outcome", "execution_id": message.execution_id, "task": message.to_dict(),

@@ -7,8 +7,8 @@ atomic `UPDATE ... RETURNING` in the same transaction as that insert.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Iterable
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Connection, and_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -23,7 +23,7 @@ LOOPS = LoopState.__table__
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _insert(conn: Connection, table):  # type: ignore[no-untyped-def]

@@ -9,8 +9,9 @@ and the render context; it returns an Outcome and never raises for a failure of 
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 ERROR_TEXT_LIMIT = 4000  # characters of an error message or traceback kept in an outcome
 
@@ -46,11 +47,11 @@ class Outcome:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def ok(cls, data: Any = None, **extra: Any) -> "Outcome":
+    def ok(cls, data: Any = None, **extra: Any) -> Outcome:
         return cls(status="ok", data=data, **extra)
 
     @classmethod
-    def fail(cls, kind: str, message: str, retryable: bool = False, **error: Any) -> "Outcome":
+    def fail(cls, kind: str, message: str, retryable: bool = False, **error: Any) -> Outcome:
         extra = {k: error.pop(k) for k in ("data", "http", "pg") if k in error}
         body = {"kind": kind, "message": message[:ERROR_TEXT_LIMIT], "retryable": retryable, **error}
         return cls(status="error", error=body, **extra)

@@ -72,3 +72,13 @@ def test_a_worker_killed_mid_loop_loses_no_iteration(env, store_url, worker_fact
     assert_exactly_once(store_url, execution_id, 200)
     # back within the visibility timeout plus a couple of sweeps, not kombu's default ~100 s
     assert time.monotonic() - killed_at < 45
+
+
+def test_outcomes_through_the_on_event_queue(env, store_url, worker_factory):
+    # NOETL_EVENT_DISPATCH=queue: run_task sends its outcome to the on_event queue, served here by
+    # a worker of its own (the queues scale separately)
+    queue_env = {**env, "NOETL_EVENT_DISPATCH": "queue"}
+    worker_factory(env=queue_env, concurrency=2, name="tools@%h", queues=("noetl.tasks",))
+    worker_factory(env=queue_env, concurrency=2, name="events@%h", queues=("noetl.events",))
+    execution_id = submit({**env, "NOETL_EVENT_DISPATCH": "queue"}, 300)
+    assert_exactly_once(store_url, execution_id, 300)
