@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 
 from noetl_celery.errors import TemplateError
-from noetl_celery.templating import (as_step_result, evaluate_condition, render_string, render_value,
-                                     response_view)
+from noetl_celery.templating import (
+    as_step_result,
+    evaluate_condition,
+    render_string,
+    render_value,
+    response_view,
+)
 
 
 def test_a_lone_expression_renders_to_its_native_value():

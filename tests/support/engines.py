@@ -14,9 +14,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction

@@ -1,0 +1,96 @@
+"""The event store schema is Alembic's: upgrade to head creates it, downgrade to base removes it,
+and upgrading again works. Checked with the real `alembic` command (from the repository root, the
+URL given with `-x url=...`), through `noetl_celery.store.db.migrate`/`downgrade`, and with
+`noetl-celery migrate`, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from noetl_celery.store.db import downgrade, migrate
+from tests.support.engines import REPO_ROOT, _clean_env, cli
+
+TABLES = {"noetl_execution", "noetl_event", "noetl_variable", "noetl_join", "noetl_loop"}
+EVENT_COLUMNS = {
+    "id", "execution_id", "event_id", "parent_event_id", "parent_execution_id", "queue_id", "event_type",
+    "status", "step", "task", "run_id", "attempt", "iteration", "page", "created_at", "started_at",
+    "duration_ms", "worker", "context", "result", "error", "meta",
+}
+ALEMBIC_TIMEOUT = 120  # seconds
+
+
+def noetl_tables(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return {name for name in inspect(engine).get_table_names() if name.startswith("noetl_")}
+    finally:
+        engine.dispose()
+
+
+def assert_schema(url: str) -> None:
+    engine = create_engine(url)
+    try:
+        found = inspect(engine)
+        assert set(found.get_table_names()) >= TABLES
+        assert {c["name"] for c in found.get_columns("noetl_event")} >= EVENT_COLUMNS
+        unique = {tuple(u["column_names"]) for u in found.get_unique_constraints("noetl_event")}
+        assert ("execution_id", "event_id") in unique  # the idempotency key of every event row
+    finally:
+        engine.dispose()
+
+
+def alembic(url: str, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "alembic", "-x", f"url={url}", *args], cwd=REPO_ROOT,
+                          env=_clean_env({}), capture_output=True, text=True, timeout=ALEMBIC_TIMEOUT,
+                          check=False)
+    assert proc.returncode == 0, f"alembic {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request) -> str:
+    """An empty database: a SQLite file, or a fresh PostgreSQL database of this test."""
+    if request.param == "sqlite":
+        return request.getfixturevalue("sqlite_url")
+    return request.getfixturevalue("fresh_postgres").url
+
+
+def test_alembic_command_upgrades_downgrades_and_upgrades_again(database_url):
+    assert noetl_tables(database_url) == set()
+    alembic(database_url, "upgrade", "head")
+    assert_schema(database_url)
+    assert "0001 (head)" in alembic(database_url, "current").stdout
+    alembic(database_url, "downgrade", "base")
+    assert noetl_tables(database_url) == set()
+    alembic(database_url, "upgrade", "head")
+    assert_schema(database_url)
+
+
+def test_store_migrate_and_downgrade_functions(database_url):
+    migrate(database_url)
+    assert_schema(database_url)
+    migrate(database_url)  # at head already: nothing to do, no error
+    downgrade(database_url)
+    assert noetl_tables(database_url) == set()
+    migrate(database_url, "head")
+    assert_schema(database_url)
+    downgrade(database_url, "base")
+    assert noetl_tables(database_url) == set()
+
+
+def test_noetl_celery_migrate_uses_noetl_database_url(database_url, tmp_path):
+    proc = cli(["migrate"], {"NOETL_DATABASE_URL": database_url, "NOETL_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 0, proc.stderr
+    assert "is at revision head" in proc.stdout
+    assert_schema(database_url)
+    assert not (tmp_path / "home" / "noetl.sqlite").exists()  # the configured store, not the embedded one
+
+
+def test_noetl_celery_migrate_defaults_to_the_embedded_store(tmp_path):
+    proc = cli(["migrate"], {"NOETL_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 0, proc.stderr
+    assert_schema(f"sqlite:///{tmp_path / 'home' / 'noetl.sqlite'}")
