@@ -67,11 +67,23 @@ def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool 
     )
 
 
+def _settings_at_import() -> tuple[noetl_settings.Settings, ConfigurationError | None]:
+    """The environment's settings; a bad environment must not break `import noetl_celery` (the
+    CLI reports it, a worker refuses to start with the message)."""
+    try:
+        return noetl_settings.load(), None
+    except ConfigurationError as exc:
+        return noetl_settings.defaults(), exc
+
+
 app = Celery("noetl_celery")
-configure(app, noetl_settings.load())
+_settings, _settings_error = _settings_at_import()
+configure(app, _settings)
 
 
 def current_settings() -> noetl_settings.Settings:
+    if _settings_error is not None and not app.conf.noetl_embedded:
+        raise _settings_error
     return app.conf.noetl_settings
 
 
@@ -162,9 +174,8 @@ def _fresh_connections(**_: Any) -> None:
 def _require_broker(sender: Any = None, **_: Any) -> None:
     if app.conf.noetl_embedded:
         return
-    settings = current_settings()
     try:
-        noetl_settings.require_broker(settings)
+        noetl_settings.require_broker(current_settings())
     except ConfigurationError as exc:
         log.error("%s", exc)
         raise SystemExit(f"noetl_celery: {exc}") from None

@@ -35,6 +35,8 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, int) and raw.strip().lstrip("+-").startswith("0") and len(raw.strip()) > 1:
+            value = raw  # "01234" is a code with a leading zero, not YAML 1.1's octal
         target = overrides
         *parents, leaf = key.split(".")
         for part in parents:
@@ -198,7 +200,7 @@ def events(execution_id: int, as_json: bool) -> None:
     header = f"{'#':>5} {'time':12} {'event':20} {'step':22} {'task':16} {'it':>4} {'att':>3} {'ms':>8}  detail"
     click.echo(header)
     for row in rows:
-        detail = row["error"] or row["result"] or row["meta"] or ""
+        detail = row["error"] or row["result"] or row["meta"]
         click.echo(
             f"{row['id']:>5} {row['created_at'].strftime('%H:%M:%S.%f')[:12]:12} {row['event_type']:20} "
             f"{(row['step'] or '')[:22]:22} {(row['task'] or '')[:16]:16} "
@@ -233,7 +235,11 @@ def executions_cmd(limit: int) -> None:
 
 
 def main() -> None:
-    cli(prog_name="noetl-celery")
+    try:
+        cli(prog_name="noetl-celery")
+    except ConfigurationError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
 
 
 if __name__ == "__main__":

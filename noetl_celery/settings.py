@@ -8,6 +8,7 @@ needs a real broker and says so (see `require_broker`).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ DEFAULT_HOME = "~/.noetl"  # where the embedded SQLite event store lives
 DEFAULT_TASK_QUEUE = "noetl.tasks"  # tool calls
 DEFAULT_EVENT_QUEUE = "noetl.events"  # on_event
 DEFAULT_VISIBILITY_TIMEOUT = 3600  # seconds; Redis redelivers an unacked message after this
-DEFAULT_MAX_COUNTDOWN = 600  # seconds; longer waits are held as a due time and re-checked
+DEFAULT_MAX_COUNTDOWN = 600  # seconds a countdown is held by the broker; longer waits are re-checked
 DEFAULT_RESTORE_INTERVAL = 10  # seconds between sweeps that hand out messages of dead consumers
 EMBEDDED_BROKER = "memory://localhost/"
 
@@ -42,8 +43,8 @@ class Settings:
         return self.database_url.startswith("sqlite")
 
 
-def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
     if raw in (None, ""):
         return default
     try:
@@ -52,30 +53,51 @@ def _int(name: str, default: int) -> int:
         raise ConfigurationError(f"{name} must be a whole number, got {raw!r}") from exc
 
 
-def load() -> Settings:
-    home = Path(os.environ.get("NOETL_HOME", DEFAULT_HOME)).expanduser()
-    database_url = os.environ.get("NOETL_DATABASE_URL") or f"sqlite:///{home / 'noetl.sqlite'}"
-    return Settings(
-        broker_url=os.environ.get("NOETL_BROKER_URL") or None,
+def defaults() -> Settings:
+    """The settings of an empty environment."""
+    return load({})
+
+
+def load(environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings of `environ` (the process environment by default)."""
+    env = os.environ if environ is None else environ
+    home = Path(env.get("NOETL_HOME", DEFAULT_HOME)).expanduser()
+    visibility_timeout = _int(env, "NOETL_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT)
+    # unset: at most half the visibility timeout, so a held countdown is never redelivered
+    max_countdown_default = min(DEFAULT_MAX_COUNTDOWN, max(1, visibility_timeout // 2))
+    database_url = env.get("NOETL_DATABASE_URL") or f"sqlite:///{home / 'noetl.sqlite'}"
+    return check(Settings(
+        broker_url=env.get("NOETL_BROKER_URL") or None,
         database_url=database_url,
-        result_backend=os.environ.get("NOETL_RESULT_BACKEND") or None,
+        result_backend=env.get("NOETL_RESULT_BACKEND") or None,
         home=home,
-        task_queue=os.environ.get("NOETL_TASK_QUEUE", DEFAULT_TASK_QUEUE),
-        event_queue=os.environ.get("NOETL_EVENT_QUEUE", DEFAULT_EVENT_QUEUE),
-        visibility_timeout=_int("NOETL_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT),
-        restore_interval=_int("NOETL_RESTORE_INTERVAL", DEFAULT_RESTORE_INTERVAL),
-        max_countdown=_int("NOETL_MAX_COUNTDOWN", DEFAULT_MAX_COUNTDOWN),
-        prefetch_multiplier=_int("NOETL_PREFETCH_MULTIPLIER", 1),
-        task_events=os.environ.get("NOETL_TASK_EVENTS", "1") not in ("0", "false", "no"),
-        event_dispatch=_choice("NOETL_EVENT_DISPATCH", ("inline", "queue"), "inline"),
-    )
+        task_queue=env.get("NOETL_TASK_QUEUE", DEFAULT_TASK_QUEUE),
+        event_queue=env.get("NOETL_EVENT_QUEUE", DEFAULT_EVENT_QUEUE),
+        visibility_timeout=visibility_timeout,
+        restore_interval=_int(env, "NOETL_RESTORE_INTERVAL", DEFAULT_RESTORE_INTERVAL),
+        max_countdown=_int(env, "NOETL_MAX_COUNTDOWN", max_countdown_default),
+        prefetch_multiplier=_int(env, "NOETL_PREFETCH_MULTIPLIER", 1),
+        task_events=env.get("NOETL_TASK_EVENTS", "1") not in ("0", "false", "no"),
+        event_dispatch=_choice(env, "NOETL_EVENT_DISPATCH", ("inline", "queue"), "inline"),
+    ))
 
 
-def _choice(name: str, allowed: tuple[str, ...], default: str) -> str:
-    value = os.environ.get(name) or default
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = env.get(name) or default
     if value not in allowed:
         raise ConfigurationError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
     return value
+
+
+def check(settings: Settings) -> Settings:
+    """Settings that contradict each other are refused with what to change."""
+    if settings.max_countdown >= settings.visibility_timeout:
+        raise ConfigurationError(
+            f"NOETL_MAX_COUNTDOWN ({settings.max_countdown} s) must be shorter than NOETL_VISIBILITY_TIMEOUT "
+            f"({settings.visibility_timeout} s): Redis hands a message held longer than the visibility timeout "
+            "to another worker, and the retry would run more than once"
+        )
+    return settings
 
 
 def require_broker(settings: Settings) -> str:

@@ -216,9 +216,7 @@ def evaluate_condition(condition: Any, context: Mapping[str, Any]) -> bool:
     value = render_string(condition, context) if isinstance(condition, str) else condition
     if isinstance(value, str):
         lowered = value.strip().lower()
-        if lowered in ("", "false", "0", "none", "null", "no"):
-            return False
-        return True
+        return lowered not in ("", "false", "0", "none", "null", "no")
     return bool(value)
 
 

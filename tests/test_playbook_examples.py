@@ -69,9 +69,6 @@ def test_standalone_example_runs_to_completion(name, tmp_path):
         assert outcome["results"][step] == expected, step
 
 
-@pytest.mark.xfail(strict=True, reason="tools/python.py run_python swaps the process-wide sys.stdout with "
-                   "contextlib.redirect_stdout; concurrent python tasks on the embedded thread pool "
-                   "restore it out of order, so `noetl-celery run` prints its outcome into a task's buffer")
 def test_run_json_prints_the_outcome_of_a_parallel_loop(tmp_path):
     proc = cli(["run", "--json", "--timeout", str(RUN_TIMEOUT), str(PLAYBOOKS / "loop_parallel.yaml")],
                {"NOETL_HOME": str(tmp_path / "home")}, timeout=RUN_TIMEOUT + 60)
@@ -98,10 +95,6 @@ def test_http_mock_example_against_the_bundled_mock_api(tmp_path):
     assert outcome["results"]["summarize"] == {"flaky_status": 200, "items": 35, "first_id": 1, "last_id": 35}
 
 
-@pytest.mark.xfail(strict=True, reason="engine/orchestrator.py Decider.dispatch_task sets the retried "
-                   "message's parent_event_id to '<attempt n+1>.start', a row that is never written for "
-                   "a retry (record_start=False), so meta.retry_of names a missing row instead of the "
-                   "retry.scheduled row '<attempt n>.retry'")
 def test_http_mock_retry_rows_name_the_retry_that_scheduled_them(tmp_path):
     with start_mock_api() as api:
         outcome = run(PLAYBOOKS / "http_mock.yaml", tmp_path, f"api_url={api.url}")

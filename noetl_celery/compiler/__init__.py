@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from noetl_celery.compiler.graph import annotate_joins, unsupported
+from noetl_celery.compiler.names import shadow_label
 from noetl_celery.dsl import load_plan
 from noetl_celery.dsl.plan import Plan, Policy
 from noetl_celery.errors import PlaybookError
@@ -48,7 +49,7 @@ def describe(plan: Plan, *, task_queue: str = "noetl.tasks", event_queue: str = 
                 "label": task.label,
                 "kind": task.kind,
                 "signature": {"task": "noetl.run_task", "queue": task_queue,
-                              "shadow": f"{name}:{task.label}#attempt<n>",
+                              "shadow": f"{shadow_label(step, task)}#attempt<n>",
                               "kwargs": {"execution_id": "<execution_id>",
                                          "message": {"step": name, "task_index": len(tasks)}}},
                 "policy": _policy_lines(task.policy),

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from noetl_celery.compiler.names import shadow_label
 from noetl_celery.dsl.plan import Action, Step, Task
 from noetl_celery.engine import loops, pagination, policy, routing
 from noetl_celery.engine.context import STATE, ExecutionState, Scope, render_context
@@ -253,9 +254,8 @@ class Decider:
                         parent_event_id=message.parent_event_id,
                         context=sanitize({"element": message.element, "call": message.call or None,
                                           "args": message.args or None}))
-        message = message.evolve(parent_event_id=key + ".start")
-        label = step.name if task.label == step.name else f"{step.name}:{task.label}"
-        self.dispatches.append(Dispatch.task(message, countdown=countdown, label=label))
+            message = message.evolve(parent_event_id=key + ".start")
+        self.dispatches.append(Dispatch.task(message, countdown=countdown, label=shadow_label(step, task)))
 
     def run_inline(self, step: Step, task: Task, message: TaskMessage) -> None:
         """A routing-only task (noop/end/router) is decided here, without a worker round trip."""

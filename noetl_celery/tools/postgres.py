@@ -27,6 +27,7 @@ This module does not log and does not render templates.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -143,10 +144,8 @@ def _connection(dsn: str) -> Any:
 
 
 def _close(conn: Any) -> None:
-    try:
+    with contextlib.suppress(psycopg2.Error):
         conn.close()
-    except psycopg2.Error:
-        pass
 
 
 def _forget(dsn: str) -> None:

@@ -31,7 +31,10 @@ import hashlib
 import inspect
 import io
 import linecache
+import sys
+import threading
 import traceback
+from collections.abc import Iterator
 from functools import lru_cache
 from types import CodeType, TracebackType
 from typing import Any
@@ -42,6 +45,50 @@ from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, registe
 __all__ = ["run_python", "to_jsonable"]
 
 STDOUT_LIMIT = 4000  # characters of captured print() output kept in Outcome.meta["stdout"]
+
+
+class _ThreadStdout(io.TextIOBase):
+    """Installed once as sys.stdout: a thread that is capturing writes to its own buffer, every
+    other thread to the stdout that was there before. (contextlib.redirect_stdout swaps the
+    process-wide sys.stdout, which concurrent tasks on a thread pool restore out of order.)"""
+
+    def __init__(self, real: Any):
+        super().__init__()
+        self.real = real
+        self.local = threading.local()
+
+    def _target(self) -> Any:
+        return getattr(self.local, "buffer", None) or self.real
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+_install_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def capture_stdout(buffer: io.StringIO) -> Iterator[None]:
+    """print() of this thread goes to `buffer` while the block runs; other threads are untouched."""
+    with _install_lock:
+        if not isinstance(sys.stdout, _ThreadStdout):
+            sys.stdout = _ThreadStdout(sys.stdout)
+        proxy = sys.stdout
+    previous = getattr(proxy.local, "buffer", None)
+    proxy.local.buffer = buffer
+    try:
+        yield
+    finally:
+        proxy.local.buffer = previous
 
 
 @lru_cache(maxsize=256)
@@ -157,7 +204,7 @@ def run_python(call: ToolCall) -> Outcome:
     }
     buffer = io.StringIO()
     try:
-        with contextlib.redirect_stdout(buffer):
+        with capture_stdout(buffer):
             pending = eval(compiled, namespace)  # noqa: S307 - running the playbook's code is the job
             if inspect.isawaitable(pending):  # top-level await
                 _run_coroutine(pending)

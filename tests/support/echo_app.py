@@ -27,6 +27,12 @@ def make_app(broker_url: str | None = None, queue: str | None = None) -> Celery:
         broker_connection_retry_on_startup=True,
         result_expires=600,
     )
+    visibility = os.environ.get("ECHO_VISIBILITY_TIMEOUT")
+    if visibility:  # for showing what Redis does with a countdown longer than this
+        options = {"visibility_timeout": int(visibility), "unacked_restore_interval": 1,
+                   "unacked_restore_throttle": 1}
+        app.conf.broker_transport_options = options
+        app.conf.result_backend_transport_options = options
 
     @app.task(name="echo.echo")
     def echo(value):
@@ -40,6 +46,13 @@ def make_app(broker_url: str | None = None, queue: str | None = None) -> Celery:
     def pid():
         """The pid of the process that ran the task (a pool child under prefork)."""
         return os.getpid()
+
+    @app.task(name="echo.count")
+    def count(key):
+        """Count the runs of this message in the broker's Redis (INCR key)."""
+        import redis
+
+        return redis.Redis.from_url(broker_url).incr(key)
 
     @app.task(name="echo.sleep")
     def sleep(seconds):
