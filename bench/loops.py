@@ -1,0 +1,981 @@
+"""Loop throughput of noetl_celery against raw Celery, on Redis + PostgreSQL with real workers.
+
+    python -m bench.loops [--sizes 1000,10000] [--workers 1,2] [--concurrency 2]
+                          [--modes inline,queue] [--memory-n 100000 | --skip-memory]
+                          [--json-out bench/results/latest.json]
+
+For every event-dispatch mode (a worker setting, so the workers are restarted per mode) and
+every number of worker instances (`celery -A noetl_celery worker -c C -P prefork` each):
+
+- raw Celery: N `noetl.bench_noop` tasks (each INCRs a Redis counter) sent as one plain
+  `celery.group(...).apply_async()`; tasks/s from the first send to the counter reading N.
+- noetl_celery: bench/playbooks/loop_noop.yaml with n=N (a parallel loop of N `result = x`
+  python iterations, max_in_flight 100) submitted as `noetl-celery submit` does
+  (`runner.submit`); iterations/s between the created_at of the loop's `iterator.started` and
+  `iterator.completed` rows; event rows of the loop step per iteration; on_event latency per
+  iteration (created_at of its `iteration.completed` row minus started_at + duration_ms).
+- peak RSS of each worker instance (main process + pool children, summed; sampled every 0.2 s).
+
+raw and noetl run back to back against the same worker processes. Then, unless
+--skip-memory, one loop of --memory-n iterations on 1 worker instance with the worker RSS
+sampled over time (RSS at 10/50/90 % of the iterations, and the max).
+
+Services: NOETL_TEST_REDIS_URL / NOETL_TEST_POSTGRES_URL if set, else the local servers.
+Redis database --redis-db (default 14) is claimed and flushed at start and flushed at the end;
+a fresh PostgreSQL database is created, migrated and dropped. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PLAYBOOK = REPO_ROOT / "bench" / "playbooks" / "loop_noop.yaml"
+LOOP_STEP = "work"  # the loop step of the playbook
+MAX_IN_FLIGHT = 100  # as written in the playbook
+SAMPLE_INTERVAL = 0.2  # seconds between RSS samples
+RAW_POLL = 0.005  # seconds between reads of the raw counter
+NOETL_POLL = 0.1  # seconds between reads of the execution status
+WORKER_START_TIMEOUT = 60.0
+WARMUP_N = 200
+STATEMENT_TIMEOUT_MS = 120_000  # the benchmark's own queries
+MB = 1024 * 1024
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(module: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def machine_description(redis_url: str, postgres_url: str) -> dict[str, Any]:
+    from tests.support.services import pg_connect, redis_client
+
+    client = redis_client(redis_url)
+    try:
+        redis_version = client.info("server").get("redis_version", "unknown")
+    finally:
+        client.close()
+    conn = pg_connect(postgres_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW server_version")
+            pg_version = cur.fetchone()[0]
+    finally:
+        conn.close()
+    return {
+        "nproc": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "cpu_model": _cpu_model(),
+        "memory_total_mb": round(psutil.virtual_memory().total / MB),
+        "kernel": platform.release(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "celery": _version("celery"),
+        "kombu": _version("kombu"),
+        "redis_py": _version("redis"),
+        "sqlalchemy": _version("sqlalchemy"),
+        "psycopg2": _version("psycopg2-binary") if _version("psycopg2") == "unknown" else _version("psycopg2"),
+        "redis_server": redis_version,
+        "postgresql": pg_version,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+# --------------------------------------------------------------------------- RSS sampling
+
+
+def tree_rss(pid: int) -> tuple[int, list[tuple[int, int]]]:
+    """(sum, [(pid, rss), ...]) of the process `pid` and all its descendants, in bytes."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0, []
+    parts = []
+    for p in procs:
+        try:
+            parts.append((p.pid, p.memory_info().rss))
+        except psutil.Error:
+            continue
+    return sum(r for _, r in parts), parts
+
+
+class RssSampler:
+    """Samples the RSS of each worker's process tree every `interval` s in a thread.
+
+    `progress` (optional) is called at each sample (in the sampler thread) and stored with it.
+    """
+
+    def __init__(self, pids: list[int], interval: float = SAMPLE_INTERVAL, keep: bool = False,
+                 progress: Callable[[], Any] | None = None):
+        self.pids = pids
+        self.interval = interval
+        self.keep = keep
+        self.progress = progress
+        self.peaks = [0] * len(pids)
+        self.samples: list[dict[str, Any]] = []
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._t0 = 0.0
+        self.error: str | None = None
+
+    def _sample(self) -> None:
+        per_worker = []
+        for i, pid in enumerate(self.pids):
+            total, parts = tree_rss(pid)
+            self.peaks[i] = max(self.peaks[i], total)
+            per_worker.append((total, parts))
+        self.count += 1
+        if self.keep:
+            sample = {"t": round(time.monotonic() - self._t0, 3),
+                      "rss": [t for t, _ in per_worker],
+                      "processes": [[[pid, rss] for pid, rss in parts] for _, parts in per_worker]}
+            if self.progress is not None:
+                try:
+                    sample["progress"] = self.progress()
+                except Exception as exc:  # noqa: BLE001 - a missed reading is not fatal
+                    sample["progress"] = None
+                    self.error = f"{type(exc).__name__}: {exc}"
+            self.samples.append(sample)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self._sample()
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def __enter__(self) -> RssSampler:
+        self._t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._sample()  # one last reading at the end
+
+
+# --------------------------------------------------------------------------- CPU accounting
+
+SERVER_NAMES = {"postgres": "postgresql", "redis-server": "redis"}
+
+
+def _cpu(p: psutil.Process) -> float:
+    try:
+        t = p.cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return 0.0
+
+
+class CpuMeter:
+    """CPU seconds spent during a run by the worker processes (main and pool children), the
+    PostgreSQL and Redis server processes (server-wide: other clients count too), this process,
+    and the machine's overall utilisation."""
+
+    def __init__(self, workers: list[Any]):
+        self.workers = workers
+
+    def _snapshot(self) -> dict[str, Any]:
+        snap: dict[str, Any] = {"main": {}, "children": {}, "servers": {}}
+        for w in self.workers:
+            try:
+                root = psutil.Process(w.pid)
+                snap["main"][root.pid] = _cpu(root)
+                for c in root.children(recursive=True):
+                    snap["children"][c.pid] = _cpu(c)
+            except psutil.Error:
+                continue
+        for p in psutil.process_iter(["name"]):
+            kind = SERVER_NAMES.get(p.info["name"] or "")
+            if kind:
+                snap["servers"][p.pid] = (kind, _cpu(p))
+        snap["self"] = _cpu(psutil.Process())
+        t = psutil.cpu_times()
+        snap["machine_busy"] = t.user + t.system + t.nice + getattr(t, "irq", 0) + getattr(t, "softirq", 0) \
+            + getattr(t, "steal", 0)
+        snap["wall"] = time.monotonic()
+        return snap
+
+    def __enter__(self) -> CpuMeter:
+        self.before = self._snapshot()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.after = self._snapshot()
+
+    def result(self, items: int) -> dict[str, Any]:
+        b, a = self.before, self.after
+
+        def delta(group: str) -> float:
+            return sum(v - b[group].get(pid, 0.0) for pid, v in a[group].items())
+
+        servers: dict[str, float] = {}
+        for pid, (kind, v) in a["servers"].items():
+            servers[kind] = servers.get(kind, 0.0) + v - b["servers"].get(pid, (kind, 0.0))[1]
+        wall = a["wall"] - b["wall"]
+        cpu_s = {"worker_main": delta("main"), "worker_children": delta("children"),
+                 "postgresql": servers.get("postgresql", 0.0), "redis": servers.get("redis", 0.0),
+                 "bench_process": a["self"] - b["self"]}
+        machine = a["machine_busy"] - b["machine_busy"]
+        return {
+            "wall_s": round(wall, 3),
+            "cpu_s": {k: round(v, 2) for k, v in cpu_s.items()},
+            "cpu_ms_per_item": {k: round(1000 * v / items, 3) for k, v in cpu_s.items()},
+            "machine_cpu_s": round(machine, 2),
+            "machine_utilisation_pct": round(100 * machine / (wall * (os.cpu_count() or 1)), 1) if wall else None,
+            "other_cpu_s": round(machine - sum(cpu_s.values()), 2),
+        }
+
+
+# --------------------------------------------------------------------------- PostgreSQL waits
+
+
+class PgWaitSampler:
+    """Samples pg_stat_activity of the benchmark database every `interval` s (diagnostic,
+    --pg-waits): how many backends are active and what the active ones wait for."""
+
+    def __init__(self, database_url: str, interval: float = SAMPLE_INTERVAL):
+        self.database_url = database_url
+        self.interval = interval
+        self.counts: dict[str, int] = {}
+        self.samples = 0
+        self.active = 0
+        self.lock_waits = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pg-waits", daemon=True)
+
+    def _run(self) -> None:
+        reader = StoreReader(self.database_url)
+        try:
+            while not self._stop.is_set():
+                rows = reader.all(
+                    "SELECT coalesce(wait_event_type, 'CPU/none'), coalesce(wait_event, '-'), count(*) "
+                    "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND state = 'active' GROUP BY 1, 2")
+                self.samples += 1
+                for kind, event, n in rows:
+                    self.active += n
+                    self.counts[f"{kind}:{event}"] = self.counts.get(f"{kind}:{event}", 0) + n
+                    if kind == "Lock":
+                        self.lock_waits += n
+                self._stop.wait(self.interval)
+        finally:
+            reader.close()
+
+    def __enter__(self) -> PgWaitSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def result(self) -> dict[str, Any]:
+        n = self.samples or 1
+        return {
+            "samples": self.samples,
+            "mean_active_backends": round(self.active / n, 2),
+            "mean_backends_waiting_on_locks": round(self.lock_waits / n, 2),
+            "active_backend_samples_by_wait": dict(sorted(self.counts.items(), key=lambda kv: -kv[1])),
+        }
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def start_workers(count: int, concurrency: int, env: dict[str, str], log_dir: Path, tag: str) -> list[Any]:
+    from tests.support.workers import WorkerProcess
+
+    workers: list[Any] = []
+    try:
+        for i in range(count):
+            w = WorkerProcess("noetl_celery", env=env, concurrency=concurrency, pool="prefork",
+                              name=f"bench-{tag}-{i + 1}-{os.getpid()}@%h", log_dir=log_dir, loglevel="INFO")
+            workers.append(w)
+            w.start(timeout=WORKER_START_TIMEOUT)
+    except BaseException:
+        stop_workers(workers)
+        raise
+    return workers
+
+
+def stop_workers(workers: list[Any]) -> list[str]:
+    errors = []
+    for w in workers:
+        try:
+            w.stop(timeout=30)
+        except Exception as exc:  # noqa: BLE001 - stop the others all the same
+            errors.append(f"{w!r}: {exc}")
+    return errors
+
+
+def worker_children(workers: list[Any]) -> list[list[int]]:
+    out = []
+    for w in workers:
+        try:
+            out.append([c.pid for c in psutil.Process(w.pid).children(recursive=True)])
+        except psutil.Error:
+            out.append([])
+    return out
+
+
+def check_alive(workers: list[Any]) -> None:
+    """Raise at once when a worker's main process has exited (e.g. killed from outside)."""
+    for w in workers:
+        if w.proc is not None and w.proc.poll() is not None:
+            raise BenchError(f"worker {w.node} exited with {w.proc.returncode} during the run "
+                             "(a negative code is the signal that ended it); log tail:\n" + w.log_tail(8))
+
+
+LOG_LEVEL_RE = re.compile(r"\[[^\]]*: (ERROR|WARNING|CRITICAL)/")
+
+
+def log_problems(workers: list[Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for w in workers:
+        for m in LOG_LEVEL_RE.finditer(w.log_text()):
+            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return counts
+
+
+# --------------------------------------------------------------------------- raw Celery
+
+
+def run_raw(ctx: Context, n: int, workers: list[Any]) -> dict[str, Any]:
+    from celery import group
+
+    from noetl_celery.app import bench_noop
+
+    key = f"bench:noop:{uuid.uuid4().hex}"
+    timeout = ctx.run_timeout(n)
+    with RssSampler([w.pid for w in workers]) as sampler, CpuMeter(workers) as cpu:
+        t0 = time.perf_counter()
+        group(bench_noop.s(key) for _ in range(n)).apply_async()
+        t_sent = time.perf_counter()
+        last, last_change, last_check = 0, t_sent, t_sent
+        while True:
+            count = int(ctx.redis.get(key) or 0)
+            now = time.perf_counter()
+            if count >= n:
+                break
+            if count != last:
+                last, last_change = count, now
+            if now - t0 > timeout:
+                raise BenchError(f"raw: {count} of {n} tasks done after {timeout:.0f} s")
+            if now - last_change > ctx.stall_timeout:
+                raise BenchError(f"raw: stuck at {count} of {n} tasks for {ctx.stall_timeout:.0f} s")
+            if now - last_check > 0.5:
+                check_alive(workers)
+                last_check = now
+            time.sleep(RAW_POLL)
+        t_end = time.perf_counter()
+    ctx.redis.delete(key)
+    elapsed = t_end - t0
+    return {
+        "n": n,
+        "elapsed_s": round(elapsed, 3),
+        "send_s": round(t_sent - t0, 3),
+        "tasks_per_s": round(n / elapsed, 1),
+        "peak_rss_mb": [round(p / MB, 1) for p in sampler.peaks],
+        "cpu": cpu.result(n),
+    }
+
+
+# --------------------------------------------------------------------------- noetl_celery
+
+
+def truncate_store(database_url: str) -> None:
+    from tests.support.services import pg_connect
+
+    conn = pg_connect(database_url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("TRUNCATE noetl_event, noetl_execution, noetl_variable, noetl_loop, noetl_join")
+    finally:
+        conn.close()
+
+
+class StoreReader:
+    """A plain psycopg2 connection (autocommit) for the benchmark's own reads."""
+
+    def __init__(self, database_url: str):
+        from tests.support.services import pg_connect
+
+        self.conn = pg_connect(database_url)
+        self.conn.autocommit = True
+        with self.conn.cursor() as cur:  # the benchmark's own reads are bounded too
+            cur.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+
+    def one(self, sql: str, params: tuple = ()) -> Any:
+        with self.conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchone()
+
+    def all(self, sql: str, params: tuple = ()) -> list[Any]:
+        with self.conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+    def all_or_none(self, sql: str, params: tuple = ()) -> list[Any] | None:
+        """For statements without a result (or optional figures): None instead of an exception
+        when the statement fails or times out."""
+        import psycopg2
+
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute(sql, params)
+                return cur.fetchall() if cur.description else []
+        except psycopg2.Error as exc:
+            log(f"   (query failed, figure left out: {type(exc).__name__}: {str(exc).strip()[:200]})")
+            return None
+
+    def loop_progress(self, execution_id: int) -> int | None:
+        row = self.one("SELECT done FROM noetl_loop WHERE execution_id = %s AND step = %s",
+                       (execution_id, LOOP_STEP))
+        return int(row[0]) if row else None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+def wait_execution(ctx: Context, reader: StoreReader, execution_id: int, n: int,
+                   workers: list[Any]) -> str:
+    timeout = ctx.run_timeout(n)
+    t0 = time.monotonic()
+    last, last_change = -1, t0
+    while True:
+        row = reader.one("SELECT status FROM noetl_execution WHERE execution_id = %s", (execution_id,))
+        status = row[0] if row else None
+        if status not in (None, "running"):
+            return status
+        now = time.monotonic()
+        done = reader.loop_progress(execution_id) or 0
+        if done != last:
+            last, last_change = done, now
+        if now - t0 > timeout:
+            raise BenchError(f"noetl: execution {execution_id} still {status} after {timeout:.0f} s "
+                             f"({done} of {n} iterations)")
+        if now - last_change > ctx.stall_timeout:
+            raise BenchError(f"noetl: execution {execution_id} stuck at {done} of {n} iterations "
+                             f"for {ctx.stall_timeout:.0f} s")
+        check_alive(workers)
+        time.sleep(NOETL_POLL)
+
+
+def loop_metrics(reader: StoreReader, execution_id: int, n: int) -> dict[str, Any]:
+    # Fresh statistics first: the table was truncated before the run, and with stale ones the
+    # planner picks a nested loop for the self-join below (quadratic in N).
+    reader.all_or_none("ANALYZE noetl_event")
+    rows = dict(reader.all("SELECT event_type, count(*) FROM noetl_event WHERE execution_id = %s AND step = %s "
+                           "GROUP BY event_type ORDER BY event_type", (execution_id, LOOP_STEP)))
+    all_rows = reader.one("SELECT count(*) FROM noetl_event WHERE execution_id = %s", (execution_id,))[0]
+    marks = dict(reader.all("SELECT event_type, created_at FROM noetl_event WHERE execution_id = %s AND step = %s "
+                            "AND event_type IN ('iterator.started', 'iterator.completed')",
+                            (execution_id, LOOP_STEP)))
+    stats = reader.one("SELECT meta FROM noetl_event WHERE execution_id = %s AND step = %s "
+                       "AND event_type = 'iterator.completed'", (execution_id, LOOP_STEP))
+    if "iterator.started" not in marks or "iterator.completed" not in marks:
+        raise BenchError(f"noetl: execution {execution_id} has no iterator.started/completed rows: {rows}")
+    loop_s = (marks["iterator.completed"] - marks["iterator.started"]).total_seconds()
+    # on_event latency: end of the tool call (started_at + duration_ms) -> the decision's row
+    lat = reader.one(
+        "SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY lat), max(lat), count(*) "
+        "FROM (SELECT EXTRACT(EPOCH FROM (created_at - started_at)) * 1000 - duration_ms AS lat "
+        "      FROM noetl_event WHERE execution_id = %s AND step = %s "
+        "      AND event_type = 'iteration.completed') s", (execution_id, LOOP_STEP))
+    tool = reader.one(
+        "SELECT percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY duration_ms) FROM noetl_event "
+        "WHERE execution_id = %s AND step = %s AND event_type = 'iteration.completed'",
+        (execution_id, LOOP_STEP))
+    # decision recorded (iteration.started row) -> the tool call starts on a worker: broker + pickup
+    pickup_rows = reader.all_or_none(
+        "SELECT percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY ms) FROM ("
+        "  SELECT EXTRACT(EPOCH FROM (d.started_at - s.created_at)) * 1000 AS ms "
+        "  FROM noetl_event s JOIN noetl_event d ON d.execution_id = s.execution_id AND d.run_id = s.run_id "
+        "   AND d.iteration = s.iteration AND d.event_type = 'iteration.completed' "
+        "  WHERE s.execution_id = %s AND s.step = %s AND s.event_type = 'iteration.started') x",
+        (execution_id, LOOP_STEP))
+    pickup = pickup_rows[0] if pickup_rows else (None,)
+    step_rows = sum(rows.values())
+    p = lat[0] or [None, None, None]
+    return {
+        "loop_s": round(loop_s, 3),
+        "iterations_per_s": round(n / loop_s, 1) if loop_s > 0 else None,
+        "loop_stats": stats[0] if stats else None,
+        "event_rows_loop_step": step_rows,
+        "event_rows_per_iteration": round(step_rows / n, 4),
+        "event_rows_by_type": rows,
+        "event_rows_execution": all_rows,
+        "on_event_ms": {"p50": _r(p[0]), "p95": _r(p[1]), "p99": _r(p[2]), "max": _r(lat[1]), "count": lat[2]},
+        "tool_call_ms": {"p50": _r((tool[0] or [None])[0]), "p95": _r((tool[0] or [None, None])[1])},
+        "decision_to_tool_start_ms": {"p50": _r((pickup[0] or [None])[0]),
+                                      "p95": _r((pickup[0] or [None, None])[1])},
+    }
+
+
+def _r(x: Any, nd: int = 2) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def submit_loop(ctx: Context, n: int) -> int:
+    from noetl_celery import runner
+    from noetl_celery.compiler import compile_playbook
+
+    plan = compile_playbook(PLAYBOOK, overrides={"n": n})
+    return runner.submit(plan, ctx.settings)
+
+
+def run_noetl(ctx: Context, n: int, workers: list[Any], *, keep_samples: bool = False,
+              profile_tag: str | None = None, partial: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One measured loop. `partial` (optional) receives the RSS sampler, also when the run fails."""
+    truncate_store(ctx.database_url)
+    reader = StoreReader(ctx.database_url)
+    progress_reader = StoreReader(ctx.database_url) if keep_samples else None
+    execution: dict[str, int] = {}
+
+    def progress() -> int | None:
+        eid = execution.get("id")
+        return progress_reader.loop_progress(eid) if (progress_reader and eid) else None
+
+    profiles: list[subprocess.Popen] = []
+    waits = PgWaitSampler(ctx.database_url) if ctx.args.pg_waits else contextlib.nullcontext()
+    try:
+        with waits, RssSampler([w.pid for w in workers], keep=keep_samples,
+                        progress=progress if keep_samples else None) as sampler, CpuMeter(workers) as cpu:
+            if partial is not None:
+                partial["sampler"] = sampler
+            t0 = time.perf_counter()
+            execution["id"] = execution_id = submit_loop(ctx, n)
+            if profile_tag and ctx.py_spy_dir:
+                profiles = start_profiles(ctx, workers, profile_tag, reader, execution_id)
+            status = wait_execution(ctx, reader, execution_id, n, workers)
+            wall = time.perf_counter() - t0
+        finish_profiles(profiles)
+        if status != "completed":
+            err = reader.one("SELECT error FROM noetl_execution WHERE execution_id = %s", (execution_id,))
+            raise BenchError(f"noetl: execution {execution_id} ended {status}: {err[0] if err else None}")
+        metrics = loop_metrics(reader, execution_id, n)
+    finally:
+        for p in profiles:
+            with contextlib.suppress(Exception):
+                p.kill()
+        reader.close()
+        if progress_reader:
+            progress_reader.close()
+    result = {"n": n, "execution_id": execution_id, "submit_to_end_s": round(wall, 3), **metrics,
+              "peak_rss_mb": [round(p / MB, 1) for p in sampler.peaks], "cpu": cpu.result(n)}
+    if isinstance(waits, PgWaitSampler):
+        result["pg_waits"] = waits.result()
+    if keep_samples:
+        result["samples"] = sampler.samples
+        result["sampler_error"] = sampler.error
+    return result
+
+
+def start_profiles(ctx: Context, workers: list[Any], tag: str, reader: StoreReader,
+                   execution_id: int) -> list[subprocess.Popen]:
+    """py-spy record on every pool child once the loop is running (raw collapsed stacks)."""
+    deadline = time.monotonic() + 60
+    while (reader.loop_progress(execution_id) or 0) < 2 * MAX_IN_FLIGHT and time.monotonic() < deadline:
+        time.sleep(0.05)
+    procs = []
+    ctx.py_spy_dir.mkdir(parents=True, exist_ok=True)
+    for wi, children in enumerate(worker_children(workers)):
+        for ci, pid in enumerate(children):
+            out = ctx.py_spy_dir / f"{tag}-w{wi + 1}-c{ci + 1}.txt"
+            procs.append(subprocess.Popen(
+                ["py-spy", "record", "-p", str(pid), "-d", str(ctx.py_spy_seconds), "-f", "raw", "-o", str(out)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return procs
+
+
+def finish_profiles(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+class Context:
+    def __init__(self, args: argparse.Namespace, redis_url: str, database_url: str, settings: Any,
+                 redis: Any, log_dir: Path):
+        self.args = args
+        self.redis_url = redis_url
+        self.database_url = database_url
+        self.settings = settings
+        self.redis = redis
+        self.log_dir = log_dir
+        self.stall_timeout = args.stall_timeout
+        self.py_spy_dir: Path | None = Path(args.py_spy_dir) if args.py_spy_dir else None
+        self.py_spy_seconds = args.py_spy_seconds
+
+    def run_timeout(self, n: int) -> float:
+        return self.args.timeout_base + n / self.args.min_rate
+
+    def worker_env(self, mode: str) -> dict[str, str]:
+        env = {"NOETL_BROKER_URL": self.redis_url, "NOETL_DATABASE_URL": self.database_url,
+               "NOETL_EVENT_DISPATCH": mode}
+        if self.args.task_events is not None:
+            env["NOETL_TASK_EVENTS"] = self.args.task_events
+        return env
+
+
+def clear_queues(ctx: Context) -> None:
+    """After a failed run: drop what is left in the broker (the claim key stays)."""
+    keys = [k for k in ctx.redis.keys("*") if not k.startswith(b"noetl:test:")]
+    if keys:
+        ctx.redis.delete(*keys)
+
+
+def warm_up(ctx: Context, workers: list[Any]) -> None:
+    run_raw(ctx, WARMUP_N, workers)
+    run_noetl(ctx, WARMUP_N, workers)
+
+
+def bench_set(ctx: Context, mode: str, count: int, results: dict[str, Any]) -> None:
+    args = ctx.args
+    tag = f"{mode}-{count}w"
+    log(f"== mode={mode} workers={count} (-c {args.concurrency}, prefork): starting workers")
+    workers = start_workers(count, args.concurrency, ctx.worker_env(mode), ctx.log_dir, tag)
+    try:
+        warm_up(ctx, workers)
+        for n in args.sizes:
+            run: dict[str, Any] = {"mode": mode, "workers": count, "concurrency": args.concurrency, "n": n,
+                                   "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
+            results["runs"].append(run)
+            try:
+                time.sleep(args.pause)
+                log(f"   raw    N={n} ...")
+                run["raw"] = run_raw(ctx, n, workers)
+                log(f"   raw    N={n}: {run['raw']['tasks_per_s']} tasks/s")
+                time.sleep(args.pause)
+                log(f"   noetl  N={n} ...")
+                profile = f"{mode}-{count}w-{n}" if n == max(args.sizes) else None
+                run["noetl"] = run_noetl(ctx, n, workers, profile_tag=profile)
+                run["ratio"] = round(run["noetl"]["iterations_per_s"] / run["raw"]["tasks_per_s"], 3)
+                log(f"   noetl  N={n}: {run['noetl']['iterations_per_s']} it/s, ratio {run['ratio']}, "
+                    f"rows/it {run['noetl']['event_rows_per_iteration']}, on_event p50/p95 "
+                    f"{run['noetl']['on_event_ms']['p50']}/{run['noetl']['on_event_ms']['p95']} ms")
+            except Exception as exc:  # noqa: BLE001 - record it, keep the results so far
+                run["error"] = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
+                log(f"   FAILED: {run['error']}")
+                clear_queues(ctx)
+                break
+            finally:
+                run["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    finally:
+        problems = log_problems(workers)
+        errors = stop_workers(workers)
+        results.setdefault("worker_log_problems", {})[tag] = problems
+        if errors:
+            results.setdefault("worker_stop_errors", []).extend(errors)
+
+
+def memory_figures(samples: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """RSS of the (single) worker when 10, 50 and 90 % of the iterations were done, the max, the
+    last reading, and a coarse series for plotting."""
+    samples = [s for s in samples if s["rss"][0] > 0]  # a worker that is gone reads 0
+    out: dict[str, Any] = {"sample_count": len(samples), "rss_at_progress_mb": {}, "processes_at_progress_mb": {}}
+    if not samples:
+        return out
+    for frac in (0.1, 0.5, 0.9):
+        hit = next((s for s in samples if (s.get("progress") or 0) >= frac * n), None)
+        label = f"{int(frac * 100)}%"
+        out["rss_at_progress_mb"][label] = round(hit["rss"][0] / MB, 1) if hit else None
+        if hit:
+            out["processes_at_progress_mb"][label] = [round(r / MB, 1) for _, r in hit["processes"][0]]
+    out["rss_max_mb"] = round(max(s["rss"][0] for s in samples) / MB, 1)
+    out["rss_end_mb"] = round(samples[-1]["rss"][0] / MB, 1)
+    out["last_progress"] = next((s.get("progress") for s in reversed(samples) if s.get("progress") is not None),
+                                None)
+    step = max(1, len(samples) // 50)  # about 50 points of (seconds, iterations done, RSS MB)
+    out["series"] = [[s["t"], s.get("progress"), round(s["rss"][0] / MB, 1)] for s in samples[::step]]
+    return out
+
+
+def bench_memory(ctx: Context, results: dict[str, Any]) -> None:
+    args = ctx.args
+    n, mode = args.memory_n, args.memory_mode
+    log(f"== memory: mode={mode} workers=1 (-c {args.concurrency}) N={n}")
+    mem: dict[str, Any] = {"mode": mode, "workers": 1, "concurrency": args.concurrency, "n": n}
+    results["memory"] = mem
+    workers = start_workers(1, args.concurrency, ctx.worker_env(mode), ctx.log_dir, f"mem-{mode}")
+    try:
+        warm_up(ctx, workers)
+        time.sleep(args.pause)
+        mem["rss_idle_mb"] = round(tree_rss(workers[0].pid)[0] / MB, 1)
+        mem["loadavg_before"] = [round(x, 2) for x in os.getloadavg()]
+        partial: dict[str, Any] = {}
+        try:
+            run = run_noetl(ctx, n, workers, keep_samples=True, partial=partial)
+        except Exception as exc:  # noqa: BLE001 - record it, keep the results so far
+            mem["error"] = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
+            log(f"   FAILED: {mem['error']}")
+            clear_queues(ctx)
+            sampler = partial.get("sampler")
+            if sampler is not None and sampler.samples:  # what was seen before the failure
+                mem.update(memory_figures(sampler.samples, n))
+            return
+        mem["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        samples = run.pop("samples")
+        mem.update({k: run[k] for k in ("execution_id", "loop_s", "iterations_per_s", "submit_to_end_s",
+                                        "event_rows_per_iteration", "on_event_ms", "cpu")})
+        mem.update(memory_figures(samples, n))
+        log(f"   memory: {mem['iterations_per_s']} it/s, RSS at 10/50/90 %: "
+            f"{list(mem['rss_at_progress_mb'].values())} MB, max {mem['rss_max_mb']} MB")
+    finally:
+        problems = log_problems(workers)
+        errors = stop_workers(workers)
+        results.setdefault("worker_log_problems", {})[f"mem-{mode}"] = problems
+        if errors:
+            results.setdefault("worker_stop_errors", []).extend(errors)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _fmt(v: Any, spec: str = "") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) if spec else str(v)
+
+
+def machine_lines(m: dict[str, Any]) -> list[str]:
+    return [
+        f"machine: {m['nproc']} CPUs (nproc; {m['usable_cpus']} usable), {m['cpu_model']}, "
+        f"{m['memory_total_mb']} MB RAM, Linux {m['kernel']}",
+        f"software: {m['python']}, celery {m['celery']} (kombu {m['kombu']}), redis-py {m['redis_py']}, "
+        f"SQLAlchemy {m['sqlalchemy']}, psycopg2 {m['psycopg2']}",
+        f"servers: redis-server {m['redis_server']}, PostgreSQL {m['postgresql']}; "
+        f"load average at start {m['loadavg_at_start']}",
+    ]
+
+
+def table(results: dict[str, Any]) -> str:
+    head = ["mode", "workers", "N", "raw tasks/s", "noetl it/s", "noetl/raw", "rows/it",
+            "on_event p50 ms", "on_event p95 ms", "peak RSS MB/worker (raw; noetl)"]
+    lines = [head]
+    for r in results["runs"]:
+        raw, noetl = r.get("raw") or {}, r.get("noetl") or {}
+        rss = "; ".join(",".join(str(x) for x in part.get("peak_rss_mb", [])) or "-" for part in (raw, noetl))
+        lines.append([r["mode"], str(r["workers"]), str(r["n"]), _fmt(raw.get("tasks_per_s"), ".1f"),
+                      _fmt(noetl.get("iterations_per_s"), ".1f"), _fmt(r.get("ratio"), ".3f"),
+                      _fmt(noetl.get("event_rows_per_iteration"), ".4f"),
+                      _fmt((noetl.get("on_event_ms") or {}).get("p50"), ".2f"),
+                      _fmt((noetl.get("on_event_ms") or {}).get("p95"), ".2f"),
+                      rss + (f"  ERROR: {r['error']}" if r.get("error") else "")])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    out = ["| " + " | ".join(c.ljust(widths[i]) for i, c in enumerate(row)) + " |" for row in lines]
+    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    out += ["", "CPU ms per task (raw) / per iteration (noetl): worker pool children + worker main "
+            "processes, PostgreSQL, Redis (server-wide), this process, machine busy %"]
+    for r in results["runs"]:
+        parts = []
+        for label in ("raw", "noetl"):
+            c = (r.get(label) or {}).get("cpu")
+            if c:
+                m = c["cpu_ms_per_item"]
+                parts.append(f"{label}: {m['worker_children']:.2f} + {m['worker_main']:.2f}, pg {m['postgresql']:.2f}, "
+                             f"redis {m['redis']:.2f}, bench {m['bench_process']:.2f}, "
+                             f"busy {c['machine_utilisation_pct']}%")
+        out.append(f"  {r['mode']:6} {r['workers']}w N={r['n']:<6} " + " | ".join(parts))
+    mem = results.get("memory")
+    if mem:
+        out.append("")
+        if mem.get("error"):
+            out.append(f"memory run (N={mem['n']}, {mem['mode']}, 1 worker): ERROR: {mem['error']}")
+            if mem.get("rss_at_progress_mb"):
+                out.append(f"  before the failure ({mem.get('last_progress')} iterations done): worker RSS at "
+                           f"10/50/90 %: {list(mem['rss_at_progress_mb'].values())} MB, max {mem.get('rss_max_mb')} MB")
+        else:
+            at = mem["rss_at_progress_mb"]
+            out.append(f"memory run: N={mem['n']}, mode {mem['mode']}, 1 worker -c {mem['concurrency']}: "
+                       f"{mem['iterations_per_s']} it/s; worker RSS (process tree) idle {mem['rss_idle_mb']} MB, "
+                       f"at 10% {at['10%']} MB, 50% {at['50%']} MB, 90% {at['90%']} MB, "
+                       f"max {mem['rss_max_mb']} MB, end {mem['rss_end_mb']} MB")
+            out.append(f"  per process (main, children) at 10/50/90 %: "
+                       f"{[mem['processes_at_progress_mb'].get(k) for k in ('10%', '50%', '90%')]}")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.loops", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="1000,10000", help="loop sizes N, comma-separated (default 1000,10000)")
+    p.add_argument("--workers", default="1,2", help="worker instance counts (default 1,2)")
+    p.add_argument("--concurrency", type=int, default=2, help="prefork processes per worker (default 2)")
+    p.add_argument("--modes", default="inline,queue", help="NOETL_EVENT_DISPATCH values (default inline,queue)")
+    p.add_argument("--memory-n", type=int, default=100000, help="iterations of the memory run (default 100000)")
+    p.add_argument("--memory-mode", default="inline", choices=("inline", "queue"))
+    p.add_argument("--skip-memory", action="store_true", help="no memory run")
+    p.add_argument("--json-out", help="also write the JSON results to this file")
+    p.add_argument("--redis-db", type=int, default=14, help="Redis database index to claim (default 14)")
+    p.add_argument("--task-events", choices=("0", "1"), default=None,
+                   help="NOETL_TASK_EVENTS for the workers (default: unset, i.e. the worker default, on)")
+    p.add_argument("--pause", type=float, default=1.0, help="seconds of rest before each measured run")
+    p.add_argument("--timeout-base", type=float, default=60.0,
+                   help="a run may take timeout-base + N / min-rate seconds (default 60)")
+    p.add_argument("--min-rate", type=float, default=20.0, help="see --timeout-base (default 20/s)")
+    p.add_argument("--stall-timeout", type=float, default=60.0,
+                   help="give up when no task/iteration finishes for this many seconds (default 60)")
+    p.add_argument("--py-spy-dir", help="record py-spy raw profiles of the pool children during the "
+                   "largest noetl run of each set (perturbs the figures: use in a separate run)")
+    p.add_argument("--py-spy-seconds", type=int, default=10)
+    p.add_argument("--pg-waits", action="store_true", help="sample pg_stat_activity of the benchmark "
+                   "database during the noetl runs (what the active backends wait for)")
+    p.add_argument("--keep-logs", action="store_true", help="keep the worker logs (path printed)")
+    args = p.parse_args(argv)
+    args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    args.workers = [int(x) for x in args.workers.split(",") if x.strip()]
+    args.modes = [x.strip() for x in args.modes.split(",") if x.strip()]
+    for m in args.modes:
+        if m not in ("inline", "queue"):
+            p.error(f"unknown mode {m!r}: inline or queue")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from tests.support import services as svc
+
+    # This process submits like `noetl-celery submit`: only the settings given here.
+    for k in [k for k in os.environ if k.startswith("NOETL_") and not k.startswith("NOETL_TEST_")]:
+        del os.environ[k]
+
+    redis_server = svc.redis_base_url(os.environ.get(svc.REDIS_URL_ENV) or svc.DEFAULT_REDIS_URL)
+    pg_server = os.environ.get(svc.POSTGRES_URL_ENV) or svc.DEFAULT_POSTGRES_URL
+    if not svc.redis_answers(redis_server, 5.0):
+        raise SystemExit(f"no Redis at {redis_server} (set {svc.REDIS_URL_ENV})")
+    if not svc.postgres_answers(pg_server, 5.0):
+        raise SystemExit(f"no PostgreSQL at {pg_server} that may create databases (set {svc.POSTGRES_URL_ENV})")
+
+    results: dict[str, Any] = {"benchmark": "bench.loops", "started_at": _now(), "runs": []}
+    log_dir = Path(tempfile.mkdtemp(prefix="noetl-bench-"))
+    failed = False
+    with contextlib.ExitStack() as stack:
+        claim = svc.claim_redis_db(redis_server, dbs=[args.redis_db])  # FLUSHDB + claim key
+        stack.callback(claim.release)  # FLUSHDB at the end
+        db = svc.fresh_database(pg_server, prefix="noetl_bench")
+        stack.callback(db.drop)
+        redis_url, database_url = claim.url, db.url
+
+        machine = machine_description(redis_url, db.libpq_url)
+        results["machine"] = machine
+        print("\n".join(machine_lines(machine)), flush=True)
+        print(f"services: Redis {redis_url} (claimed, flushed), PostgreSQL database {db.name} (fresh)", flush=True)
+
+        from noetl_celery.store.db import migrate
+
+        migrate(database_url)
+        os.environ.update(NOETL_BROKER_URL=redis_url, NOETL_DATABASE_URL=database_url)
+        from noetl_celery import settings as noetl_settings
+        from noetl_celery.app import app, configure
+
+        settings = noetl_settings.load()
+        configure(app, settings)
+        stack.callback(app.pool.force_close_all)
+        results["config"] = {
+            "sizes": args.sizes, "workers": args.workers, "concurrency": args.concurrency, "pool": "prefork",
+            "modes": args.modes, "max_in_flight": MAX_IN_FLIGHT, "playbook": str(PLAYBOOK.relative_to(REPO_ROOT)),
+            "memory_n": None if args.skip_memory else args.memory_n, "memory_mode": args.memory_mode,
+            "task_events": args.task_events or "worker default (on)", "worker_loglevel": "INFO",
+            "prefetch_multiplier": settings.prefetch_multiplier, "rss_sample_interval_s": SAMPLE_INTERVAL,
+            "warmup_n": WARMUP_N,
+        }
+        client = svc.redis_client(redis_url)
+        stack.callback(client.close)
+        ctx = Context(args, redis_url, database_url, settings, client, log_dir)
+        try:
+            for mode in args.modes:
+                for count in args.workers:
+                    bench_set(ctx, mode, count, results)
+            if not args.skip_memory:
+                bench_memory(ctx, results)
+        except KeyboardInterrupt:
+            results["interrupted"] = True
+            failed = True
+            log("interrupted: workers stopped, services cleaned up")
+        except Exception as exc:  # noqa: BLE001 - e.g. a worker that would not start: report what we have
+            results["fatal"] = f"{type(exc).__name__}: {exc}"
+            failed = True
+            log(f"FAILED: {results['fatal']}")
+        results["finished_at"] = _now()
+        results["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+
+    failed = failed or any(r.get("error") for r in results["runs"]) or bool((results.get("memory") or {}).get("error"))
+    print()
+    print(table(results))
+    print()
+    print(json.dumps(results, indent=2, default=str))
+    if args.json_out:
+        out = Path(args.json_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        log(f"JSON written to {out}")
+    if failed or args.keep_logs:
+        log(f"worker logs kept in {log_dir}")
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return 1 if failed else 0
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
