@@ -79,10 +79,8 @@ def wait(database_url: str, execution_id: int, timeout: float | None = None) -> 
             head = repo.execution_head(conn, execution_id)
         if head is None:
             raise ExecutionNotFound(f"no execution {execution_id}")
-        if head["status"] != "running" and head["pending"] <= 0:
-            break
-        if head["status"] != "running" and deadline is None:
-            break
+        if head["status"] != "running":
+            break  # attempts still in flight after a failure are recorded, not waited for
         if deadline is not None and time.monotonic() > deadline:
             break
         time.sleep(POLL_INTERVAL)
