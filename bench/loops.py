@@ -14,6 +14,10 @@ every number of worker instances (`celery -A noetl_celery worker -c C -P prefork
   (`runner.submit`); iterations/s between the created_at of the loop's `iterator.started` and
   `iterator.completed` rows; event rows of the loop step per iteration; on_event latency per
   iteration (created_at of its `iteration.completed` row minus started_at + duration_ms).
+- noetl_celery cursor loop (--cursor-n, default 10000; 0 skips it): bench/playbooks/cursor_noop.yaml,
+  the same no-op python task per row, rows claimed from a PostgreSQL table by 100 slots (frames
+  of up to 20 rows); rows/s between `iterator.started` and `iterator.completed`, and event rows
+  of the loop step per row.
 - peak RSS of each worker instance (main process + pool children, summed; sampled every 0.2 s).
 
 raw and noetl run back to back against the same worker processes. Then, unless
@@ -49,6 +53,9 @@ import psutil
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOK = REPO_ROOT / "bench" / "playbooks" / "loop_noop.yaml"
+CURSOR_PLAYBOOK = REPO_ROOT / "bench" / "playbooks" / "cursor_noop.yaml"
+CURSOR_SLOTS = 100  # as written in the cursor playbook
+CURSOR_CREDENTIAL_ENV = "NOETL_AUTH_BENCH_PG"  # the cursor playbook's `auth: bench_pg`
 LOOP_STEP = "work"  # the loop step of the playbook
 MAX_IN_FLIGHT = 100  # as written in the playbook
 SAMPLE_INTERVAL = 0.2  # seconds between RSS samples
@@ -145,8 +152,13 @@ class RssSampler:
     `progress` (optional) is called at each sample (in the sampler thread) and stored with it.
     """
 
-    def __init__(self, pids: list[int], interval: float = SAMPLE_INTERVAL, keep: bool = False,
-                 progress: Callable[[], Any] | None = None):
+    def __init__(
+        self,
+        pids: list[int],
+        interval: float = SAMPLE_INTERVAL,
+        keep: bool = False,
+        progress: Callable[[], Any] | None = None,
+    ):
         self.pids = pids
         self.interval = interval
         self.keep = keep
@@ -167,9 +179,11 @@ class RssSampler:
             per_worker.append((total, parts))
         self.count += 1
         if self.keep:
-            sample = {"t": round(time.monotonic() - self._t0, 3),
-                      "rss": [t for t, _ in per_worker],
-                      "processes": [[[pid, rss] for pid, rss in parts] for _, parts in per_worker]}
+            sample = {
+                "t": round(time.monotonic() - self._t0, 3),
+                "rss": [t for t, _ in per_worker],
+                "processes": [[[pid, rss] for pid, rss in parts] for _, parts in per_worker],
+            }
             if self.progress is not None:
                 try:
                     sample["progress"] = self.progress()
@@ -232,8 +246,9 @@ class CpuMeter:
                 snap["servers"][p.pid] = (kind, _cpu(p))
         snap["self"] = _cpu(psutil.Process())
         t = psutil.cpu_times()
-        snap["machine_busy"] = t.user + t.system + t.nice + getattr(t, "irq", 0) + getattr(t, "softirq", 0) \
-            + getattr(t, "steal", 0)
+        snap["machine_busy"] = (
+            t.user + t.system + t.nice + getattr(t, "irq", 0) + getattr(t, "softirq", 0) + getattr(t, "steal", 0)
+        )
         snap["wall"] = time.monotonic()
         return snap
 
@@ -254,9 +269,13 @@ class CpuMeter:
         for pid, (kind, v) in a["servers"].items():
             servers[kind] = servers.get(kind, 0.0) + v - b["servers"].get(pid, (kind, 0.0))[1]
         wall = a["wall"] - b["wall"]
-        cpu_s = {"worker_main": delta("main"), "worker_children": delta("children"),
-                 "postgresql": servers.get("postgresql", 0.0), "redis": servers.get("redis", 0.0),
-                 "bench_process": a["self"] - b["self"]}
+        cpu_s = {
+            "worker_main": delta("main"),
+            "worker_children": delta("children"),
+            "postgresql": servers.get("postgresql", 0.0),
+            "redis": servers.get("redis", 0.0),
+            "bench_process": a["self"] - b["self"],
+        }
         machine = a["machine_busy"] - b["machine_busy"]
         return {
             "wall_s": round(wall, 3),
@@ -292,7 +311,8 @@ class PgWaitSampler:
                 rows = reader.all(
                     "SELECT coalesce(wait_event_type, 'CPU/none'), coalesce(wait_event, '-'), count(*) "
                     "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                    "AND state = 'active' GROUP BY 1, 2")
+                    "AND state = 'active' GROUP BY 1, 2"
+                )
                 self.samples += 1
                 for kind, event, n in rows:
                     self.active += n
@@ -330,8 +350,15 @@ def start_workers(count: int, concurrency: int, env: dict[str, str], log_dir: Pa
     workers: list[Any] = []
     try:
         for i in range(count):
-            w = WorkerProcess("noetl_celery", env=env, concurrency=concurrency, pool="prefork",
-                              name=f"bench-{tag}-{i + 1}-{os.getpid()}@%h", log_dir=log_dir, loglevel="INFO")
+            w = WorkerProcess(
+                "bench.app",
+                env=env,
+                concurrency=concurrency,
+                pool="prefork",
+                name=f"bench-{tag}-{i + 1}-{os.getpid()}@%h",
+                log_dir=log_dir,
+                loglevel="INFO",
+            )
             workers.append(w)
             w.start(timeout=WORKER_START_TIMEOUT)
     except BaseException:
@@ -364,8 +391,10 @@ def check_alive(workers: list[Any]) -> None:
     """Raise at once when a worker's main process has exited (e.g. killed from outside)."""
     for w in workers:
         if w.proc is not None and w.proc.poll() is not None:
-            raise BenchError(f"worker {w.node} exited with {w.proc.returncode} during the run "
-                             "(a negative code is the signal that ended it); log tail:\n" + w.log_tail(8))
+            raise BenchError(
+                f"worker {w.node} exited with {w.proc.returncode} during the run "
+                "(a negative code is the signal that ended it); log tail:\n" + w.log_tail(8)
+            )
 
 
 LOG_LEVEL_RE = re.compile(r"\[[^\]]*: (ERROR|WARNING|CRITICAL)/")
@@ -385,7 +414,7 @@ def log_problems(workers: list[Any]) -> dict[str, int]:
 def run_raw(ctx: Context, n: int, workers: list[Any]) -> dict[str, Any]:
     from celery import group
 
-    from noetl_celery.app import bench_noop
+    from bench.app import bench_noop
 
     key = f"bench:noop:{uuid.uuid4().hex}"
     timeout = ctx.run_timeout(n)
@@ -472,17 +501,24 @@ class StoreReader:
             return None
 
     def loop_progress(self, execution_id: int) -> int | None:
-        row = self.one("SELECT done FROM noetl_loop WHERE execution_id = %s AND step = %s",
-                       (execution_id, LOOP_STEP))
+        row = self.one("SELECT done FROM noetl_loop WHERE execution_id = %s AND step = %s", (execution_id, LOOP_STEP))
         return int(row[0]) if row else None
+
+    def loop_marks(self, execution_id: int) -> dict[str, Any]:
+        return dict(
+            self.all(
+                "SELECT event_type, created_at FROM noetl_event WHERE execution_id = %s AND step = %s "
+                "AND event_type IN ('iterator.started', 'iterator.completed')",
+                (execution_id, LOOP_STEP),
+            )
+        )
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.conn.close()
 
 
-def wait_execution(ctx: Context, reader: StoreReader, execution_id: int, n: int,
-                   workers: list[Any]) -> str:
+def wait_execution(ctx: Context, reader: StoreReader, execution_id: int, n: int, workers: list[Any]) -> str:
     timeout = ctx.run_timeout(n)
     t0 = time.monotonic()
     last, last_change = -1, t0
@@ -496,11 +532,13 @@ def wait_execution(ctx: Context, reader: StoreReader, execution_id: int, n: int,
         if done != last:
             last, last_change = done, now
         if now - t0 > timeout:
-            raise BenchError(f"noetl: execution {execution_id} still {status} after {timeout:.0f} s "
-                             f"({done} of {n} iterations)")
+            raise BenchError(
+                f"noetl: execution {execution_id} still {status} after {timeout:.0f} s ({done} of {n} iterations)"
+            )
         if now - last_change > ctx.stall_timeout:
-            raise BenchError(f"noetl: execution {execution_id} stuck at {done} of {n} iterations "
-                             f"for {ctx.stall_timeout:.0f} s")
+            raise BenchError(
+                f"noetl: execution {execution_id} stuck at {done} of {n} iterations for {ctx.stall_timeout:.0f} s"
+            )
         check_alive(workers)
         time.sleep(NOETL_POLL)
 
@@ -509,14 +547,25 @@ def loop_metrics(reader: StoreReader, execution_id: int, n: int) -> dict[str, An
     # Fresh statistics first: the table was truncated before the run, and with stale ones the
     # planner picks a nested loop for the self-join below (quadratic in N).
     reader.all_or_none("ANALYZE noetl_event")
-    rows = dict(reader.all("SELECT event_type, count(*) FROM noetl_event WHERE execution_id = %s AND step = %s "
-                           "GROUP BY event_type ORDER BY event_type", (execution_id, LOOP_STEP)))
+    rows = dict(
+        reader.all(
+            "SELECT event_type, count(*) FROM noetl_event WHERE execution_id = %s AND step = %s "
+            "GROUP BY event_type ORDER BY event_type",
+            (execution_id, LOOP_STEP),
+        )
+    )
     all_rows = reader.one("SELECT count(*) FROM noetl_event WHERE execution_id = %s", (execution_id,))[0]
-    marks = dict(reader.all("SELECT event_type, created_at FROM noetl_event WHERE execution_id = %s AND step = %s "
-                            "AND event_type IN ('iterator.started', 'iterator.completed')",
-                            (execution_id, LOOP_STEP)))
-    stats = reader.one("SELECT meta FROM noetl_event WHERE execution_id = %s AND step = %s "
-                       "AND event_type = 'iterator.completed'", (execution_id, LOOP_STEP))
+    marks = dict(
+        reader.all(
+            "SELECT event_type, created_at FROM noetl_event WHERE execution_id = %s AND step = %s "
+            "AND event_type IN ('iterator.started', 'iterator.completed')",
+            (execution_id, LOOP_STEP),
+        )
+    )
+    stats = reader.one(
+        "SELECT meta FROM noetl_event WHERE execution_id = %s AND step = %s AND event_type = 'iterator.completed'",
+        (execution_id, LOOP_STEP),
+    )
     if "iterator.started" not in marks or "iterator.completed" not in marks:
         raise BenchError(f"noetl: execution {execution_id} has no iterator.started/completed rows: {rows}")
     loop_s = (marks["iterator.completed"] - marks["iterator.started"]).total_seconds()
@@ -525,11 +574,14 @@ def loop_metrics(reader: StoreReader, execution_id: int, n: int) -> dict[str, An
         "SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY lat), max(lat), count(*) "
         "FROM (SELECT EXTRACT(EPOCH FROM (created_at - started_at)) * 1000 - duration_ms AS lat "
         "      FROM noetl_event WHERE execution_id = %s AND step = %s "
-        "      AND event_type = 'iteration.completed') s", (execution_id, LOOP_STEP))
+        "      AND event_type = 'iteration.completed') s",
+        (execution_id, LOOP_STEP),
+    )
     tool = reader.one(
         "SELECT percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY duration_ms) FROM noetl_event "
         "WHERE execution_id = %s AND step = %s AND event_type = 'iteration.completed'",
-        (execution_id, LOOP_STEP))
+        (execution_id, LOOP_STEP),
+    )
     # decision recorded (iteration.started row) -> the tool call starts on a worker: broker + pickup
     pickup_rows = reader.all_or_none(
         "SELECT percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY ms) FROM ("
@@ -537,7 +589,8 @@ def loop_metrics(reader: StoreReader, execution_id: int, n: int) -> dict[str, An
         "  FROM noetl_event s JOIN noetl_event d ON d.execution_id = s.execution_id AND d.run_id = s.run_id "
         "   AND d.iteration = s.iteration AND d.event_type = 'iteration.completed' "
         "  WHERE s.execution_id = %s AND s.step = %s AND s.event_type = 'iteration.started') x",
-        (execution_id, LOOP_STEP))
+        (execution_id, LOOP_STEP),
+    )
     pickup = pickup_rows[0] if pickup_rows else (None,)
     step_rows = sum(rows.values())
     p = lat[0] or [None, None, None]
@@ -551,8 +604,7 @@ def loop_metrics(reader: StoreReader, execution_id: int, n: int) -> dict[str, An
         "event_rows_execution": all_rows,
         "on_event_ms": {"p50": _r(p[0]), "p95": _r(p[1]), "p99": _r(p[2]), "max": _r(lat[1]), "count": lat[2]},
         "tool_call_ms": {"p50": _r((tool[0] or [None])[0]), "p95": _r((tool[0] or [None, None])[1])},
-        "decision_to_tool_start_ms": {"p50": _r((pickup[0] or [None])[0]),
-                                      "p95": _r((pickup[0] or [None, None])[1])},
+        "decision_to_tool_start_ms": {"p50": _r((pickup[0] or [None])[0]), "p95": _r((pickup[0] or [None, None])[1])},
     }
 
 
@@ -568,8 +620,15 @@ def submit_loop(ctx: Context, n: int) -> int:
     return runner.submit(plan, ctx.settings)
 
 
-def run_noetl(ctx: Context, n: int, workers: list[Any], *, keep_samples: bool = False,
-              profile_tag: str | None = None, partial: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_noetl(
+    ctx: Context,
+    n: int,
+    workers: list[Any],
+    *,
+    keep_samples: bool = False,
+    profile_tag: str | None = None,
+    partial: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One measured loop. `partial` (optional) receives the RSS sampler, also when the run fails."""
     truncate_store(ctx.database_url)
     reader = StoreReader(ctx.database_url)
@@ -583,8 +642,13 @@ def run_noetl(ctx: Context, n: int, workers: list[Any], *, keep_samples: bool = 
     profiles: list[subprocess.Popen] = []
     waits = PgWaitSampler(ctx.database_url) if ctx.args.pg_waits else contextlib.nullcontext()
     try:
-        with waits, RssSampler([w.pid for w in workers], keep=keep_samples,
-                        progress=progress if keep_samples else None) as sampler, CpuMeter(workers) as cpu:
+        with (
+            waits,
+            RssSampler(
+                [w.pid for w in workers], keep=keep_samples, progress=progress if keep_samples else None
+            ) as sampler,
+            CpuMeter(workers) as cpu,
+        ):
             if partial is not None:
                 partial["sampler"] = sampler
             t0 = time.perf_counter()
@@ -605,8 +669,14 @@ def run_noetl(ctx: Context, n: int, workers: list[Any], *, keep_samples: bool = 
         reader.close()
         if progress_reader:
             progress_reader.close()
-    result = {"n": n, "execution_id": execution_id, "submit_to_end_s": round(wall, 3), **metrics,
-              "peak_rss_mb": [round(p / MB, 1) for p in sampler.peaks], "cpu": cpu.result(n)}
+    result = {
+        "n": n,
+        "execution_id": execution_id,
+        "submit_to_end_s": round(wall, 3),
+        **metrics,
+        "peak_rss_mb": [round(p / MB, 1) for p in sampler.peaks],
+        "cpu": cpu.result(n),
+    }
     if isinstance(waits, PgWaitSampler):
         result["pg_waits"] = waits.result()
     if keep_samples:
@@ -615,8 +685,61 @@ def run_noetl(ctx: Context, n: int, workers: list[Any], *, keep_samples: bool = 
     return result
 
 
-def start_profiles(ctx: Context, workers: list[Any], tag: str, reader: StoreReader,
-                   execution_id: int) -> list[subprocess.Popen]:
+def run_cursor(ctx: Context, n: int, workers: list[Any]) -> dict[str, Any]:
+    """One measured cursor loop of n rows: rows/s and event rows per row."""
+    from noetl_celery import runner
+    from noetl_celery.compiler import compile_playbook
+
+    truncate_store(ctx.database_url)
+    reader = StoreReader(ctx.database_url)
+    try:
+        t0 = time.perf_counter()
+        execution_id = runner.submit(compile_playbook(CURSOR_PLAYBOOK, overrides={"n": n}), ctx.settings)
+        deadline = time.monotonic() + ctx.run_timeout(n)
+        while True:
+            row = reader.one("SELECT status, error FROM noetl_execution WHERE execution_id = %s", (execution_id,))
+            if row and row[0] != "running":
+                break
+            if time.monotonic() > deadline:
+                raise BenchError(f"cursor: execution {execution_id} still running after {ctx.run_timeout(n):.0f} s")
+            check_alive(workers)
+            time.sleep(NOETL_POLL)
+        wall = time.perf_counter() - t0
+        if row[0] != "completed":
+            raise BenchError(f"cursor: execution {execution_id} ended {row[0]}: {row[1]}")
+        marks = reader.loop_marks(execution_id)
+        rows = dict(
+            reader.all(
+                "SELECT event_type, count(*) FROM noetl_event WHERE execution_id = %s AND step = %s "
+                "GROUP BY event_type ORDER BY event_type",
+                (execution_id, LOOP_STEP),
+            )
+        )
+        stats = reader.one(
+            "SELECT meta FROM noetl_event WHERE execution_id = %s AND step = %s AND event_type = 'iterator.completed'",
+            (execution_id, LOOP_STEP),
+        )
+    finally:
+        reader.close()
+    loop_s = (marks["iterator.completed"] - marks["iterator.started"]).total_seconds()
+    step_rows = sum(rows.values())
+    return {
+        "n": n,
+        "execution_id": execution_id,
+        "slots": CURSOR_SLOTS,
+        "submit_to_end_s": round(wall, 3),
+        "loop_s": round(loop_s, 3),
+        "rows_per_s": round(n / loop_s, 1) if loop_s > 0 else None,
+        "loop_stats": stats[0] if stats else None,
+        "event_rows_loop_step": step_rows,
+        "event_rows_per_row": round(step_rows / n, 4),
+        "event_rows_by_type": rows,
+    }
+
+
+def start_profiles(
+    ctx: Context, workers: list[Any], tag: str, reader: StoreReader, execution_id: int
+) -> list[subprocess.Popen]:
     """py-spy record on every pool child once the loop is running (raw collapsed stacks)."""
     deadline = time.monotonic() + 60
     while (reader.loop_progress(execution_id) or 0) < 2 * MAX_IN_FLIGHT and time.monotonic() < deadline:
@@ -626,9 +749,13 @@ def start_profiles(ctx: Context, workers: list[Any], tag: str, reader: StoreRead
     for wi, children in enumerate(worker_children(workers)):
         for ci, pid in enumerate(children):
             out = ctx.py_spy_dir / f"{tag}-w{wi + 1}-c{ci + 1}.txt"
-            procs.append(subprocess.Popen(
-                ["py-spy", "record", "-p", str(pid), "-d", str(ctx.py_spy_seconds), "-f", "raw", "-o", str(out)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    ["py-spy", "record", "-p", str(pid), "-d", str(ctx.py_spy_seconds), "-f", "raw", "-o", str(out)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
     return procs
 
 
@@ -645,8 +772,9 @@ def finish_profiles(procs: list[subprocess.Popen]) -> None:
 
 
 class Context:
-    def __init__(self, args: argparse.Namespace, redis_url: str, database_url: str, settings: Any,
-                 redis: Any, log_dir: Path):
+    def __init__(
+        self, args: argparse.Namespace, redis_url: str, database_url: str, settings: Any, redis: Any, log_dir: Path
+    ):
         self.args = args
         self.redis_url = redis_url
         self.database_url = database_url
@@ -656,13 +784,18 @@ class Context:
         self.stall_timeout = args.stall_timeout
         self.py_spy_dir: Path | None = Path(args.py_spy_dir) if args.py_spy_dir else None
         self.py_spy_seconds = args.py_spy_seconds
+        self.libpq_url = ""  # the store as a libpq URL: the cursor playbook's credential
 
     def run_timeout(self, n: int) -> float:
         return self.args.timeout_base + n / self.args.min_rate
 
     def worker_env(self, mode: str) -> dict[str, str]:
-        env = {"NOETL_BROKER_URL": self.redis_url, "NOETL_DATABASE_URL": self.database_url,
-               "NOETL_EVENT_DISPATCH": mode}
+        env = {
+            "NOETL_BROKER_URL": self.redis_url,
+            "NOETL_DATABASE_URL": self.database_url,
+            "NOETL_EVENT_DISPATCH": mode,
+            CURSOR_CREDENTIAL_ENV: self.libpq_url,
+        }
         if self.args.task_events is not None:
             env["NOETL_TASK_EVENTS"] = self.args.task_events
         return env
@@ -688,8 +821,13 @@ def bench_set(ctx: Context, mode: str, count: int, results: dict[str, Any]) -> N
     try:
         warm_up(ctx, workers)
         for n in args.sizes:
-            run: dict[str, Any] = {"mode": mode, "workers": count, "concurrency": args.concurrency, "n": n,
-                                   "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
+            run: dict[str, Any] = {
+                "mode": mode,
+                "workers": count,
+                "concurrency": args.concurrency,
+                "n": n,
+                "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+            }
             results["runs"].append(run)
             try:
                 time.sleep(args.pause)
@@ -701,9 +839,11 @@ def bench_set(ctx: Context, mode: str, count: int, results: dict[str, Any]) -> N
                 profile = f"{mode}-{count}w-{n}" if n == max(args.sizes) else None
                 run["noetl"] = run_noetl(ctx, n, workers, profile_tag=profile)
                 run["ratio"] = round(run["noetl"]["iterations_per_s"] / run["raw"]["tasks_per_s"], 3)
-                log(f"   noetl  N={n}: {run['noetl']['iterations_per_s']} it/s, ratio {run['ratio']}, "
+                log(
+                    f"   noetl  N={n}: {run['noetl']['iterations_per_s']} it/s, ratio {run['ratio']}, "
                     f"rows/it {run['noetl']['event_rows_per_iteration']}, on_event p50/p95 "
-                    f"{run['noetl']['on_event_ms']['p50']}/{run['noetl']['on_event_ms']['p95']} ms")
+                    f"{run['noetl']['on_event_ms']['p50']}/{run['noetl']['on_event_ms']['p95']} ms"
+                )
             except Exception as exc:  # noqa: BLE001 - record it, keep the results so far
                 run["error"] = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
                 log(f"   FAILED: {run['error']}")
@@ -711,6 +851,26 @@ def bench_set(ctx: Context, mode: str, count: int, results: dict[str, Any]) -> N
                 break
             finally:
                 run["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        if args.cursor_n:
+            cursor_run: dict[str, Any] = {
+                "mode": mode,
+                "workers": count,
+                "concurrency": args.concurrency,
+                "cursor_n": args.cursor_n,
+            }
+            results.setdefault("cursor_runs", []).append(cursor_run)
+            try:
+                time.sleep(args.pause)
+                log(f"   cursor N={args.cursor_n} ...")
+                cursor_run["cursor"] = run_cursor(ctx, args.cursor_n, workers)
+                log(
+                    f"   cursor N={args.cursor_n}: {cursor_run['cursor']['rows_per_s']} rows/s, rows/row "
+                    f"{cursor_run['cursor']['event_rows_per_row']}"
+                )
+            except Exception as exc:  # noqa: BLE001 - record it, keep the results so far
+                cursor_run["error"] = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
+                log(f"   FAILED: {cursor_run['error']}")
+                clear_queues(ctx)
     finally:
         problems = log_problems(workers)
         errors = stop_workers(workers)
@@ -734,8 +894,7 @@ def memory_figures(samples: list[dict[str, Any]], n: int) -> dict[str, Any]:
             out["processes_at_progress_mb"][label] = [round(r / MB, 1) for _, r in hit["processes"][0]]
     out["rss_max_mb"] = round(max(s["rss"][0] for s in samples) / MB, 1)
     out["rss_end_mb"] = round(samples[-1]["rss"][0] / MB, 1)
-    out["last_progress"] = next((s.get("progress") for s in reversed(samples) if s.get("progress") is not None),
-                                None)
+    out["last_progress"] = next((s.get("progress") for s in reversed(samples) if s.get("progress") is not None), None)
     step = max(1, len(samples) // 50)  # about 50 points of (seconds, iterations done, RSS MB)
     out["series"] = [[s["t"], s.get("progress"), round(s["rss"][0] / MB, 1)] for s in samples[::step]]
     return out
@@ -766,11 +925,25 @@ def bench_memory(ctx: Context, results: dict[str, Any]) -> None:
             return
         mem["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
         samples = run.pop("samples")
-        mem.update({k: run[k] for k in ("execution_id", "loop_s", "iterations_per_s", "submit_to_end_s",
-                                        "event_rows_per_iteration", "on_event_ms", "cpu")})
+        mem.update(
+            {
+                k: run[k]
+                for k in (
+                    "execution_id",
+                    "loop_s",
+                    "iterations_per_s",
+                    "submit_to_end_s",
+                    "event_rows_per_iteration",
+                    "on_event_ms",
+                    "cpu",
+                )
+            }
+        )
         mem.update(memory_figures(samples, n))
-        log(f"   memory: {mem['iterations_per_s']} it/s, RSS at 10/50/90 %: "
-            f"{list(mem['rss_at_progress_mb'].values())} MB, max {mem['rss_max_mb']} MB")
+        log(
+            f"   memory: {mem['iterations_per_s']} it/s, RSS at 10/50/90 %: "
+            f"{list(mem['rss_at_progress_mb'].values())} MB, max {mem['rss_max_mb']} MB"
+        )
     finally:
         problems = log_problems(workers)
         errors = stop_workers(workers)
@@ -804,32 +977,55 @@ def machine_lines(m: dict[str, Any]) -> list[str]:
 
 
 def table(results: dict[str, Any]) -> str:
-    head = ["mode", "workers", "N", "raw tasks/s", "noetl it/s", "noetl/raw", "rows/it",
-            "on_event p50 ms", "on_event p95 ms", "peak RSS MB/worker (raw; noetl)"]
+    head = [
+        "mode",
+        "workers",
+        "N",
+        "raw tasks/s",
+        "noetl it/s",
+        "noetl/raw",
+        "rows/it",
+        "on_event p50 ms",
+        "on_event p95 ms",
+        "peak RSS MB/worker (raw; noetl)",
+    ]
     lines = [head]
     for r in results["runs"]:
         raw, noetl = r.get("raw") or {}, r.get("noetl") or {}
         rss = "; ".join(",".join(str(x) for x in part.get("peak_rss_mb", [])) or "-" for part in (raw, noetl))
-        lines.append([r["mode"], str(r["workers"]), str(r["n"]), _fmt(raw.get("tasks_per_s"), ".1f"),
-                      _fmt(noetl.get("iterations_per_s"), ".1f"), _fmt(r.get("ratio"), ".3f"),
-                      _fmt(noetl.get("event_rows_per_iteration"), ".4f"),
-                      _fmt((noetl.get("on_event_ms") or {}).get("p50"), ".2f"),
-                      _fmt((noetl.get("on_event_ms") or {}).get("p95"), ".2f"),
-                      rss + (f"  ERROR: {r['error']}" if r.get("error") else "")])
+        lines.append(
+            [
+                r["mode"],
+                str(r["workers"]),
+                str(r["n"]),
+                _fmt(raw.get("tasks_per_s"), ".1f"),
+                _fmt(noetl.get("iterations_per_s"), ".1f"),
+                _fmt(r.get("ratio"), ".3f"),
+                _fmt(noetl.get("event_rows_per_iteration"), ".4f"),
+                _fmt((noetl.get("on_event_ms") or {}).get("p50"), ".2f"),
+                _fmt((noetl.get("on_event_ms") or {}).get("p95"), ".2f"),
+                rss + (f"  ERROR: {r['error']}" if r.get("error") else ""),
+            ]
+        )
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     out = ["| " + " | ".join(c.ljust(widths[i]) for i, c in enumerate(row)) + " |" for row in lines]
     out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    out += ["", "CPU ms per task (raw) / per iteration (noetl): worker pool children + worker main "
-            "processes, PostgreSQL, Redis (server-wide), this process, machine busy %"]
+    out += [
+        "",
+        "CPU ms per task (raw) / per iteration (noetl): worker pool children + worker main "
+        "processes, PostgreSQL, Redis (server-wide), this process, machine busy %",
+    ]
     for r in results["runs"]:
         parts = []
         for label in ("raw", "noetl"):
             c = (r.get(label) or {}).get("cpu")
             if c:
                 m = c["cpu_ms_per_item"]
-                parts.append(f"{label}: {m['worker_children']:.2f} + {m['worker_main']:.2f}, pg {m['postgresql']:.2f}, "
-                             f"redis {m['redis']:.2f}, bench {m['bench_process']:.2f}, "
-                             f"busy {c['machine_utilisation_pct']}%")
+                parts.append(
+                    f"{label}: {m['worker_children']:.2f} + {m['worker_main']:.2f}, pg {m['postgresql']:.2f}, "
+                    f"redis {m['redis']:.2f}, bench {m['bench_process']:.2f}, "
+                    f"busy {c['machine_utilisation_pct']}%"
+                )
         out.append(f"  {r['mode']:6} {r['workers']}w N={r['n']:<6} " + " | ".join(parts))
     mem = results.get("memory")
     if mem:
@@ -837,16 +1033,22 @@ def table(results: dict[str, Any]) -> str:
         if mem.get("error"):
             out.append(f"memory run (N={mem['n']}, {mem['mode']}, 1 worker): ERROR: {mem['error']}")
             if mem.get("rss_at_progress_mb"):
-                out.append(f"  before the failure ({mem.get('last_progress')} iterations done): worker RSS at "
-                           f"10/50/90 %: {list(mem['rss_at_progress_mb'].values())} MB, max {mem.get('rss_max_mb')} MB")
+                out.append(
+                    f"  before the failure ({mem.get('last_progress')} iterations done): worker RSS at "
+                    f"10/50/90 %: {list(mem['rss_at_progress_mb'].values())} MB, max {mem.get('rss_max_mb')} MB"
+                )
         else:
             at = mem["rss_at_progress_mb"]
-            out.append(f"memory run: N={mem['n']}, mode {mem['mode']}, 1 worker -c {mem['concurrency']}: "
-                       f"{mem['iterations_per_s']} it/s; worker RSS (process tree) idle {mem['rss_idle_mb']} MB, "
-                       f"at 10% {at['10%']} MB, 50% {at['50%']} MB, 90% {at['90%']} MB, "
-                       f"max {mem['rss_max_mb']} MB, end {mem['rss_end_mb']} MB")
-            out.append(f"  per process (main, children) at 10/50/90 %: "
-                       f"{[mem['processes_at_progress_mb'].get(k) for k in ('10%', '50%', '90%')]}")
+            out.append(
+                f"memory run: N={mem['n']}, mode {mem['mode']}, 1 worker -c {mem['concurrency']}: "
+                f"{mem['iterations_per_s']} it/s; worker RSS (process tree) idle {mem['rss_idle_mb']} MB, "
+                f"at 10% {at['10%']} MB, 50% {at['50%']} MB, 90% {at['90%']} MB, "
+                f"max {mem['rss_max_mb']} MB, end {mem['rss_end_mb']} MB"
+            )
+            out.append(
+                f"  per process (main, children) at 10/50/90 %: "
+                f"{[mem['processes_at_progress_mb'].get(k) for k in ('10%', '50%', '90%')]}"
+            )
     return "\n".join(out)
 
 
@@ -862,21 +1064,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-n", type=int, default=100000, help="iterations of the memory run (default 100000)")
     p.add_argument("--memory-mode", default="inline", choices=("inline", "queue"))
     p.add_argument("--skip-memory", action="store_true", help="no memory run")
+    p.add_argument(
+        "--cursor-n",
+        type=int,
+        default=10000,
+        help="rows of the cursor loop run after the sizes, per worker set (default 10000; 0: none)",
+    )
     p.add_argument("--json-out", help="also write the JSON results to this file")
     p.add_argument("--redis-db", type=int, default=14, help="Redis database index to claim (default 14)")
-    p.add_argument("--task-events", choices=("0", "1"), default=None,
-                   help="NOETL_TASK_EVENTS for the workers (default: unset, i.e. the worker default, on)")
+    p.add_argument(
+        "--task-events",
+        choices=("0", "1"),
+        default=None,
+        help="NOETL_TASK_EVENTS for the workers (default: unset, i.e. the worker default, on)",
+    )
     p.add_argument("--pause", type=float, default=1.0, help="seconds of rest before each measured run")
-    p.add_argument("--timeout-base", type=float, default=60.0,
-                   help="a run may take timeout-base + N / min-rate seconds (default 60)")
+    p.add_argument(
+        "--timeout-base",
+        type=float,
+        default=60.0,
+        help="a run may take timeout-base + N / min-rate seconds (default 60)",
+    )
     p.add_argument("--min-rate", type=float, default=20.0, help="see --timeout-base (default 20/s)")
-    p.add_argument("--stall-timeout", type=float, default=60.0,
-                   help="give up when no task/iteration finishes for this many seconds (default 60)")
-    p.add_argument("--py-spy-dir", help="record py-spy raw profiles of the pool children during the "
-                   "largest noetl run of each set (perturbs the figures: use in a separate run)")
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        help="give up when no task/iteration finishes for this many seconds (default 60)",
+    )
+    p.add_argument(
+        "--py-spy-dir",
+        help="record py-spy raw profiles of the pool children during the "
+        "largest noetl run of each set (perturbs the figures: use in a separate run)",
+    )
     p.add_argument("--py-spy-seconds", type=int, default=10)
-    p.add_argument("--pg-waits", action="store_true", help="sample pg_stat_activity of the benchmark "
-                   "database during the noetl runs (what the active backends wait for)")
+    p.add_argument(
+        "--pg-waits",
+        action="store_true",
+        help="sample pg_stat_activity of the benchmark "
+        "database during the noetl runs (what the active backends wait for)",
+    )
     p.add_argument("--keep-logs", action="store_true", help="keep the worker logs (path printed)")
     args = p.parse_args(argv)
     args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
@@ -929,16 +1156,25 @@ def main(argv: list[str] | None = None) -> int:
         configure(app, settings)
         stack.callback(app.pool.force_close_all)
         results["config"] = {
-            "sizes": args.sizes, "workers": args.workers, "concurrency": args.concurrency, "pool": "prefork",
-            "modes": args.modes, "max_in_flight": MAX_IN_FLIGHT, "playbook": str(PLAYBOOK.relative_to(REPO_ROOT)),
-            "memory_n": None if args.skip_memory else args.memory_n, "memory_mode": args.memory_mode,
-            "task_events": args.task_events or "worker default (on)", "worker_loglevel": "INFO",
-            "prefetch_multiplier": settings.prefetch_multiplier, "rss_sample_interval_s": SAMPLE_INTERVAL,
+            "sizes": args.sizes,
+            "workers": args.workers,
+            "concurrency": args.concurrency,
+            "pool": "prefork",
+            "modes": args.modes,
+            "max_in_flight": MAX_IN_FLIGHT,
+            "playbook": str(PLAYBOOK.relative_to(REPO_ROOT)),
+            "memory_n": None if args.skip_memory else args.memory_n,
+            "memory_mode": args.memory_mode,
+            "task_events": args.task_events or "worker default (on)",
+            "worker_loglevel": "INFO",
+            "prefetch_multiplier": settings.prefetch_multiplier,
+            "rss_sample_interval_s": SAMPLE_INTERVAL,
             "warmup_n": WARMUP_N,
         }
         client = svc.redis_client(redis_url)
         stack.callback(client.close)
         ctx = Context(args, redis_url, database_url, settings, client, log_dir)
+        ctx.libpq_url = db.libpq_url
         try:
             for mode in args.modes:
                 for count in args.workers:
@@ -956,7 +1192,11 @@ def main(argv: list[str] | None = None) -> int:
         results["finished_at"] = _now()
         results["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
 
-    failed = failed or any(r.get("error") for r in results["runs"]) or bool((results.get("memory") or {}).get("error"))
+    failed = (
+        failed
+        or any(r.get("error") for r in results["runs"] + results.get("cursor_runs", []))
+        or bool((results.get("memory") or {}).get("error"))
+    )
     print()
     print(table(results))
     print()

@@ -71,8 +71,11 @@ def summarise(stacks: list[tuple[list[str], int]], top: int) -> str:
         return "no samples"
     busy = [(f, c) for f, c in stacks if in_job(f)]
     busy_total = sum(c for _, c in busy) or 1
-    out = [f"samples: {total}; inside a Celery job: {busy_total} ({100 * busy_total / total:.1f} %), "
-           f"in the pool's own loop: {total - busy_total} ({100 * (total - busy_total) / total:.1f} %)", ""]
+    out = [
+        f"samples: {total}; inside a Celery job: {busy_total} ({100 * busy_total / total:.1f} %), "
+        f"in the pool's own loop: {total - busy_total} ({100 * (total - busy_total) / total:.1f} %)",
+        "",
+    ]
     out.append("phases (inclusive, % of busy samples):")
     for label, key in PHASES:
         n = sum(c for f, c in busy if any(_match(fr, key) for fr in f))
@@ -94,7 +97,7 @@ def summarise(stacks: list[tuple[list[str], int]], top: int) -> str:
 def _below_task(frames: list[str]) -> list[str]:
     for i, f in enumerate(frames):
         if f.startswith("build_tracer.<locals>.trace_task "):
-            return frames[i + 1:]
+            return frames[i + 1 :]
     return frames
 
 
@@ -107,7 +110,7 @@ def focus(stacks: list[tuple[list[str], int]], needle: str, depth: int = 1, top:
         if idx is None:
             continue
         total += c
-        callee = " > ".join(frames[idx + 1: idx + 1 + depth]) or "(self)"
+        callee = " > ".join(frames[idx + 1 : idx + 1 + depth]) or "(self)"
         under[callee] += c
     if not total:
         return f"no sample under {needle!r}"
@@ -127,8 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("paths", nargs="+")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--prefix", default="", help="only files whose name starts with this")
-    p.add_argument("--focus", action="append", default=[],
-                   help="also show how the samples under this frame (substring) split among its callees")
+    p.add_argument(
+        "--focus",
+        action="append",
+        default=[],
+        help="also show how the samples under this frame (substring) split among its callees",
+    )
     p.add_argument("--depth", type=int, default=1, help="callee levels shown by --focus")
     args = p.parse_args(argv)
     files: list[Path] = []

@@ -3,8 +3,11 @@
 - `noetl.run_task` (queue NOETL_TASK_QUEUE): one attempt of one tool call; ends by sending its
   outcome to `noetl.on_event`.
 - `noetl.on_event` (queue NOETL_EVENT_QUEUE): records the event and decides what runs next.
-Both are late-acknowledged and rejected on worker loss, so a killed worker loses nothing.
+Both are late-acknowledged and rejected on worker loss, so a killed worker loses nothing; a task
+that keeps killing its pool process ends as a `worker_lost` attempt (engine/worker_loss.py).
+Each run_task message carries Celery soft/hard time limits derived from the attempt's timeout.
 Neither uses Celery retries, chords or groups: retries and loops are on_event's decisions.
+Every worker main process runs the sweeper (engine/sweeper.py) on a timer.
 """
 
 from __future__ import annotations
@@ -14,21 +17,30 @@ import time
 from typing import Any
 
 from celery import Celery, signals
+from celery.exceptions import Reject
 from sqlalchemy.exc import DBAPIError
 
+from noetl_celery import secret_registry
 from noetl_celery import settings as noetl_settings
-from noetl_celery.engine import orchestrator, worker
-from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, attempt_shadow, event_shadow, execution_kwargsrepr
+from noetl_celery.engine import deadlines, orchestrator, process, sweeper, verdict, worker
+from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp
 from noetl_celery.errors import ConfigurationError
-from noetl_celery.store.db import dispose_engines
+from noetl_celery.store import check as store_check
 
 log = logging.getLogger(__name__)
 
-RUN_TASK = "noetl.run_task"
-ON_EVENT = "noetl.on_event"
 EMBEDDED_POLLING_INTERVAL = 0.001  # seconds; memory:// polls at 1 s by default (33 msgs/s)
 EVENT_DB_RETRIES = 20  # times an event is delayed while the event store is unreachable
 EVENT_DB_MAX_WAIT = 60.0  # seconds; the longest such delay
+# publishing decided messages: about 16 s of retries ride out a broker restart; after that the
+# sweeper re-publishes them from the stored dispatch list
+PUBLISH_RETRY_POLICY = {"max_retries": 10, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
+SUBMIT_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.3, "interval_max": 0.5}
+
+
+class PublishFailed(Exception):
+    """Decided messages could not be published (broker unreachable); they are in the store."""
 
 
 def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool = False) -> None:
@@ -42,8 +54,9 @@ def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool 
     if embedded:
         transport_options["polling_interval"] = EMBEDDED_POLLING_INTERVAL
     app.conf.update(
-        broker_url=noetl_settings.EMBEDDED_BROKER if embedded else (settings.broker_url or
-                                                                    noetl_settings.EMBEDDED_BROKER),
+        broker_url=noetl_settings.EMBEDDED_BROKER
+        if embedded
+        else (settings.broker_url or noetl_settings.EMBEDDED_BROKER),
         result_backend=settings.result_backend,
         task_ignore_result=True,
         task_serializer="json",
@@ -59,6 +72,7 @@ def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool 
         broker_connection_retry_on_startup=True,
         task_default_queue=settings.task_queue,
         task_routes={RUN_TASK: {"queue": settings.task_queue}, ON_EVENT: {"queue": settings.event_queue}},
+        task_publish_retry_policy=PUBLISH_RETRY_POLICY,
         worker_send_task_events=settings.task_events,
         task_send_sent_event=False,
         worker_hijack_root_logger=False,
@@ -87,35 +101,103 @@ def current_settings() -> noetl_settings.Settings:
     return app.conf.noetl_settings
 
 
-@app.task(name=RUN_TASK, bind=True, acks_late=True, ignore_result=True)
-def run_task(self, execution_id: int, message: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+@app.task(
+    name=RUN_TASK,
+    bind=True,
+    acks_late=True,
+    ignore_result=True,
+    Request="noetl_celery.engine.worker_loss:AttemptRequest",
+)
+def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: ignore[no-untyped-def]
     """Run one attempt and report it. `execution_id` is duplicated here for Flower's kwargs column.
 
     The outcome goes to on_event: called in this same job when NOETL_EVENT_DISPATCH=inline (the
-    default: one message per attempt), or sent to the on_event queue when it is `queue`.
+    default: one message per attempt), or sent to the on_event queue when it is `queue`. An event
+    store that is down or busy delays the attempt like on_event's events (see `_store_delay`).
+    Only then is Celery told how the attempt went (engine/verdict.py): a failed attempt raises
+    AttemptFailed (or a Retry), after its decision is recorded and published.
     """
-    payload = worker.execute(current_settings().database_url, TaskMessage.from_dict(message),
-                             queue_id=self.request.id)
+    try:
+        task_message = TaskMessage.from_dict(message)
+    except MessageError as exc:
+        refuse_message(execution_id, {"task": message}, exc)
+        return f"refused: {exc}"
+    try:
+        payload = worker.execute(
+            current_settings().database_url, task_message, queue_id=self.request.id, node=self.request.hostname
+        )
+    except DBAPIError as exc:
+        _store_delay(task_message, exc, _timeout_of(self.request))
+        return "delayed: the event store is unavailable"
     if payload is None:
-        return
+        return "replay: this attempt was already recorded"
+    decided: list[Dispatch] | None = None
     if current_settings().event_dispatch == "inline":
-        process_event(payload)
+        decided = process_event(payload)
     else:
         send_event(payload)
+    return verdict.conclude(payload, decided, raise_failures=not app.conf.noetl_embedded)
+
+
+def _timeout_of(request: Any) -> float:
+    """The attempt's timeout, read back from the soft time limit its message carries."""
+    limits = getattr(request, "timelimit", None) or (None, None)
+    soft = limits[1] if len(limits) > 1 else None
+    return float(soft) - deadlines.SOFT_LIMIT_GRACE if soft else deadlines.DEFAULT_TIMEOUT
+
+
+def _store_delay(message: TaskMessage, exc: DBAPIError, timeout: float) -> None:
+    """The worker could not read the event store: the same message is sent again with a growing
+    countdown; after EVENT_DB_RETRIES the execution fails with the store's error."""
+    url = current_settings().database_url
+    tries = message.store_tries + 1
+    if tries > EVENT_DB_RETRIES:
+        orchestrator.fail_internally(
+            url,
+            {"execution_id": message.execution_id, "task": message.to_dict()},
+            f"event store unavailable: {exc.orig!r}",
+        )
+        return
+    delay = min(2**tries * 0.1, EVENT_DB_MAX_WAIT)
+    log.warning("event store error, attempt delayed %.1fs (try %d): %s", delay, tries, exc.orig)
+    publish(
+        [Dispatch(kind="run", message=message.evolve(store_tries=tries).to_dict(), countdown=delay, timeout=timeout)]
+    )
 
 
 @app.task(name=ON_EVENT, bind=True, acks_late=True, ignore_result=True)
 def on_event(self, execution_id: int, event: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
-    """Record one event and publish what it decides."""
-    if event.get("kind") == "wake":
-        publish([Dispatch.from_dict(event["dispatch"])], due=event.get("due"))
-        return
-    process_event(event)
+    """Record one event and publish what it decides. If the publish fails after the decision was
+    recorded, the event is not acknowledged: it goes back to the queue, and its redelivery
+    re-publishes the stored messages."""
+    try:
+        check_version(event, "on_event payload")
+        if event.get("kind") == "wake":
+            if worker.still_running(current_settings().database_url, int(event["execution_id"])):
+                publish([Dispatch.from_dict(event["dispatch"])], due=event.get("due"))
+            return
+        process_event(event)
+    except MessageError as exc:
+        refuse_message(execution_id, event, exc)
+    except PublishFailed as exc:
+        raise Reject(str(exc), requeue=True) from exc
 
 
-def process_event(event: dict[str, Any]) -> None:
+def refuse_message(execution_id: int, payload: dict[str, Any], exc: MessageError) -> None:
+    """A message this worker cannot read (e.g. from a newer version) fails its execution,
+    recorded, instead of vanishing with a task error."""
+    log.error("execution %s: %s", execution_id, exc)
+    orchestrator.fail_internally(
+        current_settings().database_url, {**payload, "execution_id": execution_id}, f"{type(exc).__name__}: {exc}"
+    )
+
+
+def process_event(event: dict[str, Any]) -> list[Dispatch] | None:
     """on_event's body. A database that is down or busy delays the event (it is sent again to the
-    on_event queue with a growing countdown); any other failure fails the execution, recorded."""
+    on_event queue with a growing countdown); any other failure fails the execution, recorded.
+    Raises PublishFailed when the decision is recorded but its messages could not be sent: the
+    sweeper sends them from the stored dispatch list when their deadline passes. Returns what was
+    decided and published (None when the event was delayed or failed)."""
     url = current_settings().database_url
     try:
         dispatches = orchestrator.handle_event(url, event)
@@ -123,22 +205,36 @@ def process_event(event: dict[str, Any]) -> None:
         tries = int(event.get("tries", 0)) + 1
         if tries > EVENT_DB_RETRIES:
             orchestrator.fail_internally(url, event, f"event store unavailable: {exc.orig!r}")
-            return
-        delay = min(2 ** tries * 0.1, EVENT_DB_MAX_WAIT)
+            return None
+        delay = min(2**tries * 0.1, EVENT_DB_MAX_WAIT)
         log.warning("event store error, event delayed %.1fs (try %d): %s", delay, tries, exc.orig)
         send_event({**event, "tries": tries}, countdown=delay)
-        return
+        return None
     except Exception as exc:
         log.exception("on_event failed")
         orchestrator.fail_internally(url, event, f"{type(exc).__name__}: {exc}")
-        return
-    publish(dispatches)
+        return None
+    try:
+        publish(dispatches)
+    except Exception as exc:
+        if isinstance(exc, PublishFailed):
+            raise
+        log.error("publish failed after the decision was recorded (execution %s): %s", event.get("execution_id"), exc)
+        raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
+    return dispatches
 
 
-def send_event(payload: dict[str, Any], countdown: float = 0.0) -> None:
-    on_event.apply_async(kwargs={"execution_id": payload["execution_id"], "event": payload},
-                         queue=current_settings().event_queue, countdown=countdown or None,
-                         shadow=f"on_event:{payload.get('kind')}")
+def send_event(payload: dict[str, Any], countdown: float = 0.0, retry_policy: dict[str, Any] | None = None) -> None:
+    options: dict[str, Any] = {"retry_policy": retry_policy} if retry_policy else {}
+    on_event.apply_async(
+        kwargs={"execution_id": payload["execution_id"], "event": stamp(payload)},
+        queue=current_settings().event_queue,
+        countdown=countdown or None,
+        shadow=event_shadow(payload.get("kind")),
+        argsrepr=f"{payload.get('kind')} of execution {payload['execution_id']}",
+        kwargsrepr=execution_kwargsrepr(payload["execution_id"]),
+        **options,
+    )
 
 
 def publish(dispatches: list[Dispatch], due: float | None = None) -> None:
@@ -147,54 +243,125 @@ def publish(dispatches: list[Dispatch], due: float | None = None) -> None:
     settings = current_settings()
     now = time.time()
     for dispatch in dispatches:
+        if dispatch.kind == "event":  # an event for on_event (a sub-playbook's start or end)
+            send_event(dispatch.message, countdown=max(dispatch.countdown, 0.0))
+            continue
         wait = (due - now) if due is not None else dispatch.countdown
         if wait > settings.max_countdown:
             target = due if due is not None else now + wait
-            send_event({"kind": "wake", "execution_id": dispatch.message["execution_id"],
-                        "dispatch": dispatch.to_dict(), "due": target}, countdown=settings.max_countdown)
+            send_event(
+                {
+                    "kind": "wake",
+                    "execution_id": dispatch.message["execution_id"],
+                    "dispatch": dispatch.to_dict(),
+                    "due": target,
+                },
+                countdown=settings.max_countdown,
+            )
             continue
         message = TaskMessage.from_dict(dispatch.message)
-        shadow = f"{dispatch.label or message.step}#attempt{message.attempt}"
+        shadow = attempt_shadow(dispatch.label or message.step)  # playbook:step: few names, per-name stats
+        soft, hard = deadlines.time_limits(dispatch.timeout)
         run_task.apply_async(
             kwargs={"execution_id": message.execution_id, "message": dispatch.message},
             queue=settings.task_queue,
             countdown=wait if wait > 0 else None,
             shadow=shadow,
             argsrepr=message.describe(),
-            kwargsrepr=f"{{'execution_id': {message.execution_id}}}",
+            kwargsrepr=execution_kwargsrepr(message.execution_id),
+            soft_time_limit=soft,
+            time_limit=hard,
         )
 
 
 @signals.worker_process_init.connect
-def _fresh_connections(**_: Any) -> None:
-    dispose_engines()  # a forked child never reuses the parent's pooled connections
+def _fresh_process(**_: Any) -> None:
+    process.reset_after_fork()  # a forked child never reuses the parent's connections or caches
+
+
+def sweep_once() -> sweeper.SweepResult:
+    """One sweep of the event store, and the publishing and deciding it calls for."""
+    settings = current_settings()
+    result = sweeper.sweep(
+        settings.database_url,
+        queue_busy=_queues_busy(settings),
+        max_republishes=settings.max_republishes,
+        interval=settings.sweep_interval,
+    )
+    if result.republished:
+        log.warning("sweeper: re-publishing %d overdue attempt(s)", len(result.republished))
+        publish(result.republished)
+    for execution_id in result.starts:
+        send_event(orchestrator.start_payload(execution_id))
+    for payload in result.lost:
+        log.warning("sweeper: attempt of execution %s lost", payload["execution_id"])
+        process_event(payload)
+    return result
+
+
+def _queues_busy(settings: noetl_settings.Settings) -> bool:
+    """True when a queue still holds messages (an overdue attempt, or its outcome, may be waiting
+    in line)."""
+    try:
+        with app.connection_for_write() as conn:
+            channel = conn.default_channel
+            return any(
+                channel.queue_declare(queue=q, passive=True).message_count > 0
+                for q in (settings.task_queue, settings.event_queue)
+            )
+    except Exception:  # the queue does not exist yet, or the transport cannot tell: not busy
+        return False
+
+
+_sweeper: sweeper.SweeperThread | None = None
+
+
+def start_sweeper() -> sweeper.SweeperThread | None:
+    """Start the sweeper thread of this process (once); NOETL_SWEEP_INTERVAL=0 disables it."""
+    global _sweeper
+    interval = current_settings().sweep_interval
+    if interval <= 0:
+        return None
+    if _sweeper is None or not _sweeper.is_alive():
+        _sweeper = sweeper.SweeperThread(sweep_once, interval)
+        _sweeper.start()
+    return _sweeper
+
+
+def stop_sweeper() -> None:
+    global _sweeper
+    if _sweeper is not None:
+        _sweeper.stop()
+        _sweeper = None
+
+
+@signals.worker_ready.connect
+def _start_sweeper(**_: Any) -> None:
+    start_sweeper()  # in the worker's main process: `celery -A noetl_celery worker` needs no more
+
+
+@signals.worker_shutdown.connect
+def _stop_sweeper(**_: Any) -> None:
+    stop_sweeper()
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _mask_logs(logger: Any = None, **_: Any) -> None:
+    secret_registry.install_log_filter(*(logger,) if logger is not None else ())
 
 
 @signals.worker_init.connect
 def _require_broker(sender: Any = None, **_: Any) -> None:
+    secret_registry.install_log_filter(log, logging.getLogger("celery"))
+    secret_registry.seal_environment()
     if app.conf.noetl_embedded:
         return
     try:
-        noetl_settings.require_broker(current_settings())
-    except ConfigurationError as exc:
-        log.error("%s", exc)
-        raise SystemExit(f"noetl_celery: {exc}") from None
-
-
-@app.task(name="noetl.bench_noop", acks_late=True, ignore_result=True)
-def bench_noop(counter_key: str | None = None) -> None:
-    """A task that does nothing but count itself: the raw-Celery baseline of bench/loops.py."""
-    if counter_key:
-        _bench_redis().incr(counter_key)
-
-
-_redis_client: Any = None
-
-
-def _bench_redis() -> Any:
-    global _redis_client
-    if _redis_client is None:
-        import redis
-
-        _redis_client = redis.Redis.from_url(current_settings().broker_url)
-    return _redis_client
+        settings = current_settings()
+        noetl_settings.require_broker(settings)
+        store_check.check_store(settings.database_url)
+    except (ConfigurationError, store_check.StoreUnusable) as exc:
+        message = secret_registry.mask_text(str(exc))
+        log.error("%s", message)
+        raise SystemExit(f"noetl_celery: {message}") from None

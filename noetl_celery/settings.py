@@ -3,15 +3,26 @@
 Unset broker and database mean the embedded default: a SQLite file under NOETL_HOME and, for
 `noetl-celery run`, an in-process worker on the in-memory broker. A separate worker process
 needs a real broker and says so (see `require_broker`).
+
+Credentials are read here too (NOETL_AUTH_<NAME>, NOETL_CREDENTIALS_FILE, NOETL_POSTGRES_DSN) but
+never shown: the Settings repr leaves them out and `masked()` (what `noetl-celery config`
+prints) hides every password and credential value.
+
+A plain dataclass rather than pydantic-settings: every value has one reader with a message that
+names the variable, the module imports nothing heavy (the DSL and `validate` use it), and the
+credential variables are a prefix family that a model of fixed fields does not describe.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+from noetl_celery import secret_registry
 from noetl_celery.errors import ConfigurationError
 
 DEFAULT_HOME = "~/.noetl"  # where the embedded SQLite event store lives
@@ -20,10 +31,23 @@ DEFAULT_EVENT_QUEUE = "noetl.events"  # on_event
 DEFAULT_VISIBILITY_TIMEOUT = 3600  # seconds; Redis redelivers an unacked message after this
 DEFAULT_MAX_COUNTDOWN = 600  # seconds a countdown is held by the broker; longer waits are re-checked
 DEFAULT_RESTORE_INTERVAL = 10  # seconds between sweeps that hand out messages of dead consumers
+DEFAULT_SWEEP_INTERVAL = 5.0  # seconds between sweeps for overdue attempts (0: no sweeper)
+DEFAULT_MAX_REPUBLISHES = 3  # times an overdue attempt is published again before it is `lost`
+DEFAULT_MAX_DELIVERIES = 3  # deliveries of a task that kill its worker process before `worker_lost`
 EMBEDDED_BROKER = "memory://localhost/"
+AUTH_PREFIX = "NOETL_AUTH_"  # NOETL_AUTH_<NAME>: the credential <name> (JSON object or string)
+CREDENTIALS_FILE_ENV = "NOETL_CREDENTIALS_FILE"  # JSON/YAML file: credential name -> credential
+POSTGRES_DSN_ENV = "NOETL_POSTGRES_DSN"  # the postgres tool's connection when a task names no auth
+DUCKDB_DIR_ENV = "NOETL_DUCKDB_DIR"  # where the duckdb tool keeps its database files
+DEFAULT_DUCKDB_DIR = Path(tempfile.gettempdir()) / "noetl-duckdb"
+PLAYBOOK_PATH_ENV = "NOETL_PLAYBOOK_PATH"  # folders (os.pathsep-separated) searched for sub-playbooks
+CORPUS_DIR_ENV = "NOETL_CORPUS_DIR"  # NoETL playbooks the conformance tests compile and run
+DEFAULT_CORPUS_DIR = "../shared/noetl-corpus"  # relative to the source tree's root
+SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) holding the package
+MASK = "***"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Settings:
     broker_url: str | None
     database_url: str
@@ -37,10 +61,54 @@ class Settings:
     prefetch_multiplier: int
     task_events: bool
     event_dispatch: str  # inline: run_task calls on_event in its own job; queue: via the on_event queue
+    sweep_interval: float = DEFAULT_SWEEP_INTERVAL
+    max_republishes: int = DEFAULT_MAX_REPUBLISHES
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    corpus_dir: Path = Path(DEFAULT_CORPUS_DIR)
+    duckdb_dir: Path = DEFAULT_DUCKDB_DIR
+    playbook_path: tuple[Path, ...] = ()
+    credentials_file: Path | None = None
+    postgres_dsn: str | None = field(default=None, repr=False)
+    auth: Mapping[str, str] = field(default_factory=dict, repr=False)  # NOETL_AUTH_* variable -> raw value
+    flower_url: str | None = None  # Flower's base URL: the dashboard links each attempt to its task page
+    dashboard_token: str | None = field(default=None, repr=False)  # enables the dashboard's cancel/resume
 
     @property
     def embedded_database(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+    def __repr__(self) -> str:
+        return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in self.masked().items()) + ")"
+
+    def masked(self) -> dict[str, str]:
+        """Every setting by its variable name, as `noetl-celery config` shows it: passwords in
+        URLs and every credential value replaced by ***."""
+        shown = {
+            "NOETL_HOME": str(self.home),
+            "NOETL_BROKER_URL": mask_url(self.broker_url) if self.broker_url else f"(embedded: {EMBEDDED_BROKER})",
+            "NOETL_DATABASE_URL": mask_url(self.database_url),
+            "NOETL_RESULT_BACKEND": mask_url(self.result_backend) if self.result_backend else "(none)",
+            "NOETL_TASK_QUEUE": self.task_queue,
+            "NOETL_EVENT_QUEUE": self.event_queue,
+            "NOETL_EVENT_DISPATCH": self.event_dispatch,
+            "NOETL_VISIBILITY_TIMEOUT": f"{self.visibility_timeout} s",
+            "NOETL_RESTORE_INTERVAL": f"{self.restore_interval} s",
+            "NOETL_MAX_COUNTDOWN": f"{self.max_countdown} s",
+            "NOETL_PREFETCH_MULTIPLIER": str(self.prefetch_multiplier),
+            "NOETL_TASK_EVENTS": "on" if self.task_events else "off",
+            "NOETL_SWEEP_INTERVAL": f"{self.sweep_interval} s",
+            "NOETL_MAX_REPUBLISHES": str(self.max_republishes),
+            "NOETL_MAX_DELIVERIES": str(self.max_deliveries),
+            "NOETL_FLOWER_URL": mask_url(self.flower_url) if self.flower_url else "(none)",
+            "NOETL_DASHBOARD_TOKEN": MASK if self.dashboard_token else "(none)",
+            DUCKDB_DIR_ENV: str(self.duckdb_dir),
+            PLAYBOOK_PATH_ENV: os.pathsep.join(str(p) for p in self.playbook_path) or "(none)",
+            CORPUS_DIR_ENV: str(self.corpus_dir),
+            CREDENTIALS_FILE_ENV: str(self.credentials_file) if self.credentials_file else "(none)",
+            POSTGRES_DSN_ENV: MASK if self.postgres_dsn else "(none)",
+        }
+        shown.update({name: MASK for name in sorted(self.auth)})
+        return shown
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -60,26 +128,71 @@ def defaults() -> Settings:
 
 def load(environ: Mapping[str, str] | None = None) -> Settings:
     """The settings of `environ` (the process environment by default)."""
-    env = os.environ if environ is None else environ
+    env = secret_registry.environ() if environ is None else environ  # sealed credential vars too
     home = Path(env.get("NOETL_HOME", DEFAULT_HOME)).expanduser()
     visibility_timeout = _int(env, "NOETL_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT)
     # unset: at most half the visibility timeout, so a held countdown is never redelivered
     max_countdown_default = min(DEFAULT_MAX_COUNTDOWN, max(1, visibility_timeout // 2))
     database_url = env.get("NOETL_DATABASE_URL") or f"sqlite:///{home / 'noetl.sqlite'}"
-    return check(Settings(
-        broker_url=env.get("NOETL_BROKER_URL") or None,
-        database_url=database_url,
-        result_backend=env.get("NOETL_RESULT_BACKEND") or None,
-        home=home,
-        task_queue=env.get("NOETL_TASK_QUEUE", DEFAULT_TASK_QUEUE),
-        event_queue=env.get("NOETL_EVENT_QUEUE", DEFAULT_EVENT_QUEUE),
-        visibility_timeout=visibility_timeout,
-        restore_interval=_int(env, "NOETL_RESTORE_INTERVAL", DEFAULT_RESTORE_INTERVAL),
-        max_countdown=_int(env, "NOETL_MAX_COUNTDOWN", max_countdown_default),
-        prefetch_multiplier=_int(env, "NOETL_PREFETCH_MULTIPLIER", 1),
-        task_events=env.get("NOETL_TASK_EVENTS", "1") not in ("0", "false", "no"),
-        event_dispatch=_choice(env, "NOETL_EVENT_DISPATCH", ("inline", "queue"), "inline"),
-    ))
+    return check(
+        Settings(
+            broker_url=env.get("NOETL_BROKER_URL") or None,
+            database_url=database_url,
+            result_backend=env.get("NOETL_RESULT_BACKEND") or None,
+            home=home,
+            task_queue=env.get("NOETL_TASK_QUEUE", DEFAULT_TASK_QUEUE),
+            event_queue=env.get("NOETL_EVENT_QUEUE", DEFAULT_EVENT_QUEUE),
+            visibility_timeout=visibility_timeout,
+            restore_interval=_int(env, "NOETL_RESTORE_INTERVAL", DEFAULT_RESTORE_INTERVAL),
+            max_countdown=_int(env, "NOETL_MAX_COUNTDOWN", max_countdown_default),
+            prefetch_multiplier=_int(env, "NOETL_PREFETCH_MULTIPLIER", 1),
+            task_events=env.get("NOETL_TASK_EVENTS", "1") not in ("0", "false", "no"),
+            event_dispatch=_choice(env, "NOETL_EVENT_DISPATCH", ("inline", "queue"), "inline"),
+            sweep_interval=_float(env, "NOETL_SWEEP_INTERVAL", DEFAULT_SWEEP_INTERVAL),
+            max_republishes=_int(env, "NOETL_MAX_REPUBLISHES", DEFAULT_MAX_REPUBLISHES),
+            max_deliveries=_int(env, "NOETL_MAX_DELIVERIES", DEFAULT_MAX_DELIVERIES),
+            corpus_dir=_corpus_dir(env),
+            duckdb_dir=Path(env.get(DUCKDB_DIR_ENV) or DEFAULT_DUCKDB_DIR),
+            playbook_path=tuple(Path(e.strip()) for e in env.get(PLAYBOOK_PATH_ENV, "").split(os.pathsep) if e.strip()),
+            credentials_file=Path(env[CREDENTIALS_FILE_ENV]).expanduser() if env.get(CREDENTIALS_FILE_ENV) else None,
+            postgres_dsn=env.get(POSTGRES_DSN_ENV) or None,
+            auth={k: v for k, v in env.items() if k.startswith(AUTH_PREFIX) and v.strip()},
+            flower_url=(env.get("NOETL_FLOWER_URL") or "").rstrip("/") or None,
+            dashboard_token=env.get("NOETL_DASHBOARD_TOKEN") or None,
+        )
+    )
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ConfigurationError(f"{name} must be a number of seconds, got {raw!r}") from exc
+
+
+def _corpus_dir(env: Mapping[str, str]) -> Path:
+    raw = env.get(CORPUS_DIR_ENV)
+    if raw:
+        return Path(raw).expanduser().resolve()
+    return (SOURCE_ROOT / DEFAULT_CORPUS_DIR).resolve()
+
+
+def mask_url(url: str) -> str:
+    """`url` with its password (if any) replaced by ***; a DSN that is not a URL is masked whole
+    when it carries a password."""
+    if "://" not in url:
+        return MASK if "password" in url.lower() else url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{host}"))
 
 
 def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str) -> str:

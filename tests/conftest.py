@@ -10,19 +10,28 @@ from __future__ import annotations
 import pytest
 
 from tests.support import services as svc
+from tests.support.corpus import ConformanceTally, uses_corpus
 from tests.support.workers import WorkerGroup
 
 MARKERS = {
     "services": "needs a real Redis and PostgreSQL (started by the test session when not configured)",
     "slow": "long-running correctness runs",
 }
-SERVICE_FIXTURES = {"redis_url", "redis_server_url", "postgres_server_url", "postgres_url",
-                    "pg_dsn", "fresh_postgres", "worker_factory"}
+SERVICE_FIXTURES = {
+    "redis_url",
+    "redis_server_url",
+    "postgres_server_url",
+    "postgres_url",
+    "pg_dsn",
+    "fresh_postgres",
+    "worker_factory",
+}
 
 
 def pytest_addoption(parser):
-    parser.addoption("--run-slow", action="store_true", default=False,
-                     help="run tests marked slow (always run when env CI=true)")
+    parser.addoption(
+        "--run-slow", action="store_true", default=False, help="run tests marked slow (always run when env CI=true)"
+    )
 
 
 def pytest_configure(config):
@@ -30,14 +39,34 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {doc}")
 
 
+_conformance = ConformanceTally()
+
+
 def pytest_collection_modifyitems(config, items):
     run_slow = config.getoption("--run-slow") or svc.ci_mode()
     skip_slow = pytest.mark.skip(reason="slow: give --run-slow (or CI=true) to run")
     for item in items:
+        if uses_corpus(item):
+            _conformance.nodeids.add(item.nodeid)
         if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker("services")
         if "slow" in item.keywords and not run_slow:
             item.add_marker(skip_slow)
+
+
+def pytest_deselected(items):
+    _conformance.nodeids.difference_update(item.nodeid for item in items)
+
+
+def pytest_runtest_logreport(report):
+    _conformance.add(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _conformance.nodeids:
+        terminalreporter.section("conformance")
+        for line in _conformance.lines():
+            terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -16,9 +16,28 @@ from tests.support.engines import REPO_ROOT, _clean_env, cli
 
 TABLES = {"noetl_execution", "noetl_event", "noetl_variable", "noetl_join", "noetl_loop"}
 EVENT_COLUMNS = {
-    "id", "execution_id", "event_id", "parent_event_id", "parent_execution_id", "queue_id", "event_type",
-    "status", "step", "task", "run_id", "attempt", "iteration", "page", "created_at", "started_at",
-    "duration_ms", "worker", "context", "result", "error", "meta",
+    "id",
+    "execution_id",
+    "event_id",
+    "parent_event_id",
+    "parent_execution_id",
+    "queue_id",
+    "event_type",
+    "status",
+    "step",
+    "task",
+    "run_id",
+    "attempt",
+    "iteration",
+    "page",
+    "created_at",
+    "started_at",
+    "duration_ms",
+    "worker",
+    "context",
+    "result",
+    "error",
+    "meta",
 }
 ALEMBIC_TIMEOUT = 120  # seconds
 
@@ -44,9 +63,15 @@ def assert_schema(url: str) -> None:
 
 
 def alembic(url: str, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "alembic", "-x", f"url={url}", *args], cwd=REPO_ROOT,
-                          env=_clean_env({}), capture_output=True, text=True, timeout=ALEMBIC_TIMEOUT,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "alembic", "-x", f"url={url}", *args],
+        cwd=REPO_ROOT,
+        env=_clean_env({}),
+        capture_output=True,
+        text=True,
+        timeout=ALEMBIC_TIMEOUT,
+        check=False,
+    )
     assert proc.returncode == 0, f"alembic {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
 
@@ -63,7 +88,8 @@ def test_alembic_command_upgrades_downgrades_and_upgrades_again(database_url):
     assert noetl_tables(database_url) == set()
     alembic(database_url, "upgrade", "head")
     assert_schema(database_url)
-    assert "0001 (head)" in alembic(database_url, "current").stdout
+    head = alembic(database_url, "heads").stdout.split()[0]
+    assert f"{head} (head)" in alembic(database_url, "current").stdout
     alembic(database_url, "downgrade", "base")
     assert noetl_tables(database_url) == set()
     alembic(database_url, "upgrade", "head")
@@ -94,3 +120,38 @@ def test_noetl_celery_migrate_defaults_to_the_embedded_store(tmp_path):
     proc = cli(["migrate"], {"NOETL_HOME": str(tmp_path / "home")})
     assert proc.returncode == 0, proc.stderr
     assert_schema(f"sqlite:///{tmp_path / 'home' / 'noetl.sqlite'}")
+
+
+def test_only_migrate_changes_a_server_schema_other_commands_say_what_to_run(fresh_postgres, tmp_path):
+    env = {
+        "NOETL_DATABASE_URL": fresh_postgres.url,
+        "NOETL_HOME": str(tmp_path),
+        "NOETL_BROKER_URL": "redis://127.0.0.1:1/0",
+    }  # never reached: the store is checked first
+    for args in (
+        ["status", "1"],
+        ["events", "1"],
+        ["executions"],
+        ["submit", str(REPO_ROOT / "playbooks" / "hello_world.yaml")],
+    ):
+        proc = cli(args, env)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert proc.stderr.strip().splitlines() == [
+            f"error: the event store at {fresh_postgres.url} has no schema: run `noetl-celery migrate`"
+        ]
+        assert noetl_tables(fresh_postgres.url) == set()  # nothing was created
+
+    migrate(fresh_postgres.url, "0001")  # an older version's schema
+    proc = cli(["executions"], env)
+    assert proc.returncode == 2 and "is at revision 0001, this version needs" in proc.stderr
+    assert "run `noetl-celery migrate`" in proc.stderr
+
+    assert cli(["migrate"], env).returncode == 0
+    proc = cli(["executions"], env)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_embedded_store_is_created_on_first_use(tmp_path):
+    proc = cli(["executions"], {"NOETL_HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert_schema(f"sqlite:///{tmp_path / 'noetl.sqlite'}")

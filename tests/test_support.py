@@ -74,6 +74,25 @@ def test_redis_db_claims_are_exclusive(redis_server_url, redis_url):
     client.close()
 
 
+def test_a_redis_database_holding_data_the_tests_did_not_write_is_never_claimed():
+    if not svc.find_redis_server():
+        svc.unavailable("redis-server is not installed")
+    with svc.RedisServer().start() as srv:  # a server of this test's own: no shared data at risk
+        foreign = svc.redis_client(svc.redis_db_url(srv.url, 1))
+        foreign.set("someone:else", "keep me")
+        with svc.claim_redis_db(srv.url, dbs=[1, 2]) as claim:
+            assert claim.db == 2
+        assert foreign.get("someone:else") == b"keep me"
+        with pytest.raises(svc.ServiceUnavailable, match="did not write"):
+            svc.claim_redis_db(srv.url, dbs=[1])
+        # what a crashed session left (its claim expired) is the suite's own: claimed again
+        left = svc.claim_redis_db(srv.url, dbs=[2])
+        svc.redis_client(left.url).set("leftover", 1)
+        svc.redis_client(left.url).delete(svc.REDIS_CLAIM_KEY)
+        assert svc.claim_redis_db(srv.url, dbs=[2]).db == 2
+        foreign.close()
+
+
 def test_throwaway_redis_answers_then_is_gone():
     if not svc.find_redis_server():
         svc.unavailable("redis-server is not installed")
@@ -115,8 +134,7 @@ def test_services_fall_back_to_throwaway_servers(monkeypatch):
     monkeypatch.delenv(svc.REDIS_URL_ENV, raising=False)
     monkeypatch.delenv(svc.POSTGRES_URL_ENV, raising=False)
     monkeypatch.setattr(svc, "DEFAULT_REDIS_URL", f"redis://127.0.0.1:{svc.free_port()}")
-    monkeypatch.setattr(svc, "DEFAULT_POSTGRES_URL",
-                        f"postgresql://postgres@127.0.0.1:{svc.free_port()}/postgres")
+    monkeypatch.setattr(svc, "DEFAULT_POSTGRES_URL", f"postgresql://postgres@127.0.0.1:{svc.free_port()}/postgres")
     with svc.Services() as s:
         redis_url = s.redis_url()
         db = s.postgres_database()
@@ -204,8 +222,9 @@ def test_throwaway_postgres_answers_then_is_gone():  # ~1 s here, so not marked 
 
 
 def test_worker_process_runs_task_then_kill_takes_the_group(worker_factory, redis_url):
-    worker = worker_factory("tests.support.echo_app", concurrency=2,
-                            queues=("echo.test",), env={"NOETL_TASK_QUEUE": "echo.test"})
+    worker = worker_factory(
+        "tests.support.echo_app", concurrency=2, queues=("echo.test",), env={"NOETL_TASK_QUEUE": "echo.test"}
+    )
     assert worker.running()
     assert worker.node == f"{worker.name.split('@')[0]}@{socket.gethostname()}"
     assert f"{worker.node} ready." in worker.log_text()
@@ -231,8 +250,14 @@ def test_worker_process_runs_task_then_kill_takes_the_group(worker_factory, redi
 
 
 def test_worker_process_stop_is_warm_and_context_manager(redis_url, tmp_path):
-    with WorkerProcess("tests.support.echo_app", env={"NOETL_BROKER_URL": redis_url},
-                       concurrency=1, pool="solo", queues=("echo.cm",), log_dir=tmp_path) as w:
+    with WorkerProcess(
+        "tests.support.echo_app",
+        env={"NOETL_BROKER_URL": redis_url},
+        concurrency=1,
+        pool="solo",
+        queues=("echo.cm",),
+        log_dir=tmp_path,
+    ) as w:
         assert w.running()
         pgid = w.pgid
     assert not w.running()
@@ -242,8 +267,7 @@ def test_worker_process_stop_is_warm_and_context_manager(redis_url, tmp_path):
 
 
 def test_worker_start_failure_reports_log(tmp_path, redis_url):
-    w = WorkerProcess("tests.support.no_such_module", env={"NOETL_BROKER_URL": redis_url},
-                      log_dir=tmp_path)
+    w = WorkerProcess("tests.support.no_such_module", env={"NOETL_BROKER_URL": redis_url}, log_dir=tmp_path)
     with pytest.raises(Exception) as info:
         w.start(timeout=30)
     assert "no_such_module" in str(info.value)
@@ -277,8 +301,15 @@ def _inner_pytest(tmp_path, *args, ci=None):
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     if ci is not None:
         env["CI"] = ci
-    res = subprocess.run([sys.executable, "-m", "pytest", "-rA", *args], cwd=tmp_path, env=env, check=False,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", *args],
+        cwd=tmp_path,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return res.stdout + res.stderr
 
 
@@ -293,3 +324,47 @@ def test_conftest_slow_option_markers_and_worker_logs_on_failure(tmp_path, redis
     assert "1 passed, 2 deselected" in out, out
     out = _inner_pytest(tmp_path, "-k", "slow", ci="true")
     assert "1 passed, 2 deselected" in out, out
+
+
+def test_the_corpus_is_built_from_a_clone_at_the_commits_the_index_names(tmp_path):
+    import subprocess
+
+    from tests.support import corpus
+
+    clone = tmp_path / "noetl"
+    fixture = clone / "tests" / "fixtures" / "playbooks" / "hello.yaml"
+    fixture.parent.mkdir(parents=True)
+    fixture.write_text("name: at-the-commit\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(clone), *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={
+                "GIT_AUTHOR_NAME": "t",
+                "GIT_AUTHOR_EMAIL": "t@t",
+                "GIT_COMMITTER_NAME": "t",
+                "GIT_COMMITTER_EMAIL": "t@t",
+                "PATH": os.environ["PATH"],
+            },
+        ).stdout.strip()
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "fixtures")
+    commit = git("rev-parse", "HEAD")[:12]
+    fixture.write_text("name: changed-later\n")  # the working tree differs: the commit is what counts
+    index = tmp_path / "INDEX.tsv"
+    index.write_text(
+        "era\tfile\tsource_repo@commit\tsource_path\texercises\tservices_needed\n"
+        f"v1\tv1/hello.yaml\tnoetl/noetl@{commit}\ttests/fixtures/playbooks/hello.yaml\thello\tnone\n"
+        "v1\tv1/gone.yaml\tnoetl/noetl@{0}\ttests/fixtures/playbooks/gone.yaml\tx\tnone\n".format(commit)
+        + "c\tc/other.yaml\tnoetl/e2e@abc\tfixtures/x.yaml\tx\tnone\n"
+    )
+    written, missing = corpus.build({"noetl/noetl": clone}, tmp_path / "out", index)
+    assert written == 1
+    assert (tmp_path / "out" / "v1" / "hello.yaml").read_text() == "name: at-the-commit\n"
+    assert (tmp_path / "out" / "INDEX.tsv").read_text() == index.read_text()
+    assert len(missing) == 2 and "gone.yaml" in missing[0] and "no clone of noetl/e2e" in missing[1]

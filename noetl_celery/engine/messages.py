@@ -1,16 +1,96 @@
-"""What travels through the broker: task messages, dispatch orders, and what event rows keep of them.
+"""What travels through the broker: task messages, dispatch orders, on_event payloads, and what
+event rows keep of them.
 
 A task message carries its own iteration element, never the loop's collection, and no tool
 configuration (workers read the plan, cached per process, by execution id).
+
+Every message says which format it is written in (`message_version`). Decoding is tolerant, so
+old and new workers can share one queue during a rolling upgrade: a field this version does not
+know is ignored (and logged once), a missing optional field takes its default, and a message
+of a newer format than MESSAGE_VERSION is refused with MessageTooNew, which fails its
+execution with a clear error rather than losing it. Adding a field: give it a default; bump
+MESSAGE_VERSION only when an old reader would misread the message by ignoring the field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import threading
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
+
+from noetl_celery.engine.deadlines import DEFAULT_TIMEOUT
+from noetl_celery.engine.ids import attempt_key, claim_key
+from noetl_celery.errors import NoetlError
+
+log = logging.getLogger(__name__)
 
 CONTEXT_VALUE_LIMIT = 2048  # characters of one value kept in an event row's `context`
+MESSAGE_VERSION = 1  # the message format this code writes and the newest it reads
+VERSION_FIELD = "message_version"  # absent: a message from before formats were versioned (read as 0)
+
+
+class MessageError(NoetlError):
+    """A message that cannot be decoded (a required field is missing, or it is not an object)."""
+
+
+class MessageTooNew(MessageError):
+    """A message written in a newer format than this worker reads."""
+
+
+_T = TypeVar("_T")
+_logged_unknown: set[tuple[str, str]] = set()
+_logged_lock = threading.Lock()
+
+
+def check_version(data: dict[str, Any], what: str) -> int:
+    """The message's format version; MessageTooNew when this code is too old to read it."""
+    raw = data.get(VERSION_FIELD, 0)
+    try:
+        version = int(raw)
+    except (TypeError, ValueError) as exc:
+        raise MessageError(f"{what}: {VERSION_FIELD} must be a whole number, got {raw!r}") from exc
+    if version > MESSAGE_VERSION:
+        raise MessageTooNew(
+            f"{what} is in message format {version}, newer than this worker reads ({MESSAGE_VERSION}): "
+            "upgrade every worker before sending work to it"
+        )
+    return version
+
+
+def _note_unknown(what: str, names: set[str]) -> None:
+    with _logged_lock:
+        fresh = sorted(n for n in names if (what, n) not in _logged_unknown)
+        _logged_unknown.update((what, n) for n in fresh)
+    if fresh:
+        log.warning("%s: ignoring field(s) this version does not know: %s", what, ", ".join(fresh))
+
+
+def decode(cls: type[_T], data: Any, what: str) -> _T:
+    """An instance of the dataclass `cls` from a message dict: version checked, unknown fields
+    ignored (logged once per field), a missing required field named."""
+    if not isinstance(data, dict):
+        raise MessageError(f"{what}: expected an object, got {type(data).__name__}")
+    check_version(data, what)
+    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - set(known) - {VERSION_FIELD}
+    if unknown:
+        _note_unknown(what, unknown)
+    missing = [
+        name
+        for name, f in known.items()
+        if name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise MessageError(f"{what}: missing field(s) {', '.join(missing)}")
+    return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def stamp(payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload` marked with the format it is written in."""
+    return {**payload, VERSION_FIELD: MESSAGE_VERSION}
 
 
 @dataclass(frozen=True)
@@ -29,45 +109,71 @@ class TaskMessage:
     iter_vars: dict[str, Any] = field(default_factory=dict)
     prev: Any = None
     args: dict[str, Any] = field(default_factory=dict)
+    from_step: str | None = None  # the step whose arc started this run: its result is `result`
     call: dict[str, Any] = field(default_factory=dict)  # pagination: next_call overrides
     task_results: dict[str, Any] = field(default_factory=dict)
     frames: list[list[str]] = field(default_factory=list)  # open forks: [fork_id, join_step]
     version: int = 0  # execution state version the decision saw
     parent_event_id: str | None = None
     replay: bool = False
+    delayed: bool = False  # sent with a countdown: checks the execution still runs when due
+    store_tries: int = 0  # times the worker found the event store unreachable for this message
+    # cursor loops: {"id": slot number, "claim": claim number, "phase": "claim" | "row",
+    # "index": rows this slot finished, "rows": the rest of the claimed frame}
+    slot: dict[str, Any] | None = None
+    # sub-playbooks: the finished child's outcome, when the parent's task still has a sink to run
+    child: dict[str, Any] | None = None
+
+    @property
+    def is_claim(self) -> bool:
+        return self.slot is not None and self.slot.get("phase") == "claim"
+
+    def outcome_key(self) -> str:
+        """The deterministic key of this attempt's outcome row."""
+        if self.is_claim:
+            assert self.slot is not None
+            return claim_key(self.run_id, self.slot["id"], self.slot["claim"], self.attempt) + ".done"
+        return attempt_key(self.run_id, self.iteration, self.seq, self.attempt) + ".done"
 
     def evolve(self, **changes: Any) -> TaskMessage:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return stamp(asdict(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskMessage:
-        return cls(**data)
+        return decode(cls, data, "task message")
 
     def describe(self) -> str:
         """Shown in Flower's args column: which attempt of which unit this is."""
-        parts = [f"execution={self.execution_id}", f"step={self.step}", f"attempt={self.attempt}"]
-        if self.iteration is not None:
-            parts.append(f"iteration={self.iteration}")
-        if self.page > 1:
-            parts.append(f"page={self.page}")
-        return " ".join(parts)
+        from noetl_celery.compiler.names import attempt_argsrepr
+
+        text = attempt_argsrepr(self.execution_id, self.step, self.attempt, self.iteration, self.page)
+        if self.slot is not None:
+            text += f" slot={self.slot['id']}" + (" claim" if self.is_claim else "")
+        return text
 
 
 @dataclass(frozen=True)
 class Dispatch:
-    """An order to publish: a task attempt for a worker (`run`), after `countdown` seconds."""
+    """An order to publish: a task attempt for a worker (`run`), after `countdown` seconds.
+    `timeout`: the seconds the attempt may run; its time limits and its lease derive from it
+    (engine/deadlines.py)."""
 
     kind: str
     message: dict[str, Any]
     countdown: float = 0.0
     label: str = ""
+    timeout: float = DEFAULT_TIMEOUT
 
     @classmethod
-    def task(cls, message: TaskMessage, *, countdown: float = 0.0, label: str = "") -> Dispatch:
-        return cls(kind="run", message=message.to_dict(), countdown=countdown, label=label)
+    def task(
+        cls, message: TaskMessage, *, countdown: float = 0.0, label: str = "", timeout: float = DEFAULT_TIMEOUT
+    ) -> Dispatch:
+        if countdown > 0:
+            message = message.evolve(delayed=True)
+        return cls(kind="run", message=message.to_dict(), countdown=countdown, label=label, timeout=timeout)
 
     def with_version(self, version: int) -> Dispatch:
         return replace(self, message={**self.message, "version": version})
@@ -76,11 +182,15 @@ class Dispatch:
         return replace(self, message={**self.message, "replay": True}, countdown=0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return stamp(asdict(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Dispatch:
-        return cls(**data)
+        return decode(cls, data, "dispatch")
+
+    def attempt_key(self) -> str:
+        """The key of the dispatched attempt (its outcome row is this key + `.done`)."""
+        return TaskMessage.from_dict(self.message).outcome_key().removesuffix(".done")
 
 
 def _truncate(value: Any) -> Any:

@@ -16,9 +16,11 @@ from celery import Celery
 
 def make_app(broker_url: str | None = None, queue: str | None = None) -> Celery:
     broker_url = broker_url or os.environ.get("NOETL_BROKER_URL", "memory://")
-    app = Celery("echo_app", broker=broker_url,
-                 backend=broker_url if broker_url.startswith(("redis://", "rediss://", "unix://"))
-                 else "cache+memory://")
+    app = Celery(
+        "echo_app",
+        broker=broker_url,
+        backend=broker_url if broker_url.startswith(("redis://", "rediss://", "unix://")) else "cache+memory://",
+    )
     app.conf.update(
         task_default_queue=queue or os.environ.get("NOETL_TASK_QUEUE", "noetl.tasks"),
         task_acks_late=True,
@@ -29,8 +31,7 @@ def make_app(broker_url: str | None = None, queue: str | None = None) -> Celery:
     )
     visibility = os.environ.get("ECHO_VISIBILITY_TIMEOUT")
     if visibility:  # for showing what Redis does with a countdown longer than this
-        options = {"visibility_timeout": int(visibility), "unacked_restore_interval": 1,
-                   "unacked_restore_throttle": 1}
+        options = {"visibility_timeout": int(visibility), "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
         app.conf.broker_transport_options = options
         app.conf.result_backend_transport_options = options
 

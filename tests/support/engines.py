@@ -48,8 +48,14 @@ def _clean_env(extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def cli(args: Sequence[str], env: Mapping[str, str], timeout: float = RUN_TIMEOUT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "noetl_celery.cli", *args], env=_clean_env(env),
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "noetl_celery.cli", *args],
+        env=_clean_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+    )
 
 
 def _sets(values: Mapping[str, Any]) -> list[str]:
@@ -57,6 +63,13 @@ def _sets(values: Mapping[str, Any]) -> list[str]:
     for key, value in values.items():
         out += ["--set", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
     return out
+
+
+def submit(env: Mapping[str, str], playbook: str | Path, **sets: Any) -> int:
+    """`noetl-celery submit --json PLAYBOOK --set k=v ...` for separate workers; the execution id."""
+    proc = cli(["submit", str(playbook), "--json", *_sets(sets)], env)
+    assert proc.returncode == 0, proc.stderr
+    return int(json.loads(proc.stdout)["execution_id"])
 
 
 class Engine:
@@ -67,8 +80,9 @@ class Engine:
     def command(self) -> list[str]:
         raise NotImplementedError
 
-    def run(self, playbook: str | Path, sets: Mapping[str, Any] | None = None,
-            timeout: float = RUN_TIMEOUT) -> RunResult:
+    def run(
+        self, playbook: str | Path, sets: Mapping[str, Any] | None = None, timeout: float = RUN_TIMEOUT
+    ) -> RunResult:
         proc = cli([*self.command(), str(playbook), "--json", *_sets(sets or {})], self.env, timeout)
         try:
             status = json.loads(proc.stdout) if proc.stdout.strip() else {}

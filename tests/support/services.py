@@ -17,9 +17,12 @@ Isolation
 ---------
 Redis: each test session claims its own **database index** among 1..15 (`claim_redis_db`), never
 0 (a developer's own default). A claim is a key ``noetl:test:session-claim`` in that database,
-set by a Lua script that in one step checks the key is absent, FLUSHDBs the database and sets the
-key (with a 3 h TTL, so a crashed session frees it; a claim left by a dead process on this host is
-taken over at once). The session FLUSHDBs it again and drops the claim at the end. A database
+set by a Lua script that in one step checks the key is absent, checks that the database is empty
+or marked as the test suite's (``noetl:test:owned``: only a crashed session leaves data behind),
+FLUSHDBs it and sets both keys (the claim with a 3 h TTL, so a crashed session frees it; a claim
+left by a dead process on this host is taken over at once). A database holding anyone else's
+data is never claimed, so never flushed. The session FLUSHDBs it again and drops the claim at the
+end. A database
 index rather than a key prefix because Celery/kombu (broker queues, unacked sets, result keys,
 pidbox fanout channels, which kombu prefixes with the db number) and the code under test can
 then use any key names, and FLUSHDB cleans everything at once. Tests must not FLUSHDB the
@@ -63,6 +66,7 @@ REDIS_URL_ENV = "NOETL_TEST_REDIS_URL"
 POSTGRES_URL_ENV = "NOETL_TEST_POSTGRES_URL"
 
 REDIS_CLAIM_KEY = "noetl:test:session-claim"
+REDIS_OWNED_KEY = "noetl:test:owned"  # this database holds only what test sessions wrote
 REDIS_CLAIM_TTL_MS = 3 * 3600 * 1000
 REDIS_SESSION_DBS = range(1, 16)
 
@@ -136,8 +140,7 @@ def _launcher(as_user: str | None, deathsig: str | None) -> list[str]:
     return cmd + ["--"]
 
 
-def _popen_as(argv: Sequence[str], *, as_user: str | None, deathsig: str | None,
-              **kwargs) -> subprocess.Popen:
+def _popen_as(argv: Sequence[str], *, as_user: str | None, deathsig: str | None, **kwargs) -> subprocess.Popen:
     prefix = _launcher(as_user, deathsig)
     if as_user is not None and not prefix:
         pw = pwd.getpwnam(as_user)
@@ -196,8 +199,7 @@ def redis_client(url: str, timeout: float = 5.0):
 def redis_answers(url: str, timeout: float = ANSWER_TIMEOUT) -> bool:
     """True if a Redis server at `url` answers PING within `timeout` seconds."""
     parts = urlsplit(url)
-    if parts.scheme != "unix" and not _tcp_answers(parts.hostname or "127.0.0.1",
-                                                   parts.port or 6379, timeout):
+    if parts.scheme != "unix" and not _tcp_answers(parts.hostname or "127.0.0.1", parts.port or 6379, timeout):
         return False
     try:
         client = redis_client(url, timeout)
@@ -219,8 +221,13 @@ class RedisServer:
     >>> with RedisServer() as srv: ...   # srv.url == "redis://127.0.0.1:<port>"
     """
 
-    def __init__(self, port: int | None = None, workdir: str | Path | None = None,
-                 binary: str | None = None, die_with_parent: bool = True):
+    def __init__(
+        self,
+        port: int | None = None,
+        workdir: str | Path | None = None,
+        binary: str | None = None,
+        die_with_parent: bool = True,
+    ):
         self.binary = binary or find_redis_server()
         self.port = port
         self._own_dir = workdir is None
@@ -247,13 +254,32 @@ class RedisServer:
         for _attempt in range(1 if fixed_port else 3):
             if not fixed_port:
                 self.port = free_port()
-            argv = [self.binary, "--port", str(self.port), "--save", "", "--appendonly", "no",
-                    "--bind", "127.0.0.1", "--daemonize", "no", "--dir", str(self.workdir),
-                    "--logfile", str(self.log_path)]
-            self.proc = _popen_as(argv, as_user=None,
-                                  deathsig="TERM" if self.die_with_parent else None,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.STDOUT, cwd=self.workdir)
+            argv = [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--bind",
+                "127.0.0.1",
+                "--daemonize",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--logfile",
+                str(self.log_path),
+            ]
+            self.proc = _popen_as(
+                argv,
+                as_user=None,
+                deathsig="TERM" if self.die_with_parent else None,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+            )
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
@@ -315,7 +341,9 @@ class RedisDbClaim:
 
 _CLAIM_SCRIPT = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('DBSIZE') > 0 and redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 redis.call('FLUSHDB')
+redis.call('SET', KEYS[2], '1')
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
@@ -342,13 +370,14 @@ def _claim_is_stale(value: bytes | None) -> bool:
         return False
 
 
-def claim_redis_db(server_url: str, dbs: Sequence[int] | range = REDIS_SESSION_DBS,
-                   ttl_ms: int = REDIS_CLAIM_TTL_MS) -> RedisDbClaim:
-    """Claim (and FLUSHDB) the first free database index in `dbs` on `server_url`."""
+def claim_redis_db(
+    server_url: str, dbs: Sequence[int] | range = REDIS_SESSION_DBS, ttl_ms: int = REDIS_CLAIM_TTL_MS
+) -> RedisDbClaim:
+    """Claim (and FLUSHDB) the first free database index in `dbs` on `server_url`: one that no
+    live session holds and that is empty or holds only what an earlier test session left."""
     import redis
 
-    token = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                        "nonce": secrets.token_hex(6)})
+    token = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "nonce": secrets.token_hex(6)})
     for db in dbs:
         url = redis_db_url(server_url, db)
         client = redis_client(url)
@@ -356,7 +385,7 @@ def claim_redis_db(server_url: str, dbs: Sequence[int] | range = REDIS_SESSION_D
             current = client.get(REDIS_CLAIM_KEY)
             if _claim_is_stale(current):
                 client.eval(_DROP_STALE_SCRIPT, 1, REDIS_CLAIM_KEY, current)
-            if client.eval(_CLAIM_SCRIPT, 1, REDIS_CLAIM_KEY, token, ttl_ms) == 1:
+            if client.eval(_CLAIM_SCRIPT, 2, REDIS_CLAIM_KEY, REDIS_OWNED_KEY, token, ttl_ms) == 1:
                 return RedisDbClaim(server_url=redis_base_url(server_url), db=db, token=token)
         except redis.ResponseError as exc:
             if "out of range" in str(exc).lower():
@@ -364,7 +393,10 @@ def claim_redis_db(server_url: str, dbs: Sequence[int] | range = REDIS_SESSION_D
             raise
         finally:
             client.close()
-    raise ServiceUnavailable(f"no free Redis database among {list(dbs)} on {server_url}")
+    raise ServiceUnavailable(
+        f"no free Redis database among {list(dbs)} on {server_url} "
+        "(in use by a session, or holding data the tests did not write)"
+    )
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -384,8 +416,7 @@ def libpq_url(url: str, database: str | None = None) -> str:
     return u.render_as_string(hide_password=False)
 
 
-def sqlalchemy_url(url: str, database: str | None = None,
-                   driver: str = "postgresql+psycopg2") -> str:
+def sqlalchemy_url(url: str, database: str | None = None, driver: str = "postgresql+psycopg2") -> str:
     """A SQLAlchemy URL with an explicit driver (default psycopg2)."""
     u = _sa_url(url).set(drivername=driver)
     if database is not None:
@@ -396,9 +427,13 @@ def sqlalchemy_url(url: str, database: str | None = None,
 def libpq_dsn(url: str, database: str | None = None) -> str:
     """The same connection as a libpq key/value DSN (``host=... port=... user=... dbname=...``)."""
     u = _sa_url(url)
-    fields: dict[str, object] = {"host": u.host, "port": u.port, "user": u.username,
-                                 "password": u.password,
-                                 "dbname": database if database is not None else u.database}
+    fields: dict[str, object] = {
+        "host": u.host,
+        "port": u.port,
+        "user": u.username,
+        "password": u.password,
+        "dbname": database if database is not None else u.database,
+    }
     for key, value in u.query.items():  # e.g. ?sslmode=require or ?host=/run/postgresql
         if fields.get(key) is None:
             fields[key] = value if isinstance(value, str) else value[-1]
@@ -451,8 +486,10 @@ def find_postgres_bindir() -> Path | None:
         real = Path(os.path.realpath(initdb)).parent
         if (real / "postgres").exists():
             return real
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-                        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+    )
     for c in reversed(candidates):
         bindir = Path(c).parent
         if (bindir / "postgres").exists():
@@ -469,8 +506,13 @@ class PostgresCluster:
     >>> with PostgresCluster() as pg: ...   # pg.url == "postgresql://postgres@127.0.0.1:<port>/postgres"
     """
 
-    def __init__(self, port: int | None = None, bindir: str | Path | None = None,
-                 os_user: str | None = None, die_with_parent: bool = True):
+    def __init__(
+        self,
+        port: int | None = None,
+        bindir: str | Path | None = None,
+        os_user: str | None = None,
+        die_with_parent: bool = True,
+    ):
         self.bindir = Path(bindir) if bindir else find_postgres_bindir()
         self.port = port
         self.os_user = os_user if os_user is not None else ("postgres" if _is_root() else None)
@@ -504,11 +546,30 @@ class PostgresCluster:
 
     def _initdb(self) -> None:
         assert self.bindir is not None and self.workdir is not None
-        argv = [str(self.bindir / "initdb"), "-D", str(self.datadir), "-A", "trust", "-U",
-                "postgres", "-E", "UTF8", "--locale=C", "--no-sync"]
-        res = _popen_as(argv, as_user=self.os_user, deathsig=None, cwd=self.workdir,
-                        env=self._env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, text=True)
+        argv = [
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.datadir),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        ]
+        res = _popen_as(
+            argv,
+            as_user=self.os_user,
+            deathsig=None,
+            cwd=self.workdir,
+            env=self._env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         out, _ = res.communicate(timeout=120)
         if res.returncode != 0:
             raise ServiceUnavailable(f"initdb failed ({res.returncode}):\n{out[-3000:]}")
@@ -520,8 +581,9 @@ class PostgresCluster:
             try:
                 pw = pwd.getpwnam(self.os_user)
             except KeyError:
-                raise ServiceUnavailable(f"running as root and there is no OS user {self.os_user!r} "
-                                         "to run PostgreSQL as") from None
+                raise ServiceUnavailable(
+                    f"running as root and there is no OS user {self.os_user!r} to run PostgreSQL as"
+                ) from None
         self.workdir = Path(tempfile.mkdtemp(prefix="noetl-pg-"))
         try:
             self.sockdir.mkdir()
@@ -534,18 +596,38 @@ class PostgresCluster:
             for _attempt in range(1 if fixed_port else 3):
                 if not fixed_port:
                     self.port = free_port()
-                argv = [str(self.bindir / "postgres"), "-D", str(self.datadir), "-p", str(self.port),
-                        "-k", str(self.sockdir), "-c", "listen_addresses=127.0.0.1",
-                        "-c", "fsync=off", "-c", "synchronous_commit=off",
-                        "-c", "full_page_writes=off", "-c", "max_connections=200"]
+                argv = [
+                    str(self.bindir / "postgres"),
+                    "-D",
+                    str(self.datadir),
+                    "-p",
+                    str(self.port),
+                    "-k",
+                    str(self.sockdir),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "full_page_writes=off",
+                    "-c",
+                    "max_connections=200",
+                ]
                 with open(self.log_path, "ab") as log:
                     if self.os_user is not None:
                         os.chown(self.log_path, pw.pw_uid, pw.pw_gid)
-                    self.proc = _popen_as(argv, as_user=self.os_user,
-                                          deathsig="INT" if self.die_with_parent else None,
-                                          cwd=self.workdir, env=self._env(),
-                                          stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT)
+                    self.proc = _popen_as(
+                        argv,
+                        as_user=self.os_user,
+                        deathsig="INT" if self.die_with_parent else None,
+                        cwd=self.workdir,
+                        env=self._env(),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
                 deadline = time.monotonic() + timeout
                 while time.monotonic() < deadline:
                     if self.proc.poll() is not None:
@@ -596,8 +678,10 @@ def drop_database(server_url: str, name: str) -> None:
             if cur.fetchone() is None:
                 return
             cur.execute(f"ALTER DATABASE {_quote_ident(name)} ALLOW_CONNECTIONS false")
-            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+            cur.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
             cur.execute(f"DROP DATABASE IF EXISTS {_quote_ident(name)}")
     finally:
         conn.close()
@@ -725,8 +809,10 @@ class Services:
         configured = os.environ.get(POSTGRES_URL_ENV)
         if configured:
             if not postgres_answers(configured, 5.0):
-                raise ServiceUnavailable(f"{POSTGRES_URL_ENV}={configured} does not accept a "
-                                         "connection (or its role may not create databases)")
+                raise ServiceUnavailable(
+                    f"{POSTGRES_URL_ENV}={configured} does not accept a "
+                    "connection (or its role may not create databases)"
+                )
             self.sources["postgres"] = "configured"
             return libpq_url(configured)
         if postgres_answers(DEFAULT_POSTGRES_URL):

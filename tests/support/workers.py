@@ -67,8 +67,7 @@ def process_alive(pid: int) -> bool:
 
 
 def worker_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("NOETL_") or k.startswith("NOETL_TEST_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOETL_") or k.startswith("NOETL_TEST_")}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.update({k: str(v) for k, v in (overrides or {}).items()})
@@ -82,12 +81,21 @@ class WorkerProcess:
     ...     ...                               # started and ready; stopped at exit
     """
 
-    def __init__(self, app: str = "noetl_celery", *, env: Mapping[str, str] | None = None,
-                 concurrency: int = 4, pool: str = "prefork",
-                 queues: Sequence[str] | str | None = DEFAULT_QUEUES, name: str | None = None,
-                 log_dir: str | Path | None = None, loglevel: str = "INFO",
-                 extra_args: Sequence[str] = (), cwd: str | Path | None = None,
-                 die_with_parent: bool = True):
+    def __init__(
+        self,
+        app: str = "noetl_celery",
+        *,
+        env: Mapping[str, str] | None = None,
+        concurrency: int = 4,
+        pool: str = "prefork",
+        queues: Sequence[str] | str | None = DEFAULT_QUEUES,
+        name: str | None = None,
+        log_dir: str | Path | None = None,
+        loglevel: str = "INFO",
+        extra_args: Sequence[str] = (),
+        cwd: str | Path | None = None,
+        die_with_parent: bool = True,
+    ):
         self.app = app
         self.env_overrides = dict(env or {})
         self.concurrency = concurrency
@@ -110,8 +118,19 @@ class WorkerProcess:
         argv = [sys.executable, "-m", "celery", "-A", self.app, "worker"]
         if self.queues:
             argv += ["-Q", self.queues]
-        argv += ["-c", str(self.concurrency), "-P", self.pool, "--without-heartbeat",
-                 "--without-gossip", "--without-mingle", "-n", self.name, "-l", self.loglevel]
+        argv += [
+            "-c",
+            str(self.concurrency),
+            "-P",
+            self.pool,
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            self.name,
+            "-l",
+            self.loglevel,
+        ]
         return argv + self.extra_args
 
     @property
@@ -141,21 +160,28 @@ class WorkerProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"### start: {' '.join(self.argv())}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(argv, cwd=self.cwd, env=worker_env(self.env_overrides),
-                                         stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=self.cwd,
+                env=worker_env(self.env_overrides),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while True:
             if READY_RE.search(self._read_log(offset)):
                 return self
             if self.proc.poll() is not None:
                 self.returncode = self.proc.returncode
-                raise WorkerStartError(f"worker {self.name} exited with {self.returncode} before "
-                                       f"it was ready; log tail:\n{self.log_tail()}")
+                raise WorkerStartError(
+                    f"worker {self.name} exited with {self.returncode} before "
+                    f"it was ready; log tail:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 self.kill()
-                raise WorkerStartError(f"worker {self.name} not ready after {timeout} s; "
-                                       f"log tail:\n{self.log_tail()}")
+                raise WorkerStartError(f"worker {self.name} not ready after {timeout} s; log tail:\n{self.log_tail()}")
             time.sleep(0.1)
 
     def running(self) -> bool:
@@ -175,10 +201,8 @@ class WorkerProcess:
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
         self._kill_group_and_wait()
         return self.returncode
 
@@ -200,8 +224,9 @@ class WorkerProcess:
             if self.proc.poll() is not None and not self.alive_group():
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"worker {self.name}: process group {self.proc.pid} still has "
-                                   f"{self.alive_group()} after SIGKILL")
+                raise RuntimeError(
+                    f"worker {self.name}: process group {self.proc.pid} still has {self.alive_group()} after SIGKILL"
+                )
             time.sleep(0.05)
         self.returncode = self.proc.returncode
 
@@ -229,8 +254,9 @@ class WorkerProcess:
             if m:
                 return m
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{rx.pattern!r} not in worker {self.name} log after {timeout} s; "
-                                   f"tail:\n{self.log_tail()}")
+                raise TimeoutError(
+                    f"{rx.pattern!r} not in worker {self.name} log after {timeout} s; tail:\n{self.log_tail()}"
+                )
             time.sleep(0.1)
 
     def cleanup(self) -> None:
@@ -258,8 +284,15 @@ class WorkerGroup:
         self.default_env = dict(default_env or {})
         self.workers: list[WorkerProcess] = []
 
-    def __call__(self, app: str = "noetl_celery", *, env: Mapping[str, str] | None = None,
-                 start: bool = True, timeout: float = 30, **kwargs) -> WorkerProcess:
+    def __call__(
+        self,
+        app: str = "noetl_celery",
+        *,
+        env: Mapping[str, str] | None = None,
+        start: bool = True,
+        timeout: float = 30,
+        **kwargs,
+    ) -> WorkerProcess:
         merged = {**self.default_env, **(env or {})}
         kwargs.setdefault("log_dir", self.log_dir)
         worker = WorkerProcess(app, env=merged, **kwargs)
@@ -279,5 +312,4 @@ class WorkerGroup:
         return errors
 
     def log_sections(self, lines: int = 60) -> list[tuple[str, str]]:
-        return [(f"worker {w.node} (pid {w.pid}) log tail", w.log_tail(lines) or "(empty)")
-                for w in self.workers]
+        return [(f"worker {w.node} (pid {w.pid}) log tail", w.log_tail(lines) or "(empty)") for w in self.workers]

@@ -1,0 +1,155 @@
+"""Messages decode tolerantly and say their format: an old message runs, an unknown field is
+ignored (logged once), a message too new to read fails its execution instead of vanishing."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from noetl_celery.compiler import compile_playbook
+from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.messages import (
+    MESSAGE_VERSION,
+    VERSION_FIELD,
+    Dispatch,
+    MessageError,
+    MessageTooNew,
+    TaskMessage,
+)
+from noetl_celery.runner import create_execution, wait
+from noetl_celery.store import repo
+from noetl_celery.store.db import migrate, transaction
+
+PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
+HELLO = PLAYBOOKS / "hello_world.yaml"
+
+# A task message as workers wrote it before message formats were versioned (no message_version).
+OLD_TASK_MESSAGE = {
+    "execution_id": 1,
+    "run_id": "r1",
+    "step": "start",
+    "task_index": 0,
+    "seq": 0,
+    "attempt": 2,
+    "page": 1,
+    "iteration": None,
+    "element": None,
+    "iter_vars": {},
+    "prev": None,
+    "args": {"a": 1},
+    "call": {},
+    "task_results": {},
+    "frames": [],
+    "version": 3,
+    "parent_event_id": "p",
+    "replay": False,
+}
+
+
+def test_an_old_format_task_message_decodes_with_its_values():
+    message = TaskMessage.from_dict(OLD_TASK_MESSAGE)
+    assert (message.step, message.attempt, message.args, message.version) == ("start", 2, {"a": 1}, 3)
+    assert message.to_dict()[VERSION_FIELD] == MESSAGE_VERSION
+
+
+def test_a_minimal_message_takes_the_defaults_and_a_missing_required_field_is_named():
+    message = TaskMessage.from_dict({"execution_id": 1, "run_id": "r", "step": "s"})
+    assert message.attempt == 1 and message.iter_vars == {}
+    with pytest.raises(MessageError, match="missing field.*run_id"):
+        TaskMessage.from_dict({"execution_id": 1, "step": "s"})
+    with pytest.raises(MessageError, match="expected an object"):
+        TaskMessage.from_dict(["not", "a", "dict"])  # type: ignore[arg-type]
+
+
+def test_unknown_fields_are_ignored_and_logged_once(caplog):
+    caplog.set_level(logging.WARNING, logger="noetl_celery.engine.messages")
+    data = {**OLD_TASK_MESSAGE, "added_later_7f3a": {"x": 1}}
+    for _ in range(3):
+        assert TaskMessage.from_dict(data) == TaskMessage.from_dict(OLD_TASK_MESSAGE)
+    notes = [r.getMessage() for r in caplog.records if "added_later_7f3a" in r.getMessage()]
+    assert len(notes) == 1 and "task message" in notes[0]
+    dispatch = Dispatch.from_dict({"kind": "run", "message": OLD_TASK_MESSAGE, "also_new_7f3a": 1})
+    assert dispatch.message == OLD_TASK_MESSAGE
+
+
+def test_a_message_too_new_is_refused_with_what_to_do():
+    with pytest.raises(MessageTooNew, match=r"format 2\d*, newer than this worker reads .*upgrade"):
+        TaskMessage.from_dict({**OLD_TASK_MESSAGE, VERSION_FIELD: MESSAGE_VERSION + 1})
+    with pytest.raises(MessageError, match="whole number"):
+        TaskMessage.from_dict({**OLD_TASK_MESSAGE, VERSION_FIELD: "two"})
+
+
+def _old_format(value):
+    """A message as an older worker would send it: no format version, and a field unknown here."""
+    if isinstance(value, dict):
+        return {k: _old_format(v) for k, v in value.items() if k != VERSION_FIELD}
+    if isinstance(value, list):
+        return [_old_format(v) for v in value]
+    return value
+
+
+def test_an_execution_runs_to_completion_on_old_format_messages(sqlite_url):
+    migrate(sqlite_url)
+    plan = compile_playbook(PLAYBOOKS / "branching.yaml")
+    execution_id = create_execution(plan, sqlite_url)
+    pending = orchestrator.handle_event(sqlite_url, {"kind": "start", "execution_id": execution_id})
+    handled = 0
+    while pending:
+        dispatch = Dispatch.from_dict(_old_format(pending.pop(0).to_dict()))
+        old_message = {**_old_format(dispatch.message), "priority_hint": "added by a newer version"}
+        payload = worker.execute(sqlite_url, TaskMessage.from_dict(old_message), queue_id="q")
+        assert payload is not None
+        pending += orchestrator.handle_event(sqlite_url, _old_format(payload))
+        handled += 1
+    assert handled >= 2
+    status = wait(sqlite_url, execution_id, timeout=5)
+    assert status["status"] == "completed", status
+
+
+def test_a_task_message_too_new_fails_its_execution_on_a_real_worker(redis_url, fresh_postgres, worker_factory):
+    migrate(fresh_postgres.url)
+    worker_factory(
+        env={"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": fresh_postgres.url}, concurrency=1, name="reader@%h"
+    )
+    plan = compile_playbook(HELLO)
+    execution_id = create_execution(plan, fresh_postgres.url)
+    first = orchestrator.handle_event(fresh_postgres.url, {"kind": "start", "execution_id": execution_id})
+    future = {**first[0].message, VERSION_FIELD: MESSAGE_VERSION + 1, "something_new": True}
+    client = Celery("sender", broker=redis_url)
+    try:
+        client.send_task(
+            "noetl.run_task", kwargs={"execution_id": execution_id, "message": future}, queue="noetl.tasks"
+        )
+        status = wait(fresh_postgres.url, execution_id, timeout=60)
+    finally:
+        client.close()
+    assert status["status"] == "failed", status
+    assert "MessageTooNew" in status["error"]["message"] and "upgrade" in status["error"]["message"]
+    with transaction(fresh_postgres.url) as conn:
+        kinds = [e["event_type"] for e in repo.list_events(conn, execution_id)]
+    assert kinds[-1] == "execution.failed"
+
+
+def test_an_on_event_payload_too_new_fails_its_execution_on_a_real_worker(redis_url, fresh_postgres, worker_factory):
+    migrate(fresh_postgres.url)
+    worker_factory(
+        env={"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": fresh_postgres.url}, concurrency=1, name="decider@%h"
+    )
+    execution_id = create_execution(compile_playbook(HELLO), fresh_postgres.url)
+    client = Celery("sender", broker=redis_url)
+    try:
+        client.send_task(
+            "noetl.on_event",
+            queue="noetl.events",
+            kwargs={
+                "execution_id": execution_id,
+                "event": {"kind": "start", "execution_id": execution_id, VERSION_FIELD: MESSAGE_VERSION + 5},
+            },
+        )
+        status = wait(fresh_postgres.url, execution_id, timeout=60)
+    finally:
+        client.close()
+    assert status["status"] == "failed" and "newer than this worker reads" in status["error"]["message"]
