@@ -45,3 +45,13 @@ class TemplateError(NoetlError):
 
 class ExecutionNotFound(NoetlError):
     """No execution with that id in the event store."""
+
+
+class AttemptFailed(NoetlError):
+    """One attempt of a task failed; raised by the worker only after on_event has recorded the
+    outcome and published its decision, so that Celery (and Flower) mark the task FAILURE while
+    the message is still acknowledged (task_acks_on_failure_or_timeout)."""
+
+
+class BrokerUnavailable(NoetlError):
+    """The broker could not be reached to enqueue work."""

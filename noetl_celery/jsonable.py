@@ -1,7 +1,11 @@
-"""Turn values produced by user code or database drivers into JSON-serialisable values.
+"""Turn values into plain JSON-like data.
 
-Used by the python and postgres tools on the way out of a call. It converts, it never raises
-and it does no I/O: an object it does not know becomes its `str()`.
+`to_jsonable`: values produced by user code or database drivers, made JSON-serialisable (used by
+the python and postgres tools on the way out of a call). It converts, it never raises and it
+does no I/O: an object it does not know becomes its `str()`.
+
+`plain`: the one deep copy into plain containers, for the DSL (line-numbered YAML mappings) and
+the engine (step-result views), before a value goes into a plan, a message or an event row.
 """
 
 from __future__ import annotations
@@ -73,3 +77,14 @@ def _key(key: Any) -> str:
         return key
     converted = to_jsonable(key)
     return converted if isinstance(converted, str) else str(converted)
+
+
+def plain(value: Any, *, str_keys: bool = False) -> Any:
+    """A deep copy in plain containers: every Mapping (a line-numbered YAML mapping, a step
+    result view) becomes a dict and every list or tuple a list; other values are kept as they
+    are. `str_keys` turns keys into text (YAML keys may be numbers; plans are keyed by text)."""
+    if isinstance(value, Mapping):
+        return {(str(k) if str_keys else k): plain(v, str_keys=str_keys) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v, str_keys=str_keys) for v in value]
+    return value

@@ -6,39 +6,92 @@ The CLI is a thin layer over these functions; a Python user calls the same ones.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from noetl_celery import settings as noetl_settings
+from noetl_celery.compiler import compile_playbook, resolve
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.engine.ids import new_execution_id
+from noetl_celery.engine.lifecycle import end_tree
 from noetl_celery.engine.orchestrator import start_payload
-from noetl_celery.errors import ExecutionNotFound
+from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, PlaybookError, Problem
 from noetl_celery.store import repo
 from noetl_celery.store.db import ensure_schema, transaction
 
 EMBEDDED_CONCURRENCY = 4  # worker threads of `noetl-celery run`
 POLL_INTERVAL = 0.05  # seconds between status reads while waiting
+SHUTDOWN_WAKE_MESSAGES = 2  # control messages that wake the embedded worker's two waits
 
 
 def create_execution(plan: Plan, database_url: str, *, parent_execution_id: int | None = None) -> int:
     ensure_schema(database_url)
     execution_id = new_execution_id()
     with transaction(database_url) as conn:
-        repo.create_execution(conn, execution_id=execution_id, plan=plan.model_dump(mode="json"),
-                              workload=plan.workload, parent_execution_id=parent_execution_id)
+        repo.create_execution(
+            conn,
+            execution_id=execution_id,
+            plan=plan.model_dump(mode="json"),
+            workload=plan.workload,
+            parent_execution_id=parent_execution_id,
+            timeout=plan.timeout,
+        )
     return execution_id
 
 
 def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
-    """Create the execution and enqueue its start on the configured broker."""
-    from noetl_celery.app import app, send_event
+    """Create the execution and enqueue its start on the configured broker. A broker that cannot
+    be reached raises BrokerUnavailable, and the execution row is removed again."""
+    from noetl_celery.app import SUBMIT_RETRY_POLICY, app, send_event
 
     settings = settings or app.conf.noetl_settings
     execution_id = create_execution(plan, settings.database_url)
-    send_event(start_payload(execution_id))
+    try:
+        send_event(start_payload(execution_id), retry_policy=SUBMIT_RETRY_POLICY)
+    except Exception as exc:
+        with transaction(settings.database_url) as conn:
+            repo.delete_unstarted_execution(conn, execution_id)
+        raise BrokerUnavailable(
+            f"cannot reach the broker at {_safe_url(settings.broker_url or '')}: {_first_line(exc)}"
+        ) from exc
     return execution_id
+
+
+def cancel(database_url: str, execution_id: int, reason: str | None = None) -> list[int]:
+    """Cancel a running execution and its running children; returns the ids cancelled (empty when
+    it had already ended). Attempts in flight finish and their outcomes are recorded, but nothing
+    is dispatched after them; delayed messages are dropped when they come due."""
+    ensure_schema(database_url)
+    error = {"kind": "cancelled", "message": reason or "cancelled"}
+    with transaction(database_url) as conn:
+        if repo.execution_head(conn, execution_id) is None:
+            raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
+        return end_tree(conn, execution_id, "cancelled", "execution.cancelled", error)
+
+
+def resume(settings: noetl_settings.Settings, execution_id: int) -> int:
+    """Resume a failed or cancelled execution (same execution, next epoch: engine/resume.py);
+    returns the new epoch. Raises ResumeRefused with the reason when it cannot resume."""
+    from noetl_celery.app import publish
+    from noetl_celery.engine.resume import resume as resume_execution
+
+    ensure_schema(settings.database_url)
+    epoch, dispatches = resume_execution(settings.database_url, execution_id)
+    try:
+        publish(dispatches)
+    except Exception as exc:  # recorded: the sweeper publishes them when their deadline passes
+        raise BrokerUnavailable(
+            f"execution {execution_id} resumed (epoch {epoch}), but the broker could not be "
+            f"reached ({_first_line(exc)}); its attempts are sent when it is back"
+        ) from exc
+    return epoch
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
@@ -49,12 +102,24 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
         if row is None:
             raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
         variables = repo.load_variables(conn, execution_id)
+        children = [
+            {
+                "execution_id": c["execution_id"],
+                "status": c["status"],
+                "playbook": c["playbook_name"],
+                "path": c["playbook_path"],
+                "parent_event_id": c["parent_event_id"],
+            }
+            for c in repo.child_executions(conn, execution_id)
+        ]
     return {
         "execution_id": execution_id,
         "playbook": row["playbook_name"],
         "status": row["status"],
         "error": row["error"],
         "failed_step": row["failed_step"],
+        "parent_execution_id": row["parent_execution_id"],
+        "children": children,
         "results": variables.get("result", {}),
         "ctx": variables.get("ctx", {}),
         "vars": variables.get("vars", {}),
@@ -71,10 +136,15 @@ def execution_events(database_url: str, execution_id: int) -> list[dict[str, Any
         return repo.list_events(conn, execution_id)
 
 
-def wait(database_url: str, execution_id: int, timeout: float | None = None) -> dict[str, Any]:
-    """Poll until the execution is no longer running (or `timeout` seconds pass)."""
+def wait(
+    database_url: str, execution_id: int, timeout: float | None = None, on_poll: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    """Poll until the execution is no longer running (or `timeout` seconds pass); `on_poll`
+    (e.g. live progress) is called with the execution id between reads."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
+        if on_poll is not None:
+            on_poll(execution_id)
         with transaction(database_url) as conn:
             head = repo.execution_head(conn, execution_id)
         if head is None:
@@ -96,36 +166,105 @@ def embedded_worker(concurrency: int = EMBEDDED_CONCURRENCY) -> Iterator[Any]:
 
     settings = noetl_settings.load()
     configure(app, settings, embedded=True)
-    with start_worker(app, pool="threads", concurrency=concurrency, perform_ping_check=False,
-                      loglevel="WARNING", shutdown_timeout=10.0,
-                      queues=[settings.task_queue, settings.event_queue]) as worker:
+    from noetl_celery.app import start_sweeper, stop_sweeper
+
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=concurrency,
+        perform_ping_check=False,
+        loglevel="WARNING",
+        shutdown_timeout=10.0,
+        queues=[settings.task_queue, settings.event_queue],
+    ) as worker:
+        start_sweeper()  # the embedded process is the deployment's only sweeper
         try:
             yield worker
         finally:
-            _wake_for_shutdown(app, settings)
+            stop_sweeper()
+            _wake_for_shutdown(app, worker)
 
 
-def _wake_for_shutdown(app: Any, settings: noetl_settings.Settings) -> None:
-    """Ask the embedded worker to stop, and send it one message so that its consumer loop (which
-    waits up to 2 s for a message between shutdown checks) notices at once."""
+def _wake_for_shutdown(app: Any, worker: Any) -> None:
+    """Ask the embedded worker to stop, and wake its consumer loop at once. Between shutdown
+    checks the loop waits up to 2 s for a message, and after the check that stops it, it waits
+    once more (Celery's synloop drains in a `finally`). Two control pings to this worker alone (no
+    reply wanted, nothing run) end both waits at once."""
     from celery.worker import state
 
-    from noetl_celery.app import bench_noop
-
     state.should_terminate = 0
-    bench_noop.apply_async(queue=settings.event_queue)
+    for _ in range(SHUTDOWN_WAKE_MESSAGES):
+        app.control.broadcast("ping", destination=[worker.hostname], reply=False)
 
 
-def run_embedded(plan: Plan, timeout: float | None = None) -> dict[str, Any]:
+def run_embedded(
+    plan: Plan, timeout: float | None = None, on_poll: Callable[[int], None] | None = None
+) -> dict[str, Any]:
     """Run a playbook to completion with an embedded worker; returns the final status."""
     settings = noetl_settings.load()
     ensure_schema(settings.database_url)
     with embedded_worker():
         execution_id = submit(plan, settings)
-        return wait(settings.database_url, execution_id, timeout)
+        return wait(settings.database_url, execution_id, timeout, on_poll=on_poll)
 
 
 def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+# --- the playbook catalog ------------------------------------------------------------------
+
+
+def catalog(database_url: str) -> resolve.Catalog:
+    """Catalog lookups in the store (a store that cannot be read has no entries)."""
+
+    def lookup(path: str) -> resolve.Found | None:
+        try:
+            ensure_schema(database_url)
+            with transaction(database_url) as conn:
+                entry = repo.find_playbook(conn, path)
+        except Exception:  # an unreachable store: fall back to the files
+            return None
+        if entry is None:
+            return None
+        return resolve.Found(path=path, source=entry["source_file"] or f"catalog:{path}", text=entry["content"])
+
+    return lookup
+
+
+def register(files: list[str], database_url: str) -> list[Plan]:
+    """Validate each file and store it in the catalog under its metadata.path."""
+    plans = []
+    lookup = catalog(database_url)
+    for file in files:
+        text = Path(file).read_text(encoding="utf-8")
+        plan = compile_playbook(file, text=text, catalog=lookup)
+        if not plan.path:
+            raise PlaybookError(
+                [Problem(file, None, "metadata.path", "a registered playbook needs metadata.path (its catalog path)")]
+            )
+        plans.append(plan)
+        ensure_schema(database_url)
+        with transaction(database_url) as conn:
+            repo.register_playbook(
+                conn, path=plan.path, name=plan.name, content=text, source_file=str(Path(file).resolve())
+            )
+    return plans
+
+
+def execution_tree(database_url: str, limit: int = 20) -> list[tuple[int, dict[str, Any]]]:
+    """Recent top-level executions, each followed by its children (depth, row), depth first."""
+    ensure_schema(database_url)
+    out: list[tuple[int, dict[str, Any]]] = []
+    with transaction(database_url) as conn:
+
+        def walk(row: dict[str, Any], depth: int) -> None:
+            out.append((depth, row))
+            for child in repo.child_executions(conn, row["execution_id"]):
+                walk(child, depth + 1)
+
+        for row in repo.list_executions(conn, limit, top_level=True):
+            walk(row, 0)
+    return out

@@ -12,7 +12,7 @@ from noetl_celery.engine import orchestrator, worker
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
-from noetl_celery.store.db import transaction
+from noetl_celery.store.db import migrate, transaction
 
 LOOP = Path(__file__).resolve().parent / "playbooks" / "loop_many.yaml"
 
@@ -21,7 +21,9 @@ LOOP = Path(__file__).resolve().parent / "playbooks" / "loop_many.yaml"
 def url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'noetl.sqlite'}"
-    return request.getfixturevalue("fresh_postgres").url
+    url = request.getfixturevalue("fresh_postgres").url
+    migrate(url)  # only `migrate` changes a server's schema
+    return url
 
 
 def attempt(url: str, dispatch: Dispatch) -> dict:

@@ -17,8 +17,10 @@ def items(**loop) -> list:
 def test_where_limit_enumerate_and_chunks():
     assert items(collection="{{ numbers }}", iterator="n", where="{{ n % 2 == 1 }}") == [5, 7, 9]
     assert items(collection="{{ numbers }}", limit=2) == [5, 6]
-    assert items(collection="{{ numbers }}", enumerate=True, limit=2) == [{"index": 0, "value": 5},
-                                                                           {"index": 1, "value": 6}]
+    assert items(collection="{{ numbers }}", enumerate=True, limit=2) == [
+        {"index": 0, "value": 5},
+        {"index": 1, "value": 6},
+    ]
     assert items(collection="{{ numbers }}", mode="chunked", chunk_size=2) == [[5, 6], [7, 8], [9]]
     assert items(collection=[1, 2]) == [1, 2]  # a literal list needs no template
 

@@ -8,20 +8,27 @@ and messages carry the version they were decided at, so a process reloads only w
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
-from noetl_celery.dsl.plan import Plan
+from noetl_celery.dsl.plan import Plan, Step
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
-from noetl_celery.templating import as_step_result
+from noetl_celery.templating import LoopResult, as_step_result, rows_result
+
+if TYPE_CHECKING:
+    from noetl_celery.engine.messages import TaskMessage
 
 CACHED_EXECUTIONS = 256  # executions whose plan and state one process keeps in memory
+DUCKDB_KIND = "duckdb"  # a one-task step of this kind reads as its list of rows (templating.RowsResult)
+LOOP_RESULTS = "loop_results"  # a run entered from a loop step's arc reads its iteration results by this name
+JOB_UUID_NAMESPACE = uuid.UUID("5d3c7c1e-6b0f-4f43-9d55-2f7e0c1a9b21")  # job.uuid = uuid5(this, execution id)
 
 
 @dataclass
@@ -52,8 +59,7 @@ class StateCache:
         self._states: OrderedDict[tuple[str, int], ExecutionState] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, url: str, execution_id: int, min_version: int = 0,
-            conn: Connection | None = None) -> ExecutionState:
+    def get(self, url: str, execution_id: int, min_version: int = 0, conn: Connection | None = None) -> ExecutionState:
         """The state at `min_version` or newer; loads through `conn` when given (a caller inside a
         transaction must pass its connection: SQLite would block a second writer)."""
         key = (url, execution_id)
@@ -91,6 +97,10 @@ class StateCache:
         with self._lock:
             self._states.pop((url, execution_id), None)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._states.clear()
+
 
 STATE = StateCache()
 
@@ -110,31 +120,89 @@ class Scope:
     iter_vars: dict[str, Any] = field(default_factory=dict)
     prev: Any = None
     args: dict[str, Any] = field(default_factory=dict)
+    from_step: str | None = None  # the step whose arc started this run
     attempt: int = 1
     step: str | None = None
     task_results: dict[str, Any] = field(default_factory=dict)
 
 
+def job_of(state: ExecutionState) -> dict[str, Any]:
+    """`job`: the execution as NoETL playbooks name it (`job.uuid` is stable for the execution)."""
+    return {
+        "uuid": str(uuid.uuid5(JOB_UUID_NAMESPACE, str(state.execution_id))),
+        "id": state.execution_id,
+        "execution_id": state.execution_id,
+        "parent_execution_id": state.parent_execution_id,
+        "name": state.plan.name,
+        "path": state.plan.path,
+    }
+
+
+def message_scope(message: TaskMessage, step: Step) -> Scope:
+    """What one attempt of `step` carried by `message` sees besides the execution state."""
+    return Scope(
+        iteration=message.iteration,
+        element=message.element,
+        iterator=step.loop.iterator if step.loop else None,
+        iter_vars=message.iter_vars,
+        prev=message.prev,
+        args=message.args,
+        attempt=message.attempt,
+        from_step=message.from_step,
+        step=step.name,
+        task_results=message.task_results,
+    )
+
+
+def _with_loop_results(state: ExecutionState, scope: Scope) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`args` and `ctx` of a run; entered from a loop step's arc, both also answer `loop_results`
+    (the loop's per-iteration results, in collection order) unless they hold that name, as NoETL
+    passes a loop's results on. Read from the stored result, never carried in messages."""
+    step = state.plan.steps.get(scope.from_step) if scope.from_step else None
+    done = state.results.get(scope.from_step) if scope.from_step else None
+    if step is None or step.loop is None or not isinstance(done, dict) or not isinstance(done.get("results"), list):
+        return scope.args, state.ctx
+    results = done["results"]
+    args = scope.args if LOOP_RESULTS in scope.args else {**scope.args, LOOP_RESULTS: results}
+    ctx = state.ctx if LOOP_RESULTS in state.ctx else {**state.ctx, LOOP_RESULTS: results}
+    return args, ctx
+
+
 def render_context(state: ExecutionState, scope: Scope, **extra: Any) -> dict[str, Any]:
     """The names a template can use (see docs/dsl.md, Template context)."""
     context: dict[str, Any] = dict(state.workload)
+    context.update(state.ctx)  # ctx variables are bare names too (`{{ api_url }}`), as in NoETL
     for name, value in state.results.items():
-        context[name] = as_step_result(value, state.task_results.get(name))
+        step = state.plan.steps.get(name)
+        if step is not None and step.loop is not None and isinstance(value, dict):
+            context[name] = LoopResult(value)
+        elif step is not None and len(step.tasks) == 1 and step.tasks[0].kind == DUCKDB_KIND:
+            context[name] = rows_result(value)
+        else:
+            context[name] = as_step_result(value, state.task_results.get(name))
     if scope.step and scope.task_results:
         # Inside a pipeline, `step.label` reads an earlier task's result of this very run.
         current = context.get(scope.step)
         base = current if isinstance(current, dict) else {}
         context[scope.step] = as_step_result({**base, **scope.task_results}, scope.task_results)
+    if scope.from_step in state.results and "result" not in context:
+        # As in NoETL, a step's tool reads the step that routed to it as `result` (conditions and
+        # sinks bind their own `result` through `extra`).
+        context["result"] = context[scope.from_step]
+    args, ctx = _with_loop_results(state, scope)
     context.update(
         workload=state.workload,
-        ctx=state.ctx,
+        ctx=ctx,
         vars=state.vars,
         execution_id=state.execution_id,
         parent_execution_id=state.parent_execution_id,
-        args=scope.args,
+        args=args,
         _prev=scope.prev,
         _attempt=scope.attempt,
+        job=job_of(state),
     )
+    if scope.iteration is not None:
+        context["loop_index"] = scope.iteration
     if scope.iterator is not None:
         iter_scope = {scope.iterator: scope.element, "index": scope.iteration, **scope.iter_vars}
         context["iter"] = iter_scope

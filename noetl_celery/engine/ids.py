@@ -34,3 +34,13 @@ def unit_key(run_id: str, iteration: int | None) -> str:
 def attempt_key(run_id: str, iteration: int | None, seq: int, attempt: int) -> str:
     """One attempt of one task position (`seq` counts the pipeline hops and pages)."""
     return f"{unit_key(run_id, iteration)}.s{seq}.a{attempt}"
+
+
+def claim_key(run_id: str, slot: int, claim: int, attempt: int) -> str:
+    """One attempt of the `claim`-th claim of cursor slot `slot`."""
+    return f"{run_id}.c{slot}.{claim}.a{attempt}"
+
+
+def slot_id(run_id: str, slot: int) -> str:
+    """The `__worker_slot_id` a claim binds: unique across loops and executions."""
+    return f"{run_id}:{slot}"

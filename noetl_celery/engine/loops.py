@@ -1,4 +1,11 @@
-"""Loops: on_event fans a loop step out into one task per iteration (or per chunk), under a cap.
+"""Loops: which strategy runs a loop step, and the collection strategy (one task per element).
+
+A loop strategy decides how a loop step starts (`start`) and what happens when one of its units
+is over (`unit_done`): the decider calls only these two. `CollectionLoop` runs a materialised
+list with a known total; `CursorLoop` (engine/cursor_loop.py) pulls rows from a database
+through slots, with no total known in advance.
+
+Collection loops: on_event fans a loop step out into one task per iteration (or per chunk), under a cap.
 
 - The collection is rendered once when the loop starts and stored once (noetl_loop.collection);
   each iteration message carries only its own element. Processes cache the collection by run id.
@@ -13,10 +20,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from noetl_celery.dsl.plan import Step
+from noetl_celery.engine import events as ev
+from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
+from noetl_celery.engine.units import RunRef, UnitEnd
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
 from noetl_celery.templating import evaluate_condition, plain, render_value
@@ -25,9 +35,16 @@ if TYPE_CHECKING:
     from noetl_celery.engine.orchestrator import Decider
 
 CACHED_COLLECTIONS = 64  # loop collections one process keeps in memory
+FAILURES_NAMED = 3  # failed iterations a failed loop step's error names (index + message)
 
 _collections: OrderedDict[str, list[Any]] = OrderedDict()
 _lock = threading.Lock()
+
+
+def forget_collections() -> None:
+    """Drop the cached loop collections (a forked process starts without its parent's)."""
+    with _lock:
+        _collections.clear()
 
 
 def _remember(run_id: str, items: list[Any]) -> None:
@@ -56,8 +73,7 @@ def build_items(step: Step, context: dict[str, Any]) -> list[Any]:
     if isinstance(value, dict):
         value = [{"key": k, "value": v} for k, v in value.items()]
     if not isinstance(value, list):
-        raise TemplateError(f"loop collection of step {step.name!r} rendered to {type(value).__name__}, "
-                            "not a list")
+        raise TemplateError(f"loop collection of step {step.name!r} rendered to {type(value).__name__}, not a list")
     items = plain(value)
     if loop.where is not None:
         items = [el for el in items if evaluate_condition(loop.where, {**context, loop.iterator: el})]
@@ -67,34 +83,126 @@ def build_items(step: Step, context: dict[str, Any]) -> list[Any]:
         items = [{"index": i, "value": el} for i, el in enumerate(items)]
     if loop.mode == "chunked":
         size = max(loop.chunk_size or 1, 1)
-        items = [items[i: i + size] for i in range(0, len(items), size)]
+        items = [items[i : i + size] for i in range(0, len(items), size)]
     return items
 
 
-def start_loop(decider: Decider, step: Step, run_id: str, parent: str, frames: list[list[str]],
-               args: dict[str, Any], context: dict[str, Any]) -> None:
+class LoopStrategy(Protocol):
+    """How one kind of loop starts and counts its finished units (all inside on_event)."""
+
+    def start(self, decider: Decider, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None: ...
+
+    def unit_done(
+        self, decider: Decider, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]
+    ) -> None: ...
+
+
+def strategy_for(step: Step) -> LoopStrategy:
+    assert step.loop is not None
+    if step.loop.mode == "cursor":
+        from noetl_celery.engine.cursor_loop import CURSOR_LOOP
+
+        return CURSOR_LOOP
+    return COLLECTION_LOOP
+
+
+def fail_loop_start(decider: Decider, step: Step, run_id: str, parent: str, err: dict[str, Any]) -> None:
+    """A loop that cannot start (its collection or cursor is unusable) fails its step."""
+    decider.pending -= 1
+    decider.fail_step(step.name, run_id, err, parent)
+
+
+class CollectionLoop:
+    """A rendered list, `cap` iterations in flight, results aggregated in collection order."""
+
+    def start(self, decider: Decider, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
+        start_loop(decider, step, run, parent, context)
+
+    def unit_done(self, decider: Decider, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]) -> None:
+        failed = end.failed
+        why = iteration_error(end.error or end.tolerated, step.tasks[message.task_index].label) if failed else None
+        if row.get("event_type", "").startswith(ev.ACTION_PREFIX) and row.get("execution_id"):
+            row["event_type"] = ev.ITERATION_FAILED if failed else ev.ITERATION_COMPLETED
+            row["result"] = end.data
+            if why is not None:
+                row["status"], row["error"] = "failed", why
+            if end.tolerated is not None:
+                row.setdefault("meta", {})["tolerated"] = True
+        elif why is not None:  # decided inside on_event (a routing-only task): its row is recorded here
+            key = attempt_key(message.run_id, message.iteration, message.seq, message.attempt) + ".done"
+            decider.record(
+                ev.ITERATION_FAILED,
+                key,
+                status="failed",
+                step=step.name,
+                task=why["task"],
+                run_id=message.run_id,
+                attempt=message.attempt,
+                iteration=message.iteration,
+                parent_event_id=row.get("event_id"),
+                result=end.data,
+                error=why,
+            )
+            row = decider.rows[-1]
+        iteration_done(
+            decider,
+            step,
+            message,
+            ok=not failed,
+            data=end.data,
+            row=row,
+            tolerated=end.tolerated is not None,
+            error=why,
+        )
+
+
+def iteration_error(error: Any, task: str) -> dict[str, Any]:
+    """What a failed iteration's row says: the error's kind and message, and the failing task."""
+    body = dict(error) if isinstance(error, dict) else {"message": str(error) if error is not None else None}
+    body.setdefault("kind", "error")
+    if not body.get("message"):
+        body["message"] = "the iteration failed without a message"
+    body["task"] = task
+    return body
+
+
+COLLECTION_LOOP = CollectionLoop()
+
+
+def start_loop(decider: Decider, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
     loop = step.loop
     assert loop is not None
+    run_id, frames, args = run.run_id, run.frames, run.args
     try:
         items = build_items(step, context)
     except TemplateError as exc:
-        err = {"kind": "loop", "message": str(exc)}
-        decider.pending -= 1
-        decider.record("step.failed", f"{run_id}.step.done", status="failed", step=step.name, run_id=run_id,
-                       error=err, parent_event_id=parent)
-        decider.fail_execution(step.name, err, f"{run_id}.step.done")
+        fail_loop_start(decider, step, run_id, parent, {"kind": "loop", "message": str(exc)})
         return
     cap = 1 if loop.mode == "sequential" else max(loop.max_in_flight, 1)
     total = len(items)
-    repo.create_loop(decider.conn, {
-        "run_id": run_id, "execution_id": decider.execution_id, "step": step.name, "mode": loop.mode,
-        "total": total, "cap": cap, "collection": items,
-        "context": {"frames": frames, "args": args, "parent": parent},
-    })
+    repo.create_loop(
+        decider.conn,
+        {
+            "run_id": run_id,
+            "execution_id": decider.execution_id,
+            "step": step.name,
+            "mode": loop.mode,
+            "total": total,
+            "cap": cap,
+            "collection": items,
+            "context": {"frames": frames, "args": args, "parent": parent},
+        },
+    )
     _remember(run_id, items)
-    key = decider.record("iterator.started", f"{run_id}.loop.start", status="started", step=step.name,
-                         run_id=run_id, parent_event_id=parent,
-                         meta={"total": total, "mode": loop.mode, "cap": cap})
+    key = decider.record(
+        ev.ITERATOR_STARTED,
+        f"{run_id}.loop.start",
+        status="started",
+        step=step.name,
+        run_id=run_id,
+        parent_event_id=parent,
+        meta={"total": total, "mode": loop.mode, "cap": cap},
+    )
     if total == 0:
         finish_loop(decider, step, run_id, key, [], ok_count=0, failed=0)
         return
@@ -104,57 +212,218 @@ def start_loop(decider: Decider, step: Step, run_id: str, parent: str, frames: l
         _dispatch_iteration(decider, step, run_id, index, items[index], frames, args, key)
 
 
-def _dispatch_iteration(decider: Decider, step: Step, run_id: str, index: int, element: Any,
-                        frames: list[list[str]], args: dict[str, Any], parent: str) -> None:
-    message = TaskMessage(execution_id=decider.execution_id, run_id=run_id, step=step.name, iteration=index,
-                          element=element, frames=frames, args=args, parent_event_id=parent)
+def _dispatch_iteration(
+    decider: Decider,
+    step: Step,
+    run_id: str,
+    index: int,
+    element: Any,
+    frames: list[list[str]],
+    args: dict[str, Any],
+    parent: str,
+    at: tuple[int, int, int] = (0, 0, 1),
+) -> None:
+    """Send one iteration; `at` is (task index, seq, attempt): a resumed iteration starts again
+    at the attempt after the one that failed it."""
+    task_index, seq, attempt = at
+    message = TaskMessage(
+        execution_id=decider.execution_id,
+        run_id=run_id,
+        step=step.name,
+        task_index=task_index,
+        seq=seq,
+        attempt=attempt,
+        iteration=index,
+        element=element,
+        frames=frames,
+        args=args,
+        parent_event_id=parent,
+    )
     decider.dispatch_task(step, message)
 
 
-def iteration_done(decider: Decider, step: Step, message: TaskMessage, *, ok: bool, data: Any, error: Any,
-                   row: dict[str, Any], tolerated: bool = False) -> None:
+def dispatch_queued(
+    decider: Decider, step: Step, run_id: str, entry: list[Any], context: dict[str, Any], parent: str
+) -> None:
+    """Send a queued entry [index, task index, seq, attempt(, source)] of a resumed loop. With a
+    source (the event whose dispatch list sent the failed attempt), the attempt's own message runs
+    again, as its next attempt: earlier tasks' results, page and call stay as they were."""
+    index, task_index, seq, attempt = (int(v) for v in entry[:4])
+    failed = (
+        _failed_message(decider, str(entry[4]), attempt_key(run_id, index, seq, attempt - 1)) if entry[4:] else None
+    )
+    if failed is not None:
+        retry = failed.evolve(attempt=attempt, replay=False, delayed=False, parent_event_id=parent)
+        decider.dispatch_task(decider.plan.steps[failed.step], retry)
+        return
+    items = _collection(decider, run_id)
+    _dispatch_iteration(
+        decider,
+        step,
+        run_id,
+        index,
+        items[index],
+        context.get("frames", []),
+        context.get("args", {}),
+        parent,
+        at=(task_index, seq, attempt),
+    )
+
+
+def _failed_message(decider: Decider, source: str, key: str) -> TaskMessage | None:
+    row = repo.find_event(decider.conn, decider.execution_id, source)
+    for raw in ((row or {}).get("meta") or {}).get("dispatch") or []:
+        message = TaskMessage.from_dict(raw.get("message") or {})
+        if message.outcome_key().removesuffix(".done") == key:
+            return message
+    return None
+
+
+def next_entry(counters: dict[str, Any]) -> list[Any] | None:
+    """What the completion that made `done` sends next: index cap + done - 1 of the collection, or,
+    in a resumed loop, entry done + offset of its queue (context "queue", "offset")."""
+    context = counters.get("context") or {}
+    done = counters["done"]
+    queue = context.get("queue")
+    if queue is None:
+        index = counters["cap"] + done - 1
+        return [index, 0, 0, 1] if index < counters["total"] else None
+    position = done + int(context.get("offset", 0))
+    return list(queue[position]) if 0 <= position < len(queue) else None
+
+
+def iteration_done(
+    decider: Decider,
+    step: Step,
+    message: TaskMessage,
+    *,
+    ok: bool,
+    data: Any,
+    row: dict[str, Any],
+    tolerated: bool = False,
+    error: Any = None,
+) -> None:
     """Count the iteration, dispatch the next index, and finish the loop on the last one."""
     counters = repo.loop_iteration_done(decider.conn, message.run_id, ok=ok, tolerated=tolerated)
-    done, total, cap = counters["done"], counters["total"], counters["cap"]
-    next_index = cap + done - 1
-    if next_index < total and decider.running and decider.failure is None:
-        items = _collection(decider, message.run_id)
-        _dispatch_iteration(decider, step, message.run_id, next_index, items[next_index], message.frames,
-                            message.args, row.get("event_id"))
+    done, total = counters["done"], counters["total"]
+    entry = next_entry(counters)
+    if entry is not None and decider.running and decider.failure is None:
+        context = {"frames": message.frames, "args": message.args}
+        dispatch_queued(decider, step, message.run_id, entry, context, row["event_id"])
     if done < total:
         return
     if not repo.complete_loop(decider.conn, message.run_id):
         return
     results = _ordered_results(decider, message, total, ok=ok, data=data)
-    finish_loop(decider, step, message.run_id, row.get("event_id"), results,
-                ok_count=counters["succeeded"], failed=counters["failed"], tolerated=counters["tolerated"])
+    failures = _first_failures(decider, message, ok=ok, current=error)
+    finish_loop(
+        decider,
+        step,
+        message.run_id,
+        row.get("event_id"),
+        results,
+        ok_count=counters["succeeded"],
+        failed=counters["failed"],
+        tolerated=counters["tolerated"],
+        failures=failures,
+    )
+
+
+def _final_rows(decider: Decider, run_id: str) -> dict[int, dict[str, Any]]:
+    """Each iteration's last end row (a resumed iteration's new end outranks its old failure)."""
+    rows: list[dict[str, Any]] = []
+    for kind in (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED):
+        for r in repo.run_events(
+            decider.conn, decider.execution_id, run_id, kind, columns=("id", "iteration", "result", "error")
+        ):
+            rows.append({**r, "event_type": kind})
+    final: dict[int, dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: r["id"]):
+        if r["iteration"] is not None:
+            final[r["iteration"]] = r
+    for r in decider.rows:  # decided in this same event, not written yet
+        if r.get("run_id") == run_id and r.get("event_type") in (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED):
+            final[r["iteration"]] = r
+    return final
+
+
+def _first_failures(decider: Decider, message: TaskMessage, *, ok: bool, current: Any) -> list[dict[str, Any]]:
+    """The failed iterations in index order, at most FAILURES_NAMED: {index, kind, message, task}."""
+    found = {
+        i: r.get("error")
+        for i, r in _final_rows(decider, message.run_id).items()
+        if r["event_type"] == ev.ITERATION_FAILED
+    }
+    if message.iteration is not None:
+        if ok:
+            found.pop(message.iteration, None)
+        elif current is not None:
+            found[message.iteration] = current
+    failures = []
+    for index in sorted(found)[:FAILURES_NAMED]:
+        raw = found[index]
+        error: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        failures.append(
+            {"index": index, "kind": error.get("kind"), "message": error.get("message"), "task": error.get("task")}
+        )
+    return failures
 
 
 def _ordered_results(decider: Decider, message: TaskMessage, total: int, *, ok: bool, data: Any) -> list[Any]:
     """Every iteration's result in collection order (the current one is not written yet)."""
-    by_index: dict[int, Any] = {}
-    for kind in ("iteration.completed", "iteration.failed"):
-        for r in repo.run_events(decider.conn, decider.execution_id, message.run_id, kind,
-                                 columns=("iteration", "result")):
-            by_index[r["iteration"]] = r["result"] if kind == "iteration.completed" else None
+    by_index = {
+        i: (r.get("result") if r["event_type"] == ev.ITERATION_COMPLETED else None)
+        for i, r in _final_rows(decider, message.run_id).items()
+    }
     by_index[message.iteration] = data if ok else None  # type: ignore[index]
     return [by_index.get(i) for i in range(total)]
 
 
-def finish_loop(decider: Decider, step: Step, run_id: str, parent: str | None, results: list[Any], *,
-                ok_count: int, failed: int, tolerated: int = 0) -> None:
-    """The loop's result and the step's end. Failures a policy tolerated do not fail the step."""
+def record_loop_done(
+    decider: Decider, step: Step, run_id: str, parent: str | None, stats: dict[str, Any], *, fatal: int, tolerated: int
+) -> str:
+    """The loop's one `iterator.completed` row (any loop kind); returns its key."""
+    return decider.record(
+        ev.ITERATOR_COMPLETED,
+        f"{run_id}.loop.done",
+        status="failed" if fatal else "completed",
+        step=step.name,
+        run_id=run_id,
+        parent_event_id=parent,
+        meta={**stats, "tolerated": tolerated} if tolerated else stats,
+    )
+
+
+def finish_loop(
+    decider: Decider,
+    step: Step,
+    run_id: str,
+    parent: str | None,
+    results: list[Any],
+    *,
+    ok_count: int,
+    failed: int,
+    tolerated: int = 0,
+    failures: list[dict[str, Any]] | None = None,
+) -> None:
+    """The loop's result and the step's end. Failures a policy tolerated do not fail the step;
+    a failed step's error names the first failed iterations (index and message)."""
     loop_row = repo.get_loop(decider.conn, run_id) or {}
     context = loop_row.get("context") or {}
     total = len(results)
     stats = {"total": total, "success": ok_count, "failed": failed}
     fatal = failed - tolerated
-    key = decider.record("iterator.completed", f"{run_id}.loop.done", status="failed" if fatal else "completed",
-                         step=step.name, run_id=run_id, parent_event_id=parent,
-                         meta={**stats, "tolerated": tolerated} if tolerated else stats)
+    key = record_loop_done(decider, step, run_id, parent, stats, fatal=fatal, tolerated=tolerated)
     result = {"results": results, "stats": stats}
-    error = None if not fatal else {"kind": "loop", "message": f"{failed} of {total} iterations failed",
-                                    "stats": stats}
-    decider.step_done(step, run_id, ok=not fatal, data=result, error=error, frames=context.get("frames", []),
-                      args=context.get("args", {}), task_results={}, parent=key, via="loop")
-
+    error: dict[str, Any] | None = None
+    if fatal:
+        named = "; ".join(f"[{f['index']}] {f['message']}" for f in failures or [])
+        error = {
+            "kind": "loop",
+            "message": f"{failed} of {total} iterations failed" + (f": {named}" if named else ""),
+            "stats": stats,
+        }
+        if failures:
+            error["failures"] = failures
+    run = RunRef(run_id, context.get("frames", []), context.get("args", {}))
+    decider.step_done(step, run, UnitEnd(ok=not fatal, parent=key, data=result, error=error), via="loop")

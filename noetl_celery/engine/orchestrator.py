@@ -20,10 +20,14 @@ from sqlalchemy import Connection
 
 from noetl_celery.compiler.names import shadow_label
 from noetl_celery.dsl.plan import Action, Step, Task
-from noetl_celery.engine import loops, pagination, policy, routing
-from noetl_celery.engine.context import STATE, ExecutionState, Scope, render_context
+from noetl_celery.engine import cursor_loop, deadlines, loops, pagination, policy_eval, routing, subplaybooks
+from noetl_celery.engine import events as ev
+from noetl_celery.engine.arc_args import merge_arc_args
+from noetl_celery.engine.context import STATE, ExecutionState, Scope, message_scope, render_context
 from noetl_celery.engine.ids import attempt_key, run_id_for
 from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
+from noetl_celery.engine.select import select_part
+from noetl_celery.engine.units import RunRef, UnitEnd
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
@@ -33,7 +37,7 @@ from noetl_celery.tools.base import get_tool
 log = logging.getLogger(__name__)
 
 MAX_INLINE_DEPTH = 200  # routing-only steps and inline tasks chained in one decision
-START_KEY = "execution.started"
+START_KEY = ev.START_KEY
 
 
 class DuplicateEvent(Exception):
@@ -76,90 +80,157 @@ class Decider:
         if not values:
             return
         self.variables.setdefault(scope, {}).update(values)
-        target = {"ctx": self.state.ctx, "vars": self.state.vars, "result": self.state.results,
-                  "tasks": self.state.task_results}[scope]
+        target = {
+            "ctx": self.state.ctx,
+            "vars": self.state.vars,
+            "result": self.state.results,
+            "tasks": self.state.task_results,
+        }[scope]
         target.update(values)  # later decisions of this same event see the new values
+
+    def fail_step(self, step: str, run_id: str, error: Any, parent: str | None) -> None:
+        """The step run failed: its `step.failed` row, then the execution's failure."""
+        done_key = f"{run_id}.step.done"
+        self.record(
+            ev.STEP_FAILED, done_key, status="failed", step=step, run_id=run_id, error=error, parent_event_id=parent
+        )
+        self.fail_execution(step, error, done_key)
 
     def fail_execution(self, step: str | None, error: Any, parent: str) -> None:
         if self.failure is None:
             self.failure = {"step": step, "error": error}
-            self.record("execution.failed", "execution.failed", status="failed", step=step,
-                        error=error, parent_event_id=parent)
+            self.record(
+                ev.EXECUTION_FAILED,
+                ev.EXECUTION_FAILED,
+                status="failed",
+                step=step,
+                error=error,
+                parent_event_id=parent,
+            )
 
     # --- entry points ----------------------------------------------------------------------
 
     def start_execution(self) -> None:
-        self.record("execution.started", START_KEY, status="running",
-                    context=sanitize({"workload": self.state.workload}),
-                    meta={"playbook": self.plan.name, "entry_step": self.plan.entry_step})
+        self.record(
+            ev.EXECUTION_STARTED,
+            START_KEY,
+            status="running",
+            context=sanitize({"workload": self.state.workload}),
+            meta={"playbook": self.plan.name, "entry_step": self.plan.entry_step},
+        )
         self.enter_step(self.plan.entry_step, START_KEY, frames=[], args={})
 
     def on_outcome(self, message: TaskMessage, outcome: dict[str, Any], report: dict[str, Any]) -> None:
+        if message.is_claim:
+            cursor_loop.claim_done(self, message, outcome, report)
+            return
         step = self.plan.steps[message.step]
         task = step.tasks[message.task_index]
-        key = attempt_key(message.run_id, message.iteration, message.seq, message.attempt) + ".done"
+        key = message.outcome_key()
         # every attempt links to the first one (a retry's own start is its retry.scheduled row)
         first_attempt = attempt_key(message.run_id, message.iteration, message.seq, 1) + ".start"
         ok = outcome["status"] == "ok"
         causing = {
-            "event_type": "action.completed" if ok else "action.failed",
+            "event_type": ev.ACTION_COMPLETED if ok else ev.ACTION_FAILED,
             "status": "completed" if ok else "failed",
-            "step": step.name, "task": task.label, "run_id": message.run_id,
-            "attempt": message.attempt, "iteration": message.iteration, "page": message.page,
-            "parent_event_id": first_attempt, "queue_id": report.get("queue_id"),
-            "worker": report.get("worker"), "started_at": _timestamp(report.get("started_at")),
+            "step": step.name,
+            "task": task.label,
+            "run_id": message.run_id,
+            "attempt": message.attempt,
+            "iteration": message.iteration,
+            "page": message.page,
+            "parent_event_id": first_attempt,
+            "queue_id": report.get("queue_id"),
+            "worker": report.get("worker"),
+            "started_at": _timestamp(report.get("started_at")),
             "duration_ms": report.get("duration_ms"),
-            "result": outcome.get("data"), "error": outcome.get("error"),
-            "meta": {k: v for k, v in (("http", outcome.get("http")), ("pg", outcome.get("pg")),
-                                       ("retry_of", message.parent_event_id if message.attempt > 1 else None),
-                                       ("sink", outcome.get("meta", {}).get("sink")),
-                                       ("stdout", outcome.get("meta", {}).get("stdout"))) if v},
+            "result": outcome.get("data"),
+            "error": outcome.get("error"),
+            "meta": {
+                k: v
+                for k, v in (
+                    ("http", outcome.get("http")),
+                    ("pg", outcome.get("pg")),
+                    ("retry_of", message.parent_event_id if message.attempt > 1 else None),
+                    ("sink", outcome.get("meta", {}).get("sink")),
+                    ("stdout", outcome.get("meta", {}).get("stdout")),
+                    ("child", outcome.get("meta", {}).get("child")),
+                    ("pid", report.get("pid")),
+                )
+                if v
+            },
         }
+        if not self.running:
+            causing["meta"]["ignored"] = True  # recorded, not acted on: a resume decides it
         self.record(key=key, **causing)
         causing_row = self.rows[-1]
         sink = outcome.get("meta", {}).get("sink") or {}
         if sink.get("kind") in ("event_log", "log") and sink.get("status") == "ok":
-            self.record("sink.event_log", key + ".sink", status="recorded", step=step.name, task=task.label,
-                        run_id=message.run_id, iteration=message.iteration, parent_event_id=key,
-                        result=(sink.get("data") or {}).get("event_log"))
+            self.record(
+                ev.SINK_EVENT_LOG,
+                key + ".sink",
+                status="recorded",
+                step=step.name,
+                task=task.label,
+                run_id=message.run_id,
+                iteration=message.iteration,
+                parent_event_id=key,
+                result=(sink.get("data") or {}).get("event_log"),
+            )
         if self.running:
             self.handle_outcome(step, task, message, outcome, causing_row)
 
     # --- tasks -----------------------------------------------------------------------------
 
-    def scope_of(self, message: TaskMessage, step: Step) -> Scope:
-        return Scope(
-            iteration=message.iteration, element=message.element,
-            iterator=step.loop.iterator if step.loop else None, iter_vars=message.iter_vars,
-            prev=message.prev, args=message.args, attempt=message.attempt, step=step.name,
-            task_results=message.task_results,
-        )
+    @staticmethod
+    def attempt_fields(step: Step, task: Task, message: TaskMessage, **overrides: Any) -> dict[str, Any]:
+        """The columns every row about one attempt carries (step, task, run, attempt, iteration, page)."""
+        fields = {
+            "step": step.name,
+            "task": task.label,
+            "run_id": message.run_id,
+            "attempt": message.attempt,
+            "iteration": message.iteration,
+            "page": message.page,
+        }
+        return {**fields, **overrides}
 
-    def handle_outcome(self, step: Step, task: Task, message: TaskMessage, outcome: dict[str, Any],
-                       row: dict[str, Any]) -> None:
+    def scope_of(self, message: TaskMessage, step: Step) -> Scope:
+        return message_scope(message, step)
+
+    def handle_outcome(
+        self, step: Step, task: Task, message: TaskMessage, outcome: dict[str, Any], row: dict[str, Any]
+    ) -> None:
         ok = outcome["status"] == "ok"
         if task.policy is None or not task.policy.rules:
-            verdict = policy.Verdict(policy.DEFAULT_OK if ok else policy.DEFAULT_ERROR, None, [])
+            verdict = policy_eval.Verdict(policy_eval.DEFAULT_OK if ok else policy_eval.DEFAULT_ERROR, None, [])
             context: dict[str, Any] = {}  # nothing to render: the common, fast path
         else:
             base = render_context(self.state, self.scope_of(message, step))
-            context = {**base, **policy.outcome_scope(outcome, message.attempt)}
-            verdict = policy.decide(task.policy, outcome, context)
+            context = {**base, **policy_eval.outcome_scope(outcome, message.attempt)}
+            verdict = policy_eval.decide(task.policy, outcome, context)
         action = verdict.action
         if verdict.rule is not None or verdict.skipped_conditions:
-            row.setdefault("meta", {})["policy"] = {"rule": verdict.rule, "do": action.do,
-                                                     "skipped": verdict.skipped_conditions or None}
+            row.setdefault("meta", {})["policy"] = {
+                "rule": verdict.rule,
+                "do": action.do,
+                "skipped": verdict.skipped_conditions or None,
+            }
         iter_vars = message.iter_vars
         try:
             if action.set_iter:
                 iter_vars = {**message.iter_vars, **plain(render_value(action.set_iter, context))}
             self.set_variables("ctx", plain(render_value(action.set_ctx, context)))
             self.set_variables("vars", plain(render_value(action.set_vars, context)))
+            data = plain(render_value(action.result, context)) if action.sets_result else outcome.get("data")
         except TemplateError as exc:
-            self.unit_done(step, message, ok=False, data=None,
-                           error={"kind": "template", "message": str(exc)}, row=row)
+            self.unit_done(
+                step,
+                message,
+                UnitEnd(ok=False, parent=row["event_id"], error={"kind": "template", "message": str(exc)}),
+                row,
+            )
             return
-        data = outcome.get("data")
         task_results = dict(message.task_results)
         if len(step.tasks) > 1:
             task_results[task.label] = data
@@ -172,58 +243,120 @@ class Decider:
             do = "continue" if ok else "fail"
         if do == "continue" and not ok and verdict.rule is None:
             do = "fail"
-        nxt = message.evolve(iter_vars=iter_vars, task_results=task_results, prev=data,
-                             parent_event_id=row["event_id"], attempt=1, page=1, call={})
+        nxt = message.evolve(
+            iter_vars=iter_vars,
+            task_results=task_results,
+            prev=data,
+            parent_event_id=row["event_id"],
+            attempt=1,
+            page=1,
+            call={},
+        )
         if do == "continue" and message.task_index + 1 < len(step.tasks):
             self.dispatch_task(step, nxt.evolve(task_index=message.task_index + 1, seq=message.seq + 1))
         elif do == "jump":
             target = next((i for i, t in enumerate(step.tasks) if t.label == action.to), None)
             if target is None:
-                self.unit_done(step, message, ok=False, data=None, row=row,
-                               error={"kind": "policy", "message": f"jump target {action.to!r} is not a task"})
+                self.unit_done(
+                    step,
+                    message,
+                    UnitEnd(
+                        ok=False,
+                        parent=row["event_id"],
+                        error={"kind": "policy", "message": f"jump target {action.to!r} is not a task"},
+                    ),
+                    row,
+                )
                 return
             self.dispatch_task(step, nxt.evolve(task_index=target, seq=message.seq + 1))
         elif do in ("continue", "break"):
-            self.unit_done(step, message, ok=True, data=self.collected_or(data, step, task, message),
-                           row=row, task_results=task_results, iter_vars=iter_vars,
-                           tolerated=None if ok else outcome.get("error"), response=data)
+            end = UnitEnd(
+                ok=True,
+                parent=row["event_id"],
+                data=self.collected_or(data, step, task, message),
+                task_results=task_results,
+                iter_vars=iter_vars,
+                tolerated=None if ok else outcome.get("error"),
+                response=data,
+            )
+            self.unit_done(step, message, end, row)
         else:
-            self.unit_done(step, message, ok=False, data=data, row=row,
-                           error=outcome.get("error") or {"kind": "policy", "message": "failed by policy rule"})
+            self.unit_done(
+                step,
+                message,
+                UnitEnd(
+                    ok=False,
+                    parent=row["event_id"],
+                    data=data,
+                    error=(outcome.get("error") or {"kind": "policy", "message": "failed by policy rule"}),
+                ),
+                row,
+            )
 
-    def retry(self, step: Step, task: Task, message: TaskMessage, outcome: dict[str, Any], action: Action,
-              context: dict[str, Any], iter_vars: dict[str, Any], row: dict[str, Any]) -> bool:
+    def retry(
+        self,
+        step: Step,
+        task: Task,
+        message: TaskMessage,
+        outcome: dict[str, Any],
+        action: Action,
+        context: dict[str, Any],
+        iter_vars: dict[str, Any],
+        row: dict[str, Any],
+    ) -> bool:
         """Schedule the same task again (a retry on error, or the next page); False if exhausted."""
         ok = outcome["status"] == "ok"
-        limit = action.attempts or (policy.DEFAULT_PAGES if ok else policy.DEFAULT_ATTEMPTS)
+        limit = action.attempts or (policy_eval.DEFAULT_PAGES if ok else policy_eval.DEFAULT_ATTEMPTS)
         used = message.page if ok else message.attempt
         base_key = attempt_key(message.run_id, message.iteration, message.seq, message.attempt)
         if used >= limit:
-            self.record("retry.exhausted", base_key + ".exhausted", status="exhausted", step=step.name,
-                        task=task.label, run_id=message.run_id, attempt=message.attempt,
-                        iteration=message.iteration, page=message.page, parent_event_id=row["event_id"],
-                        meta={"limit": limit, "kind": "pages" if ok else "attempts"})
+            self.record(
+                ev.RETRY_EXHAUSTED,
+                base_key + ".exhausted",
+                status="exhausted",
+                parent_event_id=row["event_id"],
+                **self.attempt_fields(step, task, message),
+                meta={"limit": limit, "kind": "pages" if ok else "attempts"},
+            )
             return False
         if ok:
             try:
                 call = plain(render_value(action.next_call or {}, context))
             except TemplateError as exc:
-                self.unit_done(step, message, ok=False, data=None, row=row,
-                               error={"kind": "template", "message": str(exc)})
+                self.unit_done(
+                    step,
+                    message,
+                    UnitEnd(ok=False, parent=row["event_id"], error={"kind": "template", "message": str(exc)}),
+                    row,
+                )
                 return True
-            row["event_type"] = "page.completed"
+            row["event_type"] = ev.PAGE_COMPLETED
             row.setdefault("meta", {})["collect"] = action.collect.model_dump() if action.collect else None
-            nxt = message.evolve(seq=message.seq + 1, page=message.page + 1, attempt=1, call=call,
-                                 iter_vars=iter_vars, parent_event_id=row["event_id"])
+            nxt = message.evolve(
+                seq=message.seq + 1,
+                page=message.page + 1,
+                attempt=1,
+                call=call,
+                iter_vars=iter_vars,
+                parent_event_id=row["event_id"],
+            )
             self.dispatch_task(step, nxt)
             return True
         retry_after = (outcome.get("error") or {}).get("retry_after")
-        delay = policy.next_backoff(action, message.attempt, retry_after)
-        key = self.record("retry.scheduled", base_key + ".retry", status="scheduled", step=step.name,
-                          task=task.label, run_id=message.run_id, attempt=message.attempt + 1,
-                          iteration=message.iteration, page=message.page, parent_event_id=row["event_id"],
-                          meta={"delay": delay, "reason": (outcome.get("error") or {}).get("message"),
-                                "rule": row.get("meta", {}).get("policy", {}).get("rule"), "limit": limit})
+        delay = policy_eval.next_backoff(action, message.attempt, retry_after)
+        key = self.record(
+            ev.RETRY_SCHEDULED,
+            base_key + ".retry",
+            status="scheduled",
+            parent_event_id=row["event_id"],
+            **self.attempt_fields(step, task, message, attempt=message.attempt + 1),
+            meta={
+                "delay": delay,
+                "reason": (outcome.get("error") or {}).get("message"),
+                "rule": row.get("meta", {}).get("policy", {}).get("rule"),
+                "limit": limit,
+            },
+        )
         nxt = message.evolve(attempt=message.attempt + 1, iter_vars=iter_vars, parent_event_id=key)
         self.dispatch_task(step, nxt, countdown=delay, record_start=False)  # the retry row is its start
         return True
@@ -238,110 +371,142 @@ class Decider:
             self.set_variables("vars", {into: collected})
         return collected
 
-    def dispatch_task(self, step: Step, message: TaskMessage, countdown: float = 0.0,
-                      record_start: bool = True) -> None:
+    def dispatch_task(
+        self, step: Step, message: TaskMessage, countdown: float = 0.0, record_start: bool = True
+    ) -> None:
         task = step.tasks[message.task_index]
         spec = get_tool(task.kind)
         if spec is not None and spec.routing_only and task.sink is None and countdown == 0:
             self.run_inline(step, task, message)
             return
         key = attempt_key(message.run_id, message.iteration, message.seq, message.attempt)
+        if task.kind == subplaybooks.PLAYBOOK_KIND:  # a child execution, started by this decision
+            subplaybooks.start_child(self, step, task, message, key, record_start and message.slot is None, countdown)
+            return
         first_of_iteration = message.iteration is not None and message.seq == 0 and message.attempt == 1
-        if record_start:
-            self.record("iteration.started" if first_of_iteration else "action.started", key + ".start",
-                        status="started", step=step.name, task=task.label, run_id=message.run_id,
-                        attempt=message.attempt, iteration=message.iteration, page=message.page,
-                        parent_event_id=message.parent_event_id,
-                        context=sanitize({"element": message.element, "call": message.call or None,
-                                          "args": message.args or None}))
+        if record_start and message.slot is None:  # cursor rows: the item's row is its only row
+            self.record(
+                ev.ITERATION_STARTED if first_of_iteration else ev.ACTION_STARTED,
+                key + ".start",
+                status="started",
+                parent_event_id=message.parent_event_id,
+                **self.attempt_fields(step, task, message),
+                context=sanitize(
+                    {"element": message.element, "call": message.call or None, "args": message.args or None}
+                ),
+            )
             message = message.evolve(parent_event_id=key + ".start")
-        self.dispatches.append(Dispatch.task(message, countdown=countdown, label=shadow_label(step, task)))
+        timeout = deadlines.timeout_of(task.kind, task.config)
+        if message.slot is not None and "timeout" not in task.config:  # a cursor row: the frame's lease
+            timeout = cursor_loop.lease_seconds(step) or timeout
+        label = shadow_label(step, task, self.plan.name)
+        self.dispatches.append(Dispatch.task(message, countdown=countdown, label=label, timeout=timeout))
 
     def run_inline(self, step: Step, task: Task, message: TaskMessage) -> None:
         """A routing-only task (noop/end/router) is decided here, without a worker round trip."""
         self.depth += 1
         if self.depth > MAX_INLINE_DEPTH:
-            self.unit_done(step, message, ok=False, data=None, row={"event_id": message.parent_event_id},
-                           error={"kind": "routing", "message": f"more than {MAX_INLINE_DEPTH} routing-only "
-                                  "tasks in a row: a cycle of steps without work?"})
+            self.unit_done(
+                step,
+                message,
+                UnitEnd(
+                    ok=False,
+                    parent=message.parent_event_id,
+                    error={
+                        "kind": "routing",
+                        "message": f"more than {MAX_INLINE_DEPTH} routing-only "
+                        "tasks in a row: a cycle of steps without work?",
+                    },
+                ),
+                {"event_id": message.parent_event_id},
+            )
             return
         context = render_context(self.state, self.scope_of(message, step))
         try:
-            args = plain(render_value(task.config.get("args"), context))
+            rendered = {**task.config, "args": plain(render_value(task.config.get("args"), context))}
+            args = merge_arc_args(task.kind, rendered, message.args).get("args")
             outcome = {"status": "ok", "data": args}
         except TemplateError as exc:
             outcome = {"status": "error", "error": {"kind": "template", "message": str(exc)}}
         row = {"event_id": message.parent_event_id}
         self.handle_outcome(step, task, message, outcome, row)
 
-    # --- units: a step run, or one iteration of a loop ---------------------------------------
+    # --- units: a step run, or one element of a loop ----------------------------------------
 
-    def unit_done(self, step: Step, message: TaskMessage, *, ok: bool, data: Any, row: dict[str, Any],
-                  error: Any = None, task_results: dict[str, Any] | None = None,
-                  iter_vars: dict[str, Any] | None = None, tolerated: Any = None,
-                  response: Any = None) -> None:
-        """A step run, or one loop iteration, is over. `tolerated`: the error a policy rule said
-        to continue past (the unit goes on as a success, a loop counts it as a failure)."""
+    def unit_done(self, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]) -> None:
+        """A step run, or one loop element, is over: its loop strategy counts it, or the step ends."""
         if message.iteration is not None:
-            failed = not ok or tolerated is not None
-            if row.get("event_type", "").startswith("action.") and row.get("execution_id"):
-                row["event_type"] = "iteration.failed" if failed else "iteration.completed"
-                row["result"] = data
-                if tolerated is not None:
-                    row.setdefault("meta", {})["tolerated"] = True
-            loops.iteration_done(self, step, message, ok=not failed, data=data, error=error or tolerated,
-                                 row=row, tolerated=tolerated is not None)
+            loops.strategy_for(step).unit_done(self, step, message, end, row)
             return
-        self.step_done(step, message.run_id, ok=ok, data=data, error=error, frames=message.frames,
-                       args=message.args, task_results=task_results or {}, parent=row["event_id"],
-                       response=data if response is None else response)
+        self.step_done(step, RunRef(message.run_id, message.frames, message.args), end)
 
-    def step_done(self, step: Step, run_id: str, *, ok: bool, data: Any, error: Any, frames: list[list[str]],
-                  args: dict[str, Any], task_results: dict[str, Any], parent: str, via: str = "call",
-                  response: Any = None) -> None:
+    def step_done(self, step: Step, run: RunRef, end: UnitEnd, via: str = "call") -> None:
         """A step run is over: record it, store its result, apply vars/set_ctx, route.
-        `response` is the last call's result (the last page), which routing conditions read."""
+        `end.routing_response` is the last call's result (the last page), which routing reads."""
         self.pending -= 1
+        run_id, data, parent = run.run_id, end.data, end.parent
         done_key = f"{run_id}.step.done"
-        if not ok:
-            self.record("step.failed", done_key, status="failed", step=step.name, run_id=run_id,
-                        error=error, parent_event_id=parent)
-            self.fail_execution(step.name, error, done_key)
+        if end.ok and step.result_select is not None:
+            try:
+                data = select_part(
+                    data, step.result_select, render_context(self.state, Scope(args=run.args, step=step.name))
+                )
+            except TemplateError as exc:
+                end = end.evolve(ok=False, error={"kind": "template", "message": str(exc)})
+        if not end.ok:
+            self.fail_step(step.name, run_id, end.error, parent)
             return
         self.set_variables("result", {step.name: data})
-        if len(step.tasks) > 1 and task_results:
-            self.set_variables("tasks", {step.name: task_results})
-        scope = Scope(args=args, step=step.name)
-        context = render_context(self.state, scope)
-        context.update(result=as_step_result(data), response=response_view(data if response is None else response),
-                       event={"name": routing.TERMINAL_EVENT_NAMES[via]})
+        if len(step.tasks) > 1 and end.task_results:
+            self.set_variables("tasks", {step.name: end.task_results})
+        scope = Scope(args=run.args, step=step.name)
+        # step-level set/vars and arcs read the step's last call as `output`/`outcome`, like policies
+        last_call = policy_eval.outcome_scope({"status": "ok", "data": end.routing_response}, 1)
+        own = dict(
+            output=last_call["output"],
+            outcome=last_call["outcome"],
+            result=as_step_result(data),
+            response=response_view(end.routing_response),
+            event={"name": routing.TERMINAL_EVENT_NAMES[via]},
+        )
+        context = {**render_context(self.state, scope), **own}
         try:
             self.set_variables("vars", plain(render_value(step.vars, context)))
             self.set_variables("ctx", plain(render_value(step.set_ctx, context)))
-            context.update(ctx=self.state.ctx, vars=self.state.vars)
+            if step.vars or step.set_ctx:  # arcs read the new values (also as bare ctx names)
+                context = {**render_context(self.state, scope), **own}
             fired = [] if step.name == self.plan.final_step else routing.fired_arcs(step, context)
             targets = [(arc.step, routing.arc_args(arc, context)) for arc in fired]
+            for arc in fired:  # v2 case `then: {next, set}`
+                self.set_variables("ctx", plain(render_value(arc.set_ctx, context)))
+                self.set_variables("vars", plain(render_value(arc.set_vars, context)))
         except TemplateError as exc:
-            err = {"kind": "template", "message": str(exc)}
-            self.record("step.failed", done_key, status="failed", step=step.name, run_id=run_id,
-                        error=err, parent_event_id=parent)
-            self.fail_execution(step.name, err, done_key)
+            self.fail_step(step.name, run_id, {"kind": "template", "message": str(exc)}, parent)
             return
-        self.record("step.completed", done_key, status="completed", step=step.name, run_id=run_id,
-                    result=data, parent_event_id=parent,
-                    meta={"next": [t for t, _ in targets]} if targets else None)
-        no_match_fails = step.next.on_no_match == "error" or (step.next.on_no_match is None
-                                                               and self.plan.no_next_is_error)
+        self.record(
+            ev.STEP_COMPLETED,
+            done_key,
+            status="completed",
+            step=step.name,
+            run_id=run_id,
+            result=data,
+            parent_event_id=parent,
+            meta={"next": [t for t, _ in targets]} if targets else None,
+        )
+        no_match_fails = step.next.on_no_match == "error" or (
+            step.next.on_no_match is None and self.plan.no_next_is_error
+        )
         if not targets and step.next.arcs and no_match_fails and step.name != self.plan.final_step:
             err = {"kind": "routing", "message": f"no arc of step {step.name!r} matched"}
             self.fail_execution(step.name, err, done_key)
             return
-        self.route(step, targets, frames, done_key)
+        self.route(step, targets, run.frames, done_key)
 
     # --- routing and joins -----------------------------------------------------------------
 
-    def route(self, step: Step, targets: list[tuple[str, dict[str, Any]]], frames: list[list[str]],
-              parent: str) -> None:
+    def route(
+        self, step: Step, targets: list[tuple[str, dict[str, Any]]], frames: list[list[str]], parent: str
+    ) -> None:
         if not targets:
             self.branch_ended(frames, parent)
             return
@@ -350,19 +515,26 @@ class Decider:
             repo.open_join(self.conn, self.execution_id, parent, step.join, len(targets))
             child_frames = [*frames, [parent, step.join]]
         for target, args in targets:
-            self.enter_step(target, parent, child_frames, args)
+            self.enter_step(target, parent, child_frames, args, came_from=step.name)
 
-    def enter_step(self, name: str, parent: str, frames: list[list[str]], args: dict[str, Any]) -> None:
+    def enter_step(
+        self, name: str, parent: str, frames: list[list[str]], args: dict[str, Any], came_from: str | None = None
+    ) -> None:
         if frames and frames[-1][1] == name:
             fork_id = frames[-1][0]
             settled, arrived, width = repo.settle_join(self.conn, self.execution_id, fork_id, arrived=True)
-            self.record("join.arrived", f"{parent}>{name}.arrive", status="waiting" if settled < width else "ready",
-                        step=name, parent_event_id=parent, meta={"fork": fork_id, "settled": settled,
-                                                                 "width": width})
+            self.record(
+                ev.JOIN_ARRIVED,
+                f"{parent}>{name}.arrive",
+                status="waiting" if settled < width else "ready",
+                step=name,
+                parent_event_id=parent,
+                meta={"fork": fork_id, "settled": settled, "width": width},
+            )
             if settled == width:
                 self.start_step(name, f"{fork_id}.join", frames[:-1], args)
             return
-        self.start_step(name, parent, frames, args)
+        self.start_step(name, parent, frames, args, came_from)
 
     def branch_ended(self, frames: list[list[str]], parent: str) -> None:
         """A branch inside a fork ended without reaching the join: settle it, maybe release the join."""
@@ -377,12 +549,21 @@ class Decider:
         else:
             self.branch_ended(frames[:-1], parent)
 
-    def start_step(self, name: str, parent: str, frames: list[list[str]], args: dict[str, Any]) -> None:
+    def start_step(
+        self, name: str, parent: str, frames: list[list[str]], args: dict[str, Any], came_from: str | None = None
+    ) -> None:
+        """Start a run of step `name`; `came_from` is the step whose arc chose it (none after a join)."""
         step = self.plan.steps[name]
         run_id = run_id_for(self.execution_id, parent, name)
-        start_key = self.record("step.started", f"{run_id}.step.start", status="started", step=name,
-                                run_id=run_id, parent_event_id=parent,
-                                context=sanitize({"args": args}) if args else None)
+        start_key = self.record(
+            ev.STEP_STARTED,
+            f"{run_id}.step.start",
+            status="started",
+            step=name,
+            run_id=run_id,
+            parent_event_id=parent,
+            context=sanitize({"args": args}) if args else None,
+        )
         self.depth += 1
         if self.depth > MAX_INLINE_DEPTH:
             err = {"kind": "routing", "message": f"more than {MAX_INLINE_DEPTH} steps without work in a row"}
@@ -395,20 +576,33 @@ class Decider:
             self.fail_execution(name, {"kind": "template", "message": str(exc)}, start_key)
             return
         if not allowed:
-            self.record("step.skipped", f"{run_id}.step.skipped", status="skipped", step=name, run_id=run_id,
-                        parent_event_id=start_key)
+            self.record(
+                ev.STEP_SKIPPED,
+                f"{run_id}.step.skipped",
+                status="skipped",
+                step=name,
+                run_id=run_id,
+                parent_event_id=start_key,
+            )
             self.branch_ended(frames, start_key)
             return
         self.pending += 1
         if step.loop is not None:
-            loops.start_loop(self, step, run_id, start_key, frames, args, context)
+            loops.strategy_for(step).start(self, step, RunRef(run_id, frames, args), start_key, context)
             return
         if not step.tasks:
-            self.step_done(step, run_id, ok=True, data=args or None, error=None, frames=frames, args=args,
-                           task_results={}, parent=start_key)
+            self.step_done(step, RunRef(run_id, frames, args), UnitEnd(ok=True, parent=start_key, data=args or None))
             return
-        message = TaskMessage(execution_id=self.execution_id, run_id=run_id, step=name, task_index=0,
-                              frames=frames, args=args, parent_event_id=start_key)
+        message = TaskMessage(
+            execution_id=self.execution_id,
+            run_id=run_id,
+            step=name,
+            task_index=0,
+            frames=frames,
+            args=args,
+            from_step=came_from,
+            parent_event_id=start_key,
+        )
         self.dispatch_task(step, message)
 
     # --- writing ---------------------------------------------------------------------------
@@ -416,20 +610,35 @@ class Decider:
     def flush(self) -> list[Dispatch]:
         """Write everything decided; raises DuplicateEvent (and rolls back) on a redelivery."""
         version = self.version
+        finished = False
         if self.pending or self.variables or self.failure is not None:
-            pending, version = repo.bump_execution(self.conn, self.execution_id, pending=self.pending,
-                                                   version=1 if self.variables else 0)
+            pending, version = repo.bump_execution(
+                self.conn, self.execution_id, pending=self.pending, version=1 if self.variables else 0
+            )
             if self.running and self.failure is None and pending <= 0:
-                self.record("execution.completed", "execution.completed", status="completed",
-                            parent_event_id=self.rows[-1]["event_id"] if self.rows else None)
-                repo.finish_execution(self.conn, self.execution_id, "completed")
+                self.record(
+                    ev.EXECUTION_COMPLETED,
+                    ev.EXECUTION_COMPLETED,
+                    status="completed",
+                    parent_event_id=self.rows[-1]["event_id"] if self.rows else None,
+                )
+                finished = repo.finish_execution(self.conn, self.execution_id, "completed")
         if self.failure is not None:
-            repo.finish_execution(self.conn, self.execution_id, "failed", error=self.failure["error"],
-                                  failed_step=self.failure["step"])
+            repo.finish_execution(
+                self.conn, self.execution_id, "failed", error=self.failure["error"], failed_step=self.failure["step"]
+            )
         dispatches = [d.with_version(version) for d in self.dispatches] if self.running else []
+        if self.running and self.state.parent_execution_id is not None and (finished or self.failure is not None):
+            status = "failed" if self.failure is not None else "completed"
+            end = subplaybooks.child_end(
+                self.conn, self.execution_id, status, self.state.results, (self.failure or {}).get("error")
+            )
+            if end is not None:
+                dispatches.append(end)
         causing = self.rows[0]
         if dispatches:
             causing["meta"] = {**(causing.get("meta") or {}), "dispatch": [d.to_dict() for d in dispatches]}
+            causing["deadline_at"] = deadlines.decision_deadline(repo.utcnow(), dispatches)
         if not repo.insert_events(self.conn, self.rows, first_must_be_new=True):
             raise DuplicateEvent(causing["event_id"])
         for scope, values in self.variables.items():
@@ -451,13 +660,14 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
     kind = payload["kind"]
     try:
         with transaction(url) as conn:
-            head = repo.execution_head(conn, execution_id)
+            head = repo.execution_head(conn, execution_id, deciding=True)
             if head is None:
                 log.warning("event for unknown execution %s dropped", execution_id)
                 return []
             state = STATE.get(url, execution_id, min_version=head["state_version"], conn=conn)
-            decider = Decider(conn=conn, state=state, running=head["status"] == "running",
-                              version=head["state_version"])
+            decider = Decider(
+                conn=conn, state=state, running=head["status"] == "running", version=head["state_version"]
+            )
             if kind == "start":
                 decider.start_execution()
             elif kind == "outcome":
@@ -485,9 +695,19 @@ def fail_internally(url: str, payload: dict[str, Any], reason: str) -> None:
     try:
         with transaction(url) as conn:
             if repo.finish_execution(conn, execution_id, "failed", error=error, failed_step=step):
-                repo.insert_events(conn, [{"execution_id": execution_id, "event_id": "execution.failed",
-                                           "event_type": "execution.failed", "status": "failed",
-                                           "step": step, "error": error}])
+                repo.insert_events(
+                    conn,
+                    [
+                        {
+                            "execution_id": execution_id,
+                            "event_id": ev.EXECUTION_FAILED,
+                            "event_type": ev.EXECUTION_FAILED,
+                            "status": "failed",
+                            "step": step,
+                            "error": error,
+                        }
+                    ],
+                )
     except Exception:  # the store itself is gone: nothing more can be recorded
         log.exception("could not record the failure of execution %s", execution_id)
     STATE.forget(url, execution_id)
@@ -503,4 +723,3 @@ def replay(url: str, execution_id: int, key: str) -> list[Dispatch]:
 
 def start_payload(execution_id: int) -> dict[str, Any]:
     return {"kind": "start", "execution_id": execution_id}
-

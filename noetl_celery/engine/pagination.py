@@ -82,8 +82,9 @@ def collect_pages(conn: Connection, execution_id: int, message: TaskMessage, tas
     """All pages of the sequence ending with `message` (whose data is `last`), collected."""
     first_seq = message.seq - (message.page - 1)
     pages: dict[int, Any] = {}
-    for row in repo.run_events(conn, execution_id, message.run_id, "page.completed",
-                               columns=("iteration", "task", "event_id", "result")):
+    for row in repo.run_events(
+        conn, execution_id, message.run_id, "page.completed", columns=("iteration", "task", "event_id", "result")
+    ):
         if row["iteration"] != message.iteration or row["task"] != task.label:
             continue
         match = _SEQ.search(row["event_id"])

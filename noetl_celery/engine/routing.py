@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from noetl_celery.dsl.plan import Arc, Rule, Step
-from noetl_celery.engine.policy import EventName
+from noetl_celery.engine.policy_eval import EventName
 from noetl_celery.templating import evaluate_condition, plain, render_value
 
 # What `event.name` equals when a step's arcs are evaluated, by how the step ended.

@@ -6,26 +6,28 @@ and the execution state (cached per process) and writes nothing to the event sto
 
 from __future__ import annotations
 
-import os
-import socket
+import hashlib
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from noetl_celery import credentials
+from noetl_celery import credentials, limits, secret_registry
 from noetl_celery.dsl.plan import Sink, Task
-from noetl_celery.engine.context import STATE, Scope, render_context
-from noetl_celery.engine.ids import attempt_key
+from noetl_celery.engine import deadlines, process
+from noetl_celery.engine.arc_args import merge_arc_args
+from noetl_celery.engine.context import STATE, message_scope, render_context
+from noetl_celery.engine.cursor_claim import run_claim
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import to_jsonable
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
 from noetl_celery.templating import as_step_result, plain, render_value, response_view
-from noetl_celery.tools.base import Outcome, ToolCall, get_tool, run_tool
+from noetl_celery.tools import settings as tool_settings
+from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, get_tool, run_tool
 
 CALL_OVERRIDES = ("params", "body", "payload", "json", "headers", "args", "data")  # merged by next_call
-WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
+STORE_KEY_LENGTH = 12  # hex characters of the store URL's digest in ToolCall.store_key
 
 
 def apply_call(config: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
@@ -42,76 +44,180 @@ def apply_call(config: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def store_key(url: str | None) -> str | None:
+    """A short stable name for the event store (execution ids are unique only within one store)."""
+    return hashlib.sha1(url.encode()).hexdigest()[:STORE_KEY_LENGTH] if url else None
+
+
 def _credential(auth: Any, context: dict[str, Any]) -> Any:
     if auth is None:
         return None
     return credentials.resolve(plain(render_value(auth, context)))
 
 
-def _call(kind: str, config: dict[str, Any], auth: Any, context: dict[str, Any], execution_id: int,
-          secrets: set[str]) -> Outcome:
+def _call(
+    kind: str,
+    config: dict[str, Any],
+    auth: Any,
+    context: dict[str, Any],
+    execution_id: int,
+    secrets: set[str],
+    *,
+    task: str | None = None,
+    source_file: str | None = None,
+    store: str | None = None,
+    arc_args: dict[str, Any] | None = None,
+) -> Outcome:
     spec = get_tool(kind)
     raw = spec.raw_fields if spec else frozenset()
+    if auth is None and spec is not None and "credential" in spec.fields and "credential" in config:
+        config = dict(config)
+        auth = config.pop("credential")  # `credential:` is an alias of `auth:`
+    if auth is not None and spec is not None and spec.resolves_auth:
+        config, auth = {**config, "auth": auth}, None
     try:
-        rendered = plain(render_value(config, context, raw_keys=raw))
+        rendered = merge_arc_args(kind, plain(render_value(config, context, raw_keys=raw)), arc_args or {})
         credential = _credential(auth, context)
     except TemplateError as exc:
         return Outcome.fail("template", str(exc))
     except CredentialError as exc:
         return Outcome.fail("credential", str(exc))
-    secrets |= credentials.secret_values(credential) if credential is not None else set()
-    timeout = rendered.get("timeout") if isinstance(rendered.get("timeout"), (int, float)) else None
-    return run_tool(ToolCall(kind=kind, config=rendered, credential=credential, context=context,
-                             execution_id=execution_id, timeout=timeout))
+    if credential is not None:
+        secrets |= credentials.secret_values(credential)
+        secret_registry.register(credential)
+    if spec is not None:
+        refused = tool_settings.check_rendered(spec, rendered)
+        if refused is not None:
+            return Outcome.fail("invalid_args", refused)
+    timeout = deadlines.timeout_of(kind, rendered)
+    outcome = run_tool(
+        ToolCall(
+            kind=kind,
+            config=rendered,
+            credential=credential,
+            context=context,
+            execution_id=execution_id,
+            timeout=timeout,
+            task=task,
+            source_file=source_file,
+            store_key=store_key(store),
+        )
+    )
+    found = set(outcome.meta.pop(SECRET_VALUES_META, None) or ())
+    for value in found:  # values a tool read at run time (the secrets tool): masked from now on
+        secret_registry.register(value)
+    secrets |= found
+    return outcome
 
 
-def _run_sink(sink: Sink, outcome: Outcome, context: dict[str, Any], execution_id: int,
-              secrets: set[str]) -> Outcome:
-    scope = {**context, "result": as_step_result(outcome.data), "response": response_view(outcome.data),
-             "data": outcome.data}
-    return _call(sink.kind, sink.config, sink.auth, scope, execution_id, secrets)
+def _run_sink(
+    sink: Sink,
+    outcome: Outcome,
+    context: dict[str, Any],
+    execution_id: int,
+    secrets: set[str],
+    source_file: str | None = None,
+    store: str | None = None,
+) -> Outcome:
+    # `this` is the legacy dialect's name for the result a sink writes
+    result = as_step_result(outcome.data)
+    scope = {**context, "result": result, "this": result, "response": response_view(outcome.data), "data": outcome.data}
+    return _call(sink.kind, sink.config, sink.auth, scope, execution_id, secrets, source_file=source_file, store=store)
+
+
+def bounded(body: dict[str, Any]) -> dict[str, Any]:
+    """An outcome whose data, error and meta each fit NOETL_MAX_RESULT_BYTES (else a marker)."""
+    limit = limits.max_result_bytes()
+    capped = dict(body)
+    capped["data"] = limits.cap(body.get("data"), limit)
+    for key in ("error", "meta"):  # field by field: error.kind and meta.sink.status stay readable
+        value = body.get(key)
+        if isinstance(value, dict):
+            capped[key] = {k: limits.cap(v, limit) for k, v in value.items()}
+    return capped
 
 
 def already_done(url: str, message: TaskMessage) -> bool:
-    key = attempt_key(message.run_id, message.iteration, message.seq, message.attempt) + ".done"
+    key = message.outcome_key()
     with transaction(url) as conn:
         return repo.event_exists(conn, message.execution_id, key)
 
 
-def execute(url: str, message: TaskMessage, *, queue_id: str | None = None) -> dict[str, Any] | None:
-    """Run one attempt; returns the on_event payload (None for a replay of a finished attempt)."""
+def still_running(url: str, execution_id: int) -> bool:
+    """False once the execution has ended (completed, failed, cancelled) or is unknown."""
+    with transaction(url) as conn:
+        head = repo.execution_head(conn, execution_id)
+    return head is not None and head["status"] == "running"
+
+
+def execute(
+    url: str, message: TaskMessage, *, queue_id: str | None = None, node: str | None = None
+) -> dict[str, Any] | None:
+    """Run one attempt; returns the on_event payload (None for a replay of a finished attempt, or
+    a delayed message of an execution that ended meanwhile: it is dropped).
+    `node` is the Celery node name of the worker (the task request's hostname)."""
     if message.replay and already_done(url, message):
+        return None
+    if message.delayed and not still_running(url, message.execution_id):
         return None
     started = time.time()
     state = STATE.get(url, message.execution_id, min_version=message.version)
     step = state.plan.steps[message.step]
     task: Task = step.tasks[message.task_index]
-    scope = Scope(iteration=message.iteration, element=message.element,
-                  iterator=step.loop.iterator if step.loop else None, iter_vars=message.iter_vars,
-                  prev=message.prev, args=message.args, attempt=message.attempt, step=step.name,
-                  task_results=message.task_results)
-    context = render_context(state, scope)
+    context = render_context(state, message_scope(message, step))
     secrets: set[str] = set()
-    outcome = _call(task.kind, apply_call(task.config, message.call), task.auth, context,
-                    message.execution_id, secrets)
-    if outcome.status == "ok" and task.sink is not None:
-        sink_outcome = _run_sink(task.sink, outcome, context, message.execution_id, secrets)
-        outcome.meta["sink"] = {"kind": task.sink.kind, "status": sink_outcome.status,
-                                "data": sink_outcome.data, "error": sink_outcome.error}
+    source_file = state.plan.source_file
+    if message.is_claim:
+        outcome = run_claim(step, message, context, secrets)
+    elif message.child is not None:  # a sub-playbook's outcome: only the task's sink is left to run
+        outcome = Outcome(
+            status=message.child["status"],
+            data=message.child.get("data"),
+            error=message.child.get("error"),
+            meta=dict(message.child.get("meta") or {}),
+        )
+    else:
+        outcome = _call(
+            task.kind,
+            apply_call(task.config, message.call),
+            task.auth,
+            context,
+            message.execution_id,
+            secrets,
+            task=task.label,
+            source_file=source_file,
+            store=url,
+            arc_args=message.args,
+        )
+    if outcome.status == "ok" and task.sink is not None and not message.is_claim:
+        sink_outcome = _run_sink(task.sink, outcome, context, message.execution_id, secrets, source_file, url)
+        outcome.meta["sink"] = {
+            "kind": task.sink.kind,
+            "status": sink_outcome.status,
+            "data": limits.cap(sink_outcome.data),
+            "error": sink_outcome.error,
+        }
         if sink_outcome.status != "ok":
             error = dict(sink_outcome.error or {})
             error["message"] = f"sink ({task.sink.kind}) failed: {error.get('message', '')}"
             error["kind"] = "sink"
-            outcome = Outcome(status="error", data=outcome.data, error=error, http=outcome.http,
-                              pg=sink_outcome.pg, meta=outcome.meta)
-    body = to_jsonable(outcome.to_dict())
+            outcome = Outcome(
+                status="error", data=outcome.data, error=error, http=outcome.http, pg=sink_outcome.pg, meta=outcome.meta
+            )
+    body = bounded(cast(dict[str, Any], to_jsonable(outcome.to_dict())))
     if secrets:
         body = credentials.scrub(body, secrets)
+    body = secret_registry.mask(body)
     report = {
         "queue_id": queue_id,
-        "worker": WORKER_NAME,
+        **process.identity(node),
         "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
         "duration_ms": round((time.time() - started) * 1000, 3),
     }
-    return {"kind": "outcome", "execution_id": message.execution_id, "task": message.to_dict(),
-            "outcome": body, "report": report}
+    return {
+        "kind": "outcome",
+        "execution_id": message.execution_id,
+        "task": message.to_dict(),
+        "outcome": body,
+        "report": report,
+    }

@@ -20,11 +20,14 @@ from noetl_celery.errors import ConfigurationError
 
 SQLITE_BUSY_TIMEOUT = 60  # seconds a SQLite writer waits for the lock
 POOL_RECYCLE = 1800  # seconds before a pooled server connection is replaced
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _engines: dict[tuple[int, str], Engine] = {}
 _migrated: set[tuple[int, str]] = set()
 _lock = threading.Lock()
+
+
+class SchemaOutOfDate(ConfigurationError):
+    """The event store's schema is missing or older than this version: `noetl-celery migrate`."""
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -70,9 +73,10 @@ def _create_engine(url: str) -> Engine:
         )
         _configure_sqlite(engine)
         return engine
-    # No pre-ping (it costs a round trip per checkout on the hot path): a dropped connection
-    # surfaces as a DBAPIError, the pool discards it, and the event is delayed and retried.
-    return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=POOL_RECYCLE)
+    # Pre-ping: a connection dropped while pooled (a PgBouncer restart, a failover, an idle
+    # timeout) is replaced at checkout instead of failing the first statement. A connection lost
+    # in the middle of a transaction still surfaces as a DBAPIError: the caller delays and retries.
+    return create_engine(url, pool_size=5, max_overflow=10, pool_recycle=POOL_RECYCLE, pool_pre_ping=True)
 
 
 def dispose_engines() -> None:
@@ -91,13 +95,13 @@ def transaction(url: str) -> Iterator[Connection]:
 
 
 def alembic_config(url: str):  # type: ignore[no-untyped-def]
+    """Alembic's configuration for `url`, reading the migrations shipped in the package."""
     from alembic.config import Config
 
-    ini = REPO_ROOT / "alembic.ini"
-    if not ini.exists():
-        raise ConfigurationError(f"alembic.ini not found at {ini}: install noetl_celery from its source tree")
-    config = Config(str(ini))
-    config.set_main_option("script_location", str(REPO_ROOT / "alembic"))
+    from noetl_celery.migrations import script_location
+
+    config = Config()
+    config.set_main_option("script_location", str(script_location()))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     config.attributes["noetl_url"] = url
     return config
@@ -117,9 +121,39 @@ def downgrade(url: str, revision: str = "base") -> None:
 
 
 def ensure_schema(url: str) -> None:
-    """Upgrade to head unless this process already did it for `url`."""
+    """Make sure the event store at `url` can be used by this version (once per process).
+
+    The embedded SQLite store is created or upgraded here, on first use. Any other store is only
+    checked: `noetl-celery migrate` alone changes its schema, so that in a rolling deploy the
+    first new process does not change the schema under the old workers. A store that is behind
+    raises SchemaOutOfDate saying what to run; one that is ahead (migrated by a newer version)
+    is used as it is, since migrations only add.
+    """
     key = (os.getpid(), url)
     if key in _migrated:
         return
-    migrate(url)
+    if make_url(url).get_backend_name() == "sqlite":
+        migrate(url)
+    else:
+        check_revision(url)
     _migrated.add(key)
+
+
+def check_revision(url: str) -> None:
+    """SchemaOutOfDate when the store at `url` has no schema or an older one than this version."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config(url))
+    head = script.get_current_head()
+    with get_engine(url).connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    where = make_url(url).render_as_string(hide_password=True)
+    if current is None:
+        raise SchemaOutOfDate(f"the event store at {where} has no schema: run `noetl-celery migrate`")
+    known = {rev.revision for rev in script.walk_revisions()}
+    if current != head and current in known:
+        raise SchemaOutOfDate(
+            f"the event store at {where} is at revision {current}, this version needs {head}: "
+            "run `noetl-celery migrate`"
+        )

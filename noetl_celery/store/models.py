@@ -1,11 +1,11 @@
-"""SQLAlchemy models of the event store. Alembic owns the schema (alembic/versions)."""
+"""SQLAlchemy models of the event store. Alembic owns the schema (noetl_celery/migrations/versions)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -22,12 +22,19 @@ class Execution(Base):
     """One run of a playbook. `pending` counts step runs dispatched and not yet finished."""
 
     __tablename__ = "noetl_execution"
+    __table_args__ = (
+        Index("ix_noetl_execution_created", "created_at"),
+        Index("ix_noetl_execution_playbook", "playbook_name", "created_at"),
+    )
 
     execution_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    parent_execution_id: Mapped[int | None] = mapped_column(BigInteger)
+    parent_execution_id: Mapped[int | None] = mapped_column(BigInteger, index=True)
+    parent_event_id: Mapped[str | None] = mapped_column(String(200))  # the parent's row that started it
+    parent_task: Mapped[Any | None] = mapped_column(Json)  # {message, return_step, path}: what to resume
+    depth: Mapped[int] = mapped_column(Integer, default=0)  # sub-playbook nesting (0: top level)
     playbook_name: Mapped[str] = mapped_column(String(200))
     playbook_path: Mapped[str | None] = mapped_column(String(500))
-    status: Mapped[str] = mapped_column(String(16), index=True)  # running | completed | failed
+    status: Mapped[str] = mapped_column(String(16), index=True)  # running | completed | failed | cancelled
     plan: Mapped[dict[str, Any]] = mapped_column(Json)
     workload: Mapped[dict[str, Any]] = mapped_column(Json)
     error: Mapped[Any | None] = mapped_column(Json)
@@ -37,6 +44,8 @@ class Execution(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # playbook `timeout`
+    epoch: Mapped[int] = mapped_column(Integer, default=0)  # times resumed
 
 
 class Event(Base):
@@ -47,6 +56,14 @@ class Event(Base):
     __table_args__ = (
         UniqueConstraint("execution_id", "event_id", name="uq_noetl_event_key"),
         Index("ix_noetl_event_run", "execution_id", "run_id", "event_type"),
+        Index("ix_noetl_event_page", "execution_id", "id"),
+        Index("ix_noetl_event_type", "execution_id", "event_type", "step"),
+        Index(
+            "ix_noetl_event_deadline",
+            "deadline_at",
+            postgresql_where=text("deadline_at IS NOT NULL"),
+            sqlite_where=text("deadline_at IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -71,6 +88,8 @@ class Event(Base):
     result: Mapped[Any | None] = mapped_column(Json)
     error: Mapped[Any | None] = mapped_column(Json)
     meta: Mapped[Any | None] = mapped_column(Json)
+    # a decision row with messages to dispatch: when all of them should have an outcome row
+    deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Variable(Base):
@@ -114,9 +133,21 @@ class LoopState(Base):
     succeeded: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
     tolerated: Mapped[int] = mapped_column(Integer, default=0)  # failures a policy said to continue past
+    slots_ended: Mapped[int] = mapped_column(Integer, default=0)  # cursor loops: slots that saw no row
     status: Mapped[str] = mapped_column(String(16))  # running | completed
     collection: Mapped[Any | None] = mapped_column(Json)
     context: Mapped[Any | None] = mapped_column(Json)  # run context of the loop (fork frames, args)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
+
+class CatalogEntry(Base):
+    """A registered playbook (`noetl-celery register`), found by its catalog path (metadata.path)."""
+
+    __tablename__ = "noetl_catalog"
+
+    path: Mapped[str] = mapped_column(String(500), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    source_file: Mapped[str | None] = mapped_column(String(1000))
+    content: Mapped[str] = mapped_column(Text)
+    registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

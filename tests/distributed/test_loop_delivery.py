@@ -27,8 +27,10 @@ def submit(env: dict[str, str], n: int, sleep: float = 0.0) -> int:
 def loop_log(url: str, execution_id: int) -> tuple[Counter, Counter]:
     """(completions per iteration index, event types) of the `work` loop."""
     with get_engine(url).connect() as conn:
-        rows = conn.execute(text("SELECT event_type, iteration FROM noetl_event WHERE execution_id = :x "
-                                 "AND step = 'work'"), {"x": execution_id}).all()
+        rows = conn.execute(
+            text("SELECT event_type, iteration FROM noetl_event WHERE execution_id = :x AND step = 'work'"),
+            {"x": execution_id},
+        ).all()
     per_index = Counter(i for kind, i in rows if kind == "iteration.completed")
     return per_index, Counter(kind for kind, _ in rows)
 

@@ -3,7 +3,6 @@ worker killed in the middle of a pagination."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -13,25 +12,20 @@ from sqlalchemy import text
 from noetl_celery.mockapi import start_mock_api
 from noetl_celery.runner import wait
 from noetl_celery.store.db import get_engine
-from tests.support.engines import cli
+from tests.support.engines import submit
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 
 
-def submit(env: dict[str, str], playbook: Path, **sets: object) -> int:
-    args = ["submit", str(playbook), "--json"]
-    for key, value in sets.items():
-        args += ["--set", f"{key}={value}"]
-    proc = cli(args, env)
-    assert proc.returncode == 0, proc.stderr
-    return int(json.loads(proc.stdout)["execution_id"])
-
-
 def step_rows(url: str, execution_id: int, step: str) -> list[dict]:
     with get_engine(url).connect() as conn:
-        result = conn.execute(text("SELECT event_type, attempt, page, meta FROM noetl_event "
-                                   "WHERE execution_id = :x AND step = :s ORDER BY id"),
-                              {"x": execution_id, "s": step})
+        result = conn.execute(
+            text(
+                "SELECT event_type, attempt, page, meta FROM noetl_event "
+                "WHERE execution_id = :x AND step = :s ORDER BY id"
+            ),
+            {"x": execution_id, "s": step},
+        )
         return [dict(r._mapping) for r in result]
 
 
@@ -43,8 +37,12 @@ def queued(redis_url: str) -> int:
 def test_control_redis_redelivers_a_countdown_held_past_the_visibility_timeout(redis_url, worker_factory):
     # The Celery fact the engine designs around, shown with a plain Celery app: a message whose
     # countdown (9 s) outlasts the visibility timeout (4 s) runs more than once.
-    worker_factory("tests.support.echo_app", env={"NOETL_BROKER_URL": redis_url, "ECHO_VISIBILITY_TIMEOUT": "4"},
-                   concurrency=2, name="plain@%h")
+    worker_factory(
+        "tests.support.echo_app",
+        env={"NOETL_BROKER_URL": redis_url, "ECHO_VISIBILITY_TIMEOUT": "4"},
+        concurrency=2,
+        name="plain@%h",
+    )
     from tests.support.echo_app import make_app
 
     client = make_app(redis_url)
@@ -55,11 +53,9 @@ def test_control_redis_redelivers_a_countdown_held_past_the_visibility_timeout(r
     assert runs > 1, runs
 
 
-def test_a_backoff_longer_than_the_visibility_timeout_runs_the_retry_exactly_once(env, store_url,
-                                                                                  worker_factory):
+def test_a_backoff_longer_than_the_visibility_timeout_runs_the_retry_exactly_once(env, store_url, worker_factory):
     # the engine holds at most NOETL_MAX_COUNTDOWN (1 s) in the broker and re-checks the due time
-    worker_env = {**env, "NOETL_VISIBILITY_TIMEOUT": "4", "NOETL_RESTORE_INTERVAL": "1",
-                  "NOETL_MAX_COUNTDOWN": "1"}
+    worker_env = {**env, "NOETL_VISIBILITY_TIMEOUT": "4", "NOETL_RESTORE_INTERVAL": "1", "NOETL_MAX_COUNTDOWN": "1"}
     worker_factory(env=worker_env, concurrency=2, name="patient@%h")
     with start_mock_api() as api:
         execution_id = submit(env, PLAYBOOKS / "long_backoff.yaml", api_url=api.url)
@@ -75,15 +71,17 @@ def test_a_backoff_longer_than_the_visibility_timeout_runs_the_retry_exactly_onc
     retry = next(r for r in rows if r["event_type"] == "retry.scheduled")
     assert retry["meta"]["delay"] == 9.0
     with get_engine(store_url).connect() as conn:
-        started, ended = conn.execute(text(
-            "SELECT MIN(started_at), MAX(started_at) FROM noetl_event WHERE execution_id = :x "
-            "AND step = 'fetch' AND event_type IN ('action.failed', 'action.completed')"),
-            {"x": execution_id}).one()
+        started, ended = conn.execute(
+            text(
+                "SELECT MIN(started_at), MAX(started_at) FROM noetl_event WHERE execution_id = :x "
+                "AND step = 'fetch' AND event_type IN ('action.failed', 'action.completed')"
+            ),
+            {"x": execution_id},
+        ).one()
     assert 9.0 <= (ended - started).total_seconds() < 20
 
 
-def test_a_worker_killed_mid_pagination_loses_and_duplicates_no_page(env, store_url, worker_factory,
-                                                                     redis_url):
+def test_a_worker_killed_mid_pagination_loses_and_duplicates_no_page(env, store_url, worker_factory, redis_url):
     worker_env = {**env, "NOETL_VISIBILITY_TIMEOUT": "6", "NOETL_RESTORE_INTERVAL": "1"}
     victim = worker_factory(env=worker_env, concurrency=2, name="pager@%h")
     with start_mock_api() as api:
@@ -99,8 +97,11 @@ def test_a_worker_killed_mid_pagination_loses_and_duplicates_no_page(env, store_
         status = wait(store_url, execution_id, timeout=120)
     assert status["status"] == "completed", status
     assert [item["id"] for item in status["results"]["pages"]] == list(range(1, 36))
-    done = [r["page"] for r in step_rows(store_url, execution_id, "pages")
-            if r["event_type"] in ("page.completed", "action.completed")]
+    done = [
+        r["page"]
+        for r in step_rows(store_url, execution_id, "pages")
+        if r["event_type"] in ("page.completed", "action.completed")
+    ]
     assert done == list(range(1, 36))  # every page once, in order
     assert queued(redis_url) == 0
 
@@ -112,7 +113,8 @@ def test_a_poison_task_leaves_nothing_in_flight(env, store_url, worker_factory, 
     assert status["status"] == "failed" and status["failed_step"] == "poison"
     time.sleep(1.0)
     with get_engine(store_url).connect() as conn:
-        pending = conn.execute(text("SELECT pending FROM noetl_execution WHERE execution_id = :x"),
-                               {"x": execution_id}).scalar_one()
+        pending = conn.execute(
+            text("SELECT pending FROM noetl_execution WHERE execution_id = :x"), {"x": execution_id}
+        ).scalar_one()
     assert pending == 0
     assert queued(redis_url) == 0

@@ -13,7 +13,7 @@ from typing import Any
 
 from noetl_celery.dsl.plan import DEFAULT_PAGINATION_MAX, DEFAULT_RETRY_ATTEMPTS, Action, Policy
 from noetl_celery.errors import TemplateError
-from noetl_celery.templating import Lenient, evaluate_condition, response_view
+from noetl_celery.templating import Lenient, as_step_result, evaluate_condition, response_view
 
 
 class EventName(str):
@@ -63,7 +63,7 @@ def outcome_scope(outcome: dict[str, Any], attempt: int) -> dict[str, Any]:
     return {
         "outcome": view,
         "output": view,
-        "result": data,
+        "result": as_step_result(data),  # answers .result/.data whatever its type, as a step's result does
         "data": data,
         "response": response_view(data),
         "error": error if status == "error" else None,

@@ -1,0 +1,55 @@
+"""Time limits of attempts: how long one may run, and by when its outcome row must exist.
+
+Decides:
+- the timeout of an attempt: the task's own `timeout:` (seconds) or its tool kind's default;
+- the time limits Celery enforces on a prefork worker: soft (raised inside the task, the attempt
+  fails with kind `timeout`) a little after the timeout, so a tool's own deadline (http) wins,
+  and hard (the pool process is killed and replaced) a little after that;
+- the deadline of a recorded decision: the latest `countdown + timeout + margin` of the messages
+  it dispatched. The sweeper re-publishes an attempt still without an outcome after it.
+Any dispatch may set its own `timeout` (a cursor slot's `lease_seconds` is one).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+DEFAULT_TIMEOUT = 30.0  # seconds an attempt of a kind not listed below may run
+KIND_TIMEOUTS = {"http": 30.0, "python": 30.0, "postgres": 30.0, "event_log": 10.0, "log": 10.0}  # seconds
+SOFT_LIMIT_GRACE = 1.0  # seconds after the timeout before Celery raises inside the task
+HARD_LIMIT_GRACE = 5.0  # seconds after the soft limit before the pool process is killed
+OUTCOME_MARGIN = 10.0  # seconds after the hard limit for the outcome to be recorded
+
+
+def timeout_of(kind: str, config: dict[str, Any]) -> float:
+    """The seconds one attempt of a task may run (a templated `timeout` counts as the default)."""
+    raw = config.get("timeout")
+    if isinstance(raw, bool):
+        raw = None
+    if isinstance(raw, str):
+        try:
+            raw = float(raw)
+        except ValueError:
+            raw = None
+    if isinstance(raw, (int, float)) and raw > 0:
+        return float(raw)
+    return KIND_TIMEOUTS.get(kind, DEFAULT_TIMEOUT)
+
+
+def time_limits(timeout: float) -> tuple[float, float]:
+    """(soft, hard) Celery time limits, in seconds, for an attempt of `timeout` seconds."""
+    soft = timeout + SOFT_LIMIT_GRACE
+    return soft, soft + HARD_LIMIT_GRACE
+
+
+def lease(countdown: float, timeout: float) -> float:
+    """Seconds from the decision until the attempt's outcome row is overdue."""
+    return max(countdown, 0.0) + timeout + SOFT_LIMIT_GRACE + HARD_LIMIT_GRACE + OUTCOME_MARGIN
+
+
+def decision_deadline(now: datetime, dispatches: list[Any]) -> datetime | None:
+    """The deadline of a decision row: when every message it dispatched is overdue."""
+    if not dispatches:
+        return None
+    return now + timedelta(seconds=max(lease(d.countdown, d.timeout) for d in dispatches))

@@ -1,0 +1,49 @@
+"""How an execution ends from outside its own decisions: cancelled, or out of time.
+
+Decides: the status and the row that record it, and that child executions (parent_execution_id)
+end with their parent. A decision arriving afterwards sees a non-running execution: its outcome
+row is recorded, nothing new is dispatched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, and_, select
+
+from noetl_celery.store import repo
+
+MAX_CHILD_DEPTH = 32  # levels of sub-playbooks followed when ending a tree of executions
+
+
+def end_tree(conn: Connection, execution_id: int, status: str, event_type: str, error: dict[str, Any]) -> list[int]:
+    """End `execution_id` and its running descendants; returns the ids that this call ended."""
+    ended: list[int] = []
+    level = [execution_id]
+    for _ in range(MAX_CHILD_DEPTH):
+        if not level:
+            break
+        for eid in level:
+            repo.lock_execution(conn, eid)  # decisions in flight commit first
+            if repo.finish_execution(conn, eid, status, error=error):
+                repo.insert_events(
+                    conn,
+                    [
+                        {
+                            "execution_id": eid,
+                            "event_id": event_type,
+                            "event_type": event_type,
+                            "status": status,
+                            "error": error,
+                        }
+                    ],
+                )
+                ended.append(eid)
+        c = repo.EXECUTIONS.c
+        level = [
+            int(r[0])
+            for r in conn.execute(
+                select(c.execution_id).where(and_(c.parent_execution_id.in_(level), c.status == "running"))
+            )
+        ]
+    return ended

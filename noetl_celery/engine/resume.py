@@ -1,0 +1,185 @@
+"""Resume: a failed or cancelled execution continues where it stopped.
+
+Decides: a resume is the SAME execution in a new epoch (noetl_execution.epoch + 1), not a new
+linked one: its ctx, vars, step results, loop counters and event log stay where they are, and
+every key already recorded keeps deduplicating redeliveries of the old epoch. In one transaction:
+- the execution is running again and an `execution.resumed` row (key `execution.resumed.e<N>`)
+  records the decision and carries the dispatch list (with a deadline, like any decision);
+- the rows that ended it (`execution.failed` / `execution.cancelled`, and the failed step's
+  `step.done`) are kept under an archived key (`<key>.e<N>`), so the step can end again;
+- an outcome that was recorded but not acted on (it arrived after the end) is decided now;
+- an attempt dispatched without an outcome row is dispatched again (flagged replay: a late
+  outcome of the old epoch still wins);
+- the attempt whose failure failed a (non-loop) step runs again as its next attempt;
+- a collection loop that was stopped (still running, or the loop that failed its step) continues:
+  completed iterations keep their results, failed and never-dispatched ones run (engine/resume_loops.py).
+Refused: an execution that is running or completed, and a failure that was a decision rather than
+an attempt (nothing would run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, and_, update
+
+from noetl_celery.engine.context import STATE
+from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.engine.orchestrator import Decider
+from noetl_celery.engine.resume_loops import reopen_loops
+from noetl_celery.errors import ExecutionNotFound, NoetlError
+from noetl_celery.store import repo
+from noetl_celery.store.db import transaction
+
+OK_TYPES = ("action.completed", "iteration.completed", "page.completed")
+ENDING_KEYS = ("execution.failed", "execution.cancelled", "execution.completed")
+
+
+class ResumeRefused(NoetlError):
+    """The execution cannot be resumed (says why)."""
+
+
+def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
+    """Resume the execution; returns (its new epoch, the messages to publish after commit)."""
+    with transaction(url) as conn:
+        status = repo.lock_execution(conn, execution_id)
+        if status is None:
+            raise ExecutionNotFound(f"no execution {execution_id}")
+        if status not in ("failed", "cancelled"):
+            raise ResumeRefused(f"execution {execution_id} is {status}: only a failed or cancelled execution resumes")
+        execution = repo.get_execution(conn, execution_id) or {}
+        epoch = int(execution.get("epoch") or 0) + 1
+        events = repo.list_events(conn, execution_id)
+        STATE.forget(url, execution_id)
+        state = STATE.get(url, execution_id, conn=conn)
+        head = repo.execution_head(conn, execution_id) or {}
+        decider = Decider(conn=conn, state=state, running=True, version=head.get("state_version", 0))
+        decider.record(
+            "execution.resumed", f"execution.resumed.e{epoch}", status="running", meta={"epoch": epoch, "from": status}
+        )
+        redo = _plan_redo(
+            decider, events, epoch, failed_step=execution.get("failed_step") if status == "failed" else None
+        )
+        loops = reopen_loops(
+            decider,
+            events,
+            redo["dispatched"],
+            f"execution.resumed.e{epoch}",
+            execution.get("failed_step") if status == "failed" else None,
+        )
+        _archive(conn, execution_id, epoch, redo["archive"] + loops["archive"])
+        conn.execute(
+            update(repo.EXECUTIONS)
+            .where(repo.EXECUTIONS.c.execution_id == execution_id)
+            .values(
+                status="running", error=None, failed_step=None, finished_at=None, epoch=epoch, updated_at=repo.utcnow()
+            )
+        )
+        for message, outcome, row in redo["decide"]:
+            step = decider.plan.steps[message.step]
+            decider.handle_outcome(step, step.tasks[message.task_index], message, outcome, row)
+            _rewrite(conn, execution_id, row)
+        decider.pending += redo["pending"] + loops["pending"]
+        decider.dispatches.extend(redo["dispatch"])
+        if not decider.dispatches and not decider.pending and not redo["decide"]:
+            raise ResumeRefused(
+                f"execution {execution_id}: nothing to resume (no attempt was left without an "
+                "outcome, and its failure was not an attempt's)"
+            )
+        dispatches = decider.flush()
+    STATE.forget(url, execution_id)
+    return epoch, dispatches
+
+
+def _plan_redo(decider: Decider, events: list[dict[str, Any]], epoch: int, failed_step: str | None) -> dict[str, Any]:
+    by_key = {e["event_id"]: e for e in events}
+    dispatched: dict[str, Dispatch] = {}
+    for event in events:
+        for raw in (event.get("meta") or {}).get("dispatch") or []:
+            if raw.get("kind", "run") != "run":
+                continue  # an event for on_event (a sub-playbook's start or end), not an attempt
+            dispatch = Dispatch.from_dict(raw)
+            dispatched[dispatch.attempt_key()] = dispatch
+    archive = [k for k in ENDING_KEYS if k in by_key]
+    decide: list[tuple[TaskMessage, dict[str, Any], dict[str, Any]]] = []
+    again: list[Dispatch] = []
+    pending = 0
+    for key, dispatch in dispatched.items():
+        done = by_key.get(key + ".done")
+        message = TaskMessage.from_dict({**dispatch.message, "replay": False, "delayed": False})
+        if done is None:
+            again.append(
+                Dispatch(
+                    kind=dispatch.kind,
+                    message={**message.to_dict(), "replay": True},
+                    label=dispatch.label,
+                    timeout=dispatch.timeout,
+                )
+            )
+        elif (done.get("meta") or {}).get("ignored"):
+            decide.append((message, _outcome(done), dict(done)))
+    if failed_step is not None:
+        step = decider.plan.steps.get(failed_step)
+        if step is not None and step.loop is not None:
+            failed_step = None  # a loop step: engine/resume_loops.py reopens it
+    if failed_step is not None:
+        failing = _failing_attempt(by_key, dispatched, failed_step)
+        if failing is not None:
+            key, dispatch = failing
+            message = TaskMessage.from_dict(dispatch.message)
+            retry = message.evolve(
+                attempt=message.attempt + 1, replay=False, delayed=False, parent_event_id=f"execution.resumed.e{epoch}"
+            )
+            archive.append(f"{message.run_id}.step.done")
+            again.append(Dispatch(kind="run", message=retry.to_dict(), label=dispatch.label, timeout=dispatch.timeout))
+            pending += 1
+    return {"archive": archive, "decide": decide, "dispatch": again, "pending": pending, "dispatched": dispatched}
+
+
+def _failing_attempt(
+    by_key: dict[str, dict[str, Any]], dispatched: dict[str, Dispatch], failed_step: str
+) -> tuple[str, Dispatch] | None:
+    """The last attempt of `failed_step` that failed and was acted on."""
+    best: tuple[int, str, Dispatch] | None = None
+    for key, dispatch in dispatched.items():
+        done = by_key.get(key + ".done")
+        if done is None or done["step"] != failed_step or done["event_type"] in OK_TYPES:
+            continue
+        if (done.get("meta") or {}).get("ignored"):
+            continue
+        if best is None or done["id"] > best[0]:
+            best = (done["id"], key, dispatch)
+    return (best[1], best[2]) if best else None
+
+
+def _outcome(row: dict[str, Any]) -> dict[str, Any]:
+    meta = row.get("meta") or {}
+    return {
+        "status": "ok" if row["event_type"] in OK_TYPES else "error",
+        "data": row.get("result"),
+        "error": row.get("error"),
+        "http": meta.get("http"),
+        "pg": meta.get("pg"),
+        "meta": {"sink": meta.get("sink")} if meta.get("sink") else {},
+    }
+
+
+def _archive(conn: Connection, execution_id: int, epoch: int, keys: list[str]) -> None:
+    e = repo.EVENTS.c
+    for key in keys:
+        conn.execute(
+            update(repo.EVENTS)
+            .where(and_(e.execution_id == execution_id, e.event_id == key))
+            .values(event_id=f"{key}.e{epoch}")
+        )
+
+
+def _rewrite(conn: Connection, execution_id: int, row: dict[str, Any]) -> None:
+    """An outcome row decided now: its type and meta as the decision left them."""
+    meta = {k: v for k, v in (row.get("meta") or {}).items() if k != "ignored"}
+    e = repo.EVENTS.c
+    conn.execute(
+        update(repo.EVENTS)
+        .where(and_(e.execution_id == execution_id, e.event_id == row["event_id"]))
+        .values(event_type=row["event_type"], result=row.get("result"), meta=meta or None)
+    )

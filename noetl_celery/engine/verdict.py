@@ -1,0 +1,77 @@
+"""What Celery (and so Flower) is told about one attempt, once on_event has decided on it.
+
+- ok: the task succeeds; its result is a short outcome line (`ok step=... 12.3 ms`).
+- failed and retried: `AttemptRetried` (a Celery `Retry` that publishes nothing itself: the next
+  attempt is on_event's decision, already published); Flower shows the task as RETRY.
+- failed otherwise: `AttemptFailed`; Flower shows FAILURE with the error as exception text.
+The message is acknowledged in every case (acks_late + task_acks_on_failure_or_timeout), so the
+decision, recorded once, is never taken twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.exceptions import Retry
+
+from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.errors import AttemptFailed
+
+ERROR_TEXT_LIMIT = 300  # characters of an attempt's error shown as Flower's exception text
+
+
+class AttemptRetried(Retry):
+    """The attempt failed and on_event scheduled the next one (already published)."""
+
+    def __init__(self, text: str, next_attempt: int, countdown: float):
+        super().__init__(message=text, exc=AttemptFailed(text), when=countdown or None)
+        self.next_attempt = next_attempt
+
+    def humanize(self) -> str:
+        return f"{self.message}; retried as attempt {self.next_attempt}"
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        kind = error.get("kind") or error.get("type") or "error"
+        text = f"{kind}: {error.get('message') or error}"
+    else:
+        text = str(error)
+    return text if len(text) <= ERROR_TEXT_LIMIT else text[: ERROR_TEXT_LIMIT - 3] + "..."
+
+
+def next_attempt(message: TaskMessage, dispatches: list[Dispatch] | None) -> Dispatch | None:
+    """The dispatch that retries `message` (same unit, attempt + 1), if on_event decided one."""
+    for dispatch in dispatches or []:
+        m = dispatch.message
+        if (
+            dispatch.kind == "run"
+            and m.get("run_id") == message.run_id
+            and m.get("step") == message.step
+            and m.get("iteration") == message.iteration
+            and m.get("seq") == message.seq
+            and m.get("task_index") == message.task_index
+            and m.get("attempt") == message.attempt + 1
+        ):
+            return dispatch
+    return None
+
+
+def conclude(payload: dict[str, Any], dispatches: list[Dispatch] | None, *, raise_failures: bool = True) -> str:
+    """The outcome line of a successful attempt; raises for a failed one (see module docstring).
+    `dispatches` is what on_event decided (None when it runs elsewhere, on the on_event queue).
+    Without `raise_failures` (the embedded worker: no Flower to tell) a failure is a line too."""
+    message = TaskMessage.from_dict(payload["task"])
+    outcome = payload.get("outcome") or {}
+    duration = (payload.get("report") or {}).get("duration_ms")
+    where = message.describe()
+    if outcome.get("status") == "ok":
+        took = f" {duration:.1f} ms" if isinstance(duration, (int, float)) else ""
+        return f"ok {where}{took}"
+    text = f"{_error_text(outcome.get('error'))} ({where})"
+    retry = next_attempt(message, dispatches)
+    if not raise_failures:
+        return f"failed {text}" + (f"; retried as attempt {message.attempt + 1}" if retry else "")
+    if retry is not None:
+        raise AttemptRetried(text, message.attempt + 1, retry.countdown)
+    raise AttemptFailed(text)

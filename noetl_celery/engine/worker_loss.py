@@ -1,0 +1,127 @@
+"""What the worker's main process does when an attempt ends without reporting.
+
+Decides, for a run_task message:
+- its pool process died (os._exit, a segfault, an OOM kill): the delivery is counted as an
+  `attempt.worker_lost` row; below NOETL_MAX_DELIVERIES the message goes back to the queue (a
+  killed process must not lose the task), at the limit it is acknowledged and the attempt gets
+  the outcome `worker_lost` (an ordinary failed attempt: the retry policy applies);
+- its hard time limit killed the pool process: the attempt gets the outcome `timeout`.
+If the event store cannot be reached here, Celery's own handling applies (requeue on loss); the
+sweeper ends what stays without an outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from billiard.einfo import ExceptionWithTraceback
+from billiard.exceptions import WorkerLostError
+from celery.worker.request import Request
+from sqlalchemy import and_, select
+
+from noetl_celery.engine.messages import TaskMessage
+from noetl_celery.engine.sweeper import lost_outcome
+from noetl_celery.store import repo
+from noetl_celery.store.db import transaction
+
+log = logging.getLogger(__name__)
+
+WORKER_LOST = "attempt.worker_lost"
+MAX_COUNTED = 50  # delivery rows looked at for one attempt
+
+
+def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
+    """Record one delivery that killed its process; returns how many are recorded now."""
+    key = TaskMessage.from_dict(message).outcome_key().removesuffix(".done")
+    execution_id = int(message["execution_id"])
+    candidates = [f"{key}.lost.{n}" for n in range(1, MAX_COUNTED + 1)]
+    e = repo.EVENTS.c
+    with transaction(url) as conn:
+        seen = {
+            r[0]
+            for r in conn.execute(
+                select(e.event_id).where(and_(e.execution_id == execution_id, e.event_id.in_(candidates)))
+            )
+        }
+        count = len(seen) + 1
+        repo.insert_events(
+            conn,
+            [
+                {
+                    "execution_id": execution_id,
+                    "event_id": f"{key}.lost.{count}",
+                    "event_type": WORKER_LOST,
+                    "status": "lost",
+                    "step": message.get("step"),
+                    "run_id": message.get("run_id"),
+                    "attempt": message.get("attempt"),
+                    "iteration": message.get("iteration"),
+                    "page": message.get("page"),
+                    "parent_event_id": message.get("parent_event_id"),
+                    "error": {"kind": "worker_lost", "message": reason[:500]},
+                    "meta": {"delivery": count},
+                }
+            ],
+        )
+    return count
+
+
+class AttemptRequest(Request):
+    """run_task's request in the worker's main process (see the module docstring)."""
+
+    def _attempt_message(self) -> dict[str, Any] | None:
+        kwargs = self.kwargs or {}
+        message = kwargs.get("message")
+        return message if isinstance(message, dict) else None
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        lost = isinstance(exc, WorkerLostError) or (
+            isinstance(exc, (SystemExit, KeyboardInterrupt)) and not (self._already_cancelled or self._already_revoked)
+        )
+        message = self._attempt_message()
+        if lost and message is not None and self._give_up(message, f"{type(exc).__name__}: {exc}"):
+            self.acknowledge()
+            return None
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        message = self._attempt_message()
+        if not soft and message is not None:
+            reason = f"the attempt ran past its time limit of {timeout:g} s and its process was killed"
+            self._report(lost_outcome(message, "timeout", reason, "time-limit"))
+        super().on_timeout(soft, timeout)
+
+    def _give_up(self, message: dict[str, Any], reason: str) -> bool:
+        """Count the lost delivery; True when the attempt has been reported as `worker_lost`."""
+        from noetl_celery.app import current_settings
+
+        settings = current_settings()
+        try:
+            count = count_loss(settings.database_url, message, reason)
+        except Exception as err:
+            log.warning("could not count a lost delivery (%s); the message is requeued", err)
+            return False
+        if count < settings.max_deliveries:
+            log.warning(
+                "attempt %s killed its worker process (delivery %d of %d); requeued",
+                message.get("step"),
+                count,
+                settings.max_deliveries,
+            )
+            return False
+        reason = f"the attempt killed its worker process {count} times (last: {reason})"
+        return self._report(lost_outcome(message, "worker_lost", reason, "worker"))
+
+    def _report(self, payload: dict[str, Any]) -> bool:
+        from noetl_celery.app import process_event
+
+        try:
+            process_event(payload)
+            return True
+        except Exception as err:  # the sweeper ends it when its deadline passes
+            log.warning("could not record the end of an attempt: %s", err)
+            return False

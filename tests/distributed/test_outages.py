@@ -1,0 +1,184 @@
+"""Broker and database outages in the middle of a loop: the execution completes, every index once.
+
+The broker test starts its own redis-server on a free port (it stops it); the database test
+terminates the backends of this session's own database on the shared PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from noetl_celery.runner import wait
+from noetl_celery.store.db import get_engine
+from tests.support.engines import cli
+from tests.support.services import find_redis_server, free_port, redis_answers
+
+PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
+LOOP = PLAYBOOKS / "loop_many.yaml"
+N = 1000
+RECOVERY_TARGET = 60.0  # seconds from the fault's end until the execution completes
+
+
+class OwnRedis:
+    """A redis-server on a fixed free port that can be stopped and started again on the same
+    port and directory (optionally with AOF, fsync on every write)."""
+
+    def __init__(self, aof: bool):
+        self.binary = find_redis_server()
+        if not self.binary:
+            pytest.skip("redis-server is not installed")
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="noetl-outage-redis-"))
+        self.aof = aof
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.aof else ["--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--dir",
+                str(self.dir),
+                *persistence,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 15
+        while not redis_answers(self.url, 0.5):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(15)
+            self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def submit(env: dict[str, str], n: int) -> int:
+    proc = cli(["submit", str(LOOP), "--json", "--set", f"n={n}"], env)
+    assert proc.returncode == 0, proc.stderr
+    return int(json.loads(proc.stdout)["execution_id"])
+
+
+def completions(url: str, execution_id: int) -> Counter:
+    with get_engine(url).connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT iteration FROM noetl_event WHERE execution_id = :x AND step = 'work' "
+                "AND event_type = 'iteration.completed'"
+            ),
+            {"x": execution_id},
+        ).all()
+    return Counter(r[0] for r in rows)
+
+
+def wait_for_progress(url: str, execution_id: int, count: int) -> None:
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if len(completions(url, execution_id)) >= count:
+                return
+        except DBAPIError:  # this test's own read was cut by the backend terminations
+            pass
+        assert time.monotonic() < deadline, "the loop made no progress"
+        time.sleep(0.1)
+
+
+def assert_every_index_once(url: str, execution_id: int, n: int, timeout: float) -> dict:
+    status = wait(url, execution_id, timeout=timeout)
+    assert status["status"] == "completed", status
+    per_index = completions(url, execution_id)
+    assert set(per_index) == set(range(n)), sorted(set(range(n)) - set(per_index))[:10]
+    assert max(per_index.values()) == 1
+    assert status["results"]["work"]["results"] == [2 * i for i in range(n)]
+    return status
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("aof", [False, True], ids=["no-persistence", "aof-always"])
+def test_redis_stopped_for_2s_in_a_1000_iteration_loop(aof, store_url, worker_factory):
+    redis = OwnRedis(aof)
+    redis.start()
+    try:
+        env = {"NOETL_BROKER_URL": redis.url, "NOETL_DATABASE_URL": store_url}
+        worker_factory(env=env, concurrency=2, name=f"outage-a-{aof}@%h")
+        worker_factory(env=env, concurrency=2, name=f"outage-b-{aof}@%h")
+        execution_id = submit(env, N)
+        wait_for_progress(store_url, execution_id, 200)
+        redis.stop()
+        time.sleep(2)
+        redis.start()
+        restarted = time.monotonic()
+        assert_every_index_once(store_url, execution_id, N, timeout=RECOVERY_TARGET + 120)
+        took = time.monotonic() - restarted
+        print(f"aof={aof}: completed {took:.1f} s after the restart")
+        assert took < RECOVERY_TARGET + 30  # the rest of the loop's own work included
+    finally:
+        redis.cleanup()
+
+
+def _terminate_backends(url: str) -> int:
+    with get_engine(url).connect() as conn:
+        killed = conn.execute(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ).scalar()
+        conn.commit()
+    return int(killed or 0)
+
+
+def test_database_connections_dropped_before_the_first_read_and_in_a_loop(env, store_url, worker_factory):
+    worker_factory(env=env, concurrency=2, name="pgdrop-a@%h")
+    worker_factory(env=env, concurrency=2, name="pgdrop-b@%h")
+    warm = submit(env, 3)  # every worker process holds pooled connections now
+    assert wait(store_url, warm, timeout=60)["status"] == "completed"
+    assert _terminate_backends(store_url) > 0  # dropped before the next execution's first read
+    execution_id = submit(env, 300)
+    stop = threading.Event()
+    terminated: list[int] = []
+
+    def terminate_repeatedly() -> None:  # at once, then every 0.25 s: a fast loop is cut too
+        while True:
+            terminated.append(_terminate_backends(store_url))
+            if stop.wait(0.25):
+                return
+
+    killer = threading.Thread(target=terminate_repeatedly, daemon=True)
+    killer.start()
+    try:
+        wait_for_progress(store_url, execution_id, 150)
+    finally:
+        stop.set()
+        killer.join()
+    assert sum(terminated) > 0
+    assert_every_index_once(store_url, execution_id, 300, timeout=180)

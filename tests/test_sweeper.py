@@ -1,0 +1,195 @@
+"""The sweeper's decisions on a real SQLite event store: overdue attempts are re-published (a row
+each), then `lost`; finished decisions are cleared; playbook timeouts and lost starts are found."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import text, update
+
+from noetl_celery.compiler import compile_playbook
+from noetl_celery.engine import deadlines, orchestrator, sweeper
+from noetl_celery.engine.lifecycle import end_tree
+from noetl_celery.engine.messages import Dispatch
+from noetl_celery.runner import create_execution
+from noetl_celery.store import repo
+from noetl_celery.store.db import transaction
+
+PLAYBOOK = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: sweep}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = 1", timeout: 7}
+"""
+
+
+def started(tmp_path, timeout: float | None = None) -> tuple[str, int, list[Dispatch]]:
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    path = tmp_path / "sweep.yaml"
+    path.write_text(PLAYBOOK + (f"timeout: {timeout}\n" if timeout else ""))
+    plan = compile_playbook(str(path))
+    execution_id = create_execution(plan, url)
+    dispatches = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    return url, execution_id, dispatches
+
+
+def overdue(url: str, execution_id: int) -> None:
+    """Move every deadline of the execution into the past."""
+    with transaction(url) as conn:
+        conn.execute(
+            update(repo.EVENTS)
+            .where(repo.EVENTS.c.execution_id == execution_id, repo.EVENTS.c.deadline_at.is_not(None))
+            .values(deadline_at=repo.utcnow() - timedelta(seconds=1))
+        )
+
+
+def events(url: str, execution_id: int, event_type: str) -> list[dict]:
+    with transaction(url) as conn:
+        return [r for r in repo.list_events(conn, execution_id) if r["event_type"] == event_type]
+
+
+def test_a_decision_row_carries_the_deadline_of_its_dispatches(tmp_path):
+    url, execution_id, dispatches = started(tmp_path)
+    assert [d.timeout for d in dispatches] == [7.0]
+    soft, hard = deadlines.time_limits(7.0)
+    assert 7.0 < soft < hard
+    row = events(url, execution_id, "execution.started")[0]
+    assert row["meta"]["dispatch"][0]["timeout"] == 7.0
+    lease = (row["deadline_at"] - row["created_at"]).total_seconds()
+    assert abs(lease - deadlines.lease(0, 7.0)) < 1.0
+
+
+def test_an_attempt_without_outcome_is_republished_then_lost(tmp_path):
+    url, execution_id, dispatches = started(tmp_path)
+    assert sweeper.sweep(url).republished == []  # not overdue yet
+    for count in (1, 2):
+        overdue(url, execution_id)
+        result = sweeper.sweep(url, max_republishes=2)
+        assert [d.message["step"] for d in result.republished] == ["start"]
+        assert result.republished[0].message["replay"] is True
+        assert len(events(url, execution_id, sweeper.REPUBLISHED)) == count
+    overdue(url, execution_id)
+    result = sweeper.sweep(url, max_republishes=2)
+    assert result.republished == [] and len(result.lost) == 1
+    orchestrator.handle_event(url, result.lost[0])  # decided like any outcome
+    with transaction(url) as conn:
+        execution = repo.get_execution(conn, execution_id)
+    assert execution["status"] == "failed" and execution["error"]["kind"] == "lost"
+
+
+def test_a_busy_queue_postpones_and_a_finished_decision_is_cleared(tmp_path):
+    url, execution_id, dispatches = started(tmp_path)
+    overdue(url, execution_id)
+    assert sweeper.sweep(url, queue_busy=True).republished == []  # may be waiting in line
+    assert events(url, execution_id, sweeper.REPUBLISHED) == []
+    message = dispatches[0].message
+    outcome = sweeper.lost_outcome(message, "x", "y", "test")
+    outcome["outcome"] = {"status": "ok", "data": 1, "error": None, "http": None, "pg": None, "meta": {}}
+    orchestrator.handle_event(url, outcome)
+    overdue(url, execution_id)
+    result = sweeper.sweep(url)
+    assert result.republished == [] and result.cleared >= 1
+    with transaction(url) as conn:
+        left = conn.execute(text("SELECT count(*) FROM noetl_event WHERE deadline_at IS NOT NULL")).scalar()
+    assert left == 0
+
+
+def test_playbook_timeout_fails_the_execution_and_its_children(tmp_path):
+    url, execution_id, _ = started(tmp_path, timeout=60)
+    plan = compile_playbook(str(tmp_path / "sweep.yaml"))
+    child = create_execution(plan, url, parent_execution_id=execution_id)
+    with transaction(url) as conn:
+        conn.execute(
+            update(repo.EXECUTIONS)
+            .where(repo.EXECUTIONS.c.execution_id == execution_id)
+            .values(deadline_at=repo.utcnow() - timedelta(seconds=1))
+        )
+    result = sweeper.sweep(url)
+    assert sorted(result.timed_out) == sorted([execution_id, child])
+    with transaction(url) as conn:
+        for eid in (execution_id, child):
+            row = repo.get_execution(conn, eid)
+            assert row["status"] == "failed" and row["error"]["kind"] == "timeout"
+
+
+def test_a_lost_start_is_sent_again(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    path = tmp_path / "sweep.yaml"
+    path.write_text(PLAYBOOK)
+    execution_id = create_execution(compile_playbook(str(path)), url)
+    assert sweeper.sweep(url).starts == []  # within the grace period
+    with transaction(url) as conn:
+        conn.execute(
+            update(repo.EXECUTIONS).values(created_at=repo.utcnow() - timedelta(seconds=sweeper.START_GRACE + 1))
+        )
+    assert sweeper.sweep(url).starts == [execution_id]
+
+
+def test_cancel_ends_the_tree_once(tmp_path):
+    url, execution_id, _ = started(tmp_path)
+    plan = compile_playbook(str(tmp_path / "sweep.yaml"))
+    child = create_execution(plan, url, parent_execution_id=execution_id)
+    grandchild = create_execution(plan, url, parent_execution_id=child)
+    error = {"kind": "cancelled", "message": "stop"}
+    with transaction(url) as conn:
+        assert end_tree(conn, execution_id, "cancelled", "execution.cancelled", error) == [
+            execution_id,
+            child,
+            grandchild,
+        ]
+    with transaction(url) as conn:
+        assert end_tree(conn, execution_id, "cancelled", "execution.cancelled", error) == []
+    assert len(events(url, grandchild, "execution.cancelled")) == 1
+
+
+CHILD = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: child, path: tests/sweep_child}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = 41"}
+"""
+PARENT = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: parent}
+workflow:
+  - step: start
+    tool: {kind: playbook, path: tests/sweep_child}
+"""
+
+
+def _outcome_of(dispatch: Dispatch, data) -> dict:
+    payload = sweeper.lost_outcome(dispatch.message, "x", "y", "test")
+    payload["outcome"] = {"status": "ok", "data": data, "error": None, "http": None, "pg": None, "meta": {}}
+    return payload
+
+
+def test_a_lost_sub_playbook_end_is_sent_again_until_the_parent_records_it(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    (tmp_path / "child.yaml").write_text(CHILD)
+    (tmp_path / "parent.yaml").write_text(PARENT)
+    parent_id = create_execution(compile_playbook(str(tmp_path / "parent.yaml")), url)
+    [child_start] = orchestrator.handle_event(url, orchestrator.start_payload(parent_id))
+    assert child_start.kind == sweeper.EVENT
+    child_id = child_start.message["execution_id"]
+    [child_task] = orchestrator.handle_event(url, child_start.message)
+    [end] = orchestrator.handle_event(url, _outcome_of(child_task, 41))
+    assert end.kind == sweeper.EVENT and end.message["execution_id"] == parent_id
+    # the end event is lost: the parent still runs, and the sweeper sends it again
+    overdue(url, child_id)
+    result = sweeper.sweep(url)
+    assert result.republished == [end]
+    rows = events(url, parent_id, sweeper.REPUBLISHED)
+    assert len(rows) == 1 and rows[0]["meta"]["child_end"] is True
+    orchestrator.handle_event(url, result.republished[0].message)  # delivered this time
+    orchestrator.handle_event(url, result.republished[0].message)  # and a late duplicate is a no-op
+    with transaction(url) as conn:
+        parent = repo.get_execution(conn, parent_id)
+    assert parent["status"] == "completed"
+    overdue(url, child_id)
+    assert sweeper.sweep(url).republished == []  # delivered: nothing more to send
+    assert len(events(url, parent_id, sweeper.REPUBLISHED)) == 1
