@@ -23,11 +23,21 @@ EXPECTED = {
     "hello_world.yaml": {"end": {"greeting": "HELLO WORLD FROM NOETL_CELERY", "branch": "long"}},
     "branching.yaml": {"done": {"route": "manual", "customs": "not needed"}},
     "fan_out_join.yaml": {"merge": {"sum": 31, "range": [1, 9], "evens": [4, 2, 6]}},
-    "loop_parallel.yaml": {"summary": {
-        "order": ["Oslo", "Lisbon", "Cairo", "Reykjavik", "Singapore", "Montreal"],
-        "hot": ["Cairo", "Singapore"],
-        "stats": {"total": 6, "success": 6, "failed": 0},
-    }},
+    "cursor_queue.yaml": {
+        "drain": {"stats": {"processed": 40, "failed": 0, "slots": 4}},
+        "report": {
+            "done": 40,
+            "sum_of_squares": sum(n * n for n in range(1, 41)),
+            "stats": {"processed": 40, "failed": 0, "slots": 4},
+        },
+    },
+    "loop_parallel.yaml": {
+        "summary": {
+            "order": ["Oslo", "Lisbon", "Cairo", "Reykjavik", "Singapore", "Montreal"],
+            "hot": ["Cairo", "Singapore"],
+            "stats": {"total": 6, "success": 6, "failed": 0},
+        }
+    },
 }
 
 
@@ -50,8 +60,14 @@ def run(playbook: Path, tmp_path: Path, *sets: str, env: dict[str, str] | None =
 
 
 def test_the_examples_are_all_accounted_for():
-    assert {"hello_world.yaml", "branching.yaml", "fan_out_join.yaml", "loop_parallel.yaml",
-            "http_mock.yaml", "postgres_example.yaml"} <= set(ALL)
+    assert {
+        "hello_world.yaml",
+        "branching.yaml",
+        "fan_out_join.yaml",
+        "loop_parallel.yaml",
+        "http_mock.yaml",
+        "postgres_example.yaml",
+    } <= set(ALL)
     assert set(STANDALONE) <= set(EXPECTED), "give every standalone example its expected results"
 
 
@@ -70,8 +86,11 @@ def test_standalone_example_runs_to_completion(name, tmp_path):
 
 
 def test_run_json_prints_the_outcome_of_a_parallel_loop(tmp_path):
-    proc = cli(["run", "--json", "--timeout", str(RUN_TIMEOUT), str(PLAYBOOKS / "loop_parallel.yaml")],
-               {"NOETL_HOME": str(tmp_path / "home")}, timeout=RUN_TIMEOUT + 60)
+    proc = cli(
+        ["run", "--json", "--timeout", str(RUN_TIMEOUT), str(PLAYBOOKS / "loop_parallel.yaml")],
+        {"NOETL_HOME": str(tmp_path / "home")},
+        timeout=RUN_TIMEOUT + 60,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip(), "`noetl-celery run --json` printed nothing"
     assert json.loads(proc.stdout)["results"]["summary"] == EXPECTED["loop_parallel.yaml"]["summary"]
@@ -125,5 +144,6 @@ def test_the_readme_quick_start_runs_the_demo_and_the_ci_test_command():
         "python -m pip install -q -e . && noetl-celery run playbooks/hello_world.yaml",
         "python -m pip install -q -e '.[test]' && python -m pytest -q",
     ]
-    assert "python -m pip install -q -e '.[test]' && python -m pytest -q" in (
-        REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "python -m pip install -q -e '.[test]' && python -m pytest -q" in (REPO_ROOT / ".ci" / "run").read_text(
+        encoding="utf-8"
+    )

@@ -13,6 +13,7 @@ from tests.support.workers import WorkerGroup
 
 API_TOKEN = "tok-3f9c1e-very-secret-value"  # must never appear in any event row
 PG_PASSWORD_MARKER = "pg-credential-name-only"
+TEST_SECRET = "sec-7d41-value-read-by-the-secrets-tool"  # must never appear in any event row
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +30,7 @@ def credential_env(pg_dsn) -> dict[str, str]:
         "NOETL_AUTH_PG_K8S": pg_dsn,
         "NOETL_AUTH_PG_TEST": pg_dsn,
         "NOETL_AUTH_API_TOKEN": json.dumps({"type": "bearer", "token": API_TOKEN}),
+        "NOETL_AUTH_TEST_SECRET": TEST_SECRET,
     }
 
 
@@ -40,9 +42,10 @@ def engine(request, tmp_path_factory, credential_env):
     redis_url = request.getfixturevalue("redis_url")
     postgres_url = request.getfixturevalue("postgres_url")
     migrate(postgres_url)
-    group = WorkerGroup(tmp_path_factory.mktemp("workers"),
-                        default_env={"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": postgres_url,
-                                     **credential_env})
+    group = WorkerGroup(
+        tmp_path_factory.mktemp("workers"),
+        default_env={"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": postgres_url, **credential_env},
+    )
     group(concurrency=4)
     try:
         yield DistributedEngine(redis_url, postgres_url, credential_env)

@@ -8,17 +8,14 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import API_TOKEN
+from tests.support.corpus import corpus_file
 from tests.support.engines import event_types, step_order
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "noetl-corpus"
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 
 
 def corpus(name: str) -> Path:
-    path = CORPUS / name
-    if not path.exists():
-        pytest.skip(f"corpus file {path} not present")
-    return path
+    return corpus_file(name)
 
 
 @pytest.mark.parametrize("dialect", ["legacy-2025-12", "v10-2026-02"])
@@ -35,8 +32,7 @@ def test_hello_world_runs_and_its_log_explains_it(engine, dialect):
     assert events[-1]["event_type"] == "execution.completed"
     assert step_order(events) == ["start", "test_step", "end"]
     assert step_order(events, "step.completed") == ["start", "test_step", "end"]
-    assert event_types(events, "test_step") == ["step.started", "action.started", "action.completed",
-                                                "step.completed"]
+    assert event_types(events, "test_step") == ["step.started", "action.started", "action.completed", "step.completed"]
     attempt = next(e for e in events if e["event_type"] == "action.completed" and e["step"] == "test_step")
     assert attempt["attempt"] == 1 and attempt["queue_id"] and attempt["worker"]
     assert attempt["duration_ms"] is not None and attempt["started_at"] is not None
@@ -78,8 +74,7 @@ def test_legacy_when_then_else(engine, amount, route):
     assert run.returncode == 0, run.stderr
     assert run.results["done"] == {"route": route}
     started = step_order(engine.events(run.execution_id))
-    assert started == ["start", "classify", f"approve_{'manually' if route == 'manual' else 'automatically'}",
-                       "done"]
+    assert started == ["start", "classify", f"approve_{'manually' if route == 'manual' else 'automatically'}", "done"]
 
 
 def test_exclusive_and_inclusive_arcs(engine):

@@ -49,8 +49,12 @@ def test_messages_carry_their_element_not_the_collection(engine):
     events = engine.events(run.execution_id)
     started = [e for e in events if e["step"] == "parallel" and e["event_type"] == "iteration.started"]
     assert sorted(e["context"]["element"] for e in started) == sorted(ITEMS)
-    dispatched = [d["message"] for e in events for d in ((e["meta"] or {}).get("dispatch") or [])
-                  if d["message"]["step"] == "parallel"]
+    dispatched = [
+        d["message"]
+        for e in events
+        for d in ((e["meta"] or {}).get("dispatch") or [])
+        if d["message"]["step"] == "parallel"
+    ]
     assert dispatched and all(not isinstance(m["element"], list) for m in dispatched)
 
 
@@ -109,6 +113,8 @@ def test_per_iteration_postgres_sink(engine, dialect, pg_dsn):
     run = engine.run(corpus(f"{dialect}/iterator_save_test.yaml"))
     assert run.returncode == 0, run.stderr
     with psycopg2.connect(pg_dsn) as conn, conn.cursor() as cur:
-        cur.execute("SELECT item_name, item_value FROM public.iterator_save_test WHERE execution_id = %s "
-                    "ORDER BY item_name", (str(run.execution_id),))
+        cur.execute(
+            "SELECT item_name, item_value FROM public.iterator_save_test WHERE execution_id = %s ORDER BY item_name",
+            (str(run.execution_id),),
+        )
         assert cur.fetchall() == [("item1", 100), ("item2", 200), ("item3", 300)]

@@ -30,8 +30,13 @@ def test_the_retry_timeline_with_exponential_backoff(engine, mock_api):
     events = engine.events(run.execution_id)
     timeline = [(e["event_type"], e["attempt"]) for e in rows(events, "fetch") if e["event_type"] != "step.started"]
     assert timeline == [
-        ("action.started", 1), ("action.failed", 1), ("retry.scheduled", 2),
-        ("action.failed", 2), ("retry.scheduled", 3), ("action.completed", 3), ("step.completed", None),
+        ("action.started", 1),
+        ("action.failed", 1),
+        ("retry.scheduled", 2),
+        ("action.failed", 2),
+        ("retry.scheduled", 3),
+        ("action.completed", 3),
+        ("step.completed", None),
     ]
     failed = rows(events, "fetch", "action.failed")
     assert [f["error"]["status"] for f in failed] == [503, 503]
@@ -41,7 +46,7 @@ def test_the_retry_timeline_with_exponential_backoff(engine, mock_api):
     assert all(s["meta"]["rule"] == 0 for s in scheduled)
     # the waits really happened: the next attempt started `delay` after the failed one ended
     attempts = rows(events, "fetch", "action.failed", "action.completed")
-    for before, after, delay in zip(attempts, attempts[1:], (1.0, 2.0)):
+    for before, after, delay in zip(attempts, attempts[1:], (1.0, 2.0), strict=False):
         ended = before["started_at"] + timedelta(milliseconds=before["duration_ms"])
         waited = (after["started_at"] - ended).total_seconds()
         assert delay - 0.05 <= waited <= delay + TOLERANCE, (delay, waited)
@@ -66,12 +71,15 @@ def test_a_poison_task_stops_after_its_attempts_and_fails_the_execution(engine):
     assert events[-1]["event_type"] == "execution.failed"
 
 
-@pytest.mark.parametrize("name, key, expected", [
-    ("pagination_basic", "fetch_all_assessments", 35),
-    ("pagination_offset", "fetch_all_users", 35),
-    ("pagination_cursor", "fetch_all_events", 35),
-    ("pagination_max_iterations", "fetch_with_limit", 20),
-])
+@pytest.mark.parametrize(
+    "name, key, expected",
+    [
+        ("pagination_basic", "fetch_all_assessments", 35),
+        ("pagination_offset", "fetch_all_users", 35),
+        ("pagination_cursor", "fetch_all_events", 35),
+        ("pagination_max_iterations", "fetch_with_limit", 20),
+    ],
+)
 def test_legacy_pagination_collects_every_page_in_order(engine, mock_api, name, key, expected):
     run = engine.run(corpus(f"legacy-2025-12/{name}.yaml"), api(mock_api))
     assert run.returncode == 0, run.stderr
@@ -91,12 +99,15 @@ def test_retry_on_error_and_pagination_combined(engine, mock_api):
     assert sum(e["event_type"] == "retry.scheduled" for e in events) == 1
 
 
-@pytest.mark.parametrize("path", [
-    "legacy-2025-12/v2case_pagination_retry.yaml",
-    "legacy-2025-12/v2case_loop_with_pagination.yaml",
-    "v10-2026-02/pagination_basic.yaml",
-    "v10-2026-02/pagination_retry.yaml",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "legacy-2025-12/v2case_pagination_retry.yaml",
+        "legacy-2025-12/v2case_loop_with_pagination.yaml",
+        "v10-2026-02/pagination_basic.yaml",
+        "v10-2026-02/pagination_retry.yaml",
+    ],
+)
 def test_corpus_pagination_playbooks_reach_their_assertions(engine, mock_api, path):
     run = engine.run(corpus(path), api(mock_api))
     assert run.returncode == 0, (run.status.get("error"), run.stderr)
@@ -104,21 +115,29 @@ def test_corpus_pagination_playbooks_reach_their_assertions(engine, mock_api, pa
     assert result["status"] == "success" or "Successfully validated" in result.get("message", "")
 
 
-@pytest.mark.parametrize("path", ["legacy_loop_with_pagination.yaml", "v10_loop_with_pagination.yaml",
-                                  "http_pagination_jump.yaml"])
+@pytest.mark.parametrize("path", ["legacy_loop_with_pagination.yaml", "http_pagination_jump.yaml"])
 def test_remapped_corpus_playbooks(engine, mock_api, path):
     run = engine.run(REMAPPED / path, api(mock_api))
     assert run.returncode == 0, (run.status.get("error"), run.stderr)
     if path.startswith("legacy"):
         assert run.results["validate_saved_data"]["records_validated"] == 2
-    elif path.startswith("v10"):
-        assert run.results["check_results"]["endpoints_tested"] == [
-            {"endpoint": "assessments", "items_count": 35, "pages_count": 2}]
     else:
         assert run.results["process_results"] == {"count": 35, "status": "processed"}
-        jumps = [e for e in engine.events(run.execution_id) if e["task"] == "fetch_page"
-                 and e["event_type"] == "action.completed"]
+        jumps = [
+            e
+            for e in engine.events(run.execution_id)
+            if e["task"] == "fetch_page" and e["event_type"] == "action.completed"
+        ]
         assert len(jumps) == 4  # pages of 10: 10, 10, 10, 5
+
+
+def test_v10_loop_with_pagination_reads_noetls_postgres_result_shape(engine, mock_api):
+    # unmodified: the playbook reads `validate_results.data.result.command_0.rows`
+    run = engine.run(corpus("v10-2026-02/loop_with_pagination.yaml"), api(mock_api))
+    assert run.returncode == 0, (run.status.get("error"), run.stderr)
+    assert run.results["check_results"]["endpoints_tested"] == [
+        {"endpoint": "assessments", "items_count": 35, "pages_count": 2}
+    ]
 
 
 def test_retry_corpus_playbooks(engine, mock_api):
@@ -129,8 +148,9 @@ def test_retry_corpus_playbooks(engine, mock_api):
     events = engine.events(canonical.execution_id)
     # fail_on page 1: the flaky endpoint fails the first request only (per server instance)
     assert sum(e["event_type"] == "retry.scheduled" for e in events) <= 1
-    assert all(canonical.results[s]["status_code"] == 200
-               for s in ("boolean_retry", "integer_retry", "full_config_retry"))
+    assert all(
+        canonical.results[s]["status_code"] == 200 for s in ("boolean_retry", "integer_retry", "full_config_retry")
+    )
 
 
 def test_python_exception_retry_either_succeeds_or_exhausts(engine):
@@ -152,13 +172,21 @@ def test_pipeline_error_policies(engine, mock_api):
     assert run.results["test_retry_transient"]["status"] == "passed"
     assert run.results["test_rate_limit"]["status"] == "passed"
     assert run.results["test_skip_transform"] == {
-        "test": "skip_transform_error", "status": "passed", "skipped": True, "prev_after_skip": None,
-        "message": "Transform error was skipped successfully"}
+        "test": "skip_transform_error",
+        "status": "passed",
+        "skipped": True,
+        "prev_after_skip": None,
+        "message": "Transform error was skipped successfully",
+    }
     events = engine.events(run.execution_id)
     assert not [e for e in events if e["task"] == "should_not_reach"]
     transient = [e for e in events if e["task"] == "fetch_flaky"]
-    assert [e["event_type"] for e in transient] == ["action.started", "action.failed", "retry.scheduled",
-                                                    "action.completed"]
+    assert [e["event_type"] for e in transient] == [
+        "action.started",
+        "action.failed",
+        "retry.scheduled",
+        "action.completed",
+    ]
 
 
 def test_a_parallel_loop_whose_iterations_paginate(engine, mock_api):

@@ -1,0 +1,74 @@
+"""Cursor drivers: how a cursor loop's claim SQL runs against one kind of database.
+
+A driver is one function `claim(ClaimCall) -> Outcome`: run the already-rendered claim SQL once,
+binding `%(name)s` parameters from `call.params` (at least `__worker_slot_id`), commit so other
+slots see the claim at once, and return `Outcome.ok({"rows": [...]})` with each claimed row as a
+mapping of column -> value (zero rows: the slot is over), or an error Outcome carrying the
+database's message. Drivers never raise for a failure of the claim itself.
+
+Registered here: `postgres` (noetl_celery/cursors/postgres.py) and `sqlite`
+(noetl_celery/cursors/sqlite.py). A third driver (MySQL with `SELECT ... FOR UPDATE SKIP LOCKED`
+then `UPDATE`, or Redis streams with XREADGROUP/XCLAIM) is a module that decorates its claim
+function with `@register("mysql")` and is listed in `_load_builtin_drivers`; the validator then accepts
+`cursor.kind: mysql` and the worker runs it. Keep the contract: one claim = one committed
+transaction, rows as mappings, errors as Outcomes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from noetl_celery.tools.base import Outcome
+
+SLOT_PARAM = "__worker_slot_id"  # bound by every driver: the slot's unique id
+
+
+@dataclass(frozen=True)
+class ClaimCall:
+    """One claim: the rendered SQL, its bound parameters, the resolved credential."""
+
+    sql: str
+    params: dict[str, Any] = field(default_factory=dict)
+    credential: Any = None
+    timeout: float | None = None  # seconds
+
+
+ClaimFn = Callable[[ClaimCall], Outcome]
+_DRIVERS: dict[str, ClaimFn] = {}
+
+
+def register(kind: str) -> Callable[[ClaimFn], ClaimFn]:
+    def wrap(fn: ClaimFn) -> ClaimFn:
+        _DRIVERS[kind] = fn
+        return fn
+
+    return wrap
+
+
+def _load_builtin_drivers() -> None:
+    # Importing the modules registers them (lazily: they import the tools they run through).
+    from noetl_celery.cursors import postgres, sqlite  # noqa: F401
+
+
+def get_driver(kind: str) -> ClaimFn | None:
+    if not _DRIVERS:
+        _load_builtin_drivers()
+    return _DRIVERS.get(kind)
+
+
+def known_kinds() -> list[str]:
+    if not _DRIVERS:
+        _load_builtin_drivers()
+    return sorted(_DRIVERS)
+
+
+def claim(kind: str, call: ClaimCall) -> Outcome:
+    driver = get_driver(kind)
+    if driver is None:
+        return Outcome.fail("cursor", f"no cursor driver for kind {kind!r} (known: {', '.join(known_kinds())})")
+    try:
+        return driver(call)
+    except Exception as exc:  # a driver defect must still end as an outcome
+        return Outcome.fail("cursor", f"{kind} claim failed: {type(exc).__name__}: {exc}")

@@ -1,0 +1,50 @@
+"""A cursor slot's claim on a worker: render the claim SQL, bind the slot id, run the driver.
+
+The claim SQL is rendered with Jinja first (the step's render context plus each frame value as
+`__frame_<name>`, e.g. `{{ __frame_max_rows }}`, and `__worker_slot_id`); `%(name)s` parameters
+are then bound by the driver. The outcome's data is `{"rows": [...]}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from noetl_celery import credentials, cursors
+from noetl_celery.dsl.plan import Step
+from noetl_celery.engine.ids import slot_id
+from noetl_celery.engine.messages import TaskMessage
+from noetl_celery.errors import CredentialError, TemplateError
+from noetl_celery.templating import plain, render_value
+from noetl_celery.tools.base import Outcome
+
+
+def frame_values(step: Step) -> dict[str, Any]:
+    frame = (step.loop.frame if step.loop else None) or {}
+    return {f"__frame_{name}": value for name, value in frame.items()}
+
+
+def claim_params(message: TaskMessage) -> dict[str, Any]:
+    assert message.slot is not None
+    return {cursors.SLOT_PARAM: slot_id(message.run_id, message.slot["id"])}
+
+
+def run_claim(step: Step, message: TaskMessage, context: dict[str, Any], secrets: set[str]) -> Outcome:
+    assert step.loop is not None and step.loop.cursor is not None
+    cursor = step.loop.cursor
+    params = claim_params(message)
+    scope = {**context, **frame_values(step), **params}
+    try:
+        sql = str(plain(render_value(cursor.get("claim"), scope)))
+        auth = plain(render_value(cursor.get("auth"), scope))
+        credential = credentials.resolve(auth) if auth is not None else None
+    except TemplateError as exc:
+        return Outcome.fail("template", f"cursor claim: {exc}")
+    except CredentialError as exc:
+        return Outcome.fail("credential", str(exc))
+    if credential is not None:
+        secrets |= credentials.secret_values(credential)
+    lease = (step.loop.frame or {}).get("lease_seconds")
+    timeout = float(lease) if isinstance(lease, (int, float)) else None
+    return cursors.claim(
+        str(cursor.get("kind")), cursors.ClaimCall(sql=sql, params=params, credential=credential, timeout=timeout)
+    )

@@ -1,0 +1,264 @@
+"""Cursor loops: slots pull rows from a database until a claim comes back empty.
+
+Everything here runs inside on_event; workers only run claims and the rows' tasks.
+- Start: `max_in_flight` slots, each dispatched as a claim task (one Celery task per claim) with
+  a unique slot id (`__worker_slot_id`).
+- A claim that returns rows (a frame of up to `max_rows`) starts the step's task chain for the
+  first row, exactly as a collection iteration (policy, retries, pagination, sinks: each attempt
+  its own task). When a row is over, the slot's next row of the frame runs, or the slot's next
+  claim is dispatched. No task loops or blocks.
+- A claim that returns no row ends its slot (`noetl_loop.slots_ended` counts it, in the same
+  transaction that records the claim's outcome row, whose key is deterministic: a redelivery
+  counts nothing twice). The claim that ends the last slot completes the loop (a guarded UPDATE:
+  exactly once) and the step's arcs run with `event.name == "loop.done"`.
+- A failed row is recorded (`cursor.item.failed`), counted, and its slot goes on claiming. A claim
+  that errors is retried (CLAIM_ATTEMPTS, doubling delays), then fails the step with the
+  database's message.
+- Event rows: one per claim (`cursor.claimed` / `cursor.slot.ended` / `cursor.claim.failed`), one
+  per row processed (`cursor.item.done` / `cursor.item.failed`, renamed from the last attempt's
+  outcome row: no start rows), plus step and loop start/end.
+- Unit ids: row `index` of slot `s` of `n` slots is iteration `index * n + s` (unique in the run,
+  no counter needed).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from noetl_celery.dsl.plan import Step
+from noetl_celery.engine import deadlines
+from noetl_celery.engine import events as ev
+from noetl_celery.engine.loops import fail_loop_start, record_loop_done
+from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
+from noetl_celery.engine.units import RunRef, UnitEnd
+from noetl_celery.store import repo
+
+if TYPE_CHECKING:
+    from noetl_celery.engine.orchestrator import Decider
+
+CLAIM_ATTEMPTS = 3  # tries of one claim before the step fails with the database's message
+CLAIM_RETRY_DELAY = 0.5  # seconds before the second try; doubled for each further one
+
+
+def _run_ref(decider: Decider, run_id: str) -> RunRef:
+    context = (repo.get_loop(decider.conn, run_id) or {}).get("context") or {}
+    return RunRef(run_id, context.get("frames", []), context.get("args", {}))
+
+
+class CursorLoop:
+    """The pull-model loop strategy: `max_in_flight` slots, no known total."""
+
+    def start(self, decider: Decider, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
+        loop = step.loop
+        assert loop is not None and loop.cursor is not None
+        slots = max(loop.max_in_flight, 1)
+        if not isinstance(loop.cursor.get("claim"), str):
+            fail_loop_start(
+                decider, step, run.run_id, parent, {"kind": "loop", "message": "cursor loop without a claim SQL"}
+            )
+            return
+        repo.create_loop(
+            decider.conn,
+            {
+                "run_id": run.run_id,
+                "execution_id": decider.execution_id,
+                "step": step.name,
+                "mode": "cursor",
+                "total": 0,
+                "cap": slots,
+                "collection": None,
+                "context": {"frames": run.frames, "args": run.args, "parent": parent},
+            },
+        )
+        key = decider.record(
+            ev.ITERATOR_STARTED,
+            f"{run.run_id}.loop.start",
+            status="started",
+            step=step.name,
+            run_id=run.run_id,
+            parent_event_id=parent,
+            meta={"mode": "cursor", "slots": slots, "kind": loop.cursor.get("kind")},
+        )
+        for slot in range(slots):
+            dispatch_claim(decider, step, run, slot=slot, claim=0, index=0, parent=key)
+
+    def unit_done(self, decider: Decider, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]) -> None:
+        """A row's chain is over: record it as the item's row, count it, go on with the slot."""
+        assert message.slot is not None
+        slot = message.slot
+        failed = end.failed
+        if row.get("execution_id"):  # a recorded attempt row (not an inline routing task)
+            row["event_type"] = ev.CURSOR_ITEM_FAILED if failed else ev.CURSOR_ITEM_DONE
+            row["result"] = end.data
+            if failed and row.get("error") is None:
+                row["error"] = end.error or end.tolerated
+            row["meta"] = {
+                **(row.get("meta") or {}),
+                "slot": slot["id"],
+                "index": slot["index"],
+                "claim": slot["claim"],
+                "outcome": "failed" if failed else "done",
+                **(sanitize({"row": message.element}) or {}),
+                **({"tolerated": True} if end.tolerated is not None else {}),
+            }
+        repo.loop_iteration_done(decider.conn, message.run_id, ok=not failed, tolerated=end.tolerated is not None)
+        if not decider.running or decider.failure is not None:
+            return
+        run = RunRef(message.run_id, message.frames, message.args)
+        parent = row.get("event_id") or message.parent_event_id or ""
+        rest = slot.get("rows") or []
+        if rest:
+            dispatch_row(
+                decider,
+                step,
+                run,
+                slot=slot["id"],
+                claim=slot["claim"],
+                index=slot["index"] + 1,
+                rows=rest,
+                parent=parent,
+            )
+        else:
+            dispatch_claim(
+                decider, step, run, slot=slot["id"], claim=slot["claim"] + 1, index=slot["index"] + 1, parent=parent
+            )
+
+
+CURSOR_LOOP = CursorLoop()
+
+
+def lease_seconds(step: Step) -> float | None:
+    """The frame's lease_seconds: how long a claim (and a row's attempt without its own timeout)
+    may run before the sweeper re-publishes it. None when the frame gives none."""
+    lease = ((step.loop.frame if step.loop else None) or {}).get("lease_seconds")
+    if isinstance(lease, (int, float)) and not isinstance(lease, bool) and lease > 0:
+        return float(lease)
+    return None
+
+
+def dispatch_claim(
+    decider: Decider,
+    step: Step,
+    run: RunRef,
+    *,
+    slot: int,
+    claim: int,
+    index: int,
+    parent: str,
+    attempt: int = 1,
+    countdown: float = 0.0,
+) -> None:
+    message = TaskMessage(
+        execution_id=decider.execution_id,
+        run_id=run.run_id,
+        step=step.name,
+        attempt=attempt,
+        frames=run.frames,
+        args=run.args,
+        parent_event_id=parent,
+        slot={"id": slot, "claim": claim, "phase": "claim", "index": index},
+    )
+    decider.dispatches.append(
+        Dispatch.task(
+            message,
+            countdown=countdown,
+            label=f"{step.name}:claim",
+            timeout=lease_seconds(step) or deadlines.DEFAULT_TIMEOUT,
+        )
+    )
+
+
+def dispatch_row(
+    decider: Decider, step: Step, run: RunRef, *, slot: int, claim: int, index: int, rows: list[Any], parent: str
+) -> None:
+    slots = max(step.loop.max_in_flight, 1) if step.loop else 1
+    message = TaskMessage(
+        execution_id=decider.execution_id,
+        run_id=run.run_id,
+        step=step.name,
+        iteration=index * slots + slot,
+        element=rows[0],
+        frames=run.frames,
+        args=run.args,
+        parent_event_id=parent,
+        slot={"id": slot, "claim": claim, "phase": "row", "index": index, "rows": rows[1:]},
+    )
+    decider.dispatch_task(step, message, record_start=False)
+
+
+def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], report: dict[str, Any]) -> None:
+    """A claim's outcome: rows start the slot's next row, none ends the slot, an error retries."""
+    assert message.slot is not None
+    slot = message.slot
+    step = decider.plan.steps[message.step]
+    ok = outcome["status"] == "ok"
+    rows = list((outcome.get("data") or {}).get("rows") or []) if ok else []
+    kind = ev.CURSOR_CLAIMED if rows else ev.CURSOR_SLOT_ENDED if ok else ev.CURSOR_CLAIM_FAILED
+    key = decider.record(
+        kind,
+        message.outcome_key(),
+        status="completed" if ok else "failed",
+        step=step.name,
+        task="claim",
+        run_id=message.run_id,
+        attempt=message.attempt,
+        parent_event_id=message.parent_event_id,
+        queue_id=report.get("queue_id"),
+        worker=report.get("worker"),
+        duration_ms=report.get("duration_ms"),
+        error=outcome.get("error"),
+        meta={"slot": slot["id"], "claim": slot["claim"], "rows": len(rows)},
+    )
+    if not decider.running or decider.failure is not None:
+        return
+    run = RunRef(message.run_id, message.frames, message.args)
+    if rows:
+        dispatch_row(
+            decider, step, run, slot=slot["id"], claim=slot["claim"], index=slot["index"], rows=rows, parent=key
+        )
+    elif ok:
+        _slot_ended(decider, step, message.run_id, key)
+    elif message.attempt < CLAIM_ATTEMPTS:
+        delay = CLAIM_RETRY_DELAY * 2 ** (message.attempt - 1)
+        decider.rows[-1]["meta"]["retry_in"] = delay
+        dispatch_claim(
+            decider,
+            step,
+            run,
+            slot=slot["id"],
+            claim=slot["claim"],
+            index=slot["index"],
+            parent=key,
+            attempt=message.attempt + 1,
+            countdown=delay,
+        )
+    elif repo.complete_loop(decider.conn, message.run_id):
+        reason = (outcome.get("error") or {}).get("message") or "claim failed"
+        error = {
+            "kind": "cursor",
+            "message": f"cursor claim of slot {slot['id']} failed after {message.attempt} attempts: {reason}",
+            "slot": slot["id"],
+        }
+        decider.step_done(
+            step, _run_ref(decider, message.run_id), UnitEnd(ok=False, parent=key, error=error), via="loop"
+        )
+
+
+def _slot_ended(decider: Decider, step: Step, run_id: str, parent: str) -> None:
+    counters = repo.end_loop_slot(decider.conn, run_id)
+    if counters["slots_ended"] < counters["cap"] or not repo.complete_loop(decider.conn, run_id):
+        return
+    stats = {"processed": counters["done"], "failed": counters["failed"], "slots": counters["cap"]}
+    fatal = counters["failed"] - counters["tolerated"]
+    key = record_loop_done(decider, step, run_id, parent, stats, fatal=fatal, tolerated=counters["tolerated"])
+    error = (
+        None
+        if not fatal
+        else {"kind": "loop", "message": f"{fatal} of {stats['processed']} cursor rows failed", "stats": stats}
+    )
+    decider.step_done(
+        step,
+        _run_ref(decider, run_id),
+        UnitEnd(ok=not fatal, parent=key, data={"stats": stats}, error=error),
+        via="loop",
+    )

@@ -1,0 +1,142 @@
+"""Cursor loops on real Redis, PostgreSQL and worker processes: NoETL's page-continuation flow on
+two workers against the mock API, and a worker SIGKILLed in the middle of a 2,000-row loop."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from noetl_celery.mockapi import PATIENT_MAX_PAGES, PATIENT_PAGE_MULTIPLIER, PATIENT_TYPE_OFFSETS, start_mock_api
+from noetl_celery.runner import wait
+from noetl_celery.store.db import get_engine
+from tests.support.corpus import CORPUS
+from tests.support.engines import submit
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE_CONTINUATION = CORPUS / "cursor" / "pft_page_continuation.yaml"
+ROWS = ROOT / "tests" / "playbooks" / "cursor_rows_pg.yaml"
+RUN_TIMEOUT = 600  # seconds one execution may take on a loaded machine
+
+
+@pytest.fixture
+def pg_env(env, pg_dsn) -> dict[str, str]:
+    return {**env, "NOETL_AUTH_PG_K8S": pg_dsn}
+
+
+def events(url: str, execution_id: int, step: str) -> list[dict]:
+    with get_engine(url).connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT event_type, meta, task, status, worker FROM noetl_event WHERE execution_id = :x AND step = :s"
+            ),
+            {"x": execution_id, "s": step},
+        )
+        return [dict(r._mapping) for r in rows]
+
+
+def expected_pages(patients: int) -> dict[tuple[str, str, int], int]:
+    return {
+        (dt, str(p), page): 1
+        for dt, off in PATIENT_TYPE_OFFSETS.items()
+        for p in range(1, patients + 1)
+        for page in range(1, 2 + (p * PATIENT_PAGE_MULTIPLIER + off) % PATIENT_MAX_PAGES)
+    }
+
+
+@pytest.mark.skipif(not PAGE_CONTINUATION.exists(), reason="NoETL corpus not available")
+def test_pft_page_continuation_on_two_workers_fetches_every_page_once(pg_env, store_url, worker_factory):
+    nodes = [worker_factory(env=pg_env, concurrency=2, name=f"pft-{n}@%h") for n in "ab"]
+    with start_mock_api() as api:
+        execution_id = submit(pg_env, PAGE_CONTINUATION, api_url=api.url)
+        status = wait(store_url, execution_id, timeout=RUN_TIMEOUT)
+        hits = dict(api.state.patient_hits)
+    assert status["status"] == "completed", status.get("error")
+    # the playbook's own verification step passed
+    assert status["results"]["verify_pages"]["rows"][0]["status"] == "passed"
+    expected = expected_pages(10)
+    assert hits == expected  # every (data type, patient, page) requested exactly once
+    assert status["results"]["verify_pages"]["rows"][0]["records_fetched"] == len(expected)
+    assert status["results"]["fetch_pages"] == {"stats": {"processed": len(expected), "failed": 0, "slots": 1}}
+    kinds = Counter(e["event_type"] for e in events(store_url, execution_id, "fetch_pages"))
+    assert kinds["cursor.item.done"] == len(expected) and kinds["iterator.completed"] == 1
+    seen = {e["worker"] for e in events(store_url, execution_id, "fetch_pages")}
+    assert {node.node for node in nodes} <= seen, seen  # both worker nodes ran part of the loop
+
+
+def item_ids(url: str, execution_id: int) -> Counter:
+    return Counter(
+        e["meta"]["row"]["id"] for e in events(url, execution_id, "drain") if e["event_type"] == "cursor.item.done"
+    )
+
+
+def test_a_worker_killed_mid_cursor_loop_loses_no_row_and_repeats_none(pg_env, store_url, worker_factory):
+    worker_env = {**pg_env, "NOETL_VISIBILITY_TIMEOUT": "8", "NOETL_RESTORE_INTERVAL": "2"}
+    victim = worker_factory(env=worker_env, concurrency=2, name="victim@%h")
+    worker_factory(env=worker_env, concurrency=2, name="survivor@%h")
+    execution_id = submit(pg_env, ROWS, rows=2000, row_sleep=0.005)
+    deadline = time.monotonic() + RUN_TIMEOUT
+    done = 0
+    while time.monotonic() < deadline:
+        done = sum(item_ids(store_url, execution_id).values())
+        if done >= 300:
+            break
+        time.sleep(0.2)
+    assert 300 <= done < 2000, f"{done} rows done before the kill"
+    victim.kill()
+    status = wait(store_url, execution_id, timeout=RUN_TIMEOUT)
+    assert status["status"] == "completed", status.get("error")
+    ids = item_ids(store_url, execution_id)
+    assert set(ids) == set(range(1, 2001)), f"missing: {sorted(set(range(1, 2001)) - set(ids))[:10]}"
+    assert max(ids.values()) == 1, [i for i, c in ids.items() if c > 1][:10]
+    kinds = Counter(e["event_type"] for e in events(store_url, execution_id, "drain"))
+    assert kinds["iterator.completed"] == 1  # loop.done once
+    assert kinds["cursor.slot.ended"] == 8
+    assert status["results"]["drain"] == {"stats": {"processed": 2000, "failed": 0, "slots": 8}}
+    assert status["results"]["verify"]["rows"] == [{"done": 2000, "open": 0}]
+
+
+PFT_FLOW = CORPUS / "cursor" / "pft_flow.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PFT_FLOW.exists(), reason="NoETL corpus not available")
+def test_pft_flow_with_mds_batch_sub_playbooks_on_two_workers(pg_env, store_url, worker_factory, tmp_path):
+    # the MDS batch worker is found beside pft_flow.yaml by its metadata.path
+    for n in "ab":
+        worker_factory(env=pg_env, concurrency=2, name=f"flow-{n}@%h")
+    with start_mock_api() as api:
+        execution_id = submit(
+            pg_env, PFT_FLOW, api_url=api.url, num_facilities=1, patients_per_facility=20, claim_batch_size=20
+        )
+        status = wait(store_url, execution_id, timeout=RUN_TIMEOUT)
+        hits, mds_hits = dict(api.state.patient_hits), dict(api.state.mds_hits)
+    # The flow's own validation log: every data type done for every one of the 20 patients (its
+    # total_expected is written as a literal 1000 by the playbook).
+    validation = status["results"]["validate_all_results"]["rows"]
+    assert validation == [
+        {
+            **validation[0],
+            "facility_mapping_id": 1,
+            "assessments_done": 20,
+            "conditions_done": 20,
+            "medications_done": 20,
+            "vital_signs_done": 20,
+            "demographics_done": 20,
+            "assessments_queue_done": 20,
+        }
+    ]
+    # Its last step hard-codes the full size too (10 facilities of 1000 patients, literal args),
+    # so at this size it fails on exactly those counts and on nothing else.
+    assert status["failed_step"] == "check_results"
+    assert "Patient loss detected" in status["error"]["message"]
+    assert status["error"]["message"].count("=20 (expected 1000)") == 5
+    assert "Expected 10 facilities in log, got 1" in status["error"]["message"]
+    assert "RACE BUG" not in status["error"]["message"]
+    assert hits and max(hits.values()) == 1, [k for k, v in hits.items() if v > 1][:10]
+    assert {k[0] for k in hits} == {"assessments", "conditions", "medications", "vital_signs", "demographics"}
+    assert mds_hits and max(mds_hits.values()) == 1
+    assert status["children"] and {c["status"] for c in status["children"]} == {"completed"}

@@ -1,0 +1,59 @@
+"""Cursor loops on both deployments: the SQLite driver (demo queue), failed rows, failed claims."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from tests.support.engines import event_types
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "playbooks" / "cursor_queue.yaml"
+FAILURES = ROOT / "tests" / "playbooks" / "cursor_failures.yaml"
+
+
+def test_demo_queue_drains_every_row_once(engine, tmp_path):
+    run = engine.run(DEMO, {"jobs": 30, "queue_db": str(tmp_path / f"queue-{engine.mode}.sqlite")})
+    assert run.returncode == 0, run.stderr
+    assert run.results["report"]["done"] == 30
+    assert run.results["report"]["sum_of_squares"] == sum(i * i for i in range(1, 31))
+    assert run.results["drain"] == {"stats": {"processed": 30, "failed": 0, "slots": 4}}
+
+    events = engine.events(run.execution_id)
+    kinds = Counter(event_types(events, "drain"))
+    assert kinds["cursor.item.done"] == 30
+    assert kinds["cursor.slot.ended"] == 4  # each slot ends once, on its empty claim
+    assert kinds["iterator.completed"] == 1  # loop.done exactly once
+    # frames of up to 2 rows: at least 15 claims with rows; no start rows per item
+    assert 15 <= kinds["cursor.claimed"] <= 30
+    assert not kinds["iteration.started"] and not kinds["action.started"]
+    items = [e for e in events if e["event_type"] == "cursor.item.done"]
+    assert sorted(e["meta"]["row"]["id"] for e in items) == list(range(1, 31))
+    assert {e["meta"]["slot"] for e in items} <= {0, 1, 2, 3}
+    # at most one row per item, plus a constant handful per slot and loop
+    assert sum(kinds.values()) <= 30 + kinds["cursor.claimed"] + 4 + 4
+    report = next(e for e in events if e["step"] == "drain" and e["event_type"] == "iterator.completed")
+    assert report["meta"] == {"processed": 30, "failed": 0, "slots": 4}
+
+
+def test_failed_rows_are_counted_and_fail_the_step_at_loop_done(engine, tmp_path):
+    run = engine.run(FAILURES, {"queue_db": str(tmp_path / f"fail-{engine.mode}.sqlite")})
+    assert run.returncode == 1
+    assert run.status["failed_step"] == "drain"
+    assert run.status["error"]["stats"] == {"processed": 6, "failed": 2, "slots": 2}
+    events = engine.events(run.execution_id)
+    failed = [e for e in events if e["event_type"] == "cursor.item.failed"]
+    assert sorted(e["meta"]["row"]["id"] for e in failed) == [3, 6]
+    assert all("poison" in e["error"]["message"] for e in failed)
+    assert Counter(event_types(events, "drain"))["cursor.item.done"] == 4
+
+
+def test_a_claim_that_errors_is_retried_then_fails_the_step_with_the_database_message(engine, tmp_path):
+    run = engine.run(FAILURES, {"queue_db": str(tmp_path / f"bad-{engine.mode}.sqlite"), "bad_claim": True})
+    assert run.returncode == 1
+    assert run.status["failed_step"] == "drain"
+    assert "no such table: no_such_table" in run.status["error"]["message"]
+    events = engine.events(run.execution_id)
+    claim_failures = [e for e in events if e["event_type"] == "cursor.claim.failed"]
+    assert {e["attempt"] for e in claim_failures} >= {1, 2, 3}
+    assert not any(e["event_type"] == "iterator.completed" for e in events)
