@@ -43,6 +43,12 @@ Endpoints and the decisions taken where the spec leaves room:
   id is hashed with crc32); body ``{data: [{id, patientId, type, page, value}], paging: {hasMore:
   page < total, page, pageSize, total}}``; every page is full (pageSize items); 404 past the last
   page, 400 without patientId (``patient_id`` is accepted too).
+* ``/api/v1/patient/demographics?patientId`` -> one record ``{patientId, firstName, lastName, dob,
+  gender, status}``, deterministic per patient id.  ``/api/v1/mds/assessment_ids?patientId`` ->
+  ``{patientId, assessmentIds: ["MDS-<id>-001", ...], count}`` (2..5 ids, deterministic);
+  ``/api/v1/mds/assessment/<assessment_id>`` -> ``{assessmentId, status: "completed", sections}``
+  (3 sections of 3 questions, deterministic per id).  ``patient_hits`` and ``mds_hits`` count the
+  requests answered, per (data type, patient id, page) and per assessment id.
 * POST is accepted on every data endpoint; a JSON object body is merged over the query parameters.
   Resets also accept GET.  Unknown paths give 404 JSON; other methods give 405 JSON.
 * Quiet: request logging is switched off.  The server uses daemon threads and never waits for
@@ -59,8 +65,9 @@ import math
 import threading
 import time
 import zlib
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -77,11 +84,26 @@ DEFAULT_PROBE_DELAY = 0.2
 MAX_PROBE_DELAY = 10.0
 PATIENT_PAGE_MULTIPLIER = 7
 PATIENT_MAX_PAGES = 4
+MDS_MIN_IDS, MDS_EXTRA_IDS = 2, 4  # 2 + (patient * 3) % 4 assessment ids per patient: 2..5
+MDS_SECTIONS = MDS_QUESTIONS = 3
+MDS_PREFIX = "/api/v1/mds/assessment/"
+FIRST_NAMES = ("Ada", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus")
+LAST_NAMES = ("Moss", "Reyes", "Stone", "Ito", "Khan")
 PATIENT_TYPE_OFFSETS = {"assessments": 0, "conditions": 1, "medications": 2, "vital_signs": 3}
 EVENT_TYPES = ("click", "view", "purchase", "signup")
 ERROR_ALIASES = {
-    "rate_limit": 429, "429": 429, "server_error": 500, "500": 500, "unavailable": 503, "503": 503,
-    "auth": 401, "401": 401, "forbidden": 403, "403": 403, "not_found": 404, "404": 404,
+    "rate_limit": 429,
+    "429": 429,
+    "server_error": 500,
+    "500": 500,
+    "unavailable": 503,
+    "503": 503,
+    "auth": 401,
+    "401": 401,
+    "forbidden": 403,
+    "403": 403,
+    "not_found": 404,
+    "404": 404,
 }
 RETRY_AFTER_STATUSES = (429, 503)
 
@@ -93,8 +115,9 @@ Route = tuple[tuple[str, ...], Callable[[Params], Body]]
 class HTTPError(Exception):
     """Raised by a route to answer ``{error, status}`` with the given status."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message = status, message
         self.headers, self.extra = headers or {}, extra or {}
@@ -143,8 +166,11 @@ def _user(i: int) -> Body:
 
 
 def _event(i: int) -> Body:
-    return {"id": i, "type": EVENT_TYPES[i % len(EVENT_TYPES)],
-            "timestamp": f"2025-01-01T{i // 60:02d}:{i % 60:02d}:00Z"}
+    return {
+        "id": i,
+        "type": EVENT_TYPES[i % len(EVENT_TYPES)],
+        "timestamp": f"2025-01-01T{i // 60:02d}:{i % 60:02d}:00Z",
+    }
 
 
 def _assessments_page(params: Params) -> Body:
@@ -181,10 +207,15 @@ class MockAPI:
         self.flaky_attempts: dict[tuple[int, tuple[int, ...]], int] = {}
         self.active = self.max_active = self.total = 0
         self._window: deque[float] = deque()
+        # requests answered by the patient endpoints, by (data type, patient id, page)
+        self.patient_hits: Counter[tuple[str, str, int]] = Counter()
+        self.mds_hits: Counter[str] = Counter()
 
     def reset(self) -> None:
         with self._lock:
             self.flaky_attempts.clear()
+            self.patient_hits.clear()
+            self.mds_hits.clear()
             self.active = self.max_active = self.total = 0
             self._window.clear()
 
@@ -215,8 +246,13 @@ class MockAPI:
             offset = _int(params, ("offset",), 0, lo=0)
         users = [_user(i) for i in _ids(offset, limit)]
         has_more = offset + limit < TOTAL_ITEMS
-        body: dict[str, Any] = {"users": users, "has_more": has_more, "offset": offset, "limit": limit,
-                                "total": TOTAL_ITEMS}
+        body: dict[str, Any] = {
+            "users": users,
+            "has_more": has_more,
+            "offset": offset,
+            "limit": limit,
+            "total": TOTAL_ITEMS,
+        }
         if page_style:
             body["data"] = users
             body["paging"] = {"hasMore": has_more, "page": page, "pageSize": limit, "total": TOTAL_ITEMS}
@@ -226,14 +262,18 @@ class MockAPI:
         limit = _int(params, ("limit", "pageSize", "page_size"), DEFAULT_PAGE_SIZE, hi=MAX_PAGE_SIZE)
         page = _decode_cursor(params.get("cursor", "").strip())
         has_more = page * limit < TOTAL_ITEMS
-        return {"events": [_event(i) for i in _ids((page - 1) * limit, limit)],
-                "next_cursor": _encode_cursor(page + 1) if has_more else None,
-                "limit": limit, "has_more": has_more}
+        return {
+            "events": [_event(i) for i in _ids((page - 1) * limit, limit)],
+            "next_cursor": _encode_cursor(page + 1) if has_more else None,
+            "limit": limit,
+            "has_more": has_more,
+        }
 
     def flaky(self, params: Params) -> Body:
         page, _ = _page_args(params)
-        fail_on = tuple(sorted({int(p) for p in params.get("fail_on", "").replace(" ", "").split(",")
-                                if p.lstrip("-").isdigit()}))
+        fail_on = tuple(
+            sorted({int(p) for p in params.get("fail_on", "").replace(" ", "").split(",") if p.lstrip("-").isdigit()})
+        )
         with self._lock:
             key = (page, fail_on)
             attempt = self.flaky_attempts[key] = self.flaky_attempts.get(key, 0) + 1
@@ -251,8 +291,9 @@ class MockAPI:
     def errors(self, params: Params) -> Body:
         error_type = params.get("error_type", "").strip().lower()
         if error_type == "timeout":
-            time.sleep(_float(params, ("delay", "timeout_seconds", "delay_seconds"),
-                              DEFAULT_TIMEOUT_DELAY, MAX_TIMEOUT_DELAY))
+            time.sleep(
+                _float(params, ("delay", "timeout_seconds", "delay_seconds"), DEFAULT_TIMEOUT_DELAY, MAX_TIMEOUT_DELAY)
+            )
             return _assessments_page(params)
         status = ERROR_ALIASES.get(error_type)
         if status is None:
@@ -272,8 +313,12 @@ class MockAPI:
             in_window = len(self._window)
             if in_window >= limit:
                 wait = self._window[in_window - limit] + RATE_WINDOW_SECONDS - now
-                raise HTTPError(429, "rate limit exceeded", {"Retry-After": str(max(1, math.ceil(wait)))},
-                                {"requests_in_window": in_window, "limit": limit})
+                raise HTTPError(
+                    429,
+                    "rate limit exceeded",
+                    {"Retry-After": str(max(1, math.ceil(wait)))},
+                    {"requests_in_window": in_window, "limit": limit},
+                )
             self._window.append(now)
             in_window += 1
         body["rate_limit"] = {"limit": limit, "requests_in_window": in_window}
@@ -309,10 +354,62 @@ class MockAPI:
         total = 1 + (number * PATIENT_PAGE_MULTIPLIER + PATIENT_TYPE_OFFSETS[data_type]) % PATIENT_MAX_PAGES
         if page > total:
             raise HTTPError(404, f"page {page} past the end ({total} pages) for patient {raw_id}")
-        data = [{"id": (page - 1) * size + i, "patientId": raw_id, "type": data_type, "page": page,
-                 "value": f"{data_type}-{raw_id}-{page}-{i}"} for i in range(1, size + 1)]
-        return {"data": data, "paging": {"hasMore": page < total, "page": page, "pageSize": size,
-                                         "total": total}}
+        with self._lock:
+            self.patient_hits[(data_type, raw_id, page)] += 1
+        data = [
+            {
+                "id": (page - 1) * size + i,
+                "patientId": raw_id,
+                "type": data_type,
+                "page": page,
+                "value": f"{data_type}-{raw_id}-{page}-{i}",
+            }
+            for i in range(1, size + 1)
+        ]
+        return {"data": data, "paging": {"hasMore": page < total, "page": page, "pageSize": size, "total": total}}
+
+    def demographics(self, params: Params) -> Body:
+        raw_id = (params.get("patientId") or params.get("patient_id") or "").strip()
+        if not raw_id:
+            raise HTTPError(400, "patientId is required")
+        n = _patient_number(raw_id)
+        with self._lock:
+            self.patient_hits[("demographics", raw_id, 1)] += 1
+        return {
+            "patientId": raw_id,
+            "firstName": FIRST_NAMES[n % len(FIRST_NAMES)],
+            "lastName": LAST_NAMES[n % len(LAST_NAMES)],
+            "dob": f"19{40 + n % 60:02d}-{1 + n % 12:02d}-{1 + n % 28:02d}",
+            "gender": "F" if n % 2 else "M",
+            "status": "active",
+        }
+
+    def mds_assessment_ids(self, params: Params) -> Body:
+        raw_id = (params.get("patientId") or params.get("patient_id") or "").strip()
+        if not raw_id:
+            raise HTTPError(400, "patientId is required")
+        count = MDS_MIN_IDS + (_patient_number(raw_id) * 3) % MDS_EXTRA_IDS
+        return {
+            "patientId": raw_id,
+            "assessmentIds": [f"MDS-{raw_id}-{i:03d}" for i in range(1, count + 1)],
+            "count": count,
+        }
+
+    def mds_assessment(self, assessment_id: str) -> Body:
+        with self._lock:
+            self.mds_hits[assessment_id] += 1
+        seed = zlib.crc32(assessment_id.encode())
+        sections = [
+            {
+                "sectionId": f"S{s + 1}",
+                "questions": [
+                    {"key": f"S{s + 1}Q{q + 1}", "responses": [{"responseValue": str((seed >> (s * 3 + q)) % 5)}]}
+                    for q in range(MDS_QUESTIONS)
+                ],
+            }
+            for s in range(MDS_SECTIONS)
+        ]
+        return {"assessmentId": assessment_id, "status": "completed", "sections": sections}
 
     def routes(self) -> dict[str, Route]:
         data = ("GET", "POST")
@@ -326,12 +423,14 @@ class MockAPI:
             "/api/v1/errors": (data, self.errors),
             "/api/v1/rate-limited": (data, self.rate_limited),
             "/api/v1/concurrency/probe": (data, self.probe),
+            "/api/v1/patient/demographics": (data, self.demographics),
+            "/api/v1/mds/assessment_ids": (data, self.mds_assessment_ids),
         }
         for prefix in ("/api/v1/concurrency", "/api/v1/concurrency/probe"):
             routes[f"{prefix}/stats"] = (("GET",), self.probe_stats)
             routes[f"{prefix}/reset"] = (data, self.probe_reset)
         for data_type in PATIENT_TYPE_OFFSETS:
-            routes[f"/api/v1/patient/{data_type}"] = (data, lambda p, t=data_type: self.patient(t, p))
+            routes[f"/api/v1/patient/{data_type}"] = (data, partial(self.patient, data_type))
         return routes
 
 
@@ -365,6 +464,9 @@ class _Handler(BaseHTTPRequestHandler):
             params: Params = dict(parse_qsl(url.query, keep_blank_values=True))
             params.update(self._body_params())
             route = self.server.routes.get(path)
+            if route is None and path.startswith(MDS_PREFIX) and len(path) > len(MDS_PREFIX):
+                assessment_id = path[len(MDS_PREFIX) :]
+                route = (("GET", "POST"), lambda _p: self.server.state.mds_assessment(assessment_id))
             if route is None:
                 raise HTTPError(404, f"no such endpoint: {path}")
             methods, handler = route
@@ -432,8 +534,9 @@ class MockServer:
 def start_mock_api(host: str = "127.0.0.1", port: int = 0, state: MockAPI | None = None) -> MockServer:
     """Start the mock API in a daemon thread and return the running server."""
     httpd = _Server((host, port), state or MockAPI())
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                              name="noetl-mockapi", daemon=True)
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="noetl-mockapi", daemon=True
+    )
     thread.start()
     return MockServer(httpd, thread)
 

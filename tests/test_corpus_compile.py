@@ -5,7 +5,6 @@ The corpus lives outside the package (`/work/shared/noetl-corpus`, or NOETL_CORP
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,13 +13,15 @@ import pytest
 from noetl_celery.dsl import load_plan
 from noetl_celery.dsl.plan import DEFAULT_PAGINATION_MAX, Collect, Plan
 from noetl_celery.errors import PlaybookError
+from tests.support.corpus import CORPUS, MISSING_REASON
 
-CORPUS = Path(
-    os.environ.get("NOETL_CORPUS_DIR") or Path(__file__).resolve().parents[2] / "shared" / "noetl-corpus"
-)
-REJECTED_FOR_PLAYBOOK_KIND = "cursor/pft_flow.yaml"  # uses `tool: {kind: playbook}` (sub-playbooks)
+# Refused because one step uses a tool kind that cannot run here (nats); everything else in it
+# (tags:, pool:, libs:) is accepted.
+REJECTED_FOR_UNAVAILABLE_KIND = {
+    "renames-2026-04/auth0_login_tags_credential_pool.yaml": (260, "workflow[6](cache_and_callback).tool.kind", "nats"),
+}
 
-pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"no NoETL corpus at {CORPUS}")
+pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason=MISSING_REASON)
 
 
 def corpus_files() -> list[str]:
@@ -30,11 +31,9 @@ def corpus_files() -> list[str]:
 
 
 VALID = [
-    name
-    for name in corpus_files()
-    if not Path(name).name.startswith("broken_") or name.endswith("broken_sql.yaml")
+    name for name in corpus_files() if not Path(name).name.startswith("broken_") or name.endswith("broken_sql.yaml")
 ]
-VALID = [name for name in VALID if name != REJECTED_FOR_PLAYBOOK_KIND]
+VALID = [name for name in VALID if name not in REJECTED_FOR_UNAVAILABLE_KIND]
 
 
 def plan_of(name: str) -> Plan:
@@ -42,9 +41,7 @@ def plan_of(name: str) -> Plan:
 
 
 def test_the_corpus_is_where_the_index_says() -> None:
-    listed = {
-        line.split("\t")[1] for line in (CORPUS / "INDEX.tsv").read_text().splitlines()[1:] if line.strip()
-    }
+    listed = {line.split("\t")[1] for line in (CORPUS / "INDEX.tsv").read_text().splitlines()[1:] if line.strip()}
     assert listed == set(corpus_files())
 
 
@@ -55,13 +52,23 @@ def test_valid_playbook_normalises_without_problems(name: str) -> None:
     plan.model_dump_json()  # stored with the execution: must serialise
 
 
-def test_pft_flow_is_rejected_only_for_the_playbook_tool_kind() -> None:
+def test_pft_flow_compiles_with_its_mds_sub_playbook_resolved_beside_it() -> None:
+    from noetl_celery.compiler import compile_playbook
+
+    plan = compile_playbook(CORPUS / "cursor" / "pft_flow.yaml")  # a missing child would raise here
+    task = plan.steps["run_mds_batch_workers"].tasks[0]
+    assert task.kind == "playbook"
+    assert task.config["path"] == "tests/fixtures/playbooks/pft_flow_test/test_mds_batch_worker"
+    assert task.config["return_step"] == "end"
+
+
+@pytest.mark.parametrize("name", sorted(REJECTED_FOR_UNAVAILABLE_KIND))
+def test_playbook_with_a_kind_that_cannot_run_here_is_refused_for_that_step_only(name: str) -> None:
+    line, path, kind = REJECTED_FOR_UNAVAILABLE_KIND[name]
     with pytest.raises(PlaybookError) as raised:
-        plan_of(REJECTED_FOR_PLAYBOOK_KIND)
-    problems = raised.value.problems
-    assert len(problems) == 1
-    assert problems[0].path == "workflow[16](run_mds_batch_workers).tool.kind"
-    assert problems[0].message.startswith("tool kind 'playbook' is not supported")
+        plan_of(name)
+    assert [(p.line, p.path) for p in raised.value.problems] == [(line, path)]
+    assert raised.value.problems[0].message.startswith(f"tool kind '{kind}' cannot run here: ")
 
 
 def test_legacy_broken_fixture_names_the_dash_step_key_and_its_line() -> None:
@@ -80,7 +87,7 @@ def test_v10_broken_fixture_names_the_misplaced_command_and_the_missing_field() 
         (
             26,
             "workflow[1](insert_report).tool",
-            "postgres tool needs one of: command, query, sql, statement, table",
+            "postgres tool needs one of: command, query, script, sql, statement, table",
         ),
         (
             29,
@@ -344,7 +351,58 @@ def check_cursor_page_continuation(plan: Plan) -> None:
     assert last.then.set_iter == {"page_payload": "{{ output.data.data }}"}
 
 
+def check_renames_pagination_basic_set(plan: Plan) -> None:
+    assert plan.steps["start"].set_ctx == {  # bare `set:` keys are ctx variables
+        "current_page": "{{ workload.current_page }}",
+        "page_size": "{{ workload.page_size }}",
+        "collected_items": "{{ workload.collected_items }}",
+        "has_more": "{{ workload.has_more }}",
+    }
+    assert plan.steps["check_pagination"].set_ctx["current_page"] == "{{ check_pagination.next_page }}"
+    assert plan.steps["check_pagination"].tasks[0].config["input"]["current_page"] == "{{ ctx.current_page }}"
+    assert arcs(plan, "check_pagination") == [
+        ("fetch_page", "{{ ctx.has_more == true }}"),
+        ("validate_results", "{{ ctx.has_more != true }}"),
+    ]
+
+
+def check_cursor_pft_flow(plan: Plan) -> None:
+    cursor_steps = [name for name, step in plan.steps.items() if step.loop and step.loop.mode == "cursor"]
+    assert cursor_steps == [
+        f"fetch_{t}" for t in ("assessments", "conditions", "medications", "vital_signs", "demographics")
+    ]
+    assert all(plan.steps[name].loop.max_in_flight == 100 for name in cursor_steps)  # type: ignore[union-attr]
+    batches = plan.steps["run_mds_batch_workers"]
+    assert batches.loop is not None and batches.loop.max_in_flight == 5
+    assert batches.tasks[0].kind == "playbook"
+
+
+def check_cursor_mds_batch_worker(plan: Plan) -> None:
+    assert plan.path == "tests/fixtures/playbooks/pft_flow_test/test_mds_batch_worker"
+    loop = plan.steps["fetch_mds_details"].loop
+    assert loop is not None and (loop.iterator, loop.max_in_flight) == ("mds_row", 5)
+
+
+def check_legacy_playbook_composition(plan: Plan) -> None:
+    step = plan.steps["process_users"]
+    task = step.tasks[0]
+    assert task.kind == "playbook" and task.config["return_step"] == "finalize_result"
+    assert task.config["path"] == "tests/fixtures/playbooks/playbook_composition/user_profile_scorer"
+    assert task.sink is not None and task.sink.kind == "postgres"
+    assert step.loop is not None and (step.loop.iterator, step.loop.mode) == ("user", "sequential")
+
+
+def check_legacy_user_profile_scorer(plan: Plan) -> None:
+    assert plan.path == "tests/fixtures/playbooks/playbook_composition/user_profile_scorer"
+    assert "finalize_result" in plan.steps
+
+
 DETAILS: dict[str, Callable[[Plan], None]] = {
+    "cursor/pft_flow.yaml": check_cursor_pft_flow,
+    "cursor/mds_batch_worker.yaml": check_cursor_mds_batch_worker,
+    "legacy-2025-12/playbook_composition.yaml": check_legacy_playbook_composition,
+    "renames-2026-04/pagination_basic_set.yaml": check_renames_pagination_basic_set,
+    "legacy-2025-12/user_profile_scorer.yaml": check_legacy_user_profile_scorer,
     "legacy-2025-12/hello_world.yaml": check_legacy_hello_world,
     "legacy-2025-12/pagination_basic.yaml": check_legacy_pagination_basic,
     "legacy-2025-12/pagination_offset.yaml": check_legacy_pagination_offset,
@@ -373,6 +431,54 @@ DETAILS: dict[str, Callable[[Plan], None]] = {
     "v10-2026-02/control_flow_workbook.yaml": check_v10_control_flow_workbook,
     "cursor/pft_page_continuation.yaml": check_cursor_page_continuation,
 }
+
+
+# --- tool forms: duckdb, libs:, script:, secrets, verify_ssl
+
+
+def check_renames_duckdb(plan: Plan) -> None:
+    task = plan.steps["start"].tasks[0]
+    assert (task.label, task.kind, task.config["database"]) == ("run_query", "duckdb", ":memory:")
+    assert task.config["query"].startswith("CREATE TABLE users")
+
+
+def check_renames_vars_simple_libs(plan: Plan) -> None:
+    assert plan.steps["set_var"].tasks[0].config["libs"] == {"os": "os", "logging": "logging"}
+
+
+def check_renames_script_postgres_file(plan: Plan) -> None:
+    task = plan.steps["run_postgres_from_file"].tasks[0]
+    assert task.config["script"] == {"uri": "{{ script_path }}", "source": {"type": "file"}}
+    assert task.auth == "{{ pg_auth }}"
+
+
+def check_renames_script_python_loading(plan: Plan) -> None:
+    script = plan.steps["start"].tasks[0].config["script"]
+    assert script == {"uri": "inline", "source": {"type": "inline", "code": "{{ test_code }}"}}
+
+
+def check_renames_actions_secrets(plan: Plan) -> None:
+    assert kinds(plan, "test_secrets") == [("TEST_SECRET", "secrets")]
+    assert plan.steps["test_secrets"].tasks[0].config == {"provider": "env"}
+
+
+def check_legacy_ib_gateway_verify_ssl(plan: Plan) -> None:
+    verify = [
+        task.config.get("verify_ssl") for step in plan.steps.values() for task in step.tasks if task.kind == "http"
+    ]
+    assert verify and set(verify) == {False}
+
+
+DETAILS.update(
+    {
+        "renames-2026-04/duckdb_test.yaml": check_renames_duckdb,
+        "renames-2026-04/vars_simple_libs.yaml": check_renames_vars_simple_libs,
+        "renames-2026-04/script_postgres_file.yaml": check_renames_script_postgres_file,
+        "renames-2026-04/script_python_loading.yaml": check_renames_script_python_loading,
+        "renames-2026-04/actions_secrets.yaml": check_renames_actions_secrets,
+        "legacy-2025-12/ib_gateway_verify_ssl.yaml": check_legacy_ib_gateway_verify_ssl,
+    }
+)
 
 
 def test_every_valid_corpus_file_has_detail_checks() -> None:

@@ -46,7 +46,8 @@ def texts(head: str, body: str) -> list[str]:
 def test_broken_yaml_is_a_problem_with_the_yaml_line() -> None:
     found = problems(V1, "workflow:\n  - step: start\n    next: [a, b\n  - step: b\n")
     assert len(found) == 1
-    assert found[0].line == 8 and "invalid YAML" in found[0].message
+    assert found[0].line == 7 and "invalid YAML" in found[0].message  # where the '[' was opened
+    assert "the '[' opened at line 7 is not closed" in found[0].message
 
 
 def test_duplicate_key_is_a_problem_at_the_second_occurrence() -> None:
@@ -63,9 +64,7 @@ def test_keys_stay_text_and_dates_stay_strings() -> None:
 
 
 def test_template_syntax_error_is_a_problem_at_its_key() -> None:
-    found = texts(
-        V1, "workflow:\n  - step: start\n    tool: python\n    code: 'x'\n    args: {a: '{{ x + }}'}\n"
-    )
+    found = texts(V1, "workflow:\n  - step: start\n    tool: python\n    code: 'x'\n    args: {a: '{{ x + }}'}\n")
     assert len(found) == 1
     assert found[0].startswith("pb.yaml:9: workflow[0](start).args.a: template does not parse")
 
@@ -157,9 +156,7 @@ def test_dash_step_inside_next_is_an_unknown_key() -> None:
 
 
 def test_arc_to_a_missing_step_suggests_the_near_name() -> None:
-    found = texts(
-        V1, "workflow:\n  - step: start\n    next:\n      - step: fetch_user\n  - step: fetch_users\n"
-    )
+    found = texts(V1, "workflow:\n  - step: start\n    next:\n      - step: fetch_user\n  - step: fetch_users\n")
     assert found == [
         "pb.yaml:8: workflow[0](start).next[0].step: no step named 'fetch_user'; did you mean 'fetch_users'?"
     ]
@@ -217,7 +214,7 @@ def test_canonical_next_defaults_to_exclusive_and_parallel_means_inclusive() -> 
     """
     plan = compile_text(V10, body)
     assert plan.steps["start"].next.mode == "exclusive"
-    assert plan.steps["start"].next.arcs[0].model_dump(exclude={"line"}) == {
+    assert plan.steps["start"].next.arcs[0].model_dump(exclude={"line", "set_ctx", "set_vars"}) == {
         "step": "a",
         "when": "{{ x }}",
         "negate": False,
@@ -227,14 +224,9 @@ def test_canonical_next_defaults_to_exclusive_and_parallel_means_inclusive() -> 
 
 
 def test_unknown_routing_mode_is_a_problem() -> None:
-    found = texts(
-        V10, "workflow:\n  - step: start\n    next:\n      spec: {mode: exclusiv}\n      arcs: []\n"
-    )
+    found = texts(V10, "workflow:\n  - step: start\n    next:\n      spec: {mode: exclusiv}\n      arcs: []\n")
     assert found == [
-        (
-            "pb.yaml:8: workflow[0](start).next.spec.mode: unknown routing mode 'exclusiv'; "
-            "did you mean 'exclusive'?"
-        )
+        ("pb.yaml:8: workflow[0](start).next.spec.mode: unknown routing mode 'exclusiv'; did you mean 'exclusive'?")
     ]
 
 
@@ -258,7 +250,7 @@ def test_vars_set_ctx_and_set_alias_stay_unrendered() -> None:
 
 def test_step_set_with_an_unknown_scope_is_a_problem() -> None:
     found = texts(V10, "workflow:\n  - step: start\n    set: {iter.x: 1}\n")
-    assert found == ["pb.yaml:7: workflow[0](start).set.iter.x: set keys look like ctx.x or vars.x"]
+    assert found == ["pb.yaml:7: workflow[0](start).set.iter.x: set keys look like ctx.x or vars.x (a bare x is ctx.x)"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,22 +319,23 @@ def test_legacy_sink_keeps_kind_auth_and_fields() -> None:
 def test_unknown_sink_field_is_a_problem() -> None:
     found = texts(V1, "workflow:\n  - step: start\n    sink: {tool: postgres, tabel: t}\n")
     assert found == [
-        "pb.yaml:7: workflow[0](start).sink: postgres tool needs one of: command, query, sql, statement, table",
+        "pb.yaml:7: workflow[0](start).sink: postgres tool needs one of: command, query, script, sql, statement, table",
         "pb.yaml:7: workflow[0](start).sink.tabel: unknown key 'tabel' for the postgres tool; did you mean 'table'?",
     ]
 
 
 def test_unsupported_tool_kind_names_the_known_kinds() -> None:
-    found = problems(V1, "workflow:\n  - step: start\n    tool: duckdb\n    query: select 1\n")
+    found = problems(V1, "workflow:\n  - step: start\n    tool: duckbd\n    query: select 1\n")
     assert len(found) == 1
     assert found[0].line == 7 and found[0].path == "workflow[0](start).tool"
-    assert found[0].message.startswith("tool kind 'duckdb' is not supported (known: ")
+    assert found[0].message.startswith("tool kind 'duckbd' is not supported (known: ")
+    assert found[0].message.endswith("did you mean 'duckdb'?")
     assert "http" in found[0].message and "postgres" in found[0].message
 
 
 def test_missing_required_field_is_a_problem() -> None:
     found = texts(V1, "workflow:\n  - step: start\n    tool: python\n    args: {a: 1}\n")
-    assert found == ["pb.yaml:7: workflow[0](start).tool: python tool needs one of: code"]
+    assert found == ["pb.yaml:7: workflow[0](start).tool: python tool needs one of: code, script"]
 
 
 def test_workbook_entry_resolves_with_step_args_over_entry_args() -> None:
@@ -381,10 +374,7 @@ def test_unknown_workbook_name_suggests_the_near_entry() -> None:
     body = "workbook:\n  - {name: compute_flag, tool: python, code: x}\nworkflow:\n  - step: start\n    tool: workbook\n    name: compute_flg\n"
     found = texts(V1, body)
     assert found == [
-        (
-            "pb.yaml:10: workflow[0](start).name: no workbook entry named 'compute_flg'; "
-            "did you mean 'compute_flag'?"
-        )
+        ("pb.yaml:10: workflow[0](start).name: no workbook entry named 'compute_flg'; did you mean 'compute_flag'?")
     ]
 
 
@@ -432,9 +422,7 @@ def test_pipeline_accepts_both_label_forms_in_order() -> None:
 
 def test_pipeline_labels_must_be_unique() -> None:
     body = "workflow:\n  - step: start\n    tool:\n      - a: {kind: noop}\n      - a: {kind: noop}\n"
-    assert texts(V10, body) == [
-        "pb.yaml:9: workflow[0](start).tool[1]: task label 'a' is already used at line 8"
-    ]
+    assert texts(V10, body) == ["pb.yaml:9: workflow[0](start).tool[1]: task label 'a' is already used at line 8"]
 
 
 def test_step_args_merge_into_every_task_with_task_args_winning() -> None:
@@ -453,7 +441,7 @@ def test_step_args_merge_into_every_task_with_task_args_winning() -> None:
 def test_tool_field_at_canonical_step_level_is_named_and_required_field_reported() -> None:
     body = "workflow:\n  - step: start\n    tool:\n      kind: postgres\n    command: select 1\n"
     assert texts(V10, body) == [
-        "pb.yaml:7: workflow[0](start).tool: postgres tool needs one of: command, query, sql, statement, table",
+        "pb.yaml:7: workflow[0](start).tool: postgres tool needs one of: command, query, script, sql, statement, table",
         "pb.yaml:9: workflow[0](start).command: 'command' is a field of the postgres tool; put it under tool",
     ]
 
@@ -490,7 +478,9 @@ def test_dialect_legacy_canonical_and_v2case() -> None:
     assert compile_text(V1, "workflow:\n  - step: start\n").dialect == "legacy"
     assert compile_text(V1, "workflow:\n  - step: start\n    tool: {kind: noop}\n").dialect == "canonical"
     assert compile_text(V2, "workflow:\n  - step: start\n    tool: noop\n").dialect == "canonical"
-    case = "workflow:\n  - step: start\n    tool: {kind: noop}\n    case:\n      - when: x\n        then: {next: start}\n"
+    case = (
+        "workflow:\n  - step: start\n    tool: {kind: noop}\n    case:\n      - when: x\n        then: {next: start}\n"
+    )
     assert compile_text(V2, case).dialect == "v2case"
 
 
@@ -543,7 +533,9 @@ def test_case_compiles_to_gated_rules_and_inclusive_arcs() -> None:
 
 
 def test_case_unknown_then_key_is_a_problem() -> None:
-    body = "workflow:\n  - step: start\n    tool: {kind: noop}\n    case:\n      - when: x\n        then: {nxt: start}\n"
+    body = (
+        "workflow:\n  - step: start\n    tool: {kind: noop}\n    case:\n      - when: x\n        then: {nxt: start}\n"
+    )
     assert texts(V2, body) == [
         "pb.yaml:10: workflow[0](start).case[0].then.nxt: unknown key 'nxt'; did you mean 'next'?"
     ]
@@ -618,21 +610,15 @@ def test_cursor_loop_keeps_cursor_and_frame() -> None:
 
 def test_cursor_loop_rules_are_enforced() -> None:
     head = "workflow:\n  - step: start\n    tool: {kind: noop}\n    loop:\n"
-    both = texts(
-        V10, head + "      in: [1]\n      cursor: {kind: postgres, claim: x}\n      spec: {mode: cursor}\n"
-    )
-    assert both == [
-        "pb.yaml:8: workflow[0](start).loop: a loop needs exactly one of in (or collection) and cursor"
-    ]
+    both = texts(V10, head + "      in: [1]\n      cursor: {kind: postgres, claim: x}\n      spec: {mode: cursor}\n")
+    assert both == ["pb.yaml:8: workflow[0](start).loop: a loop needs exactly one of in (or collection) and cursor"]
     no_mode = texts(V10, head + "      cursor: {kind: postgres, claim: x}\n      spec: {mode: parallel}\n")
-    assert no_mode == [
-        "pb.yaml:10: workflow[0](start).loop.spec.mode: mode: cursor goes with cursor: (and only there)"
-    ]
+    assert no_mode == ["pb.yaml:10: workflow[0](start).loop.spec.mode: mode: cursor goes with cursor: (and only there)"]
     bad_kind = texts(V10, head + "      cursor: {kind: redis, claim: x}\n")
     assert bad_kind == [
         (
             "pb.yaml:9: workflow[0](start).loop.cursor.kind: cursor kind 'redis' is not supported "
-            "(known: postgres)"
+            "(known: postgres, sqlite)"
         )
     ]
 
@@ -721,9 +707,7 @@ def test_retry_on_error_and_on_success_blocks() -> None:
 
 
 def test_on_success_without_max_attempts_uses_the_pagination_default() -> None:
-    rules = retry_rules(
-        "{on_success: {while: '{{ x }}', next_call: {url: y}, collect: append, merge_path: items}}"
-    )
+    rules = retry_rules("{on_success: {while: '{{ x }}', next_call: {url: y}, collect: append, merge_path: items}}")
     assert rules[0].then.attempts == DEFAULT_PAGINATION_MAX
     assert rules[0].then.collect == Collect(strategy="append", path="items")
 
@@ -803,10 +787,7 @@ def test_unknown_action_and_action_key_are_problems() -> None:
 def test_retry_and_task_policy_together_are_a_problem() -> None:
     body = "workflow:\n  - step: start\n    tool: {kind: noop, policy: {rules: []}}\n    retry: true\n"
     assert texts(V10, body) == [
-        (
-            "pb.yaml:8: workflow[0](start).retry: the task already has a policy; "
-            "give retry: or spec.policy, not both"
-        )
+        ("pb.yaml:8: workflow[0](start).retry: the task already has a policy; give retry: or spec.policy, not both")
     ]
 
 
@@ -849,9 +830,7 @@ def test_admit_unknown_key_is_a_problem() -> None:
 
 def test_step_key_typo_on_a_legacy_tool_step_suggests_the_step_key() -> None:
     found = texts(V1, "workflow:\n  - step: start\n    tool: http\n    url: x\n    nxt: start\n")
-    assert found == [
-        "pb.yaml:9: workflow[0](start).nxt: unknown key 'nxt' for the http tool; did you mean 'next'?"
-    ]
+    assert found == ["pb.yaml:9: workflow[0](start).nxt: unknown step key 'nxt'; did you mean 'next'?"]
 
 
 def test_case_for_policy_only_keeps_the_step_next() -> None:

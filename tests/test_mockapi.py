@@ -60,8 +60,7 @@ def test_stop_is_quick_and_frees_the_port() -> None:
 def test_stop_does_not_wait_for_sleeping_requests() -> None:
     server = start_mock_api()
     pool = ThreadPoolExecutor(max_workers=1)
-    pool.submit(requests.get, f"{server.url}/api/v1/concurrency/probe", params={"delay_seconds": 3},
-                timeout=TIMEOUT)
+    pool.submit(requests.get, f"{server.url}/api/v1/concurrency/probe", params={"delay_seconds": 3}, timeout=TIMEOUT)
     time.sleep(0.2)
     started = time.monotonic()
     server.stop()
@@ -103,8 +102,7 @@ def test_assessments_pages_cover_all_ids_in_order(api: MockServer) -> None:
 
 def test_assessments_default_size_page_size_alias_and_past_end(api: MockServer) -> None:
     body = get(api, "/api/v1/assessments").json()
-    assert len(body["data"]) == 10 and body["paging"] == {"hasMore": True, "page": 1, "pageSize": 10,
-                                                          "total": 35}
+    assert len(body["data"]) == 10 and body["paging"] == {"hasMore": True, "page": 1, "pageSize": 10, "total": 35}
     body = get(api, "/api/v1/assessments", page=2, page_size=20).json()
     assert [i["id"] for i in body["data"]] == list(range(21, 36)) and body["paging"]["hasMore"] is False
     body = get(api, "/api/v1/assessments", page=9, pageSize=10).json()
@@ -227,9 +225,20 @@ def test_flaky_pagination_with_retry_collects_35(api: MockServer) -> None:
 
 @pytest.mark.parametrize(
     ("error_type", "status", "retry_after"),
-    [("rate_limit", 429, "5"), ("429", 429, "5"), ("server_error", 500, None), ("500", 500, None),
-     ("unavailable", 503, "5"), ("503", 503, "5"), ("auth", 401, None), ("401", 401, None),
-     ("forbidden", 403, None), ("403", 403, None), ("not_found", 404, None), ("404", 404, None)],
+    [
+        ("rate_limit", 429, "5"),
+        ("429", 429, "5"),
+        ("server_error", 500, None),
+        ("500", 500, None),
+        ("unavailable", 503, "5"),
+        ("503", 503, "5"),
+        ("auth", 401, None),
+        ("401", 401, None),
+        ("forbidden", 403, None),
+        ("403", 403, None),
+        ("not_found", 404, None),
+        ("404", 404, None),
+    ],
 )
 def test_errors_endpoint(api: MockServer, error_type: str, status: int, retry_after: str | None) -> None:
     resp = get(api, "/api/v1/errors", error_type=error_type)
@@ -305,8 +314,7 @@ def test_probe_respects_client_cap_and_reset(api: MockServer) -> None:
     assert post(api, "/api/v1/concurrency/reset").status_code == 200
     assert get(api, "/api/v1/concurrency/stats").json()["max_active"] == 0
     _probe_many(api, 3, 1)
-    assert get(api, "/api/v1/concurrency/stats").json() | {"active": 0} == {
-        "max_active": 1, "total": 3, "active": 0}
+    assert get(api, "/api/v1/concurrency/stats").json() | {"active": 0} == {"max_active": 1, "total": 3, "active": 0}
     assert post(api, "/api/v1/concurrency/probe/reset").json()["total"] == 0
     assert api.state.concurrency_stats()["total"] == 0
 
@@ -330,8 +338,11 @@ def test_patient_pages_deterministic(api: MockServer, data_type: str) -> None:
 
 
 def test_patient_page_counts_vary_and_need_patient_id(api: MockServer) -> None:
-    totals = {(t, p): get(api, f"/api/v1/patient/{t}", patientId=p).json()["paging"]["total"]
-              for t in ("assessments", "conditions", "medications", "vital_signs") for p in range(1, 5)}
+    totals = {
+        (t, p): get(api, f"/api/v1/patient/{t}", patientId=p).json()["paging"]["total"]
+        for t in ("assessments", "conditions", "medications", "vital_signs")
+        for p in range(1, 5)
+    }
     assert len(set(totals.values())) > 1
     assert get(api, "/api/v1/patient/conditions").status_code == 400
     assert get(api, "/api/v1/patient/unknown", patientId=1).status_code == 404
@@ -341,8 +352,11 @@ def test_patient_page_counts_vary_and_need_patient_id(api: MockServer) -> None:
 
 
 def test_module_runs_in_foreground() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "noetl_celery.mockapi", "--host", "127.0.0.1",
-                             "--port", "0"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "noetl_celery.mockapi", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()

@@ -22,9 +22,7 @@ PG_DSN = os.environ.get("NOETL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:54
 def call(kind: str, credential: Any = None, context: dict[str, Any] | None = None, **config: Any) -> Outcome:
     """Run one tool call; `call_timeout` becomes ToolCall.timeout, the rest is the config."""
     timeout = config.pop("call_timeout", None)
-    return run_tool(
-        ToolCall(kind=kind, config=config, credential=credential, context=context or {}, timeout=timeout)
-    )
+    return run_tool(ToolCall(kind=kind, config=config, credential=credential, context=context or {}, timeout=timeout))
 
 
 # ---------------------------------------------------------------- python
@@ -79,9 +77,7 @@ def test_python_main_input_data_parameter() -> None:
 
 def test_python_main_extra_args_ignored_defaults_and_kwargs() -> None:
     assert call("python", code="def main(a, b=2):\n    return a + b", args={"a": 1, "zz": 0}).data == 3
-    assert call("python", code="def main(a, **kw):\n    return sorted(kw)", args={"a": 1, "x": 2}).data == [
-        "x"
-    ]
+    assert call("python", code="def main(a, **kw):\n    return sorted(kw)", args={"a": 1, "x": 2}).data == ["x"]
 
 
 def test_python_missing_required_parameters_named() -> None:
@@ -112,11 +108,7 @@ def test_python_stdout_kept_on_error_and_truncated() -> None:
 
 def test_python_syntax_error_and_sys_exit() -> None:
     out = call("python", code="def main(:\n  pass\n")
-    assert (
-        out.status == "error"
-        and out.error["message"].startswith("SyntaxError")
-        and "line 1" in out.error["message"]
-    )
+    assert out.status == "error" and out.error["message"].startswith("SyntaxError") and "line 1" in out.error["message"]
     out = call("python", code="import sys\nsys.exit(3)\n")
     assert out.status == "error" and out.error["message"].startswith("SystemExit")
 
@@ -178,9 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:  # keep the test output quiet
         pass
 
-    def _reply(
-        self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None
-    ) -> None:
+    def _reply(self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -204,9 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
             }
         )
         if parts.path == "/json":
-            self._reply(
-                200, json.dumps({"ok": True, "q": parse_qs(parts.query)}).encode(), "application/json"
-            )
+            self._reply(200, json.dumps({"ok": True, "q": parse_qs(parts.query)}).encode(), "application/json")
         elif parts.path == "/text":
             self._reply(200, b"plain text", "text/plain")
         elif parts.path == "/echo":
@@ -289,9 +277,7 @@ def test_http_error_statuses(server: str, path: str, kind: str, retryable: bool,
 
 def test_http_bearer_credential_reaches_server_not_outcome(server: str) -> None:
     token = "s3cr3t-token-value"
-    out = call(
-        "http", credential={"type": "bearer", "token": token}, url=f"{server}/json", headers={"X-Trace": "1"}
-    )
+    out = call("http", credential={"type": "bearer", "token": token}, url=f"{server}/json", headers={"X-Trace": "1"})
     assert out.status == "ok"
     seen = _Handler.seen[-1]["headers"]
     assert seen["Authorization"] == f"Bearer {token}" and seen["X-Trace"] == "1"
@@ -385,9 +371,7 @@ def test_postgres_multi_statement_and_do_block(pg: tuple[str, str]) -> None:
     assert out.status == "ok", out.error
     assert out.data["rows"] == [{"status": "Table ready", "n": 3}]
     ddl = call("postgres", credential={"dsn": dsn}, command=f"CREATE TABLE {schema}.empty (x int)")
-    assert (
-        ddl.data["rows"] == [] and ddl.data["columns"] == [] and ddl.data["statusmessage"] == "CREATE TABLE"
-    )
+    assert ddl.data["rows"] == [] and ddl.data["columns"] == [] and ddl.data["statusmessage"] == "CREATE TABLE"
 
 
 def test_postgres_upsert_sink_shape_with_json(pg: tuple[str, str]) -> None:
@@ -420,9 +404,7 @@ def test_postgres_upsert_sink_shape_with_json(pg: tuple[str, str]) -> None:
         ],
     )
     assert again.status == "ok" and again.data["row_count"] == 2
-    appended = call(
-        "postgres", credential=dsn, table=table, mode="append", args={"id": "e:item3", "item_value": 3}
-    )
+    appended = call("postgres", credential=dsn, table=table, mode="append", args={"id": "e:item3", "item_value": 3})
     assert appended.status == "ok"
     rows = call(
         "postgres",
@@ -453,19 +435,13 @@ def test_postgres_sql_error_has_sqlstate_and_rolls_back(pg: tuple[str, str]) -> 
     assert check.data["rows"] == [{"t": None}]
 
 
-def test_postgres_env_dsn_and_missing_credential(
-    pg: tuple[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_postgres_env_dsn_and_missing_credential(pg: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     dsn, _ = pg
     monkeypatch.setenv("NOETL_POSTGRES_DSN", dsn)
     assert call("postgres", query="SELECT 1 AS one").data["rows"] == [{"one": 1}]
     monkeypatch.delenv("NOETL_POSTGRES_DSN")
     out = call("postgres", query="SELECT 1")
-    assert (
-        out.status == "error"
-        and out.error["kind"] == "credential"
-        and "NOETL_POSTGRES_DSN" in out.error["message"]
-    )
+    assert out.status == "error" and out.error["kind"] == "credential" and "NOETL_POSTGRES_DSN" in out.error["message"]
 
 
 def test_postgres_connection_error_hides_password(pg: tuple[str, str]) -> None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from noetl_celery import limits
 from noetl_celery.dsl.canonical import build_loop, canonical_tasks, routing, task_from_mapping
 from noetl_celery.dsl.case import compile_case
 from noetl_celery.dsl.legacy import Workbook, legacy_tasks, workbook_entry_task
 from noetl_celery.dsl.plan import Plan, Policy, Routing, Rule, Sink, Step, Task
-from noetl_celery.dsl.policy import admit_rules, legacy_retry, when_admit
+from noetl_celery.dsl.policy_forms import admit_rules, legacy_retry, when_admit
 from noetl_celery.dsl.validate import (
     Context,
     assignments,
@@ -31,28 +32,31 @@ from noetl_celery.dsl.validate import (
     join,
     step_path,
     suggest,
+    tags,
 )
 from noetl_celery.dsl.yaml_lines import LDict, line_of, load_yaml, plain
 from noetl_celery.errors import PlaybookError, Problem
+from noetl_celery.templating import BUILTIN_NAMES
 
 __all__ = ["PlaybookError", "load_plan"]
 
 API_VERSIONS = ("noetl.io/v1", "noetl.io/v2", "noetl.io/v10")
 LEGACY_API_VERSION = "noetl.io/v1"
 TOP_KEYS = frozenset(
-    {"apiVersion", "kind", "metadata", "workload", "ctx", "keychain", "executor", "workbook", "workflow"}
+    {"apiVersion", "kind", "metadata", "workload", "ctx", "keychain", "executor", "workbook", "workflow", "timeout"}
 )
-METADATA_KEYS = frozenset({"name", "path", "description", "version", "labels"})
+METADATA_KEYS = frozenset({"name", "path", "description", "version", "labels", "tags"})
 EXECUTOR_KEYS = frozenset({"profile", "version", "requires", "spec"})
-EXECUTOR_SPEC_KEYS = frozenset({"entry_step", "final_step", "no_next_is_error", "policy"})
+EXECUTOR_SPEC_KEYS = frozenset({"entry_step", "final_step", "no_next_is_error", "policy", "timeout"})
 CANONICAL_WORKBOOK_KEYS = frozenset({"name", "desc", "tool", "assert"})
 DEFAULT_ENTRY_STEP = "start"
 SET_TARGETS = {"ctx": "set_ctx", "vars": "vars"}  # step-level `set: {ctx.x: ..., vars.y: ...}`
+RESULT_HINT_KEYS = ("result", "output")  # step-level result hints (NoETL: selection and storage)
+RESULT_SELECTORS = frozenset({"output_select", "select"})  # hints that keep part of the result
+SET_BARE_SCOPE = "ctx"  # step-level `set: {x: ...}` (renames era): a bare key is an execution variable
 
 
-def load_plan(
-    source: str | Path, *, text: str | None = None, overrides: dict[str, Any] | None = None
-) -> Plan:
+def load_plan(source: str | Path, *, text: str | None = None, overrides: dict[str, Any] | None = None) -> Plan:
     """Read the playbook at `source` (or `text`, named `source` in problems) and return its Plan.
 
     `overrides` is deep-merged over the playbook's workload. Raises PlaybookError carrying every
@@ -60,12 +64,9 @@ def load_plan(
     """
     file = str(source)
     if text is None:
-        try:
-            text = Path(source).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise PlaybookError(
-                [Problem(file, None, "", f"cannot read the playbook: {exc.strerror or exc}")]
-            ) from exc
+        text = read_playbook_text(Path(source), file)
+    elif len(text) > limits.max_playbook_bytes():
+        raise PlaybookError([_too_big(file, len(text.encode("utf-8")))])
     document, problems = load_yaml(text, file)
     ctx = Context(file=file, problems=problems)
     plan = _plan(ctx, document, overrides or {}) if document is not None else None
@@ -74,6 +75,41 @@ def load_plan(
     if ctx.problems or plan is None:
         raise PlaybookError(sorted(ctx.problems, key=lambda p: (p.line or 0, p.path)))
     return plan
+
+
+def _too_big(file: str, size: int) -> Problem:
+    limit = limits.max_playbook_bytes()
+    return Problem(
+        file, None, "", f"the playbook is {size} bytes, more than the limit of {limit} bytes (NOETL_MAX_PLAYBOOK_BYTES)"
+    )
+
+
+def read_playbook_text(path: Path, file: str) -> str:
+    """The playbook's text: at most NOETL_MAX_PLAYBOOK_BYTES of UTF-8, else one problem."""
+    limit = limits.max_playbook_bytes()
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(limit + 1)
+    except OSError as exc:
+        raise PlaybookError([Problem(file, None, "", f"cannot read the playbook: {exc.strerror or exc}")]) from None
+    if len(raw) > limit:
+        raise PlaybookError([_too_big(file, path.stat().st_size)])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        byte = raw[exc.start]
+        raise PlaybookError(
+            [
+                Problem(
+                    file,
+                    line,
+                    "",
+                    f"the playbook is not UTF-8 text: byte 0x{byte:02x} at column {column}; save it as UTF-8",
+                )
+            ]
+        ) from None
 
 
 def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None:
@@ -87,9 +123,7 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
     for key, shape in (("metadata", "{name: ...}"), ("workflow", "[steps]")):
         if key not in top:
             ctx.problem(top.line, "", f"a playbook needs {key}: {shape}")
-    metadata = (
-        expect_mapping(ctx, top.get("metadata", LDict()), line_of(top, "metadata"), "metadata") or LDict()
-    )
+    metadata = expect_mapping(ctx, top.get("metadata", LDict()), line_of(top, "metadata"), "metadata") or LDict()
     check_keys(ctx, metadata, METADATA_KEYS, "metadata")
     name = None
     if "name" in metadata:
@@ -118,7 +152,22 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
         no_next_is_error=bool(executor.get("no_next_is_error")),
         steps=steps,
         source_file=ctx.file,
+        timeout=_playbook_timeout(ctx, top, executor),
+        tags=tags(ctx, metadata, "metadata"),
     )
+
+
+def _playbook_timeout(ctx: Context, top: LDict, executor: dict[str, Any]) -> float | None:
+    """`timeout:` (top level, or executor.spec.timeout): seconds the whole execution may take."""
+    for mapping, path in ((top, "timeout"), (executor, "executor.spec.timeout")):
+        if "timeout" not in mapping:
+            continue
+        value = mapping["timeout"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            ctx.problem(line_of(mapping, "timeout"), path, f"must be a positive number of seconds, not {value!r}")
+            return None
+        return float(value)
+    return None
 
 
 def _dialect(shapes: set[str], api_version: str | None) -> Literal["legacy", "v2case", "canonical"]:
@@ -146,14 +195,9 @@ def _api_version(ctx: Context, top: LDict) -> str | None:
 
 
 def _executor(ctx: Context, top: LDict) -> dict[str, Any]:
-    executor = (
-        expect_mapping(ctx, top.get("executor") or LDict(), line_of(top, "executor"), "executor") or LDict()
-    )
+    executor = expect_mapping(ctx, top.get("executor") or LDict(), line_of(top, "executor"), "executor") or LDict()
     check_keys(ctx, executor, EXECUTOR_KEYS, "executor")
-    spec = (
-        expect_mapping(ctx, executor.get("spec") or LDict(), line_of(executor, "spec"), "executor.spec")
-        or LDict()
-    )
+    spec = expect_mapping(ctx, executor.get("spec") or LDict(), line_of(executor, "spec"), "executor.spec") or LDict()
     check_keys(ctx, spec, EXECUTOR_SPEC_KEYS, "executor.spec")
     for key in ("entry_step", "final_step"):
         if key in spec:
@@ -197,9 +241,7 @@ def _workbook(ctx: Context, value: Any, line: int | None) -> Workbook:
             continue
         path = f"{path}({name})"
         if name in workbook:
-            ctx.problem(
-                line_of(entry, "name"), join(path, "name"), f"workbook entry '{name}' is defined twice"
-            )
+            ctx.problem(line_of(entry, "name"), join(path, "name"), f"workbook entry '{name}' is defined twice")
         tool = entry.get("tool")
         if "tool" not in entry:
             ctx.problem(item_line, path, "a workbook entry needs tool: <kind> (or tool: {kind: ...})")
@@ -230,6 +272,14 @@ def _workflow(ctx: Context, top: LDict, workbook: Workbook) -> tuple[dict[str, S
             continue
         built = _step(ctx, step, line, path, workbook)
         if built is None:
+            continue
+        if built.name in BUILTIN_NAMES:
+            ctx.problem(
+                line_of(step, "step"),
+                join(path, "step"),
+                f"step name '{built.name}' is a built-in template name: its result would be hidden "
+                f"behind `{{{{ {built.name} }}}}`; rename the step, e.g. '{built.name}_step'",
+            )
             continue
         if built.name in steps:
             ctx.problem(
@@ -272,12 +322,9 @@ def _step(ctx: Context, step: LDict, line: int | None, path: str, workbook: Work
         sink = build_sink(ctx, step["sink"], line_of(step, "sink"), join(path, "sink"))
         _attach_sink(ctx, tasks, sink, name, step, "sink", path)
     variables, set_ctx = _assignments(ctx, step, path)
-    loop = (
-        build_loop(ctx, step["loop"], line_of(step, "loop"), join(path, "loop")) if "loop" in step else None
-    )
-    desc = (
-        expect_str(ctx, step["desc"], line_of(step, "desc"), join(path, "desc")) if "desc" in step else None
-    )
+    loop = build_loop(ctx, step["loop"], line_of(step, "loop"), join(path, "loop")) if "loop" in step else None
+    desc = expect_str(ctx, step["desc"], line_of(step, "desc"), join(path, "desc")) if "desc" in step else None
+    select, hints = _result_hints(ctx, step, path)
     return Step(
         name=name,
         desc=desc,
@@ -287,8 +334,31 @@ def _step(ctx: Context, step: LDict, line: int | None, path: str, workbook: Work
         vars=variables,
         set_ctx=set_ctx,
         next=next_routing,
+        result_select=select,
+        result_hints=hints,
         line=line,
+        tags=tags(ctx, step, path),
     )
+
+
+def _result_hints(ctx: Context, step: LDict, path: str) -> tuple[str | None, dict[str, Any]]:
+    """Step-level `result:` / `output:` hints: a selector (`output_select`, `select`) is honoured,
+    every other hint (storage and the like) is kept as written and is advisory."""
+    select: str | None = None
+    hints: dict[str, Any] = {}
+    for key in RESULT_HINT_KEYS:
+        if key not in step:
+            continue
+        block = expect_mapping(ctx, step[key], line_of(step, key), join(path, key))
+        for name, value in (block or {}).items():
+            where = join(join(path, key), name)
+            if name not in RESULT_SELECTORS:
+                hints[f"{key}.{name}"] = plain(value)
+            elif select is not None:
+                ctx.problem(line_of(block, name), where, "the result is selected twice; give one selector")
+            else:
+                select = expect_str(ctx, value, line_of(block, name), where)
+    return select, hints
 
 
 def _case(ctx: Context, step: LDict, tasks: list[Task], next_routing: Routing, path: str) -> Routing:
@@ -304,9 +374,7 @@ def _case(ctx: Context, step: LDict, tasks: list[Task], next_routing: Routing, p
     return Routing(mode="inclusive", arcs=result.arcs)
 
 
-def _attach_policy(
-    ctx: Context, tasks: list[Task], policy: Policy | None, step: LDict, key: str, path: str
-) -> None:
+def _attach_policy(ctx: Context, tasks: list[Task], policy: Policy | None, step: LDict, key: str, path: str) -> None:
     """A step-level policy (retry:, case:) belongs to the step's single task."""
     if policy is None:
         return
@@ -316,9 +384,7 @@ def _attach_policy(
         ctx.problem(line, join(path, key), f"{key}: needs exactly one task; this is {what}")
         return
     if tasks[0].policy is not None:
-        ctx.problem(
-            line, join(path, key), f"the task already has a policy; give {key}: or spec.policy, not both"
-        )
+        ctx.problem(line, join(path, key), f"the task already has a policy; give {key}: or spec.policy, not both")
         return
     tasks[0].policy = policy
 
@@ -338,8 +404,9 @@ def _attach_sink(
 
 
 def _assignments(ctx: Context, step: LDict, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`vars:`, `set_ctx:` and `set: {ctx.x: ..., vars.y: ...}` -> (vars, set_ctx), unrendered."""
-    targets = assignments(ctx, step, path, SET_TARGETS)
+    """`vars:`, `set_ctx:` and `set: {ctx.x: ..., vars.y: ..., z: ...}` -> (vars, set_ctx), unrendered.
+    A bare key of `set:` is a ctx variable, as NoETL reads it (`set: {page: 2}` -> `ctx.page`)."""
+    targets = assignments(ctx, step, path, SET_TARGETS, bare=SET_BARE_SCOPE)
     return targets["vars"], targets["set_ctx"]
 
 
@@ -355,14 +422,10 @@ def _admission(ctx: Context, step: LDict, path: str) -> list[Rule] | None:
             policy = expect_mapping(ctx, spec["policy"], line_of(spec, "policy"), policy_path) or LDict()
             check_keys(ctx, policy, {"admit"}, policy_path)
             if "admit" in policy:
-                admit = admit_rules(
-                    ctx, policy["admit"], line_of(policy, "admit"), join(policy_path, "admit")
-                )
+                admit = admit_rules(ctx, policy["admit"], line_of(policy, "admit"), join(policy_path, "admit"))
     if "when" in step:
         if admit is not None:
-            ctx.problem(
-                line_of(step, "when"), join(path, "when"), "give when: or spec.policy.admit, not both"
-            )
+            ctx.problem(line_of(step, "when"), join(path, "when"), "give when: or spec.policy.admit, not both")
         else:
             admit = when_admit(condition(ctx, step, "when", path), join(path, "when"))
     return admit

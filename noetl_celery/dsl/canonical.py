@@ -3,17 +3,26 @@
 Decides: how a tool mapping becomes a Task (fields beside `kind` or under `spec`, with
 `spec.policy` as the task's policy), how a pipeline list is read (`- label: {kind}` or
 `- name: label, kind:`), that a tool field written at step level is a mistake, how step `args`
-reach every task, what `next: {spec: {mode}, arcs}` means, and how every loop form (legacy
-collection/element, canonical in/iterator/spec, cursor) becomes one Loop.
+(or `input`, its renames-era name) reach every task, what `next: {spec: {mode}, arcs}` means,
+and how every loop form (legacy collection/element, canonical in/iterator/spec, cursor) becomes
+one Loop.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from noetl_celery.dsl.legacy import STEP_KEYS, Workbook, arc, legacy_arcs, resolve_workbook
+from noetl_celery import cursors
+from noetl_celery.dsl.legacy import (
+    STEP_KEYS,
+    Workbook,
+    arc,
+    check_workbook_call_keys,
+    legacy_arcs,
+    resolve_workbook,
+)
 from noetl_celery.dsl.plan import DEFAULT_PARALLEL_CAP, Loop, Routing, Task
-from noetl_celery.dsl.policy import task_policy
+from noetl_celery.dsl.policy_forms import task_policy
 from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
@@ -23,6 +32,7 @@ from noetl_celery.dsl.validate import (
     check_fields,
     check_keys,
     check_required,
+    check_settings,
     condition,
     expect_list,
     expect_mapping,
@@ -38,12 +48,15 @@ from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
 from noetl_celery.tools.base import get_tool
 
 WORKBOOK_CALL_KEYS = frozenset({"kind", "name", "args", "auth"})
-ROUTE_MODES = {"exclusive": "exclusive", "inclusive": "inclusive", "parallel": "inclusive"}
+STEP_INPUT_KEY = "input"  # renames era: a step's `input:` is its `args:`
+ROUTE_MODES: dict[str, Literal["exclusive", "inclusive"]] = {
+    "exclusive": "exclusive",
+    "inclusive": "inclusive",
+    "parallel": "inclusive",
+}
 NO_MATCH_ACTIONS = (None, "quiet", "error")
 ARC_KEYS = frozenset({"step", "when", "args"})
-LEGACY_LOOP_KEYS = frozenset(
-    {"collection", "element", "concurrency", "chunk_size", "enumerate", "where", "limit"}
-)
+LEGACY_LOOP_KEYS = frozenset({"collection", "element", "concurrency", "chunk_size", "enumerate", "where", "limit"})
 LOOP_KEYS = LEGACY_LOOP_KEYS | {"in", "iterator", "mode", "max_in_flight", "cursor", "spec"}
 LOOP_SPEC_KEYS = frozenset({"mode", "max_in_flight", "chunk_size", "policy", "frame"})
 LOOP_POLICY_KEYS = frozenset({"exec"})  # accepted for compatibility; every loop runs on the workers
@@ -55,7 +68,6 @@ LOOP_MODES = {
     "cursor": "cursor",
 }
 CURSOR_KEYS = frozenset({"kind", "auth", "claim"})
-CURSOR_KINDS = ("postgres",)
 FRAME_KEYS = frozenset(
     {
         "max_rows",
@@ -78,8 +90,11 @@ def canonical_tasks(ctx: Context, step: LDict, label: str, path: str, workbook: 
         task = task_from_mapping(ctx, tool, label, tool_line, tool_path, workbook)
         tasks = [task] if task is not None else []
     _check_step_keys(ctx, step, tasks, path)
-    if "args" in step:
-        args = plain(expect_mapping(ctx, step["args"], line_of(step, "args"), join(path, "args")) or {})
+    if "args" in step and STEP_INPUT_KEY in step:
+        ctx.problem(line_of(step, STEP_INPUT_KEY), join(path, STEP_INPUT_KEY), "give args or input, not both")
+    key = "args" if "args" in step else STEP_INPUT_KEY
+    if key in step:
+        args = plain(expect_mapping(ctx, step[key], line_of(step, key), join(path, key)) or {})
         for task in tasks:
             task.config["args"] = {**args, **task.config.get("args", {})}
     _check_jumps(ctx, tasks, tool_path)
@@ -93,7 +108,7 @@ def _check_step_keys(ctx: Context, step: LDict, tasks: list[Task], path: str) ->
         for key in tool_only_fields(spec) if spec else ():
             owners.setdefault(key, []).append(task.kind)
     for key in step:
-        if key in STEP_KEYS:
+        if key in STEP_KEYS or key == STEP_INPUT_KEY:
             continue
         if key in owners:
             kinds = " / ".join(dict.fromkeys(owners[key]))
@@ -117,7 +132,7 @@ def task_from_mapping(
         ctx.problem(line, path, "a tool needs kind: <tool kind>")
         return None
     if tool["kind"] == WORKBOOK_KIND and not label_key:
-        check_keys(ctx, tool, WORKBOOK_CALL_KEYS, path)
+        check_workbook_call_keys(ctx, tool, WORKBOOK_CALL_KEYS, path)
         return resolve_workbook(
             ctx,
             workbook,
@@ -151,6 +166,7 @@ def task_from_mapping(
     sink = build_sink(ctx, *read("sink")) if "sink" in fields else None
     auth = plain(read("auth")[0]) if "auth" in fields else None
     check_required(ctx, spec, config, line, path)
+    check_settings(ctx, spec, config, tool, path, fields)
     return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, sink=sink, line=line)
 
 
@@ -213,9 +229,7 @@ def _check_jumps(ctx: Context, tasks: list[Task], path: str) -> None:
         for rule in task.policy.rules if task.policy else ():
             target = rule.then.to
             if rule.then.do == "jump" and target is not None and target not in labels:
-                ctx.problem(
-                    task.line, rule.source, f"jump to unknown task '{target}'{suggest(target, labels)}"
-                )
+                ctx.problem(task.line, rule.source, f"jump to unknown task '{target}'{suggest(target, labels)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +244,8 @@ def routing(ctx: Context, value: Any, line: int | None, path: str) -> Routing:
         return Routing(mode="inclusive", arcs=legacy_arcs(ctx, value, line, path))
     nxt = expect_mapping(ctx, value, line, path) or LDict()
     check_keys(ctx, nxt, {"spec", "arcs"}, path)
-    mode, on_no_match = "exclusive", None
+    mode: Literal["exclusive", "inclusive"] = "exclusive"
+    on_no_match = None
     if "spec" in nxt:
         spec_path = join(path, "spec")
         spec = expect_mapping(ctx, nxt["spec"], line_of(nxt, "spec"), spec_path) or LDict()
@@ -238,9 +253,7 @@ def routing(ctx: Context, value: Any, line: int | None, path: str) -> Routing:
         written = spec.get("mode", "exclusive")
         if written not in ROUTE_MODES:
             hint = suggest(str(written), ROUTE_MODES)
-            ctx.problem(
-                line_of(spec, "mode"), join(spec_path, "mode"), f"unknown routing mode '{written}'{hint}"
-            )
+            ctx.problem(line_of(spec, "mode"), join(spec_path, "mode"), f"unknown routing mode '{written}'{hint}")
         mode = ROUTE_MODES.get(written, "exclusive")
         on_no_match = spec.get("on_no_match")
         if on_no_match not in NO_MATCH_ACTIONS:
@@ -280,9 +293,7 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
     collection = _one_of(ctx, loop, ("in", "collection"), path)
     iterator = _one_of(ctx, loop, ("iterator", "element"), path) or "item"
     if not isinstance(iterator, str) or not iterator.isidentifier():
-        ctx.problem(
-            line_of(loop, "iterator"), join(path, "iterator"), f"iterator must be a name, not {iterator!r}"
-        )
+        ctx.problem(line_of(loop, "iterator"), join(path, "iterator"), f"iterator must be a name, not {iterator!r}")
         iterator = "item"
     cursor = _cursor(ctx, loop, path) if "cursor" in loop else None
     if (collection is None) == (cursor is None):
@@ -336,9 +347,7 @@ def _one_of(ctx: Context, loop: LDict, keys: tuple[str, str], path: str) -> Any:
 
 def _mode(ctx: Context, loop: LDict, spec: LDict, path: str, is_cursor: bool) -> Any:
     if "mode" in loop and "mode" in spec and loop["mode"] != spec["mode"]:
-        ctx.problem(
-            line_of(spec, "mode"), join(path, "spec.mode"), "mode is given twice with different values"
-        )
+        ctx.problem(line_of(spec, "mode"), join(path, "spec.mode"), "mode is given twice with different values")
     holder, hpath = (spec, join(path, "spec")) if "mode" in spec else (loop, path)
     written = holder.get("mode", "cursor" if is_cursor else "sequential")
     if written not in LOOP_MODES:
@@ -346,9 +355,7 @@ def _mode(ctx: Context, loop: LDict, spec: LDict, path: str, is_cursor: bool) ->
         ctx.problem(line_of(holder, "mode"), join(hpath, "mode"), f"unknown loop mode '{written}'{hint}")
         return "cursor" if is_cursor else "sequential"
     if (written == "cursor") != is_cursor:
-        ctx.problem(
-            line_of(holder, "mode"), join(hpath, "mode"), "mode: cursor goes with cursor: (and only there)"
-        )
+        ctx.problem(line_of(holder, "mode"), join(hpath, "mode"), "mode: cursor goes with cursor: (and only there)")
     return LOOP_MODES[written]
 
 
@@ -380,12 +387,13 @@ def _cursor(ctx: Context, loop: LDict, path: str) -> dict[str, Any] | None:
         return None
     check_keys(ctx, cursor, CURSOR_KEYS, cursor_path)
     kind = cursor.get("kind")
-    if kind not in CURSOR_KINDS:
-        hint = suggest(str(kind), CURSOR_KINDS)
+    known = cursors.known_kinds()
+    if kind not in known:
+        hint = suggest(str(kind), known)
         ctx.problem(
             line_of(cursor, "kind"),
             join(cursor_path, "kind"),
-            f"cursor kind '{kind}' is not supported (known: {', '.join(CURSOR_KINDS)}){hint}",
+            f"cursor kind '{kind}' is not supported (known: {', '.join(known)}){hint}",
         )
     expect_str(ctx, cursor.get("claim"), line_of(cursor, "claim"), join(cursor_path, "claim"))
     return plain(cursor)

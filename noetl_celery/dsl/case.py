@@ -1,10 +1,15 @@
-"""The v2 `case:` form (Dec 2025): a list of `{when, then: {next | retry | collect}}` entries.
+"""The v2 `case:` form (Dec 2025): a list of `{when, then: {next | retry | collect | set | result}}`.
 
 Decides: which case entries are routing (then.next -> arcs carrying the entry's `when`, mode
-inclusive) and which are policy (then.retry / then.collect -> rules on the step's single task),
-the outcome gate of a policy entry (a `call.error` condition gates on error, `call.done` on ok),
-and that a `retry` with params/body/headers/url/args is the next page, not a retry after an
-error. The `when` text is kept as written; the engine evaluates it with `event.name` set.
+inclusive) and which are policy (then.retry / then.collect / then.set / then.result -> rules on
+the step's single task), the outcome gate of a policy entry (a `call.error` condition gates on
+error, `call.done` on ok), and that a `retry` with params/body/headers/url/args is the next page,
+not a retry after an error. `then:` may be a list of actions (`- set: ...`, `- next: ...`): they
+are read as one mapping, each action at most once. `then.set` (bare keys and `ctx.x` assign ctx,
+`vars.x` vars, `iter.x` the iteration) goes with the entry's arcs when it has `next` (assigned when
+an arc fires), else with its rule (assigned when the call's outcome matches). `then.result`
+replaces the call's data with its rendered value. The `when` text is kept as written; the engine
+evaluates it with `event.name` set.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 
 from noetl_celery.dsl.legacy import legacy_arcs
 from noetl_celery.dsl.plan import Action, Arc, Condition, OutcomeGate, Rule
-from noetl_celery.dsl.policy import (
+from noetl_celery.dsl.policy_forms import (
     BACKOFF_KEYS,
     NEXT_CALL_KEYS,
     collect_of,
@@ -22,11 +27,21 @@ from noetl_celery.dsl.policy import (
     pagination_action,
     retry_action,
 )
-from noetl_celery.dsl.validate import Context, check_keys, condition, expect_list, expect_mapping, join
-from noetl_celery.dsl.yaml_lines import LDict, line_of
+from noetl_celery.dsl.validate import (
+    Context,
+    assignments,
+    check_keys,
+    condition,
+    expect_list,
+    expect_mapping,
+    join,
+)
+from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
 
 CASE_ENTRY_KEYS = frozenset({"when", "then"})
-CASE_THEN_KEYS = frozenset({"next", "retry", "collect"})
+CASE_THEN_KEYS = frozenset({"next", "retry", "collect", "set", "result"})
+CASE_SET_SCOPES = {"ctx": "set_ctx", "vars": "set_vars", "iter": "set_iter"}
+CASE_SET_BARE = "ctx"  # `then: {set: {page: 2}}` assigns ctx.page
 CASE_RETRY_KEYS = BACKOFF_KEYS | NEXT_CALL_KEYS
 ERROR_EVENT = "call.error"
 DONE_EVENT = "call.done"
@@ -53,17 +68,55 @@ def compile_case(ctx: Context, value: Any, line: int | None, path: str) -> CaseR
             continue
         when = condition(ctx, entry, "when", entry_path)
         then_path = join(entry_path, "then")
-        then = expect_mapping(ctx, entry["then"], line_of(entry, "then"), then_path)
-        if then is None or not check_keys(ctx, then, CASE_THEN_KEYS, then_path):
+        then = _then(ctx, entry, then_path)
+        if then is None:
             continue
+        sets = _sets(ctx, then, then_path)
         if "next" in then:
-            result.arcs.extend(_arcs(ctx, then, when, then_path))
-        rule = _rule(ctx, then, when, then_path, entry_path)
+            arcs = _arcs(ctx, then, when, then_path)
+            for made in arcs:
+                made.set_ctx, made.set_vars = dict(sets.get("set_ctx", {})), dict(sets.get("set_vars", {}))
+            if sets.get("set_iter") and not ({"retry", "collect", "result"} & then.keys()):
+                message = "iter.x goes with a call's outcome; with next, set ctx.x or vars.x"
+                ctx.problem(line_of(then, "set"), join(then_path, "set"), message)
+            result.arcs.extend(arcs)
+            sets = {"set_iter": sets["set_iter"]} if sets.get("set_iter") else {}
+        rule = _rule(ctx, then, when, then_path, entry_path, sets)
         if rule is not None:
             result.rules.append(rule)
     if result.rules:
         result.rules.append(Rule(then=Action(do="stop"), source=path))
     return result
+
+
+def _then(ctx: Context, entry: LDict, path: str) -> LDict | None:
+    """`then:` as a mapping of actions, or a list of one-action mappings read as one mapping."""
+    value, line = entry["then"], line_of(entry, "then")
+    if not isinstance(value, list):
+        then = expect_mapping(ctx, value, line, path)
+        return then if then is not None and check_keys(ctx, then, CASE_THEN_KEYS, path) else None
+    merged = LDict()
+    merged.line = line
+    for index, item in enumerate(value):
+        item_path, item_line = join(path, index), line_of(value, index)
+        action = expect_mapping(ctx, item, item_line, item_path)
+        if action is None or not check_keys(ctx, action, CASE_THEN_KEYS, item_path):
+            continue
+        for key in action:
+            if key in merged:
+                message = f"'{key}' is given twice in this then list (first at line {merged.key_lines[key]})"
+                ctx.problem(line_of(action, key), join(item_path, key), message)
+                continue
+            merged[key] = action[key]
+            merged.key_lines[key] = line_of(action, key) or item_line or 0
+    return merged
+
+
+def _sets(ctx: Context, then: LDict, path: str) -> dict[str, dict[str, Any]]:
+    if "set" not in then:
+        return {}
+    found = assignments(ctx, then, path, CASE_SET_SCOPES, bare=CASE_SET_BARE)
+    return {block: values for block, values in found.items() if values}
 
 
 def _arcs(ctx: Context, then: LDict, when: Condition, path: str) -> list[Arc]:
@@ -85,8 +138,13 @@ def _gate(when: Condition, default: OutcomeGate) -> OutcomeGate:
     return default
 
 
-def _rule(ctx: Context, then: LDict, when: Condition, path: str, source: str) -> Rule | None:
+def _rule(
+    ctx: Context, then: LDict, when: Condition, path: str, source: str, sets: dict[str, dict[str, Any]]
+) -> Rule | None:
     collect = collect_of(ctx, then, path)
+    extra: dict[str, Any] = dict(sets)
+    if "result" in then:
+        extra.update(result=plain(then["result"]), sets_result=True)
     if "retry" in then:
         retry_path = join(path, "retry")
         retry = expect_mapping(ctx, then["retry"], line_of(then, "retry"), retry_path)
@@ -98,7 +156,7 @@ def _rule(ctx: Context, then: LDict, when: Condition, path: str, source: str) ->
             page = LDict({key: retry[key] for key in page_keys})
             page.line, page.key_lines = retry.line, dict(retry.key_lines)
             next_call = next_call_of(ctx, page, line_of(then, "retry"), retry_path)
-            action = pagination_action(ctx, retry, next_call, collect, retry_path)
+            action = pagination_action(ctx, retry, next_call, collect, retry_path).model_copy(update=extra)
             return Rule(on=_gate(when, "ok"), when=when, then=action, source=source)
         if collect is not None:
             ctx.problem(
@@ -106,11 +164,9 @@ def _rule(ctx: Context, then: LDict, when: Condition, path: str, source: str) ->
                 join(path, "collect"),
                 "collect goes with a successful call, not a retry",
             )
-        return Rule(
-            on=_gate(when, "error"), when=when, then=retry_action(ctx, retry, retry_path), source=source
-        )
-    if collect is not None:
-        return Rule(
-            on=_gate(when, "ok"), when=when, then=Action(do="continue", collect=collect), source=source
-        )
+        action = retry_action(ctx, retry, retry_path).model_copy(update=extra)
+        return Rule(on=_gate(when, "error"), when=when, then=action, source=source)
+    if collect is not None or extra:
+        action = Action(do="continue", collect=collect, **extra)
+        return Rule(on=_gate(when, "ok"), when=when, then=action, source=source)
     return None

@@ -3,7 +3,8 @@
 Decides: which keys of a legacy step are step keys and which are tool fields, how a step (or a
 legacy workbook entry) becomes one Task, how `tool: workbook` + `name:` resolves at compile
 time, when a step is routing-only (no task), and what a legacy `next:` list means as arcs
-(every entry whose `when` holds fires; `then`/`else` branches become negated twins).
+(every entry whose `when` holds fires; `then`/`else` branches become negated twins; `args`
+written beside `then`/`else` go with each of their arcs).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from copy import deepcopy
 from typing import Any
 
 from noetl_celery.dsl.plan import Arc, Task
-from noetl_celery.dsl.policy import task_policy
+from noetl_celery.dsl.policy_forms import task_policy
 from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
@@ -21,6 +22,7 @@ from noetl_celery.dsl.validate import (
     check_fields,
     check_keys,
     check_required,
+    check_settings,
     condition,
     expect_list,
     expect_mapping,
@@ -49,6 +51,9 @@ STEP_KEYS = frozenset(
         "spec",
         "case",
         "when",
+        "result",
+        "output",
+        "tags",
     }
 )
 LEGACY_STEP_KEYS = STEP_KEYS | {"auth", "name"}
@@ -56,6 +61,11 @@ LEGACY_WORKBOOK_KEYS = frozenset({"name", "desc", "tool", "assert", "args", "aut
 NEXT_ENTRY_KEYS = frozenset({"step", "when", "then", "else", "args"})
 BRANCH_KEYS = frozenset({"step", "args"})
 
+WORKBOOK_NEEDS_NAME = "a workbook call needs name: <workbook entry>"
+WORKBOOK_OLD_KEYS = {  # NoETL's older spelling of a workbook call -> what to write here
+    "task": "the workbook entry is named with name: <workbook entry>",
+    "with": "the entry's arguments go in args:",
+}
 Workbook = dict[str, Task | None]  # entry name -> its task (None when the entry itself is broken)
 
 
@@ -63,7 +73,7 @@ def legacy_tasks(ctx: Context, step: LDict, label: str, path: str, workbook: Wor
     """The tasks of a legacy-shaped step: none (routing-only) or one."""
     tool = step.get("tool")
     if tool == WORKBOOK_KIND:
-        check_keys(ctx, step, LEGACY_STEP_KEYS, path)
+        check_workbook_call_keys(ctx, step, LEGACY_STEP_KEYS, path)
         return _workbook_call(ctx, step, label, path, workbook)
     if "name" in step:
         ctx.problem(
@@ -105,14 +115,25 @@ def inline_task(ctx: Context, mapping: LDict, reserved: frozenset[str], label: s
     if spec.routing_only and not config and policy is None and "sink" not in mapping:
         return None  # `tool: end` and friends with nothing to do: a routing-only step
     check_required(ctx, spec, config, tool_line, tool_path)
+    check_settings(ctx, spec, config, mapping, path)
     auth = plain(mapping.get("auth"))
     return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, line=tool_line)
+
+
+def check_workbook_call_keys(ctx: Context, mapping: LDict, allowed: frozenset[str], path: str) -> None:
+    """Unknown keys of a workbook call; NoETL's older `task:`/`with:` are named by what they are here."""
+    for key in mapping:
+        if key in WORKBOOK_OLD_KEYS:
+            message = f"unknown key '{key}'; {WORKBOOK_OLD_KEYS[key]}"
+            ctx.problem(line_of(mapping, key), join(path, key), message)
+        elif key not in allowed:
+            unknown_key(ctx, mapping, key, path, allowed)
 
 
 def _workbook_call(ctx: Context, step: LDict, label: str, path: str, workbook: Workbook) -> list[Task]:
     name = step.get("name")
     if name is None:
-        ctx.problem(line_of(step, "tool"), join(path, "tool"), "tool: workbook needs name: <workbook entry>")
+        ctx.problem(line_of(step, "tool"), join(path, "tool"), WORKBOOK_NEEDS_NAME)
         return []
     args = step.get("args")
     task = resolve_workbook(ctx, workbook, name, args, step.get("auth"), label, line_of(step, "name"), path)
@@ -124,6 +145,9 @@ def resolve_workbook(
 ) -> Task | None:
     """A copy of workbook entry `name` as the step's task, the step's args merged over the entry's."""
     name_path = join(path, "name")
+    if name is None:
+        ctx.problem(line, path, WORKBOOK_NEEDS_NAME)
+        return None
     if not isinstance(name, str) or name not in workbook:
         hint = suggest(str(name), workbook) if isinstance(name, str) else ""
         ctx.problem(line, name_path, f"no workbook entry named '{name}'{hint}")
@@ -133,7 +157,7 @@ def resolve_workbook(
         return None  # the entry's own problems are already reported
     config = deepcopy(entry.config)
     if args is not None:
-        step_args = expect_mapping(ctx, args, line, join(path, "args")) or {}
+        step_args: dict[str, Any] = expect_mapping(ctx, args, line, join(path, "args")) or {}
         config["args"] = {**config.get("args", {}), **plain(step_args)}
     auth = plain(auth) if auth is not None else entry.auth
     return entry.model_copy(update={"label": label, "config": config, "auth": auth, "line": line}, deep=True)
@@ -182,7 +206,12 @@ def _entry(ctx: Context, entry: LDict, line: int | None, path: str) -> list[Arc]
         if when is None:
             ctx.problem(line, path, "then/else needs a when")
         arcs = _branch(ctx, entry, "then", when, False, path)
-        return arcs + _branch(ctx, entry, "else", when, True, path)
+        arcs += _branch(ctx, entry, "else", when, True, path)
+        if "args" in entry:  # args beside then/else go with every branch (a branch's own win)
+            shared = expect_mapping(ctx, entry["args"], line_of(entry, "args"), join(path, "args"))
+            for made in arcs:
+                made.args = {**plain(shared or {}), **made.args}
+        return arcs
     return [a for a in [arc(ctx, entry, when, False, line, path)] if a is not None]
 
 
@@ -191,11 +220,7 @@ def _branch(ctx: Context, entry: LDict, key: str, when: Any, negate: bool, path:
         return []
     branch_path = join(path, key)
     items = entry[key]
-    items = (
-        [items]
-        if isinstance(items, (dict, str))
-        else expect_list(ctx, items, line_of(entry, key), branch_path)
-    )
+    items = [items] if isinstance(items, (dict, str)) else expect_list(ctx, items, line_of(entry, key), branch_path)
     arcs: list[Arc] = []
     for index, item in enumerate(items or []):
         item_path = join(branch_path, index)
@@ -220,9 +245,5 @@ def arc(ctx: Context, entry: LDict, when: Any, negate: bool, line: int | None, p
     if target is None:
         return None
     ctx.arc_refs.append(ArcRef(target, line_of(entry, "step"), join(path, "step")))
-    args = (
-        expect_mapping(ctx, entry["args"], line_of(entry, "args"), join(path, "args"))
-        if "args" in entry
-        else None
-    )
+    args = expect_mapping(ctx, entry["args"], line_of(entry, "args"), join(path, "args")) if "args" in entry else None
     return Arc(step=target, when=when, negate=negate, args=plain(args or {}), line=line)

@@ -59,6 +59,9 @@ class Action(_Model):
     set_ctx: dict[str, Any] = Field(default_factory=dict)
     set_iter: dict[str, Any] = Field(default_factory=dict)
     set_vars: dict[str, Any] = Field(default_factory=dict)
+    # v2 case `then.result`: the attempt's data becomes this value (rendered with the outcome in scope)
+    result: Any = None
+    sets_result: bool = False
 
 
 class Rule(_Model):
@@ -129,6 +132,9 @@ class Arc(_Model):
     when: Condition = None
     negate: bool = False
     args: dict[str, Any] = Field(default_factory=dict)
+    # v2 case `then: {next, set}`: assigned (rendered at the step's end) when this arc fires
+    set_ctx: dict[str, Any] = Field(default_factory=dict)
+    set_vars: dict[str, Any] = Field(default_factory=dict)
     line: int | None = None
 
 
@@ -155,9 +161,14 @@ class Step(_Model):
     loop: Loop | None = None
     vars: dict[str, Any] = Field(default_factory=dict)  # rendered after the step, into vars.*
     set_ctx: dict[str, Any] = Field(default_factory=dict)  # rendered after the step, into ctx.*
+    # step-level `result: {output_select: ...}` / `output: {select: ...}`: the part of the result
+    # the step keeps (a dotted path, or a template with `result` in scope); None keeps it whole
+    result_select: str | None = None
+    result_hints: dict[str, Any] = Field(default_factory=dict)  # the other hints, advisory, as written
     next: Routing = Field(default_factory=Routing)
     join: str | None = None  # set by the compiler: where the branches this step forks meet again
     line: int | None = None
+    tags: list[str] = Field(default_factory=list)  # metadata only: shown by compile, never routed on
 
 
 class Plan(_Model):
@@ -175,6 +186,8 @@ class Plan(_Model):
     no_next_is_error: bool = False
     steps: dict[str, Step]
     source_file: str | None = None
+    timeout: float | None = None  # seconds the whole execution may take (None: no limit)
+    tags: list[str] = Field(default_factory=list)  # metadata.tags: shown by compile, never acted on
 
     def step(self, name: str) -> Step:
         return self.steps[name]

@@ -3,7 +3,8 @@
 Decides: the wording of a problem (unknown key + "did you mean", wrong type, unsupported tool
 kind, missing required tool field), which tool kinds exist (the tool registry is the only
 authority), how a condition and a number are read, how a `sink:` is read, and that every
-template parses. It collects problems into a `Context`; it never raises and never renders.
+template compiles in the runtime's own sandboxed environment (so unknown filters and tests are
+found at validate, not at run time). It collects problems into a `Context`; it never raises and never renders.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import jinja2
-
 from noetl_celery.dsl.plan import Condition, Sink
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
 from noetl_celery.errors import Problem
+from noetl_celery.templating import check_syntax
+from noetl_celery.tools import settings as tool_settings
 from noetl_celery.tools.base import COMMON_FIELDS, ToolSpec, get_tool, known_kinds
+from noetl_celery.tools.unavailable import UNAVAILABLE_KINDS
 
 SUGGESTION_CUTOFF = 0.6  # difflib similarity below which no "did you mean" is offered
 WORKBOOK_KIND = "workbook"  # resolved at compile time, not a registered tool
@@ -26,8 +28,6 @@ NON_TEMPLATE_KEYS = frozenset({"code"})  # python source: braces are Python, not
 # Task keys that are not tool configuration: handled by the plan itself.
 TASK_META_KEYS = frozenset({"kind", "auth", "spec", "policy", "desc", "sink", "name"})
 SINK_META_KEYS = frozenset({"tool", "kind", "auth"})
-
-_JINJA = jinja2.Environment()
 
 
 @dataclass
@@ -61,9 +61,7 @@ def suggest(word: str, choices: Iterable[str]) -> str:
     """ "; did you mean 'x'?" for the closest choice, or "" when nothing is close."""
     close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=SUGGESTION_CUTOFF)
     if not close and word.lstrip("-_ ") != word:
-        close = difflib.get_close_matches(
-            word.lstrip("-_ "), sorted(set(choices)), n=1, cutoff=SUGGESTION_CUTOFF
-        )
+        close = difflib.get_close_matches(word.lstrip("-_ "), sorted(set(choices)), n=1, cutoff=SUGGESTION_CUTOFF)
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
@@ -127,9 +125,7 @@ def condition(ctx: Context, mapping: LDict, key: str, path: str) -> Condition:
     value = mapping.get(key)
     if value is None or isinstance(value, (str, bool)):
         return value
-    ctx.problem(
-        line_of(mapping, key), join(path, key), f"must be a template string or a boolean, not {value!r}"
-    )
+    ctx.problem(line_of(mapping, key), join(path, key), f"must be a template string or a boolean, not {value!r}")
     return None
 
 
@@ -140,6 +136,19 @@ def _type_name(value: Any) -> str:
         if isinstance(value, kind):
             return name
     return "a number" if isinstance(value, (int, float)) else type(value).__name__
+
+
+def tags(ctx: Context, owner: Any, path: str) -> list[str]:
+    """`tags:` of a playbook's metadata or of a step: a list of names (or one name); metadata only."""
+    if not isinstance(owner, dict) or "tags" not in owner:
+        return []
+    value, line = owner["tags"], line_of(owner, "tags")
+    if isinstance(value, str) and value:
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+        return [str(v) for v in value]
+    ctx.problem(line, join(path, "tags"), f"must be a list of names, not {_type_name(value)}")
+    return []
 
 
 def step_path(index: int, step: Any) -> str:
@@ -162,7 +171,9 @@ def tool_spec(ctx: Context, kind: Any, line: int | None, path: str) -> ToolSpec 
         ctx.problem(line, path, f"tool kind must be a non-empty string, not {_type_name(kind)}")
         return None
     spec = get_tool(kind)
-    if spec is None:
+    if spec is None and kind in UNAVAILABLE_KINDS:
+        ctx.problem(line, path, f"tool kind '{kind}' cannot run here: {UNAVAILABLE_KINDS[kind]}")
+    elif spec is None:
         known = known_tool_kinds()
         hint = suggest(kind, known)
         ctx.problem(line, path, f"tool kind '{kind}' is not supported (known: {', '.join(known)}){hint}")
@@ -177,18 +188,53 @@ def tool_only_fields(spec: ToolSpec) -> frozenset[str]:
 def check_fields(
     ctx: Context, spec: ToolSpec, mapping: LDict, keys: Iterable[str], path: str, also: Iterable[str] = ()
 ) -> None:
-    """Each of `keys` (taken from `mapping`) must be a field of the tool; `also`: other valid keys there."""
-    choices = spec.fields - TASK_META_KEYS | set(also)
+    """Each of `keys` (taken from `mapping`) must be a field of the tool; `also`: other valid keys
+    there (a legacy step's own keys). A key closest to one of `also` is named as a misspelt step key."""
+    others = set(also) - spec.fields
+    choices = spec.fields - TASK_META_KEYS | others
     for key in keys:
-        if key not in spec.fields:
-            message = f"unknown key '{key}' for the {spec.kind} tool{suggest(key, choices)}"
-            ctx.problem(line_of(mapping, key), join(path, key), message)
+        if key in spec.fields:
+            continue
+        hint = suggest(key, choices)
+        close = difflib.get_close_matches(key, sorted(choices), n=1, cutoff=SUGGESTION_CUTOFF)
+        if close and close[0] in others:
+            message = f"unknown step key '{key}'{hint}"
+        else:
+            message = f"unknown key '{key}' for the {spec.kind} tool{hint}"
+        ctx.problem(line_of(mapping, key), join(path, key), message)
 
 
 def check_required(ctx: Context, spec: ToolSpec, config: dict[str, Any], line: int | None, path: str) -> None:
     for group in spec.required:
         if not any(config.get(key) not in (None, "") for key in group):
             ctx.problem(line, path, f"{spec.kind} tool needs one of: {', '.join(sorted(group))}")
+
+
+def check_settings(
+    ctx: Context,
+    spec: ToolSpec,
+    config: dict[str, Any],
+    mapping: Any,
+    path: str,
+    holders: dict[str, tuple[Any, str]] | None = None,
+) -> None:
+    """The literal values of `config` against the tool's settings model (see tools/settings.py).
+
+    `mapping` holds the keys as written (for their lines); `holders`: key -> (the mapping that
+    holds it, its path) for keys written elsewhere (a canonical tool's `spec:`).
+    """
+    for where, message in tool_settings.problems(spec, config, literal_only=True):
+        key = where.split(".", 1)[0].split("[", 1)[0]
+        holder, holder_path = (holders or {}).get(key, (mapping, path))
+        ctx.problem(line_of(holder, key), join(holder_path, where), message)
+    written = set(holders or ()) | (set(mapping) if isinstance(mapping, dict) else set())
+    if "credential" in config and "auth" in written:  # `credential:` is an alias of `auth:`
+        holder, holder_path = (holders or {}).get("credential", (mapping, path))
+        ctx.problem(
+            line_of(holder, "credential"),
+            join(holder_path, "credential"),
+            "give the credential once: auth or credential",
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,6 +267,7 @@ def build_sink(ctx: Context, value: Any, line: int | None, path: str) -> Sink | 
     check_fields(ctx, spec, fields, config_keys, path)
     config = {key: plain(fields[key]) for key in config_keys}
     check_required(ctx, spec, config, line, path)
+    check_settings(ctx, spec, config, fields, path)
     return Sink(kind=spec.kind, config=config, auth=plain(fields.get("auth")), line=line)
 
 
@@ -239,29 +286,34 @@ def check_templates(ctx: Context, value: Any, path: str = "", line: int | None =
             item_path = step_path(index, item) if path == "workflow" else join(path, index)
             check_templates(ctx, item, item_path, line_of(value, index))
     elif isinstance(value, str) and ("{{" in value or "{%" in value):
-        try:
-            _JINJA.parse(value)
-        except jinja2.TemplateSyntaxError as exc:
-            ctx.problem(line, path, f"template does not parse (its line {exc.lineno}): {exc.message}")
+        failed = check_syntax(value)
+        if failed is not None:
+            ctx.problem(line, path, failed)
 
 
-def assignments(ctx: Context, owner: LDict, path: str, scopes: dict[str, str]) -> dict[str, dict[str, Any]]:
+def assignments(
+    ctx: Context, owner: LDict, path: str, scopes: dict[str, str], bare: str | None = None
+) -> dict[str, dict[str, Any]]:
     """Assignments written as separate blocks (`set_ctx:`, `vars:`, ...: the values of `scopes`)
     and as the `set: {ctx.x: ..., iter.y: ...}` alias (its keys' prefixes are the keys of
-    `scopes`), merged per block; unrendered. A name assigned twice in `set:` is a problem."""
+    `scopes`), merged per block; unrendered. A name assigned twice in `set:` is a problem.
+    `bare`: the scope a key without a dot (`set: {page: 2}`) assigns, None to refuse it."""
     targets: dict[str, dict[str, Any]] = {block: {} for block in scopes.values()}
     for block, values in targets.items():
         if block in owner:
-            values.update(plain(expect_mapping(ctx, owner[block], line_of(owner, block),
-                                               join(path, block)) or {}))
+            values.update(plain(expect_mapping(ctx, owner[block], line_of(owner, block), join(path, block)) or {}))
     if "set" not in owner:
         return targets
     values = expect_mapping(ctx, owner["set"], line_of(owner, "set"), join(path, "set")) or LDict()
     names = [f"{scope}.x" for scope in scopes]
     shapes = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+    if bare is not None:
+        shapes += f" (a bare x is {bare}.x)"
     for key, value in values.items():
         scope, _, name = key.partition(".")
         where = join(path, f"set.{key}")
+        if "." not in key and bare is not None:
+            scope, name = bare, key
         if scope not in scopes or not name:
             ctx.problem(line_of(values, key), where, f"set keys look like {shapes}")
         elif name in targets[scopes[scope]]:

@@ -8,12 +8,15 @@ timestamps stay strings (a plan must be JSON-serialisable). It must not interpre
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from noetl_celery import limits
 from noetl_celery.errors import Problem
+from noetl_celery.jsonable import plain as _plain
 
 MAX_DEPTH = 200  # nesting levels; deeper documents (or alias cycles) are rejected
 
@@ -53,13 +56,7 @@ def line_of(container: Any, key: str | int) -> int | None:
     return getattr(container, "line", None)
 
 
-def plain(value: Any) -> Any:
-    """The same value with every LDict/LList turned into a plain dict/list."""
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
+plain = partial(_plain, str_keys=True)  # every LDict/LList as a plain dict/list, keys as text
 
 
 class _Loader(yaml.SafeLoader):
@@ -107,9 +104,10 @@ class _Builder:
         result.line = _line(node)
         for key_node, value_node in node.value:
             if not isinstance(key_node, ScalarNode):
-                self.problems.append(
-                    Problem(self.file, _line(key_node), path, "a mapping key must be a scalar")
-                )
+                message = "a mapping key must be a scalar"
+                if isinstance(key_node, MappingNode) and node.flow_style:
+                    message += " (a template value '{{ ... }}' must be quoted)"
+                self.problems.append(Problem(self.file, _line(key_node), path, message))
                 continue
             key = str(key_node.value)
             key_path = f"{path}.{key}" if path else key
@@ -132,22 +130,120 @@ class _Builder:
         return result
 
 
+def _source_line(text: str, line: int | None) -> str:
+    lines = text.splitlines()
+    return lines[line - 1].strip() if line is not None and 0 < line <= len(lines) else ""
+
+
+def _line_of_mark(mark: Any) -> int | None:
+    return mark.line + 1 if mark is not None else None
+
+
+def explain_yaml_error(exc: yaml.MarkedYAMLError, text: str) -> tuple[int | None, str]:
+    """A YAML syntax error in our words, at the line where the mistake is (the parser notices
+    some mistakes only on the line after them)."""
+    problem, context = exc.problem or "", exc.context or ""
+    problem_line, context_line = _line_of_mark(exc.problem_mark), _line_of_mark(exc.context_mark)
+    if "could not find expected ':'" in problem and "simple key" in context:
+        shown = _source_line(text, context_line)
+        return context_line, (
+            f"invalid YAML: '{shown}' is not `key: value` (a key needs ': ' after it) nor a list item ('- ...')"
+        )
+    if "mapping values are not allowed" in problem:
+        shown = _source_line(text, problem_line)
+        return problem_line, (
+            f"invalid YAML: indentation: '{shown}' is indented deeper than the key above it, "
+            "so it reads as part of that key's value; align it with the keys beside it "
+            "(or quote a value that contains ': ')"
+        )
+    if "expected <block end>" in problem:
+        shown = _source_line(text, problem_line)
+        return problem_line, (
+            f"invalid YAML: indentation: '{shown}' does not line up with the block that "
+            f"starts at line {context_line}; indent it like the other entries of that block"
+        )
+    if "'\\t'" in problem:  # the parser writes the tab as \t
+        return problem_line, "invalid YAML: indentation: a tab character; YAML indents with spaces only"
+    if "flow sequence" in context or "flow mapping" in context:
+        bracket = "[" if "sequence" in context else "{"
+        hint = " (a template '{{ ... }}' included)" if bracket == "{" else ""
+        return context_line, (
+            f"invalid YAML: the '{bracket}' opened at line {context_line} is not closed "
+            f"where expected ({problem}); quote a value that starts with '{bracket}'{hint}"
+        )
+    if "quoted scalar" in context:
+        return context_line, f"invalid YAML: the quoted string that starts at line {context_line} is not closed"
+    reason = " ".join(part for part in (context, problem) if part)
+    return problem_line or context_line, f"invalid YAML: {reason}"
+
+
+def _oversized(root: Node, limit: int) -> Node | None:
+    """The first node whose value, with every alias expanded, holds more than `limit` nodes (or
+    that contains itself); None when the document is within the limit. Linear in the distinct
+    nodes: each node's expanded size is counted once."""
+    sizes: dict[int, int] = {}
+    in_progress: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        children = _children(node)
+        if not children_done:
+            if key in in_progress:
+                return node  # an alias inside its own anchor
+            in_progress.add(key)
+            stack.append((node, True))
+            for child in children:
+                if id(child) in in_progress and id(child) not in sizes:
+                    return child
+                if id(child) not in sizes:
+                    stack.append((child, False))
+            continue
+        in_progress.discard(key)
+        size = 1 + sum(sizes[id(child)] for child in children)
+        if size > limit:
+            return node
+        sizes[key] = size
+    return None
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    return []
+
+
+def oversized_problem(file: str, node: Node) -> Problem:
+    limit = limits.max_yaml_nodes()
+    return Problem(
+        file,
+        _line(node),
+        "",
+        f"YAML expands to more than {limit} nodes here (aliases of aliases?); refused (NOETL_MAX_YAML_NODES)",
+    )
+
+
 def load_yaml(text: str, file: str) -> tuple[Any, list[Problem]]:
     """Parse one YAML document. Returns (value, problems); value is None when it did not parse."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        reason = " ".join(part for part in (exc.context, exc.problem) if part)
-        return None, [Problem(file, line, "", f"invalid YAML: {reason}")]
+        line, message = explain_yaml_error(exc, text)
+        return None, [Problem(file, line, "", message)]
     except yaml.YAMLError as exc:
         return None, [Problem(file, None, "", f"invalid YAML: {exc}")]
     finally:
         loader.dispose()
     if node is None:
         return None, [Problem(file, None, "", "the document is empty")]
+    oversized = _oversized(node, limits.max_yaml_nodes())
+    if oversized is not None:
+        return None, [oversized_problem(file, oversized)]
     builder = _Builder(loader, file)
     try:
         value = builder.build(node, "")

@@ -8,12 +8,20 @@ and the render context; it returns an Outcome and never raises for a failure of 
 
 from __future__ import annotations
 
+import importlib
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any, Literal
 
+from billiard.exceptions import SoftTimeLimitExceeded  # raised by the worker pool's time limit
+from pydantic import BaseModel
+
 ERROR_TEXT_LIMIT = 4000  # characters of an error message or traceback kept in an outcome
+# Outcome.meta key under which a tool hands the worker secret values it read (the secrets tool):
+# the worker removes the key and masks those values in everything the outcome writes.
+SECRET_VALUES_META = "secret_values"
 
 
 @dataclass
@@ -26,6 +34,9 @@ class ToolCall:
     context: dict[str, Any] = field(default_factory=dict)  # the render context (read-only)
     execution_id: int | None = None
     timeout: float | None = None  # seconds
+    task: str | None = None  # the task's label (the secrets tool reads the secret's name from it)
+    source_file: str | None = None  # the playbook file (scripts with a relative `file` source)
+    store_key: str | None = None  # names the event store: with execution_id, unique to the execution
 
 
 @dataclass
@@ -75,6 +86,10 @@ class ToolSpec:
             suggestion); required: groups of keys of which at least one must be present;
     raw_fields: keys that are never rendered as templates (code).
     routing_only: the kind does no work (noop, end, router); on_event runs it inline.
+    settings: a pydantic model of the tool's settings (see tools/settings.py): literal values are
+              checked against it at validate, rendered values in the worker. None: free-form.
+    resolves_auth: `auth:` is the tool's own (duckdb: aliases -> credentials): the worker renders
+              it into config["auth"] instead of resolving one credential.
     """
 
     kind: str
@@ -83,9 +98,25 @@ class ToolSpec:
     required: tuple[frozenset[str], ...] = ()
     raw_fields: frozenset[str] = frozenset()
     routing_only: bool = False
+    settings: type[BaseModel] | None = None
+    resolves_auth: bool = False  # the worker renders `auth` into config["auth"]; the tool resolves it
 
+
+ENTRY_POINT_GROUP = "noetl_celery.tools"  # third-party tool modules; importing one registers its kinds
+_BUILTIN_MODULES = (
+    "noetl_celery.tools.event_log",
+    "noetl_celery.tools.http",
+    "noetl_celery.tools.noop",
+    "noetl_celery.tools.postgres",
+    "noetl_celery.tools.python",
+    "noetl_celery.tools.duckdb",
+    "noetl_celery.tools.secrets",
+    "noetl_celery.tools.playbook",
+)
 
 _REGISTRY: dict[str, ToolSpec] = {}
+_loaded = {"builtins": False, "plugins": False}
+_plugin_errors: dict[str, str] = {}  # entry point name -> why it could not be loaded
 
 # Keys every task may carry whatever its kind (handled by the engine, not by the tool).
 COMMON_FIELDS = frozenset({"kind", "auth", "spec", "policy", "desc", "timeout", "args", "input", "sink", "name"})
@@ -99,8 +130,15 @@ def register(
     raw_fields: set[str] | frozenset[str] = frozenset(),
     routing_only: bool = False,
     aliases: tuple[str, ...] = (),
+    settings: type[BaseModel] | None = None,
+    resolves_auth: bool = False,
 ) -> Callable[[Callable[[ToolCall], Outcome]], Callable[[ToolCall], Outcome]]:
-    """Decorator: register `run` as the implementation of tool `kind` (and its aliases)."""
+    """Decorator: register `run` as the implementation of tool `kind` (and its aliases).
+
+    A kind already registered by another function is refused (ValueError): a third-party tool
+    cannot hide a built-in one. Registering the same function again (a module imported twice)
+    is harmless.
+    """
 
     def decorate(run: Callable[[ToolCall], Outcome]) -> Callable[[ToolCall], Outcome]:
         spec = ToolSpec(
@@ -110,7 +148,15 @@ def register(
             required=tuple(frozenset(r) for r in required),
             raw_fields=frozenset(raw_fields),
             routing_only=routing_only,
+            settings=settings,
+            resolves_auth=resolves_auth,
         )
+        for name in (kind, *aliases):
+            existing = _REGISTRY.get(name)
+            if existing is not None and _identity(existing.run) != _identity(run):
+                raise ValueError(
+                    f"tool kind {name!r} is already registered by {_identity(existing.run)}; choose another kind name"
+                )
         for name in (kind, *aliases):
             _REGISTRY[name] = spec
         return run
@@ -118,20 +164,53 @@ def register(
     return decorate
 
 
+def _identity(run: Callable[..., Any]) -> str:
+    return f"{getattr(run, '__module__', '?')}.{getattr(run, '__qualname__', repr(run))}"
+
+
 def _load_builtin_tools() -> None:
-    # Importing the modules registers them.
-    from noetl_celery.tools import event_log, http, noop, postgres, python  # noqa: F401
+    """Import the built-in tool modules (importing one registers its kinds). Idempotent."""
+    if _loaded["builtins"]:
+        return
+    _loaded["builtins"] = True
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
+
+
+def _load_plugins() -> None:
+    """Import the modules of the `noetl_celery.tools` entry points, once per process.
+
+    A plugin that fails to import is skipped and remembered (see `plugin_errors`): a broken
+    third-party package must not stop the built-in kinds from working.
+    """
+    if _loaded["plugins"]:
+        return
+    _loaded["plugins"] = True
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except Exception as exc:  # a broken plugin is reported, not fatal
+            _plugin_errors[entry.name] = f"{type(exc).__name__}: {exc}"
+
+
+def _ensure_loaded() -> None:
+    _load_builtin_tools()
+    _load_plugins()
+
+
+def plugin_errors() -> dict[str, str]:
+    """Entry points of the `noetl_celery.tools` group that could not be loaded, and why."""
+    _ensure_loaded()
+    return dict(_plugin_errors)
 
 
 def get_tool(kind: str) -> ToolSpec | None:
-    if not _REGISTRY:
-        _load_builtin_tools()
+    _ensure_loaded()
     return _REGISTRY.get(kind)
 
 
 def known_kinds() -> list[str]:
-    if not _REGISTRY:
-        _load_builtin_tools()
+    _ensure_loaded()
     return sorted(_REGISTRY)
 
 
@@ -142,6 +221,9 @@ def run_tool(call: ToolCall) -> Outcome:
         return Outcome.fail("unknown_tool", f"no tool of kind {call.kind!r}; known: {', '.join(known_kinds())}")
     try:
         return spec.run(call)
+    except SoftTimeLimitExceeded:
+        limit = f" of {call.timeout:g} s" if call.timeout else ""
+        return Outcome.fail("timeout", f"{call.kind} call ran past its timeout{limit}", True)
     except Exception as exc:  # the tool's failure is the attempt's outcome, not a crash
         text = "".join(traceback.format_exception(exc))
         return Outcome.fail("exception", f"{type(exc).__name__}: {exc}", traceback=text[-ERROR_TEXT_LIMIT:])

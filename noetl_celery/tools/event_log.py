@@ -10,9 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from noetl_celery.tools.base import Outcome, ToolCall, register
+from noetl_celery.tools.settings import ToolSettings
 
 
-@register("event_log", fields={"args", "message", "status", "event"}, aliases=("log",))
+class EventLogSettings(ToolSettings):
+    args: dict[str, Any] | None = None
+
+
+@register("event_log", fields={"args", "message", "status", "event"}, aliases=("log",), settings=EventLogSettings)
 def run_event_log(call: ToolCall) -> Outcome:
     """Build the record from args and the message/status/event fields."""
     args = call.config.get("args")

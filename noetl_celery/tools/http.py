@@ -2,7 +2,7 @@
 
 Config (already rendered): method (default GET), url (alias endpoint), params, headers,
 payload / json (a JSON body), body / data (a raw body), timeout (seconds, default 30; the
-call's timeout wins), verify (bool or CA bundle path), allow_redirects (default true).
+call's timeout wins), verify (alias verify_ssl: bool or CA bundle path), allow_redirects (default true).
 
 Body rules: `json` is always sent as a JSON body. `payload` is a JSON body for POST/PUT/PATCH;
 for other methods (GET, DELETE, ...) `payload` is sent as the query string when `params` is
@@ -11,7 +11,8 @@ form-encoded, anything else is sent as JSON text. Boolean query parameters are s
 `true`/`false`.
 
 Outcome data: {status_code, headers (response headers, lower-case keys), url (final), elapsed
-(seconds), data (parsed JSON body, else text, None when empty)}; Outcome.http = {status,
+(seconds), data (parsed JSON body, else text, None when empty; a body larger than
+NOETL_MAX_RESULT_BYTES is streamed, hashed and replaced by a truncation marker)}; Outcome.http = {status,
 headers}. Status >= 400 is an error outcome (kind rate_limit/server_error/auth/not_found/
 client_error, with status and retry_after) that still carries the same data and http.
 
@@ -24,6 +25,7 @@ is applied to the request only: it never appears in the outcome. This module doe
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.cookiejar
 import json as jsonlib
 import os
@@ -33,12 +35,17 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import requests
+from pydantic import Field
 
+from noetl_celery import limits
 from noetl_celery.tools.base import Outcome, ToolCall, register
+from noetl_celery.tools.settings import ToolSettings
 
 DEFAULT_TIMEOUT = 30.0  # seconds
+BODY_CHUNK = 65536  # most bytes read at a time while checking the call's deadline
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 ERROR_BODY_SNIPPET = 500  # characters of an error response's body quoted in the error message
+BODY_CHUNK = 64 * 1024  # bytes read at a time from a response body
 
 _session: tuple[int, requests.Session] | None = None
 
@@ -84,23 +91,15 @@ def auth_headers(credential: Any) -> dict[str, str]:
             raise CredentialShapeError("bearer credential has no `token`")
         headers["Authorization"] = f"Bearer {credential['token']}"
     elif kind == "basic" or (not kind and "username" in credential and "password" in credential):
-        headers["Authorization"] = basic_auth_value(
-            credential.get("username", ""), credential.get("password", "")
-        )
+        headers["Authorization"] = basic_auth_value(credential.get("username", ""), credential.get("password", ""))
     elif kind in ("header", "api_key", "apikey") or (not kind and "value" in credential):
-        name = (
-            credential.get("name") or credential.get("header") or ("X-API-Key" if kind != "header" else None)
-        )
+        name = credential.get("name") or credential.get("header") or ("X-API-Key" if kind != "header" else None)
         if not name or "value" not in credential:
-            raise CredentialShapeError(
-                f"{kind or 'header'} credential needs `name` (or `header`) and `value`"
-            )
+            raise CredentialShapeError(f"{kind or 'header'} credential needs `name` (or `header`) and `value`")
         headers[str(name)] = str(credential["value"])
     elif not headers:
         keys = ", ".join(sorted(str(k) for k in credential)) or "(none)"
-        raise CredentialShapeError(
-            f"http credential of type {kind or '(none)'!r} is not supported (keys: {keys})"
-        )
+        raise CredentialShapeError(f"http credential of type {kind or '(none)'!r} is not supported (keys: {keys})")
     return headers
 
 
@@ -117,7 +116,42 @@ def _query_params(params: Any) -> Any:
     return out
 
 
-def _parse_body(response: requests.Response) -> Any:
+class BodyDeadline(Exception):
+    """The response body did not arrive completely within the call's timeout."""
+
+
+def _read_body(response: requests.Response, deadline: float, limit: int) -> tuple[int, str | None]:
+    """Read the body by `deadline` (time.monotonic), however slowly it trickles (the `timeout` of
+    requests bounds each read, not the call; `read1` returns what has arrived), keeping at most
+    `limit` bytes: past the limit it is only counted and hashed, never held whole.
+    Returns (its full size, its SHA-256 when over the limit, else None)."""
+    kept = bytearray()
+    size = 0
+    digest = hashlib.sha256()
+    raw = response.raw
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                raise BodyDeadline()
+            chunk = raw.read1(BODY_CHUNK, decode_content=True) if hasattr(raw, "read1") else raw.read(BODY_CHUNK)
+            if not chunk:
+                break
+            size += len(chunk)
+            digest.update(chunk)
+            if len(kept) <= limit:
+                kept += chunk[: limit + 1 - len(kept)]
+    except BodyDeadline:
+        response.close()
+        raise
+    response._content = bytes(kept[:limit])  # what requests itself keeps once the body is read
+    response._content_consumed = True  # type: ignore[attr-defined]
+    return size, (digest.hexdigest() if size > limit else None)
+
+
+def _parse_body(response: requests.Response, size: int, sha256: str | None, limit: int) -> Any:
+    if sha256 is not None:
+        preview = response.content[: limits.PREVIEW_CHARS].decode(response.encoding or "utf-8", "replace")
+        return limits.marker(size, sha256, preview, limit)
     if not response.content:
         return None
     text = response.text
@@ -160,6 +194,18 @@ def _error_kind(status: int) -> tuple[str, bool]:
     return "client_error", False
 
 
+class HttpSettings(ToolSettings):
+    method: str | None = None
+    url: str | None = None
+    endpoint: str | None = None
+    params: dict[str, Any] | None = None
+    headers: dict[str, Any] | None = None
+    timeout: float | None = Field(default=None, ge=0)
+    verify: bool | str | None = None
+    verify_ssl: bool | str | None = None  # NoETL's name for verify
+    allow_redirects: bool | None = None
+
+
 @register(
     "http",
     fields={
@@ -174,9 +220,11 @@ def _error_kind(status: int) -> tuple[str, bool]:
         "data",
         "timeout",
         "verify",
+        "verify_ssl",
         "allow_redirects",
     },
     required=({"url", "endpoint"},),
+    settings=HttpSettings,
 )
 def run_http(call: ToolCall) -> Outcome:
     """Send the request described by the call's config and describe the response."""
@@ -211,7 +259,7 @@ def run_http(call: ToolCall) -> Outcome:
 
     timeout = call.timeout if call.timeout is not None else cfg.get("timeout")
     timeout = float(timeout) if timeout is not None else DEFAULT_TIMEOUT
-    verify = cfg.get("verify")
+    verify = cfg.get("verify", cfg.get("verify_ssl"))
     allow_redirects = cfg.get("allow_redirects")
 
     started = time.monotonic()
@@ -224,12 +272,17 @@ def run_http(call: ToolCall) -> Outcome:
             timeout=timeout,
             verify=True if verify is None else verify,
             allow_redirects=True if allow_redirects is None else bool(allow_redirects),
+            stream=True,
             **request,
         )
-    except requests.Timeout as exc:
+        limit = limits.max_result_bytes()
+        size, sha256 = _read_body(response, started + timeout, limit)
+    except BodyDeadline:
         return Outcome.fail(
-            "timeout", f"{method} {url} timed out after {timeout:g}s: {type(exc).__name__}", True
+            "timeout", f"{method} {url} timed out after {timeout:g}s: the body was still arriving", True
         )
+    except requests.Timeout as exc:
+        return Outcome.fail("timeout", f"{method} {url} timed out after {timeout:g}s: {type(exc).__name__}", True)
     except requests.ConnectionError as exc:
         return Outcome.fail("connection", f"{method} {url} could not connect: {exc}", True)
     except requests.RequestException as exc:
@@ -242,14 +295,14 @@ def run_http(call: ToolCall) -> Outcome:
         "headers": response_headers,
         "url": response.url,
         "elapsed": round(elapsed, 6),
-        "data": _parse_body(response),
+        "data": _parse_body(response, size, sha256, limit),
     }
     http_info = {"status": response.status_code, "headers": response_headers}
     if response.status_code < 400:
         return Outcome.ok(data, http=http_info)
 
     kind, retryable = _error_kind(response.status_code)
-    snippet = response.text[:ERROR_BODY_SNIPPET].strip() if response.content else ""
+    snippet = response.content[:ERROR_BODY_SNIPPET].decode(response.encoding or "utf-8", "replace").strip()
     message = f"HTTP {response.status_code} {response.reason or ''} from {method} {response.url}".rstrip()
     if snippet:
         message += f": {snippet}"

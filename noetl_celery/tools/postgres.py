@@ -39,14 +39,20 @@ import psycopg2.extensions
 import psycopg2.extras
 from psycopg2 import sql
 
+from noetl_celery import settings as noetl_settings
 from noetl_celery.jsonable import to_jsonable
+from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import Outcome, ToolCall, register
+from noetl_celery.tools.settings import ToolSettings
 
-DSN_ENV = "NOETL_POSTGRES_DSN"
+DSN_ENV = noetl_settings.POSTGRES_DSN_ENV
 CONNECT_TIMEOUT = "10"  # seconds, unless the credential says otherwise
 PING_AFTER_IDLE = 30.0  # seconds; a cached connection idle longer is checked before use
 MAX_CONNECTIONS_PER_THREAD = 4
 INSERT_CHUNK = 1000  # rows per INSERT statement
+# NoETL's shape of a SQL result, kept beside `rows`: playbooks read `step.command_0.rows`. The
+# whole text is one command here (libpq returns the last statement's rows), so there is only one.
+NOETL_RESULT_KEY = "command_0"
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 _CREDENTIAL_KEYS = {
     "host": "host",
@@ -84,7 +90,7 @@ _inherited: list[Any] = []  # connections of a parent process: kept alive, never
 def build_dsn(credential: Any, database: str | None = None) -> tuple[str, str | None]:
     """(normalised DSN, password or None) from a credential; ValueError for a bad shape."""
     if credential is None:
-        credential = os.environ.get(DSN_ENV)
+        credential = noetl_settings.load().postgres_dsn
         if not credential:
             raise ValueError(f"no postgres credential: give the task an `auth:` or set {DSN_ENV}")
     if isinstance(credential, dict):
@@ -93,9 +99,7 @@ def build_dsn(credential: Any, database: str | None = None) -> tuple[str, str | 
             parts = psycopg2.extensions.parse_dsn(str(dsn))
         else:
             parts = {
-                _CREDENTIAL_KEYS[k]: str(v)
-                for k, v in credential.items()
-                if k in _CREDENTIAL_KEYS and v is not None
+                _CREDENTIAL_KEYS[k]: str(v) for k, v in credential.items() if k in _CREDENTIAL_KEYS and v is not None
             }
             if not parts:
                 keys = ", ".join(sorted(str(k) for k in credential)) or "(none)"
@@ -106,9 +110,7 @@ def build_dsn(credential: Any, database: str | None = None) -> tuple[str, str | 
         except psycopg2.ProgrammingError:
             raise ValueError("postgres credential is not a valid DSN or postgresql:// URL") from None
     else:
-        raise ValueError(
-            f"postgres credential must be a DSN string or a mapping, not {type(credential).__name__}"
-        )
+        raise ValueError(f"postgres credential must be a DSN string or a mapping, not {type(credential).__name__}")
     if database:
         parts["dbname"] = str(database)
     parts.setdefault("connect_timeout", CONNECT_TIMEOUT)
@@ -185,9 +187,7 @@ def _write_rows(cur: Any, table: str, rows: list[dict[str, Any]], mode: str, key
             if others
             else sql.SQL("DO NOTHING")
         )
-        conflict = sql.SQL(" ON CONFLICT ({}) {}").format(
-            sql.SQL(", ").join(sql.Identifier(k) for k in keys), action
-        )
+        conflict = sql.SQL(" ON CONFLICT ({}) {}").format(sql.SQL(", ").join(sql.Identifier(k) for k in keys), action)
     count = 0
     for start in range(0, len(rows), INSERT_CHUNK):
         chunk = rows[start : start + INSERT_CHUNK]
@@ -217,8 +217,26 @@ def _scrub(text: str, password: str | None) -> str:
     return text.replace(password, "***") if password else text
 
 
+class PostgresSettings(ToolSettings):
+    command: str | None = None
+    query: str | None = None
+    sql: str | None = None
+    statement: str | None = None
+    script: scripts.Script | None = None
+    params: dict[str, Any] | list[Any] | None = None
+    table: str | None = None
+    mode: str | None = None
+    key: str | list[str] | None = None
+    args: dict[str, Any] | list[dict[str, Any]] | None = None
+    database: str | None = None
+    autocommit: bool | None = None
+    credential: str | dict[str, Any] | None = None
+    pool: dict[str, Any] | bool | None = None  # advisory: connections are cached per worker thread
+
+
 @register(
     "postgres",
+    settings=PostgresSettings,
     fields={
         "command",
         "query",
@@ -231,25 +249,29 @@ def _scrub(text: str, password: str | None) -> str:
         "args",
         "database",
         "autocommit",
+        "script",
+        "credential",
+        "pool",
     },
-    required=({"command", "query", "sql", "statement", "table"},),
+    required=({"command", "query", "sql", "statement", "table", "script"},),
 )
 def run_postgres(call: ToolCall) -> Outcome:
     """Run the SQL text or the table write described by the call's config."""
     cfg = call.config
     text = next((cfg[k] for k in _SQL_KEYS if cfg.get(k)), None)
+    if text is None and cfg.get("script") is not None:
+        try:
+            text = scripts.load(cfg["script"], call.source_file)
+        except scripts.ScriptError as exc:
+            return Outcome.fail("script", f"postgres: {exc}")
     table = cfg.get("table")
     if text is None and not table:
-        return Outcome.fail(
-            "invalid_args", "postgres: give `command` (or query/sql/statement) or `table` + `args`"
-        )
+        return Outcome.fail("invalid_args", "postgres: give `command` (or query/sql/statement) or `table` + `args`")
     mode = str(cfg.get("mode") or "insert").lower()
     rows: list[dict[str, Any]] = []
     if text is None:
         if mode not in ("insert", "append", "upsert"):
-            return Outcome.fail(
-                "invalid_args", f"postgres: mode must be insert, append or upsert, not {mode!r}"
-            )
+            return Outcome.fail("invalid_args", f"postgres: mode must be insert, append or upsert, not {mode!r}")
         args = cfg.get("args")
         rows = [args] if isinstance(args, dict) else list(args) if isinstance(args, list) else []
         if not rows or not all(isinstance(r, dict) and r for r in rows):
@@ -278,18 +300,14 @@ def run_postgres(call: ToolCall) -> Outcome:
         conn.autocommit = bool(cfg.get("autocommit"))
         with conn.cursor() as cur:
             if call.timeout and not conn.autocommit:  # for this transaction only
-                cur.execute(
-                    "SELECT set_config('statement_timeout', %s, true)", [str(int(call.timeout * 1000))]
-                )
+                cur.execute("SELECT set_config('statement_timeout', %s, true)", [str(int(call.timeout * 1000))])
             if text is None:
                 count = _write_rows(cur, str(table), rows, mode, cfg.get("key"))
                 data: dict[str, Any] = {"row_count": count, "table": table, "mode": mode}
             else:
                 params = cfg.get("params")
                 if isinstance(params, dict):  # a mapping value binds as JSON; a list stays an ARRAY
-                    params = {
-                        k: psycopg2.extras.Json(v) if isinstance(v, dict) else v for k, v in params.items()
-                    }
+                    params = {k: psycopg2.extras.Json(v) if isinstance(v, dict) else v for k, v in params.items()}
                 if params is None:
                     cur.execute(text)
                 else:
@@ -302,6 +320,7 @@ def run_postgres(call: ToolCall) -> Outcome:
                     "columns": columns,
                     "statusmessage": cur.statusmessage,
                 }
+                data[NOETL_RESULT_KEY] = {k: data[k] for k in ("rows", "row_count", "columns", "statusmessage")}
         if not conn.autocommit:
             conn.commit()
         return Outcome.ok(data)
@@ -312,9 +331,7 @@ def run_postgres(call: ToolCall) -> Outcome:
         _rollback(conn, dsn)
         message = _scrub((exc.pgerror or str(exc)).strip(), password)
         code = exc.pgcode
-        if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and (
-            conn.closed or code is None
-        ):
+        if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and (conn.closed or code is None):
             _forget(dsn)
             return Outcome.fail(
                 "connection", f"PostgreSQL connection failed: {message}", True, code=code, pg={"code": code}

@@ -6,18 +6,29 @@ Two styles, both found in real playbooks:
   called with keyword arguments from `args` (alias `input`). A parameter named `context` that
   `args` does not provide receives the render context (legacy loops read
   `context.get('item')`); a parameter named `input_data` that `args` does not provide receives
-  the whole args dict; `**kwargs` receives the remaining args; args main does not declare are
-  ignored. The value returned (awaited if a coroutine) is the outcome's data.
+  the whole args dict; any other parameter `args` does not provide is filled from the render
+  context by its name, as NoETL does (inside a loop `main(num)` receives the element `num`, a
+  workload key or a step's result by its name); `**kwargs` receives the remaining args; args main
+  does not declare are ignored. The value returned (awaited if a coroutine) is the outcome's data.
 * script style (no `main`): the code runs with every arg bound as a global, plus
   `input_data` (the args dict) and `context` (the render context); the outcome's data is the
-  global `result` afterwards (None when unset). Top-level `await` is allowed.
+  global `result` afterwards (None when unset). Top-level `await` is allowed. A top-level
+  `return value` (NoETL runs such code as a function body) ends the code: the value is the data.
+
+`libs:` ({alias: module} or [module]) binds imported modules in the code's namespace; `script:`
+(see tools/script.py) gives the code from an inline source, a file or a URL instead of `code:`.
 
 The data is returned unchanged (a `{status, data}` dict is NOT unwrapped), made
 JSON-serialisable by `to_jsonable`. print() output is captured into `Outcome.meta["stdout"]`
 (truncated) and never reaches the worker's stdout. Compiled code is cached per source text.
 
+The code runs with the credential variables (NOETL_AUTH_*, NOETL_CREDENTIALS_FILE) and the
+store/broker URLs sealed out of os.environ (secret_registry.seal_environment); whatever it
+returns, prints or raises is masked by the worker.
+
 This module does not sandbox the code (playbook authors are trusted, as in NoETL), does not
-enforce the timeout (Celery's time limits do) and does no I/O of its own.
+enforce the timeout (Celery's time limits do: their exception is let through, never reported as
+the code's own) and does no I/O of its own.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import builtins
 import concurrent.futures
 import contextlib
 import hashlib
+import importlib
 import inspect
 import io
 import linecache
@@ -39,8 +51,13 @@ from functools import lru_cache
 from types import CodeType, TracebackType
 from typing import Any
 
+from billiard.exceptions import SoftTimeLimitExceeded
+
+from noetl_celery import secret_registry
 from noetl_celery.jsonable import to_jsonable
+from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, register
+from noetl_celery.tools.settings import ToolSettings
 
 __all__ = ["run_python", "to_jsonable"]
 
@@ -91,11 +108,54 @@ def capture_stdout(buffer: io.StringIO) -> Iterator[None]:
         proxy.local.buffer = previous
 
 
+class _ScriptReturn(BaseException):  # noqa: N818 - control flow, not an error; BaseException so `except Exception` in user code lets it through
+    """Raised by a top-level `return value` of script-style code: the value is the data."""
+
+    def __init__(self, value: Any):
+        super().__init__()
+        self.value = value
+
+
+class _TopLevelReturns(ast.NodeTransformer):
+    """`return x` outside any function -> `raise __noetl_return__(x)` (NoETL runs such code as a
+    function body). Function, class and lambda bodies are left alone."""
+
+    found = False
+
+    def visit_Return(self, node: ast.Return) -> ast.AST:  # noqa: N802 - ast visitor name
+        self.found = True
+        call = ast.Call(ast.Name(RETURN_NAME, ast.Load()), [node.value or ast.Constant(None)], [])
+        return ast.copy_location(ast.Raise(exc=call, cause=None), node)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:  # noqa: N802
+        return node
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:  # noqa: N802
+        return node
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:  # noqa: N802
+        return node
+
+    def visit_Lambda(self, node: ast.Lambda) -> ast.AST:  # noqa: N802
+        return node
+
+
+RETURN_NAME = "__noetl_return__"
+
+
 @lru_cache(maxsize=256)
 def _compile(code: str) -> tuple[CodeType, str]:
     """Compile `code` once per distinct source; returns (code object, its pseudo file name)."""
     filename = f"<playbook code {hashlib.sha1(code.encode()).hexdigest()[:10]}>"
-    compiled = compile(code, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    try:
+        compiled = compile(code, filename, "exec", flags=flags, dont_inherit=True)
+    except SyntaxError as exc:
+        if "'return' outside function" not in str(exc.msg):
+            raise
+        tree = ast.parse(code, filename)
+        tree = ast.fix_missing_locations(_TopLevelReturns().visit(tree))
+        compiled = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
     # Let tracebacks show the source lines of the user's code.
     linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
     return compiled, filename
@@ -132,6 +192,8 @@ def _call_main(main: Any, args: dict[str, Any], context: dict[str, Any]) -> Any:
             value = context
         elif name == "input_data":
             value = args
+        elif name in context:
+            value = context[name]
         elif param.default is not param.empty:
             continue
         else:
@@ -172,21 +234,61 @@ def _user_traceback(exc: BaseException, filename: str) -> tuple[str, int | None]
     return text.replace(filename, "<code>"), (user_lines[-1] if user_lines else None)
 
 
-@register("python", fields={"code", "args", "input"}, required=({"code"},), raw_fields={"code"})
+class PythonSettings(ToolSettings):
+    code: str | None = None
+    script: scripts.Script | None = None
+    args: dict[str, Any] | None = None
+    input: dict[str, Any] | None = None
+    libs: dict[str, str] | list[str] | None = None
+
+
+def import_libs(libs: Any) -> dict[str, Any]:
+    """`libs:` as names bound in the code's namespace: {alias: module} or [module, ...].
+
+    `{np: numpy}` binds `np`; `[os.path]` binds `os` (as `import os.path` does). ImportError
+    names the module that failed.
+    """
+    pairs = libs.items() if isinstance(libs, dict) else ((None, name) for name in libs or ())
+    bound: dict[str, Any] = {}
+    for alias, module in pairs:
+        imported = importlib.import_module(str(module))
+        if alias is None:
+            top = str(module).split(".", 1)[0]
+            bound[top] = importlib.import_module(top)
+        else:
+            bound[str(alias)] = imported
+    return bound
+
+
+@register(
+    "python",
+    fields={"code", "args", "input", "libs", "script"},
+    required=({"code", "script"},),
+    raw_fields={"code"},
+    settings=PythonSettings,
+)
 def run_python(call: ToolCall) -> Outcome:
     """Run the call's code (see the module docstring) and return its value as the data."""
     code = call.config.get("code")
+    if code is None and call.config.get("script") is not None:
+        try:
+            code = scripts.load(call.config["script"], call.source_file)
+        except scripts.ScriptError as exc:
+            return Outcome.fail("script", f"python: {exc}")
     if not isinstance(code, str) or not code.strip():
         return Outcome.fail("invalid_args", "python: `code` must be a non-empty string")
+    secret_registry.seal_environment()  # neither the code nor its libs read NOETL_AUTH_* or the store's URL
+    try:
+        libs = import_libs(call.config.get("libs"))
+    except ImportError as exc:
+        return Outcome.fail("invalid_args", f"python: libs: cannot import {exc.name or exc}: {exc}")
     raw_args = call.config.get("args")
     if raw_args is None:
         raw_args = call.config.get("input")
     if raw_args is None:
         raw_args = {}
     if not isinstance(raw_args, dict):
-        return Outcome.fail(
-            "invalid_args", f"python: `args` must be a mapping, got {type(raw_args).__name__}"
-        )
+        return Outcome.fail("invalid_args", f"python: `args` must be a mapping, got {type(raw_args).__name__}")
     args: dict[str, Any] = dict(raw_args)
     context = call.context if call.context is not None else {}
 
@@ -198,23 +300,31 @@ def run_python(call: ToolCall) -> Outcome:
     namespace: dict[str, Any] = {
         "__name__": "__noetl_code__",
         "__builtins__": builtins,
+        RETURN_NAME: _ScriptReturn,
         "input_data": args,
         "context": context,
+        **libs,
         **args,
     }
     buffer = io.StringIO()
     try:
         with capture_stdout(buffer):
-            pending = eval(compiled, namespace)  # noqa: S307 - running the playbook's code is the job
-            if inspect.isawaitable(pending):  # top-level await
-                _run_coroutine(pending)
-            main = namespace.get("main")
-            if callable(main):
-                data = _call_main(main, args, context)
+            try:
+                pending = eval(compiled, namespace)  # noqa: S307 - running the playbook's code is the job
+                if inspect.isawaitable(pending):  # top-level await
+                    _run_coroutine(pending)
+            except _ScriptReturn as returned:
+                data = returned.value
             else:
-                data = namespace.get("result")
+                main = namespace.get("main")
+                if callable(main):
+                    data = _call_main(main, args, context)
+                else:
+                    data = namespace.get("result")
     except _MissingArguments as exc:
         outcome = Outcome.fail("invalid_args", f"python: {exc}", missing=exc.missing)
+    except SoftTimeLimitExceeded:
+        raise  # the attempt's time limit: run_tool reports it as a timeout
     except (Exception, SystemExit) as exc:  # sys.exit() in user code must not stop the worker
         text, line = _user_traceback(exc, filename)
         where = f" (line {line} of the code)" if line is not None else ""

@@ -51,9 +51,7 @@ SET_SCOPES = {"ctx": "set_ctx", "iter": "set_iter", "vars": "set_vars"}  # `set:
 ACTION_KEYS = frozenset({"do", "attempts", "backoff", "delay", "max_delay", "jitter", "to", "set"}) | set(
     SET_SCOPES.values()
 )
-BACKOFF_KEYS = frozenset(
-    {"max_attempts", "initial_delay", "backoff_multiplier", "max_delay", "jitter", "backoff"}
-)
+BACKOFF_KEYS = frozenset({"max_attempts", "initial_delay", "backoff_multiplier", "max_delay", "jitter", "backoff"})
 FLAT_RETRY_KEYS = BACKOFF_KEYS - {"backoff"} | {"retry_when", "stop_when"}
 ON_ERROR_KEYS = BACKOFF_KEYS | {"when"}
 ON_SUCCESS_KEYS = frozenset({"while", "max_attempts", "next_call", "collect", "merge_path", "per_iteration"})
@@ -109,9 +107,7 @@ def _rule_parts(ctx: Context, rules: list[Any], path: str) -> Iterator[_RulePart
                 continue
             if "then" in body:
                 check_keys(ctx, body, {"then"}, else_path)
-                yield _RuleParts(
-                    None, body["then"], line_of(body, "then"), join(else_path, "then"), item_path
-                )
+                yield _RuleParts(None, body["then"], line_of(body, "then"), join(else_path, "then"), item_path)
             else:
                 yield _RuleParts(None, body, line_of(item, "else"), else_path, item_path)
             continue
@@ -141,14 +137,10 @@ def canonical_action(ctx: Context, value: Any, line: int | None, path: str) -> A
     check_keys(ctx, then, ACTION_KEYS, path)
     do = then.get("do", "continue")
     if do not in ACTION_KINDS:
-        ctx.problem(
-            line_of(then, "do"), join(path, "do"), f"unknown action '{do}'{suggest(str(do), ACTION_KINDS)}"
-        )
+        ctx.problem(line_of(then, "do"), join(path, "do"), f"unknown action '{do}'{suggest(str(do), ACTION_KINDS)}")
         do = "continue"
     if (do == "jump") != ("to" in then):
-        ctx.problem(
-            line_of(then, "to" if "to" in then else "do"), path, "`to:` goes with `do: jump` (and only there)"
-        )
+        ctx.problem(line_of(then, "to" if "to" in then else "do"), path, "`to:` goes with `do: jump` (and only there)")
     attempts = number(ctx, then, "attempts", path, integer=True)
     if do == "retry" and attempts is None:
         attempts = DEFAULT_RETRY_ATTEMPTS
@@ -165,7 +157,7 @@ def canonical_action(ctx: Context, value: Any, line: int | None, path: str) -> A
     )
 
 
-def _sets(ctx: Context, then: LDict, path: str) -> dict[str, dict[str, Any]]:
+def _sets(ctx: Context, then: LDict, path: str) -> dict[str, Any]:
     """`set_ctx`/`set_iter`/`set_vars` and the `set: {ctx.x: ..., iter.y: ...}` alias."""
     return assignments(ctx, then, path, SET_SCOPES)
 
@@ -191,9 +183,7 @@ def admit_rules(ctx: Context, value: Any, line: int | None, path: str) -> list[R
     if admit is None or not check_keys(ctx, admit, {"mode", "rules"}, path):
         return []
     if admit.get("mode", "exclusive") != "exclusive":
-        ctx.problem(
-            line_of(admit, "mode"), join(path, "mode"), "admission is first-match: mode must be exclusive"
-        )
+        ctx.problem(line_of(admit, "mode"), join(path, "mode"), "admission is first-match: mode must be exclusive")
     rules = expect_list(ctx, admit.get("rules"), line_of(admit, "rules"), join(path, "rules")) or []
     result: list[Rule] = []
     for part in _rule_parts(ctx, rules, join(path, "rules")):
@@ -202,9 +192,7 @@ def admit_rules(ctx: Context, value: Any, line: int | None, path: str) -> list[R
             continue
         allow = then.get("allow")
         if not isinstance(allow, bool):
-            ctx.problem(
-                line_of(then, "allow"), join(part.then_path, "allow"), f"must be true or false, not {allow!r}"
-            )
+            ctx.problem(line_of(then, "allow"), join(part.then_path, "allow"), f"must be true or false, not {allow!r}")
         action = Action(do="continue" if allow is True else "break")
         result.append(Rule(when=part.when, then=action, source=part.source))
     return result
@@ -227,9 +215,7 @@ def legacy_retry(ctx: Context, value: Any, line: int | None, path: str) -> tuple
     if value is False or value is None:
         return None, None
     if value is True:
-        retry = Action(
-            do="retry", attempts=DEFAULT_RETRY_ATTEMPTS, delay=DEFAULT_RETRY_DELAY, backoff="exponential"
-        )
+        retry = Action(do="retry", attempts=DEFAULT_RETRY_ATTEMPTS, delay=DEFAULT_RETRY_DELAY, backoff="exponential")
         return Policy(rules=[Rule(on="error", then=retry, source=path), _stop(path)]), None
     if isinstance(value, int):
         if value < 1:
@@ -239,12 +225,12 @@ def legacy_retry(ctx: Context, value: Any, line: int | None, path: str) -> tuple
         return Policy(rules=[Rule(on="error", then=retry, source=path), _stop(path)]), None
     if isinstance(value, list):
         return Policy(rules=_rule_list(ctx, value, path)), None
-    retry = expect_mapping(ctx, value, line, path)
-    if retry is None:
+    block = expect_mapping(ctx, value, line, path)
+    if block is None:
         return None, None
-    if "on_error" in retry or "on_success" in retry:
-        return _blocks(ctx, retry, path)
-    return Policy(rules=_flat(ctx, retry, path)), None
+    if "on_error" in block or "on_success" in block:
+        return _blocks(ctx, block, path)
+    return Policy(rules=_flat(ctx, block, path)), None
 
 
 def _flat(ctx: Context, retry: LDict, path: str) -> list[Rule]:
@@ -313,9 +299,7 @@ def collect_of(ctx: Context, mapping: LDict, path: str) -> Collect | None:
         fields["path"] = merge_path
     strategy = fields.get("strategy", "append")
     if strategy not in COLLECT_STRATEGIES:
-        ctx.problem(
-            line, cpath, f"unknown collect strategy '{strategy}'{suggest(str(strategy), COLLECT_STRATEGIES)}"
-        )
+        ctx.problem(line, cpath, f"unknown collect strategy '{strategy}'{suggest(str(strategy), COLLECT_STRATEGIES)}")
         fields["strategy"] = "append"
     for key in ("path", "into"):
         if key in fields and not isinstance(fields[key], str):
@@ -358,14 +342,8 @@ def _per_iteration_sink(ctx: Context, on_success: LDict, path: str) -> Sink | No
     if "per_iteration" not in on_success:
         return None
     ppath = join(path, "per_iteration")
-    per_iteration = expect_mapping(
-        ctx, on_success["per_iteration"], line_of(on_success, "per_iteration"), ppath
-    )
-    if (
-        per_iteration is None
-        or not check_keys(ctx, per_iteration, {"sink"}, ppath)
-        or "sink" not in per_iteration
-    ):
+    per_iteration = expect_mapping(ctx, on_success["per_iteration"], line_of(on_success, "per_iteration"), ppath)
+    if per_iteration is None or not check_keys(ctx, per_iteration, {"sink"}, ppath) or "sink" not in per_iteration:
         return None
     return build_sink(ctx, per_iteration["sink"], line_of(per_iteration, "sink"), join(ppath, "sink"))
 
@@ -387,16 +365,12 @@ def _rule_list(ctx: Context, items: list[Any], path: str) -> list[Rule]:
         when = condition(ctx, item, "when", item_path)
         collect = collect_of(ctx, then, tpath)
         if "next_call" in then:
-            next_call = next_call_of(
-                ctx, then["next_call"], line_of(then, "next_call"), join(tpath, "next_call")
-            )
+            next_call = next_call_of(ctx, then["next_call"], line_of(then, "next_call"), join(tpath, "next_call"))
             action = pagination_action(ctx, then, next_call, collect, tpath)
             rules.append(Rule(on="ok", when=when, then=action, source=item_path))
             last_collect = collect or last_collect
         elif collect is not None and not (BACKOFF_KEYS & then.keys()):
-            rules.append(
-                Rule(on="ok", when=when, then=Action(do="continue", collect=collect), source=item_path)
-            )
+            rules.append(Rule(on="ok", when=when, then=Action(do="continue", collect=collect), source=item_path))
         else:
             rules.append(Rule(on="any", when=when, then=retry_action(ctx, then, tpath), source=item_path))
     if last_collect is not None:
