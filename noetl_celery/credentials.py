@@ -12,7 +12,8 @@ headers/dsn/url...) is returned as it is. Not found -> CredentialError naming th
 places looked.
 
 `secret_values(credential)` lists the secret strings of a credential; `scrub(obj, secrets)`
-replaces them by "***" in a deep copy of a JSON-like value.
+replaces them (in every form, see secret_registry.forms) by "***" in a deep copy of a JSON-like
+value. The engine masks through noetl_celery.secret_registry, which knows every configured value.
 
 This module never logs and never puts a secret value into an error message.
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,12 @@ from urllib.parse import unquote, urlsplit
 
 import yaml
 
+from noetl_celery import secret_registry
+from noetl_celery import settings as noetl_settings
 from noetl_celery.errors import CredentialError
 
-ENV_PREFIX = "NOETL_AUTH_"
-FILE_ENV = "NOETL_CREDENTIALS_FILE"
+ENV_PREFIX = noetl_settings.AUTH_PREFIX
+FILE_ENV = noetl_settings.CREDENTIALS_FILE_ENV
 MIN_SECRET_LENGTH = 4  # shorter strings are not scrubbed (they would mangle ordinary text)
 SECRET_KEYS = frozenset(
     {
@@ -58,6 +60,11 @@ _NAME_KEYS = ("credential", "name", "key")
 _file_cache: dict[str, tuple[float, dict[str, Any]]] = {}
 
 
+def forget_cached_files() -> None:
+    """Drop the cached credential files (a forked worker process reads its own)."""
+    _file_cache.clear()
+
+
 def env_var_name(name: str) -> str:
     """The env var that holds credential `name`: NOETL_AUTH_<NAME, non-alnum -> _>."""
     return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
@@ -76,9 +83,7 @@ def resolve(ref: Any) -> Any | None:
         name = names[0] if names else None
         if name is None:
             keys = ", ".join(sorted(str(k) for k in ref)) or "(none)"
-            raise CredentialError(
-                f"auth mapping names no credential: give `credential: <name>` (keys: {keys})"
-            )
+            raise CredentialError(f"auth mapping names no credential: give `credential: <name>` (keys: {keys})")
     elif isinstance(ref, str):
         name = ref
     else:
@@ -89,13 +94,9 @@ def resolve(ref: Any) -> Any | None:
         found = _from_file(name)
     if found is None:
         var = env_var_name(name)
-        path = os.environ.get(FILE_ENV)
-        where_file = (
-            f"the file {path} ({FILE_ENV})" if path else f"no credentials file ({FILE_ENV} is not set)"
-        )
-        raise CredentialError(
-            f"credential {name!r} not found: looked in the env var {var} and in {where_file}"
-        )
+        path = noetl_settings.load().credentials_file
+        where_file = f"the file {path} ({FILE_ENV})" if path else f"no credentials file ({FILE_ENV} is not set)"
+        raise CredentialError(f"credential {name!r} not found: looked in the env var {var} and in {where_file}")
     if cred_type and isinstance(found, dict) and "type" not in found:
         found = {"type": cred_type, **found}
     return found
@@ -103,7 +104,7 @@ def resolve(ref: Any) -> Any | None:
 
 def _from_env(name: str) -> Any | None:
     var = env_var_name(name)
-    raw = os.environ.get(var)
+    raw = noetl_settings.load().auth.get(var)
     if raw is None or not raw.strip():
         return None
     text = raw.strip()
@@ -111,9 +112,7 @@ def _from_env(name: str) -> Any | None:
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise CredentialError(
-                f"env var {var} starts with '{{' but is not valid JSON (at char {exc.pos})"
-            ) from None
+            raise CredentialError(f"env var {var} starts with '{{' but is not valid JSON (at char {exc.pos})") from None
         if not isinstance(value, dict):
             raise CredentialError(f"env var {var} must hold a JSON object or a plain string")
         return value
@@ -121,11 +120,16 @@ def _from_env(name: str) -> Any | None:
 
 
 def _from_file(name: str) -> Any | None:
-    path = os.environ.get(FILE_ENV)
+    path = noetl_settings.load().credentials_file
     if not path:
         return None
-    entries = _load_file(Path(path))
+    entries = _load_file(path)
     return entries.get(name)
+
+
+def load_file_entries(path: str) -> dict[str, Any]:
+    """Every name -> credential of the credentials file at `path`."""
+    return _load_file(Path(path))
 
 
 def _load_file(path: Path) -> dict[str, Any]:
@@ -161,14 +165,34 @@ def _load_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def _url_password(text: str) -> set[str]:
+    """The password of scheme://user:password@host/..., whatever characters it holds.
+
+    urlsplit stops the authority at '#', '?' or '/', so a password holding one of them is misread
+    (and libpq then quotes the rest as a host name). Here the user-info runs up to the last '@'
+    before the host, and every plausible reading is kept (raw and percent-decoded).
+    """
+    rest = text.split("://", 1)[1]
+    found: set[str] = set()
+    try:
+        password = urlsplit(text).password
+    except ValueError:
+        password = None
+    if password:
+        found |= {password, unquote(password)}
+    for at in (i for i, char in enumerate(rest) if char == "@"):
+        userinfo = rest[:at]
+        if ":" in userinfo:
+            candidate = userinfo.split(":", 1)[1]
+            if candidate:
+                found |= {candidate, unquote(candidate)}
+    return found
+
+
 def _dsn_passwords(text: str) -> set[str]:
     """The password inside a URL (scheme://user:password@host, raw and decoded) or a key=value DSN."""
     if "://" in text:
-        try:
-            password = urlsplit(text).password
-        except ValueError:
-            return set()
-        return {password, unquote(password)} if password else set()
+        return _url_password(text)
     match = re.search(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", text)
     if not match:
         return set()
@@ -225,9 +249,11 @@ def secret_values(credential: Any) -> set[str]:
 
 def scrub(obj: Any, secrets: set[str] | frozenset[str] | list[str]) -> Any:
     """A deep copy of a JSON-like value with each secret (len >= 4) replaced by "***"."""
-    usable = sorted(
-        (s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LENGTH), key=len, reverse=True
-    )
+    every_form: set[str] = set()
+    for secret in secrets:
+        if isinstance(secret, str) and len(secret) >= MIN_SECRET_LENGTH:
+            every_form |= secret_registry.forms(secret)
+    usable = sorted(every_form, key=len, reverse=True)
     return _scrub(obj, usable)
 
 

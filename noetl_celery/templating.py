@@ -2,11 +2,14 @@
 
 Rules:
 - A string that is exactly one expression (`"{{ expr }}"`) renders to the expression's native
-  value (a list stays a list, `{{ n + 1 }}` is an int). Any other string renders to text.
+  value (a list stays a list, `{{ n + 1 }}` is an int); when that expression ends in `| tojson`
+  the value is the structure itself (NoETL playbooks pass mappings as `{{ x | tojson }}`). Any
+  other string renders to text.
 - Undefined names are errors (StrictUndefined), reported with the template text.
 - `a.b` on a mapping looks up the key first, so `iter.items` is the key `items`, never the dict
   method. A step's result also answers the legacy aliases `.result` and `.data` when it has no
-  such key (legacy playbooks write `step.result.data.x` and `result.data.x` for the same value).
+  such key (legacy playbooks write `step.result.data.x` and `result.data.x` for the same value);
+  so does a list or scalar result (`{{ step.result }}` of a step that returned a list is the list).
 - Only playbook text is rendered. Values that come from data (HTTP bodies, rows, step results)
   are inserted as values and never rendered again.
 """
@@ -20,15 +23,58 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError
+from jinja2 import StrictUndefined, TemplateAssertionError, TemplateSyntaxError, UndefinedError
 from jinja2.runtime import Undefined
 from jinja2.sandbox import SandboxedEnvironment
+from markupsafe import Markup
 
+from noetl_celery import limits, template_budget
 from noetl_celery.errors import TemplateError
+from noetl_celery.jsonable import plain as plain  # re-exported: the engine renders, then makes plain
 
 TEMPLATE_MARKERS = ("{{", "{%")
+# Names every template sees (engine/context.py render_context, engine/policy_eval.py outcome_scope, the
+# sink and routing scopes, Jinja's globals). A step of the same name would be hidden by them.
+BUILTIN_NAMES = frozenset(
+    {
+        "workload",
+        "ctx",
+        "vars",
+        "iter",
+        "args",
+        "execution_id",
+        "parent_execution_id",
+        "_prev",
+        "_attempt",
+        "job",
+        "result",
+        "response",
+        "data",
+        "outcome",
+        "output",
+        "error",
+        "status_code",
+        "success",
+        "attempt",
+        "event",
+        "loop",
+        "range",
+        "lipsum",
+        "dict",
+        "cycler",
+        "joiner",
+        "namespace",
+        "now",
+        "loop_index",
+        "this",
+    }
+)
 _SINGLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
+_ENDS_IN_JSON = re.compile(r"\|\s*(tojson|to_json)\s*(\(\s*\))?\s*$")
 LEGACY_ALIASES = ("result", "data")
+# Filters that take a width or a count, and the positions of those arguments (the value is 0;
+# a filter that receives the environment first counts it too).
+BOUNDED_FILTERS = {"center": (1,), "indent": (1,), "wordwrap": (2,), "batch": (1,), "slice": (2,)}
 
 
 class Lenient(dict):
@@ -52,6 +98,18 @@ class StepResult(dict):
         if name in self.task_results:
             return self.task_results[name]
         raise KeyError(name)
+
+
+class LoopResult(StepResult):
+    """A loop step's result ({results: [...], stats: {...}}): the legacy aliases `.data` and
+    `.result` answer the per-iteration results, as NoETL's aggregated iterator result does."""
+
+    __slots__ = ()
+
+    def alias(self, name: str) -> Any:
+        if name in LEGACY_ALIASES:
+            return as_step_result(self.get("results"))
+        return super().alias(name)
 
 
 class ResponseView(dict):
@@ -78,20 +136,127 @@ def response_view(data: Any) -> Any:
     return data
 
 
+class _Aliased:
+    """A list or scalar step result: `.result` and `.data` answer the value itself."""
+
+    __slots__ = ()
+
+    def alias(self, name: str) -> Any:
+        if name in LEGACY_ALIASES:
+            return self
+        raise KeyError(name)
+
+
+class StepList(_Aliased, list):  # type: ignore[type-arg]
+    __slots__ = ()
+
+
+class StepStr(_Aliased, str):
+    __slots__ = ()
+
+
+class StepInt(_Aliased, int):
+    __slots__ = ()
+
+
+class StepFloat(_Aliased, float):
+    __slots__ = ()
+
+
+class RowsResult(StepList):
+    """A duckdb step's result as NoETL gives it: the list of row mappings of the last statement.
+    The stored result's fields (`rows`, `row_count`, `columns`, `command_0`, `database`) still
+    answer by name, so `{{ step.rows }}` and `{{ step.command_0.rows }}` keep working."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, result: Mapping[str, Any]):
+        super().__init__(result.get("rows") or [])
+        self.fields = dict(result)
+
+    def alias(self, name: str) -> Any:
+        if name in self.fields:
+            return self.fields[name]
+        return super().alias(name)
+
+
+def rows_result(value: Any) -> Any:
+    """A duckdb step's stored result ({rows, row_count, columns, ...}) as a RowsResult; any other
+    value (a failed or truncated result) as_step_result wraps it."""
+    if isinstance(value, Mapping) and isinstance(value.get("rows"), list) and not value.get(limits.TRUNCATED):
+        return RowsResult(value)
+    return as_step_result(value)
+
+
+_SCALAR_WRAPPERS: tuple[tuple[type, type], ...] = ((str, StepStr), (int, StepInt), (float, StepFloat))
+for _base, _wrapper in ((list, StepList), (list, RowsResult), *_SCALAR_WRAPPERS):
+    _wrapper.__module__ = "builtins"  # error messages name the plain type: "'list object' has no ..."
+    _wrapper.__name__ = _wrapper.__qualname__ = _base.__name__
+
+
 def as_step_result(value: Any, task_results: Mapping[str, Any] | None = None) -> Any:
-    """Wrap a step's result for the render context (non-mappings are returned as they are)."""
-    if isinstance(value, Mapping) and not isinstance(value, StepResult):
+    """Wrap a step's result for the render context: a mapping, a list, a string or a number answers
+    the legacy aliases (booleans and None are returned as they are)."""
+    if isinstance(value, (StepResult, _Aliased, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
         return StepResult(value, task_results)
+    if isinstance(value, list):
+        return StepList(value)
+    for base, wrapper in _SCALAR_WRAPPERS:
+        if isinstance(value, base):
+            return wrapper(value)
     return value
 
 
+def _unwrap(value: Any) -> Any:
+    """A wrapped list or scalar result back as its plain type."""
+    if isinstance(value, StepList):
+        return list(value)
+    for base, wrapper in _SCALAR_WRAPPERS:
+        if isinstance(value, wrapper):
+            return base(value)
+    return value
+
+
+def _refuse_truncated(obj: Mapping[str, Any], name: Any) -> None:
+    """A clear error for reading into a value that was stored truncated (limits.cap)."""
+    if obj.get(limits.TRUNCATED) is True:
+        raise TemplateError(
+            f"cannot read {name!r}: the value was truncated when stored ({obj.get('size')} bytes, limit "
+            f"{obj.get('limit')} bytes, NOETL_MAX_RESULT_BYTES); move big data through a sink and pass a "
+            "reference instead"
+        )
+
+
 class PlaybookEnvironment(SandboxedEnvironment):
-    """Sandboxed, strict, key-first attribute lookup on mappings."""
+    """Sandboxed, strict, key-first attribute lookup on mappings, within the template budget."""
+
+    intercepted_binops = frozenset({"**", "*", "%"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        template_budget.check_binop(operator, left, right)
+        return super().call_binop(context, operator, left, right)
+
+    def call(self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(__obj, "__name__", None) in template_budget.WIDTH_METHODS and isinstance(
+            getattr(__obj, "__self__", None), (str, bytes)
+        ):
+            for value in (*args, *kwargs.values()):
+                template_budget.check_width(f"str.{__obj.__name__}", value)
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def wrap_str_format(self, value: Any) -> Any:
+        wrapped = super().wrap_str_format(value)
+        if wrapped is not None and isinstance(getattr(value, "__self__", None), str):
+            template_budget.check_format_widths(value.__self__)
+        return wrapped
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         if isinstance(obj, Mapping):
             if attribute in obj:
                 return obj[attribute]
+            _refuse_truncated(obj, attribute)
             if isinstance(obj, StepResult):
                 try:
                     return obj.alias(attribute)
@@ -105,9 +270,19 @@ class PlaybookEnvironment(SandboxedEnvironment):
             if isinstance(obj, Lenient):
                 return None
             return self.undefined(obj=obj, name=attribute)
+        if isinstance(obj, RowsResult) and attribute in obj.fields:
+            return obj.fields[attribute]
+        if isinstance(obj, _Aliased) and attribute in LEGACY_ALIASES:
+            return obj
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
+        if isinstance(obj, RowsResult) and isinstance(argument, str) and argument in obj.fields:
+            return obj.fields[argument]
+        if isinstance(obj, _Aliased) and argument in LEGACY_ALIASES:
+            return obj
+        if isinstance(obj, Mapping) and argument not in obj:
+            _refuse_truncated(obj, argument)
         if isinstance(obj, (StepResult, ResponseView)) and isinstance(argument, str) and argument not in obj:
             try:
                 return obj.alias(argument) if isinstance(obj, StepResult) else obj.fallback(argument)
@@ -135,7 +310,20 @@ def _build_environment() -> PlaybookEnvironment:
         b64decode=_b64decode,
     )
     env.globals.update(now=lambda: __import__("datetime").datetime.now().isoformat())
+    env.globals["lipsum"] = template_budget.bounded_lipsum(env.globals["lipsum"])  # type: ignore[arg-type]
+    for name, positions in BOUNDED_FILTERS.items():
+        env.filters[name] = template_budget.bounded_filter(name, env.filters[name], *positions)
+    env.filters["format"] = _bounded_format(env.filters["format"])
     return env
+
+
+def _bounded_format(run: Any) -> Any:
+    def format_filter(value: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(value, str):
+            template_budget.check_format_widths(value)
+        return run(value, *args, **kwargs)
+
+    return format_filter
 
 
 ENV = _build_environment()
@@ -174,7 +362,18 @@ def _defined(value: Any) -> Any:
     if isinstance(value, Mapping) and not isinstance(value, (StepResult, ResponseView)):
         for v in value.values():
             _defined(v)
-    return value
+    return _unwrap(value)
+
+
+def _render_text(template: Any, context: Mapping[str, Any]) -> str:
+    """A template's text, refused as soon as it grows past NOETL_TEMPLATE_MAX_BYTES."""
+    chunks: list[str] = []
+    size = 0
+    for chunk in template.generate(**context):
+        size += len(chunk)
+        template_budget.check_output(size)
+        chunks.append(chunk)
+    return "".join(chunks)
 
 
 def render_string(text: str, context: Mapping[str, Any]) -> Any:
@@ -183,9 +382,15 @@ def render_string(text: str, context: Mapping[str, Any]) -> Any:
         return text
     try:
         expression = _single_expression(text)
-        if expression is not None:
-            return _defined(_compile_expression(expression)(**context))
-        return _compile_template(text).render(**context)
+        if expression is not None:  # no loop in an expression: its size checks bound it
+            value = _defined(_compile_expression(expression)(**context))
+            if _ENDS_IN_JSON.search(expression) and isinstance(value, str):
+                return json.loads(value)  # `{{ x | tojson }}` passes the structure x, as in NoETL
+            return str(value) if isinstance(value, Markup) else value
+        with template_budget.budget():  # statements can loop: the clock is watched too
+            return _render_text(_compile_template(text), context)
+    except template_budget.BudgetExceeded as exc:
+        raise TemplateError(f"{exc} in template {text.strip()[:200]!r}") from None
     except UndefinedError as exc:
         raise TemplateError(f"{exc.message} in template {text.strip()!r}") from None
     except TemplateSyntaxError as exc:
@@ -221,18 +426,12 @@ def evaluate_condition(condition: Any, context: Mapping[str, Any]) -> bool:
 
 
 def check_syntax(text: str) -> str | None:
-    """None when `text` parses as a template, else the syntax error message."""
+    """None when `text` compiles in the runtime's environment (so its filters and tests exist),
+    else what is wrong, with the line inside the template."""
     try:
-        ENV.parse(text)
+        ENV.compile(text)
+    except TemplateAssertionError as exc:  # parsed, but names a filter or test that does not exist
+        return f"template uses what does not exist (its line {exc.lineno}): {exc.message}"
     except TemplateSyntaxError as exc:
-        return exc.message or "syntax error"
+        return f"template does not parse (its line {exc.lineno}): {exc.message or 'syntax error'}"
     return None
-
-
-def plain(value: Any) -> Any:
-    """A deep copy with StepResult mappings turned back into plain dicts (for JSON/messages)."""
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value

@@ -50,9 +50,7 @@ def test_env_bad_json_does_not_echo_value(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_json_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "creds.json"
-    path.write_text(
-        json.dumps({"api": {"type": "bearer", "token": "tok-123"}, "pg_test": "host=db dbname=x"})
-    )
+    path.write_text(json.dumps({"api": {"type": "bearer", "token": "tok-123"}, "pg_test": "host=db dbname=x"}))
     monkeypatch.setenv("NOETL_CREDENTIALS_FILE", str(path))
     assert resolve("api") == {"type": "bearer", "token": "tok-123"}
     assert resolve("pg_test") == "host=db dbname=x"
@@ -62,9 +60,7 @@ def test_json_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_yaml_file_and_reload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "creds.yaml"
-    path.write_text(
-        "credentials:\n  pg_local:\n    host: 127.0.0.1\n    user: postgres\n    database: postgres\n"
-    )
+    path.write_text("credentials:\n  pg_local:\n    host: 127.0.0.1\n    user: postgres\n    database: postgres\n")
     monkeypatch.setenv("NOETL_CREDENTIALS_FILE", str(path))
     assert resolve("pg_local") == {"host": "127.0.0.1", "user": "postgres", "database": "postgres"}
     credentials._file_cache.clear()
@@ -76,9 +72,7 @@ def test_not_found_names_credential_and_places(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(CredentialError) as info:
         resolve("pg_missing")
     message = str(info.value)
-    assert (
-        "pg_missing" in message and "NOETL_AUTH_PG_MISSING" in message and "NOETL_CREDENTIALS_FILE" in message
-    )
+    assert "pg_missing" in message and "NOETL_AUTH_PG_MISSING" in message and "NOETL_CREDENTIALS_FILE" in message
     path = tmp_path / "c.yaml"
     path.write_text("present: {password: topsecret}\n")
     monkeypatch.setenv("NOETL_CREDENTIALS_FILE", str(path))

@@ -6,11 +6,13 @@ import pytest
 
 from noetl_celery.errors import TemplateError
 from noetl_celery.templating import (
+    LoopResult,
     as_step_result,
     evaluate_condition,
     render_string,
     render_value,
     response_view,
+    rows_result,
 )
 
 
@@ -46,9 +48,24 @@ def test_legacy_result_aliases():
     assert render_string("{{ p.validate.ok }}", {"p": pipeline}) is True
 
 
+def test_a_loop_result_answers_its_iteration_results_by_the_legacy_aliases():
+    loop = LoopResult({"results": [{"score": 1}, {"score": 2}], "stats": {"total": 2}})
+    assert render_string("{{ users.data | map(attribute='score') | list }}", {"users": loop}) == [1, 2]
+    assert render_string("{{ users.result | length }}", {"users": loop}) == 2
+    assert render_string("{{ users.stats.total }}", {"users": loop}) == 2  # the mapping itself is kept
+    assert render_string("{{ users.results[1].score }}", {"users": loop}) == 2
+
+
 def test_response_reads_the_http_result_and_then_the_body():
-    response = response_view({"status_code": 200, "headers": {}, "url": "u", "elapsed": 0.1,
-                              "data": {"paging": {"hasMore": True}, "data": [1]}})
+    response = response_view(
+        {
+            "status_code": 200,
+            "headers": {},
+            "url": "u",
+            "elapsed": 0.1,
+            "data": {"paging": {"hasMore": True}, "data": [1]},
+        }
+    )
     assert render_string("{{ response.paging.hasMore }}", {"response": response}) is True
     assert render_string("{{ response.data.paging.hasMore }}", {"response": response}) is True
     assert render_string("{{ response.status_code }}", {"response": response}) == 200
@@ -58,7 +75,9 @@ def test_data_is_never_rendered_again():
     ctx = {"body": {"sql": "{{ execution_id }}"}, "execution_id": 1}
     assert render_string("{{ body.sql }}", ctx) == "{{ execution_id }}"
     assert render_value({"q": "{{ body }}", "code": "{{ x }}"}, ctx, raw_keys=frozenset({"code"})) == {
-        "q": {"sql": "{{ execution_id }}"}, "code": "{{ x }}"}
+        "q": {"sql": "{{ execution_id }}"},
+        "code": "{{ x }}",
+    }
 
 
 def test_the_sandbox_refuses_unsafe_attributes():
@@ -66,9 +85,35 @@ def test_the_sandbox_refuses_unsafe_attributes():
         render_string("{{ ''.__class__.__mro__[1].__subclasses__() }}", {})
 
 
-@pytest.mark.parametrize("condition, expected", [
-    (None, True), (True, True), (False, False), ("{{ 1 > 2 }}", False), ("{{ 'false' }}", False),
-    ("{{ [] }}", False), ("{{ 'yes' }}", True), ("{{ x == 1 }}", True),
-])
+@pytest.mark.parametrize(
+    "condition, expected",
+    [
+        (None, True),
+        (True, True),
+        (False, False),
+        ("{{ 1 > 2 }}", False),
+        ("{{ 'false' }}", False),
+        ("{{ [] }}", False),
+        ("{{ 'yes' }}", True),
+        ("{{ x == 1 }}", True),
+    ],
+)
 def test_conditions(condition, expected):
     assert evaluate_condition(condition, {"x": 1}) is expected
+
+
+def test_a_duckdb_result_reads_as_its_rows_and_keeps_its_fields():
+    stored = {"rows": [{"a": 1}, {"a": 2}], "row_count": 2, "columns": ["a"], "database": ":memory:"}
+    stored["command_0"] = {"rows": stored["rows"], "row_count": 2, "columns": ["a"]}
+    ctx = {"q": rows_result(stored)}
+    assert render_string("{{ q }}", ctx) == [{"a": 1}, {"a": 2}]
+    assert type(render_string("{{ q }}", ctx)) is list
+    assert render_string("{{ q | length }}", ctx) == 2
+    assert render_string("{{ q[1].a }}", ctx) == 2
+    assert render_string("{{ q.rows }}", ctx) == [{"a": 1}, {"a": 2}]
+    assert render_string("{{ q.row_count }}", ctx) == 2
+    assert render_string("{{ q['columns'] }}", ctx) == ["a"]
+    assert render_string("{{ q.command_0.rows[0].a }}", ctx) == 1
+    assert render_string("{{ q.result | length }}", ctx) == 2
+    failed = {"error": "boom"}
+    assert render_string("{{ q.error }}", {"q": rows_result(failed)}) == "boom"

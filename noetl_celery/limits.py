@@ -1,0 +1,95 @@
+"""The limits that bound hostile or oversized input and output, and the truncation marker.
+
+Decides how big a playbook, a template's work and a stored result may be, and what stands in for
+a value that is too big to store: a marker with its full size, its SHA-256 and a short preview.
+
+Each limit is read from its environment variable when used (so a worker and the CLI agree):
+- NOETL_MAX_RESULT_BYTES: a result, error or body stored in an event row or sent in a message
+  (JSON size, default 1 MB);
+- NOETL_MAX_PLAYBOOK_BYTES: a playbook file (default 4 MB);
+- NOETL_MAX_YAML_NODES: YAML nodes built, aliases counted each time they are used (default 500000);
+- NOETL_TEMPLATE_TIMEOUT: seconds one template evaluation may take (default 5);
+- NOETL_TEMPLATE_MAX_BYTES: size of a string, list or number one template operation may build
+  (default 1 MB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from noetl_celery.errors import ConfigurationError
+
+DEFAULT_MAX_RESULT_BYTES = 1_000_000  # bytes of JSON per stored result / error / body
+DEFAULT_MAX_PLAYBOOK_BYTES = 4_000_000  # bytes of playbook text
+DEFAULT_MAX_YAML_NODES = 500_000  # YAML nodes built, aliases expanded
+DEFAULT_TEMPLATE_TIMEOUT = 5.0  # seconds per template evaluation
+DEFAULT_TEMPLATE_MAX_BYTES = 1_000_000  # bytes one template operation may build
+PREVIEW_CHARS = 1000  # characters of a truncated value kept in its marker
+TRUNCATED = "__truncated__"  # the key that marks a truncated value
+
+
+def _number(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be a number, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigurationError(f"{name} must be positive, got {raw!r}")
+    return value
+
+
+def max_result_bytes() -> int:
+    return int(_number("NOETL_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES))
+
+
+def max_playbook_bytes() -> int:
+    return int(_number("NOETL_MAX_PLAYBOOK_BYTES", DEFAULT_MAX_PLAYBOOK_BYTES))
+
+
+def max_yaml_nodes() -> int:
+    return int(_number("NOETL_MAX_YAML_NODES", DEFAULT_MAX_YAML_NODES))
+
+
+def template_timeout() -> float:
+    return _number("NOETL_TEMPLATE_TIMEOUT", DEFAULT_TEMPLATE_TIMEOUT)
+
+
+def template_max_bytes() -> int:
+    return int(_number("NOETL_TEMPLATE_MAX_BYTES", DEFAULT_TEMPLATE_MAX_BYTES))
+
+
+def marker(size: int, sha256: str, preview: str, limit: int) -> dict[str, Any]:
+    """What is stored instead of a value of `size` bytes over `limit`."""
+    return {
+        TRUNCATED: True,
+        "size": size,
+        "sha256": sha256,
+        "limit": limit,
+        "preview": preview[:PREVIEW_CHARS],
+        "message": f"value of {size} bytes truncated (limit {limit} bytes, NOETL_MAX_RESULT_BYTES); "
+        "move big data through a sink",
+    }
+
+
+def is_truncated(value: Any) -> bool:
+    return isinstance(value, dict) and value.get(TRUNCATED) is True
+
+
+def cap(value: Any, limit: int | None = None) -> Any:
+    """`value` itself when its JSON is at most `limit` bytes, else its truncation marker."""
+    limit = max_result_bytes() if limit is None else limit
+    if value is None or isinstance(value, (bool, int, float)) or is_truncated(value):
+        return value
+    if isinstance(value, str) and len(value) * 4 <= limit:  # UTF-8 needs at most 4 bytes a character
+        return value
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return value
+    return marker(len(raw), hashlib.sha256(raw).hexdigest(), text, limit)

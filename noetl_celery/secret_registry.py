@@ -1,0 +1,242 @@
+"""The secret registry: every value that must never be written, and the mask that hides it.
+
+Decides which strings are secret and in which forms they are hidden. The engine consults this one
+registry wherever it writes (event rows, variables, execution errors, task messages, logs, CLI
+output) instead of scrubbing in scattered places.
+
+Which values:
+- every configured credential: each NOETL_AUTH_* variable and each entry of the credentials file
+  (NOETL_CREDENTIALS_FILE), through `credentials.secret_values` (tokens, passwords, header values,
+  the password inside a DSN or URL, basic-auth pairs);
+- the password of the store, broker, result-backend and default postgres URLs
+  (NOETL_DATABASE_URL, NOETL_BROKER_URL, NOETL_RESULT_BACKEND, NOETL_POSTGRES_DSN);
+- any value given to `register()` (a tool that reads a secret at run time registers it).
+
+In which forms each value is hidden: as is, percent-encoded (with and without `/` kept, and
+form-encoded), JSON-escaped, and base64 (standard and URL-safe, at each of the three byte
+alignments, so a secret inside a longer base64 text is found too).
+
+`seal_environment()` moves the credential variables out of os.environ into this module, so code
+run by the python tool cannot read them; `environ()` is the environment as the engine reads it.
+
+Values shorter than MIN_SECRET_LENGTH are not masked (they would mangle ordinary text).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote, quote_plus
+
+MASK = "***"
+MIN_SECRET_LENGTH = 4  # characters; shorter values are not masked
+MIN_BASE64_CORE = 6  # characters of a partial (unaligned) base64 form worth masking
+CREDENTIAL_PREFIX = "NOETL_AUTH_"
+CREDENTIALS_FILE_VAR = "NOETL_CREDENTIALS_FILE"
+URL_VARS = ("NOETL_DATABASE_URL", "NOETL_BROKER_URL", "NOETL_RESULT_BACKEND", "NOETL_POSTGRES_DSN")
+
+_lock = threading.RLock()
+_registered: set[str] = set()
+_sealed: dict[str, str] = {}
+_cache: dict[str, Any] = {"key": None, "pattern": None}
+
+
+def _is_sealed_name(name: str) -> bool:
+    return name.startswith(CREDENTIAL_PREFIX) or name == CREDENTIALS_FILE_VAR or name in URL_VARS
+
+
+def environ() -> dict[str, str]:
+    """The environment as the engine reads it: os.environ plus the sealed credential variables
+    (a variable set again in os.environ after sealing wins)."""
+    with _lock:
+        return {**_sealed, **os.environ}
+
+
+def getenv(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    if value is not None:
+        return value
+    with _lock:
+        return _sealed.get(name, default)
+
+
+def seal_environment() -> None:
+    """Move NOETL_AUTH_*, NOETL_CREDENTIALS_FILE and the store/broker URLs out of os.environ.
+
+    Their values stay readable through `environ()`/`getenv()` and stay registered for masking.
+    Code run by the python tool sees an os.environ without them.
+    """
+    with _lock:
+        for name in [n for n in os.environ if _is_sealed_name(n)]:
+            _sealed[name] = os.environ.pop(name)
+        _cache["key"] = None
+
+
+def register(value: Any) -> None:
+    """Mask `value` (a string, or a credential: a mapping or a DSN) from now on, in this process."""
+    from noetl_celery.credentials import secret_values
+
+    values = {value} if isinstance(value, str) and not _looks_structured(value) else secret_values(value)
+    if isinstance(value, str):
+        values |= secret_values(value)
+    with _lock:
+        before = len(_registered)
+        _registered.update(v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET_LENGTH)
+        if len(_registered) != before:
+            _cache["key"] = None
+
+
+def _looks_structured(value: str) -> bool:
+    return "://" in value or bool(re.search(r"(?:^|\s)password\s*=", value))
+
+
+def _configured_values() -> set[str]:
+    """The secret strings of the environment and the credentials file, as configured now."""
+    from noetl_celery.credentials import CredentialError, load_file_entries, secret_values
+
+    env = environ()
+    found: set[str] = set()
+    for name, raw in env.items():
+        if name.startswith(CREDENTIAL_PREFIX) and raw.strip():
+            text = raw.strip()
+            value: Any = text
+            if text.startswith("{"):
+                try:
+                    value = json.loads(text)
+                except json.JSONDecodeError:
+                    value = text
+            found |= secret_values(value)
+            if isinstance(value, str) and not _looks_structured(text):
+                found.add(text)
+        elif name in URL_VARS and raw:
+            found |= secret_values({"url": raw})
+    path = env.get(CREDENTIALS_FILE_VAR)
+    if path:
+        try:
+            entries = load_file_entries(path)
+        except CredentialError:
+            entries = {}
+        for entry in entries.values():
+            found |= secret_values(entry)
+    return found
+
+
+def _fingerprint() -> tuple[Any, ...]:
+    env = environ()
+    relevant = tuple(sorted((k, v) for k, v in env.items() if _is_sealed_name(k)))
+    path = env.get(CREDENTIALS_FILE_VAR)
+    mtime = None
+    if path:
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            mtime = None
+    return relevant, mtime, len(_registered)
+
+
+def forms(secret: str) -> set[str]:
+    """The forms of one secret that are masked: as is, percent-encoded, JSON-escaped, base64."""
+    out = {
+        secret,
+        quote(secret, safe=""),
+        quote(secret),
+        quote_plus(secret),
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+    }
+    raw = secret.encode("utf-8")
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        whole = encode(raw).decode("ascii")
+        out |= {whole, whole.rstrip("=")}  # the secret encoded on its own: every character masked
+        for pad in range(3):
+            text = encode(b"\0" * pad + raw).decode("ascii").rstrip("=")
+            start = (0, 2, 3)[pad]  # characters that depend on the bytes before the secret
+            end = len(text) - (1 if (pad + len(raw)) % 3 else 0)  # ... and on the bytes after it
+            core = text[start:end]
+            if len(core) >= MIN_BASE64_CORE or (pad == 0 and len(core) >= MIN_SECRET_LENGTH):
+                out.add(core)
+    return {f for f in out if len(f) >= MIN_SECRET_LENGTH}
+
+
+def _pattern() -> re.Pattern[str] | None:
+    with _lock:
+        key = _fingerprint()
+        if _cache["key"] == key:
+            return _cache["pattern"]
+        values = _configured_values() | _registered
+        all_forms: set[str] = set()
+        for value in values:
+            if isinstance(value, str) and len(value) >= MIN_SECRET_LENGTH:
+                all_forms |= forms(value)
+        ordered = sorted(all_forms, key=len, reverse=True)
+        pattern = re.compile("|".join(re.escape(f) for f in ordered)) if ordered else None
+        _cache["key"], _cache["pattern"] = key, pattern
+        return pattern
+
+
+def mask_text(text: str, pattern: re.Pattern[str] | None = None) -> str:
+    """`text` with every form of every secret replaced by MASK."""
+    pattern = pattern if pattern is not None else _pattern()
+    if pattern is None or not text:
+        return text
+    return pattern.sub(MASK, text)
+
+
+def mask(value: Any) -> Any:
+    """A copy of a JSON-like value (keys included) with every secret form replaced by MASK."""
+    pattern = _pattern()
+    if pattern is None:
+        return value
+    return _mask(value, pattern)
+
+
+def _mask(value: Any, pattern: re.Pattern[str]) -> Any:
+    if isinstance(value, str):
+        return pattern.sub(MASK, value)
+    if isinstance(value, Mapping):
+        return {(_mask(k, pattern) if isinstance(k, str) else k): _mask(v, pattern) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(v, pattern) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_mask(v, pattern) for v in value)
+    if isinstance(value, bytes):
+        return pattern.sub(MASK, value.decode("utf-8", "replace")).encode("utf-8")
+    return value
+
+
+class MaskingFilter(logging.Filter):
+    """A logging filter that masks every secret form in a record's message and traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        pattern = _pattern()
+        if pattern is None:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record is logged as it is
+            return True
+        record.msg, record.args = pattern.sub(MASK, message), ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = pattern.sub(MASK, record.exc_text)
+        if record.stack_info:
+            record.stack_info = pattern.sub(MASK, record.stack_info)
+        return True
+
+
+_FILTER = MaskingFilter()
+
+
+def install_log_filter(*loggers: logging.Logger) -> None:
+    """Add the masking filter to every handler of the root logger and of `loggers` (once each)."""
+    for logger in (logging.getLogger(), *loggers):
+        for handler in logger.handlers:
+            if _FILTER not in handler.filters:
+                handler.addFilter(_FILTER)
