@@ -1,26 +1,38 @@
 """The management command `noetl-celery`: parses arguments, calls runner/compiler, prints.
 
-Exit codes: 0 completed (or valid), 1 the execution failed, 2 the playbook or the arguments are
-invalid, 3 still running when --timeout ran out.
+Exit codes: 0 completed (or valid), 1 the execution failed, 2 the playbook, the arguments or the
+environment are invalid, or the event store or the broker cannot be used (one line saying what
+and where; the traceback only with --debug), 3 still running when --timeout ran out, 4 the
+execution was cancelled, 5 detached (Ctrl-C on `submit --wait`: the execution goes on).
+Everything printed passes through the secret registry's mask.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
 
-from noetl_celery import runner
+from noetl_celery import secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler import compile_playbook, describe
 from noetl_celery.dsl.plan import Plan
-from noetl_celery.errors import ConfigurationError, ExecutionNotFound, PlaybookError
+from noetl_celery.errors import BrokerUnavailable, ConfigurationError, ExecutionNotFound, PlaybookError
+from noetl_celery.lazy import lazy_module
+from noetl_celery.store.check import check_broker_url, describe_infrastructure_error
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_RUNNING = 0, 1, 2, 3
+if TYPE_CHECKING:
+    from noetl_celery import runner
+else:
+    runner = lazy_module("noetl_celery.runner")  # SQLAlchemy and Celery only for the commands that use them
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_RUNNING, EXIT_CANCELLED = 0, 1, 2, 3, 4
+EXIT_DETACHED = 5  # Ctrl-C on submit --wait: stopped following, the execution goes on
 SUMMARY_WIDTH = 70  # characters of a result/error shown per event row in the table
 
 
@@ -45,36 +57,55 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, Any]:
     return overrides
 
 
+def _catalog_lookup(path: str) -> Any:
+    """A catalog lookup in the store, which is opened only when a playbook names one (a playbook
+    of plain files validates without SQLAlchemy or a store)."""
+    return runner.catalog(noetl_settings.load().database_url)(path)
+
+
 def _compile(path: str, sets: tuple[str, ...] = ()) -> Plan:
+    """A playbook file, or the catalog path of a registered playbook (`noetl-celery register`)."""
+    catalog = _catalog_lookup
     try:
-        return compile_playbook(path, overrides=_parse_sets(sets))
+        if not Path(path).exists():
+            found = catalog(path)
+            if found is not None:
+                return compile_playbook(found.source, text=found.text, overrides=_parse_sets(sets), catalog=catalog)
+        return compile_playbook(path, overrides=_parse_sets(sets), catalog=catalog)
     except PlaybookError as exc:
         for problem in exc.problems:
-            click.echo(str(problem), err=True)
+            echo(str(problem), err=True)
         sys.exit(EXIT_INVALID)
     except OSError as exc:
-        click.echo(f"{path}: {exc.strerror or exc}", err=True)
+        echo(f"{path}: {exc.strerror or exc}", err=True)
         sys.exit(EXIT_INVALID)
+
+
+def echo(text: str, err: bool = False) -> None:
+    """Print one line of output with every configured secret masked."""
+    click.echo(secret_registry.mask_text(text), err=err)
 
 
 def _print_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, default=str))
+    echo(json.dumps(value, indent=2, default=str))
 
 
 def _exit_for(status: dict[str, Any]) -> int:
-    return {"completed": EXIT_OK, "failed": EXIT_FAILED}.get(status["status"], EXIT_RUNNING)
+    return {"completed": EXIT_OK, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}.get(
+        status["status"], EXIT_RUNNING
+    )
 
 
 def _print_outcome(status: dict[str, Any], as_json: bool) -> None:
     if as_json:
         _print_json(status)
         return
-    click.echo(f"execution {status['execution_id']} ({status['playbook']}): {status['status']}")
+    echo(f"execution {status['execution_id']} ({status['playbook']}): {status['status']}")
     if status.get("error"):
-        click.echo(f"  failed step: {status.get('failed_step')}")
-        click.echo(f"  error: {json.dumps(status['error'], default=str)[:500]}")
+        echo(f"  failed step: {status.get('failed_step')}")
+        echo(f"  error: {json.dumps(status['error'], default=str)[:500]}")
     for step, result in status.get("results", {}).items():
-        click.echo(f"  {step}: {_summary(result)}")
+        echo(f"  {step}: {_summary(result)}")
 
 
 def _summary(value: Any) -> str:
@@ -82,11 +113,16 @@ def _summary(value: Any) -> str:
     return text if len(text) <= SUMMARY_WIDTH else text[: SUMMARY_WIDTH - 3] + "..."
 
 
+_options = {"debug": False}
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="noetl_celery")
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of an infrastructure error.")
+def cli(debug: bool) -> None:
     """Run NoETL playbooks on Celery. Embedded default: SQLite under NOETL_HOME (~/.noetl) and an
     in-process worker; set NOETL_BROKER_URL and NOETL_DATABASE_URL for real workers."""
+    _options["debug"] = debug
 
 
 @cli.command()
@@ -94,7 +130,7 @@ def cli() -> None:
 def validate(playbook: str) -> None:
     """Check a playbook; prints `file:line: path: message` per problem (exit 2)."""
     plan = _compile(playbook)
-    click.echo(f"{playbook}: valid {plan.dialect} playbook '{plan.name}' with {len(plan.steps)} steps")
+    echo(f"{playbook}: valid {plan.dialect} playbook '{plan.name}' with {len(plan.steps)} steps")
 
 
 @cli.command(name="compile")
@@ -109,25 +145,39 @@ def compile_cmd(playbook: str, as_json: bool, sets: tuple[str, ...]) -> None:
     if as_json:
         _print_json({**described, "plan": plan.model_dump(mode="json")})
         return
-    click.echo(f"{described['playbook']} ({described['dialect']}, {described['api_version']}), "
-               f"entry: {described['entry_step']}")
+    echo(
+        f"{described['playbook']} ({described['dialect']}, {described['api_version']}), "
+        f"entry: {described['entry_step']}"
+    )
+    if described["tags"]:
+        echo(f"tags: {', '.join(described['tags'])}")
     for step in described["steps"]:
-        click.echo(f"- step {step['step']}" + (f"  [loop {step['loop']}]" if step["loop"] else ""))
+        echo(
+            f"- step {step['step']}"
+            + (f"  [loop {step['loop']}]" if step["loop"] else "")
+            + (f"  [tags: {', '.join(step['tags'])}]" if step["tags"] else "")
+        )
         tasks = step["tasks"]
         if isinstance(tasks, str):
-            click.echo(f"    {tasks}")
+            echo(f"    {tasks}")
         else:
             for task in tasks:
                 sig = task["signature"]
-                click.echo(f"    task {task['label']} ({task['kind']}): {sig['task']} queue={sig['queue']} "
-                           f"shadow={sig['shadow']}" + (f" sink={task['sink']}" if task["sink"] else ""))
+                echo(
+                    f"    task {task['label']} ({task['kind']}): {sig['task']} queue={sig['queue']} "
+                    f"shadow={sig['shadow']}" + (f" sink={task['sink']}" if task["sink"] else "")
+                )
                 for line in task["policy"]:
-                    click.echo(f"      policy: {line}")
+                    echo(f"      policy: {line}")
+        if step.get("result"):
+            keeps = f"keeps {step['result']['select']}" if step["result"]["select"] else "kept whole"
+            hints = step["result"]["advisory"]
+            echo(f"    result: {keeps}" + (f"; advisory hints {hints}" if hints else ""))
         for arc in step["next"]["arcs"]:
             cond = f" when {'not ' if arc['negate'] else ''}{arc['when']}" if arc["when"] is not None else ""
-            click.echo(f"    next ({step['next']['mode']}) -> {arc['step']}{cond}")
+            echo(f"    next ({step['next']['mode']}) -> {arc['step']}{cond}")
         if step["join"]:
-            click.echo(f"    branches join at {step['join']}")
+            echo(f"    branches join at {step['join']}")
 
 
 @cli.command()
@@ -135,10 +185,14 @@ def compile_cmd(playbook: str, as_json: bool, sets: tuple[str, ...]) -> None:
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a workload value.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @click.option("--timeout", type=float, default=None, help="Give up waiting after this many seconds.")
-def run(playbook: str, sets: tuple[str, ...], as_json: bool, timeout: float | None) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="No progress while it runs (only the outcome).")
+def run(playbook: str, sets: tuple[str, ...], as_json: bool, timeout: float | None, quiet: bool) -> None:
     """Run a playbook to completion with an in-process worker (embedded default)."""
     plan = _compile(playbook, sets)
-    status = runner.run_embedded(plan, timeout=timeout)
+    progress = _progress(noetl_settings.load().database_url, quiet, as_json)
+    status = runner.run_embedded(plan, timeout=timeout, on_poll=progress.poll if progress else None)
+    if progress:
+        progress.close(status["execution_id"])
     _print_outcome(status, as_json)
     sys.exit(_exit_for(status))
 
@@ -149,32 +203,61 @@ def run(playbook: str, sets: tuple[str, ...], as_json: bool, timeout: float | No
 @click.option("--wait", is_flag=True, help="Follow the execution to its end.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @click.option("--timeout", type=float, default=None, help="With --wait: give up after this many seconds.")
-def submit(playbook: str, sets: tuple[str, ...], wait: bool, as_json: bool, timeout: float | None) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="With --wait: no progress while it runs.")
+def submit(playbook: str, sets: tuple[str, ...], wait: bool, as_json: bool, timeout: float | None, quiet: bool) -> None:
     """Enqueue a playbook on the configured broker for `celery -A noetl_celery worker` processes."""
     plan = _compile(playbook, sets)
     settings = noetl_settings.load()
     try:
-        noetl_settings.require_broker(settings)
+        check_broker_url(noetl_settings.require_broker(settings))
     except ConfigurationError as exc:
-        click.echo(f"error: {exc}", err=True)
+        echo(f"error: {exc}", err=True)
         sys.exit(EXIT_INVALID)
-    execution_id = runner.submit(plan, settings)
+    try:
+        execution_id = runner.submit(plan, settings)
+    except BrokerUnavailable as exc:
+        echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
     if not wait:
         if as_json:
             _print_json({"execution_id": execution_id, "status": "running", "error": None, "results": {}})
         else:
-            click.echo(f"submitted execution {execution_id}")
+            echo(f"submitted execution {execution_id}")
         return
-    status = runner.wait(settings.database_url, execution_id, timeout)
+    # at once, so that another terminal can follow it; on stderr, the JSON output keeps its shape
+    echo(f"submitted execution {execution_id}; following it (Ctrl-C detaches, the execution goes on)", err=True)
+    progress = _progress(settings.database_url, quiet, as_json)
+    try:
+        status = runner.wait(settings.database_url, execution_id, timeout, on_poll=progress.poll if progress else None)
+    except KeyboardInterrupt:
+        echo(
+            f"\ndetached: execution {execution_id} goes on. Follow it with `noetl-celery status "
+            f"{execution_id}` or `noetl-celery events {execution_id} --follow`; stop it with "
+            f"`noetl-celery cancel {execution_id}`",
+            err=True,
+        )
+        sys.exit(EXIT_DETACHED)
+    if progress:
+        progress.close(execution_id)
     _print_outcome(status, as_json)
     sys.exit(_exit_for(status))
+
+
+def _progress(database_url: str, quiet: bool, as_json: bool) -> Any:
+    """Live progress on stderr: redrawn on a terminal, plain lines otherwise; none with --quiet
+    (nor with --json, unless stderr is a terminal)."""
+    from noetl_celery.watch import Progress
+
+    if quiet or (as_json and not sys.stderr.isatty()):
+        return None
+    return Progress(database_url, sys.stderr)
 
 
 def _execution_or_exit(fn: Any, execution_id: int) -> Any:
     try:
         return fn(noetl_settings.load().database_url, execution_id)
     except ExecutionNotFound as exc:
-        click.echo(f"error: {exc}", err=True)
+        echo(f"error: {exc}", err=True)
         sys.exit(EXIT_INVALID)
 
 
@@ -183,30 +266,114 @@ def _execution_or_exit(fn: Any, execution_id: int) -> Any:
 @click.option("--json", "as_json", is_flag=True)
 def status(execution_id: int, as_json: bool) -> None:
     """The state of an execution, read from the event store."""
+    from noetl_celery.watch import status_extras
+
     result = _execution_or_exit(runner.execution_status, execution_id)
+    extras = status_extras(noetl_settings.load().database_url, execution_id)
+    if as_json:
+        _print_json({**result, **extras})
+        sys.exit(_exit_for(result))
     _print_outcome(result, as_json)
+    progress = extras["progress"]
+    echo(f"  progress: {progress['done']}/{progress['total']} units")
+    for loop in extras["loops"]:
+        rate = f", {loop['rate']}/s" if loop["rate"] else ""
+        echo(
+            f"  loop {loop['step']}: {loop['status']} {loop['done']}/{loop['total']} "
+            f"({loop['succeeded']} ok, {loop['failed']} failed, {loop['in_flight']} in flight{rate})"
+        )
+    failure = extras["failure"]
+    if failure:
+        where = f" iteration {failure['iteration']}" if failure["iteration"] is not None else ""
+        echo(
+            f"  failing attempt: step {failure['step']}{where} attempt {failure['attempt']}"
+            + (f" (Celery task {failure['queue_id']})" if failure.get("queue_id") else "")
+        )
+        if failure.get("attempt_error"):
+            echo(f"    error: {_error_message(failure['attempt_error'])}")
+        echo(f"    input: {json.dumps(failure['input'], default=str)[:500]}")
     sys.exit(_exit_for(result))
+
+
+def _error_message(error: Any) -> str:
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    return json.dumps(error, default=str)[:500]
 
 
 @cli.command()
 @click.argument("execution_id", type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the event rows as a JSON list.")
-def events(execution_id: int, as_json: bool) -> None:
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new rows until the execution ends.")
+def events(execution_id: int, as_json: bool, follow: bool) -> None:
     """The event log of an execution, in order."""
+    if follow:
+        from noetl_celery.watch import follow_events
+
+        _execution_or_exit(runner.execution_status, execution_id)
+        if not as_json:
+            echo(EVENTS_HEADER)
+        try:
+            for row in follow_events(noetl_settings.load().database_url, execution_id):
+                echo(json.dumps(row, default=str) if as_json else _event_line(row))
+        except KeyboardInterrupt:
+            sys.exit(EXIT_DETACHED)
+        return
     rows = _execution_or_exit(runner.execution_events, execution_id)
     if as_json:
         _print_json(rows)
         return
-    header = f"{'#':>5} {'time':12} {'event':20} {'step':22} {'task':16} {'it':>4} {'att':>3} {'ms':>8}  detail"
-    click.echo(header)
+    echo(EVENTS_HEADER)
     for row in rows:
-        detail = row["error"] or row["result"] or row["meta"]
-        click.echo(
-            f"{row['id']:>5} {row['created_at'].strftime('%H:%M:%S.%f')[:12]:12} {row['event_type']:20} "
-            f"{(row['step'] or '')[:22]:22} {(row['task'] or '')[:16]:16} "
-            f"{'' if row['iteration'] is None else row['iteration']:>4} {row['attempt'] or '':>3} "
-            f"{'' if row['duration_ms'] is None else round(row['duration_ms'], 1):>8}  {_summary(detail)}"
-        )
+        echo(_event_line(row))
+
+
+EVENTS_HEADER = f"{'#':>5} {'time':12} {'event':20} {'step':22} {'task':16} {'it':>4} {'att':>3} {'ms':>8}  detail"
+
+
+def _event_line(row: dict[str, Any]) -> str:
+    if row["error"]:
+        detail = _error_message(row["error"])  # an error is shown whole: it is what one looks for
+    else:
+        detail = _summary(row["result"] or row["meta"])
+    return (
+        f"{row['id']:>5} {row['created_at'].strftime('%H:%M:%S.%f')[:12]:12} {row['event_type']:20} "
+        f"{(row['step'] or '')[:22]:22} {(row['task'] or '')[:16]:16} "
+        f"{'' if row['iteration'] is None else row['iteration']:>4} {row['attempt'] or '':>3} "
+        f"{'' if row['duration_ms'] is None else round(row['duration_ms'], 1):>8}  {detail}"
+    )
+
+
+@cli.command()
+@click.argument("execution_id", type=int)
+@click.option("--reason", default=None, help="Recorded in the execution.cancelled row.")
+def cancel(execution_id: int, reason: str | None) -> None:
+    """Cancel a running execution and its child executions (exit 4 once cancelled)."""
+    cancelled = _execution_or_exit(lambda url, eid: runner.cancel(url, eid, reason), execution_id)
+    status = _execution_or_exit(runner.execution_status, execution_id)
+    if cancelled:
+        children = [c for c in cancelled if c != execution_id]
+        echo(f"execution {execution_id}: cancelled" + (f" (and {len(children)} child executions)" if children else ""))
+    else:
+        echo(f"execution {execution_id}: already {status['status']}, nothing to cancel")
+    sys.exit(_exit_for(status))
+
+
+@cli.command()
+@click.argument("execution_id", type=int)
+def resume(execution_id: int) -> None:
+    """Continue a failed or cancelled execution from the steps that did not complete (the same
+    execution, in its next epoch)."""
+    from noetl_celery.engine.resume import ResumeRefused
+
+    settings = noetl_settings.load()
+    try:
+        noetl_settings.require_broker(settings)
+        epoch = runner.resume(settings, execution_id)
+    except (ExecutionNotFound, ConfigurationError, BrokerUnavailable, ResumeRefused) as exc:
+        echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    echo(f"execution {execution_id}: resumed (epoch {epoch})")
 
 
 @cli.command()
@@ -217,29 +384,104 @@ def migrate(revision: str) -> None:
 
     settings = noetl_settings.load()
     run_migrations(settings.database_url, revision)
-    click.echo(f"event store at {runner._safe_url(settings.database_url)} is at revision {revision}")
+    echo(f"event store at {runner._safe_url(settings.database_url)} is at revision {revision}")
+
+
+@cli.command(name="config")
+def config_cmd() -> None:
+    """The effective settings (every NOETL_* variable or its default); passwords in URLs and
+    credential values are shown as ***."""
+    for name, value in noetl_settings.load().masked().items():
+        echo(f"{name}={value}")
 
 
 @cli.command(name="executions")
 @click.option("--limit", default=20, show_default=True)
-def executions_cmd(limit: int) -> None:
-    """The most recent executions."""
-    from noetl_celery.store import repo
-    from noetl_celery.store.db import ensure_schema, transaction
+@click.option("--status", type=click.Choice(["running", "completed", "failed", "cancelled"]), default=None)
+@click.option("--playbook", default=None, help="Only executions of this playbook (its metadata name).")
+@click.option("--json", "as_json", is_flag=True, help="Print them as a JSON list.")
+def executions_cmd(limit: int, status: str | None, playbook: str | None, as_json: bool) -> None:
+    """The most recent executions, newest first, with duration and progress; without filters each
+    is followed by its sub-playbook executions, indented."""
+    from noetl_celery.store.db import ensure_schema
+    from noetl_celery.watch import executions, tree_progress
 
     url = noetl_settings.load().database_url
     ensure_schema(url)
-    with transaction(url) as conn:
-        for row in repo.list_executions(conn, limit):
-            click.echo(f"{row['execution_id']}  {row['status']:10} {row['playbook_name']:30} {row['created_at']}")
+    if as_json or status or playbook:
+        rows = executions(url, status=status, playbook=playbook, limit=limit)
+        if as_json:
+            _print_json(rows)
+            return
+        tree = [(0, row) for row in rows]
+    else:
+        tree = [(depth, tree_progress(url, row)) for depth, row in runner.execution_tree(url, limit)]
+    for depth, row in tree:
+        indent = "  " * depth + ("└ " if depth else "")
+        duration = "" if row["duration_s"] is None else f"{row['duration_s']:.1f}s"
+        echo(
+            f"{indent}{row['execution_id']}  {row['status']:10} {row['playbook']:30} {row['created_at']}  "
+            f"{duration:>9}  {row['done']}/{row['total']}"
+            + (f"  failed at {row['failed_step']}" if row["failed_step"] else "")
+        )
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", default=8080, show_default=True, type=int)
+def dashboard(host: str, port: int) -> None:
+    """Serve the execution dashboard over the event store (NOETL_DATABASE_URL)."""
+    from noetl_celery.dashboard.server import serve
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            serve(host, port, on_ready=lambda: echo(f"dashboard on http://{host}:{port}/ (Ctrl-C to stop)"))
+    except OSError as exc:
+        echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+        sys.exit(EXIT_INVALID)
+
+
+@cli.command(name="register")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True))
+def register_cmd(files: tuple[str, ...]) -> None:
+    """Validate playbooks and store them in the catalog under their metadata.path; `submit`, `run`
+    and `kind: playbook` tasks then find them by that path."""
+    try:
+        plans = runner.register(list(files), noetl_settings.load().database_url)
+    except PlaybookError as exc:
+        for problem in exc.problems:
+            echo(str(problem), err=True)
+        sys.exit(EXIT_INVALID)
+    for file, plan in zip(files, plans, strict=True):
+        echo(f"registered {plan.path} ({plan.name}) from {file}")
 
 
 def main() -> None:
+    secret_registry.install_log_filter()
     try:
         cli(prog_name="noetl-celery")
     except ConfigurationError as exc:
-        click.echo(f"error: {exc}", err=True)
+        echo(f"error: {exc}", err=True)
         sys.exit(EXIT_INVALID)
+    except Exception as exc:
+        line = _infrastructure_error(exc)
+        if line is None or _options["debug"]:
+            if line is not None:
+                echo(f"error: {line}", err=True)
+            raise
+        echo(f"error: {line}", err=True)
+        sys.exit(EXIT_INVALID)
+
+
+def _infrastructure_error(exc: BaseException) -> str | None:
+    """One line for a failure to use the store or the broker (None for any other exception)."""
+    env = secret_registry.environ()
+    database_url: str | None
+    try:
+        database_url = noetl_settings.load().database_url
+    except ConfigurationError:
+        database_url = env.get("NOETL_DATABASE_URL")
+    return describe_infrastructure_error(exc, database_url, env.get("NOETL_BROKER_URL"))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ environment (no NOETL_* variable but the ones a test gives), against real files 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,11 +13,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
+from tests.support.corpus import CORPUS, MISSING_REASON
 from tests.support.engines import REPO_ROOT, _clean_env, cli
 
-CORPUS = Path(
-    os.environ.get("NOETL_CORPUS_DIR") or Path(__file__).resolve().parents[2] / "shared" / "noetl-corpus"
-)
 HELLO = REPO_ROOT / "playbooks" / "hello_world.yaml"
 PROBLEM_LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?P<path>\S+): (?P<message>.+)$")
 WORKER_EXIT_TIMEOUT = 60  # seconds a worker without a broker may take to give up
@@ -36,9 +33,11 @@ def corpus_index() -> list[dict[str, str]]:
 
 def broken_files(kind: str) -> list[str]:
     """Corpus `broken_*` files whose INDEX entry says the failure is a `kind` failure."""
-    return [row["file"] for row in corpus_index()
-            if Path(row["file"]).name.startswith("broken_")
-            and row["exercises"].startswith(f"{kind} failure")]
+    return [
+        row["file"]
+        for row in corpus_index()
+        if Path(row["file"]).name.startswith("broken_") and row["exercises"].startswith(f"{kind} failure")
+    ]
 
 
 def home_env(tmp_path: Path) -> dict[str, str]:
@@ -58,7 +57,7 @@ def last_key(path: str) -> str:
 # --------------------------------------------------------------------------- validate
 
 
-@pytest.mark.skipif(not broken_files("validation"), reason=f"no NoETL corpus at {CORPUS}")
+@pytest.mark.skipif(not broken_files("validation"), reason=MISSING_REASON)
 @pytest.mark.parametrize("name", broken_files("validation") or ["(none)"])
 def test_validate_rejects_a_broken_corpus_playbook_naming_file_line_and_key(tmp_path, name):
     path = CORPUS / name
@@ -80,8 +79,10 @@ def test_validate_names_the_dash_step_typo_of_the_legacy_broken_playbook(tmp_pat
         pytest.skip(f"corpus file {path} not present")
     proc = cli(["validate", str(path)], home_env(tmp_path))
     assert proc.returncode == 2
-    assert (f"{path}:27: workflow[1](insert_report).next.-step: unknown key '-step'; did you mean 'step'?"
-            in proc.stderr.splitlines())
+    assert (
+        f"{path}:27: workflow[1](insert_report).next.-step: unknown key '-step'; did you mean 'step'?"
+        in proc.stderr.splitlines()
+    )
 
 
 def test_validate_names_the_misplaced_command_of_the_v10_broken_playbook(tmp_path):
@@ -92,11 +93,12 @@ def test_validate_names_the_misplaced_command_of_the_v10_broken_playbook(tmp_pat
     assert proc.returncode == 2
     found = proc.stderr.splitlines()
     assert any(line.startswith(f"{path}:29: workflow[1](insert_report).command: ") for line in found), found
-    assert any(line.startswith(f"{path}:26: workflow[1](insert_report).tool: postgres tool needs one of")
-               for line in found), found
+    assert any(
+        line.startswith(f"{path}:26: workflow[1](insert_report).tool: postgres tool needs one of") for line in found
+    ), found
 
 
-@pytest.mark.skipif(not broken_files("runtime"), reason=f"no NoETL corpus at {CORPUS}")
+@pytest.mark.skipif(not broken_files("runtime"), reason=MISSING_REASON)
 @pytest.mark.parametrize("name", broken_files("runtime") or ["(none)"])
 def test_a_playbook_that_only_fails_at_run_time_validates(tmp_path, name):
     proc = cli(["validate", str(CORPUS / name)], home_env(tmp_path))
@@ -127,7 +129,10 @@ def test_compile_json_lists_steps_signatures_and_policies(tmp_path):
     assert proc.returncode == 0, proc.stderr
     described = json.loads(proc.stdout)
     assert (described["dialect"], described["api_version"], described["entry_step"]) == (
-        "legacy", "noetl.io/v1", "start")
+        "legacy",
+        "noetl.io/v1",
+        "start",
+    )
     assert described["on_event"] == {"task": "noetl.on_event", "queue": "noetl.events"}
     steps = {step["step"]: step for step in described["steps"]}
     assert list(steps) == ["start", "boolean_retry", "integer_retry", "full_config_retry", "end"]
@@ -185,8 +190,16 @@ workflow:
 def test_set_values_are_yaml_scalars_and_dotted_keys_nest(tmp_path):
     playbook = tmp_path / "sets.yaml"
     playbook.write_text(SETS_PLAYBOOK)
-    sets = ["count=3", "ratio=0.25", "flag=true", "name=hello world", "ids=[1, 2]", "empty=",
-            "db.port=6543", "deep.a.b=x"]
+    sets = [
+        "count=3",
+        "ratio=0.25",
+        "flag=true",
+        "name=hello world",
+        "ids=[1, 2]",
+        "empty=",
+        "db.port=6543",
+        "deep.a.b=x",
+    ]
     args = ["compile", "--json", str(playbook)]
     for item in sets:
         args += ["--set", item]
@@ -291,14 +304,15 @@ def test_events_json_is_the_execution_log_in_order(hello_run):
     assert header.split()[:5] == ["#", "time", "event", "step", "task"]
     assert len(lines) == len(rows)
     listing = cli(["executions"], env)
-    assert listing.returncode == 0 and listing.stdout.split()[:3] == [str(execution_id), "completed",
-                                                                      "hello_world"]
+    assert listing.returncode == 0 and listing.stdout.split()[:3] == [str(execution_id), "completed", "hello_world"]
 
 
 def test_run_exits_1_when_the_execution_fails(tmp_path):
     playbook = tmp_path / "fails.yaml"
-    playbook.write_text("apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: fails}\nworkflow:\n"
-                        "  - step: start\n    tool: {kind: python, code: \"raise RuntimeError('no')\"}\n")
+    playbook.write_text(
+        "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: fails}\nworkflow:\n"
+        "  - step: start\n    tool: {kind: python, code: \"raise RuntimeError('no')\"}\n"
+    )
     proc = cli(["run", "--json", "--timeout", "120", str(playbook)], home_env(tmp_path))
     assert proc.returncode == 1, proc.stderr
     outcome = json.loads(proc.stdout)
@@ -308,8 +322,9 @@ def test_run_exits_1_when_the_execution_fails(tmp_path):
 
 def test_run_of_an_invalid_playbook_exits_2_before_anything_runs(tmp_path):
     playbook = tmp_path / "bad.yaml"
-    playbook.write_text("apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: bad}\nworkflow:\n"
-                        "  - step: start\n    nxt: start\n")
+    playbook.write_text(
+        "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: bad}\nworkflow:\n  - step: start\n    nxt: start\n"
+    )
     proc = cli(["run", str(playbook)], home_env(tmp_path))
     assert proc.returncode == 2
     assert f"{playbook}:6: workflow[0](start).nxt: unknown key 'nxt'; did you mean 'next'?" in proc.stderr
@@ -321,13 +336,29 @@ def test_run_of_an_invalid_playbook_exits_2_before_anything_runs(tmp_path):
 
 def test_a_worker_without_a_broker_exits_and_says_to_set_noetl_broker_url(tmp_path):
     env = _clean_env({"NOETL_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"})
-    assert not any(k.startswith("NOETL_") and not k.startswith("NOETL_TEST_") and k != "NOETL_HOME"
-                   for k in env)
+    assert not any(k.startswith("NOETL_") and not k.startswith("NOETL_TEST_") and k != "NOETL_HOME" for k in env)
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "noetl_celery", "worker", "-Q", "noetl.tasks,noetl.events",
-         "-l", "INFO", "--pool", "solo"],
-        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=WORKER_EXIT_TIMEOUT, check=False,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "noetl_celery",
+            "worker",
+            "-Q",
+            "noetl.tasks,noetl.events",
+            "-l",
+            "INFO",
+            "--pool",
+            "solo",
+        ],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=WORKER_EXIT_TIMEOUT,
+        check=False,
     )
     assert proc.returncode != 0
     assert time.monotonic() - started < WORKER_EXIT_TIMEOUT

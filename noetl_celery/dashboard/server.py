@@ -1,0 +1,248 @@
+"""The execution dashboard: a small Tornado application over the event store, read-only unless
+NOETL_DASHBOARD_TOKEN is set (then cancel/resume, when those commands exist, need it).
+
+Tornado because it already ships with Flower (no new dependency), serves many slow polls from one
+thread, and needs no build step; pages are Jinja2 templates rendered on the server, with a few
+lines of JavaScript that refresh the live panel while the execution runs.
+
+Routes: `/` executions, `/executions/<id>` one execution, `/executions/<id>/live` its live panel
+(HTML fragment), `/api/executions/<id>` the same facts as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+import jinja2
+import tornado.web
+
+from noetl_celery import settings as noetl_settings
+from noetl_celery.dashboard import actions, layout
+from noetl_celery.errors import NoetlError
+from noetl_celery.store import repo, views
+from noetl_celery.store.db import ensure_schema, transaction
+
+DEFAULT_HOST = "127.0.0.1"  # loopback: reachable from this machine only
+DEFAULT_PORT = 8080
+LIVE_POLL_MS = 1000  # milliseconds between refreshes of a running execution's live panel
+TEMPLATES = Path(__file__).with_name("templates")
+T = TypeVar("T")
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.ChainableUndefined
+    )
+    env.filters["json"] = views.to_json
+    env.filters["seconds"] = lambda s: "" if s is None else (f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min")
+    env.filters["stamp"] = lambda d: "" if d is None else d.strftime("%Y-%m-%d %H:%M:%S")
+    return env
+
+
+class Base(tornado.web.RequestHandler):
+    """Shared by every page: the store, the templates, and authentication."""
+
+    def initialize(self, settings: noetl_settings.Settings, templates: jinja2.Environment) -> None:
+        self.noetl = settings
+        self.templates = templates
+
+    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a store read on a thread (the queries are synchronous; the server stays responsive)."""
+
+        def call() -> T:
+            with transaction(self.noetl.database_url) as conn:
+                return fn(conn, *args, **kwargs)
+
+        return await asyncio.get_running_loop().run_in_executor(None, call)
+
+    def page(self, template: str, **values: Any) -> None:
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(
+            self.templates.get_template(template).render(
+                flower_url=self.noetl.flower_url, can_control=self.can_control(), poll_ms=LIVE_POLL_MS, **values
+            )
+        )
+
+    def can_control(self) -> bool:
+        return self.noetl.dashboard_token is not None and bool(actions.available())
+
+    def authorized(self) -> bool:
+        token = self.noetl.dashboard_token
+        if token is None:
+            return False
+        header = self.request.headers.get("Authorization", "")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer":
+            return hmac.compare_digest(value.strip(), token)
+        if scheme.lower() == "basic":
+            try:
+                _, _, password = base64.b64decode(value.strip()).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                return False
+            return hmac.compare_digest(password, token)
+        return False
+
+    def arg(self, name: str) -> str | None:
+        value = self.get_query_argument(name, None)
+        return value.strip() if value and value.strip() else None
+
+    def int_arg(self, name: str) -> int | None:
+        value = self.arg(name)
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise tornado.web.HTTPError(400, reason=f"{name} must be a whole number, got {value!r}") from None
+
+
+class ExecutionsPage(Base):
+    async def get(self) -> None:
+        status, playbook, parent = self.arg("status"), self.arg("playbook"), self.int_arg("parent")
+        rows = await self.db(views.list_executions, status=status, playbook=playbook, parent=parent)
+        self.page(
+            "executions.html",
+            rows=rows,
+            status=status or "",
+            playbook=playbook or "",
+            statuses=("running", "completed", "failed", "cancelled"),
+        )
+
+
+def _execution(conn: Any, execution_id: int, timeline: bool = True) -> dict[str, Any]:
+    row = repo.get_execution(conn, execution_id)
+    if row is None:
+        raise tornado.web.HTTPError(404, reason=f"no execution {execution_id}")
+    states = views.step_states(conn, execution_id)
+    loops = views.loops(conn, execution_id)
+    joins = views.joins(conn, execution_id)
+    done, total = views.progress_of(conn, [execution_id])[execution_id]
+    return {
+        "execution": row,
+        "states": states,
+        "loops": loops,
+        "joins": joins,
+        "done": done,
+        "total": total,
+        "graph": layout.graph(row["plan"], states, loops, joins),
+        "timeline": layout.timeline(views.attempts(conn, execution_id)) if timeline else None,
+        "children": views.list_executions(conn, parent=execution_id),
+        "failure": views.failure(conn, row),
+        "duration_s": views.duration_s(row["created_at"], row["finished_at"], views._now(row["created_at"])),
+    }
+
+
+def _full(conn: Any, execution_id: int, filters: dict[str, Any]) -> dict[str, Any]:
+    data = _execution(conn, execution_id)
+    data["events"] = views.events_page(conn, execution_id, **filters)
+    data["event_total"] = views.event_counts(conn, execution_id)
+    return data
+
+
+class ExecutionPage(Base):
+    async def get(self, execution_id: str) -> None:
+        filters = {
+            "after": self.int_arg("after"),
+            "before": self.int_arg("before"),
+            "event_type": self.arg("event_type"),
+            "step": self.arg("step"),
+            "status": self.arg("status"),
+            "iteration": self.int_arg("iteration"),
+        }
+        data = await self.db(_full, int(execution_id), filters)
+        kept = {k: v for k, v in filters.items() if v is not None and k not in ("after", "before")}
+        events = data["events"]
+        newer = urlencode({**kept, "after": events[-1]["id"]}) if events else None
+        older = urlencode({**kept, "before": events[0]["id"]}) if events else None
+        self.page("execution.html", filters=kept, newer=newer, older=older, **data)
+
+
+class LivePanel(Base):
+    async def get(self, execution_id: str) -> None:
+        data = await self.db(_execution, int(execution_id))
+        self.page("live.html", **data)
+
+
+class ExecutionJson(Base):
+    async def get(self, execution_id: str) -> None:
+        data = await self.db(_execution, int(execution_id), False)
+        row = data["execution"]
+        self.set_header("Content-Type", "application/json")
+        self.finish(
+            views.to_json(
+                {
+                    "execution_id": row["execution_id"],
+                    "playbook": row["playbook_name"],
+                    "status": row["status"],
+                    "parent_execution_id": row["parent_execution_id"],
+                    "done": data["done"],
+                    "total": data["total"],
+                    "steps": data["states"],
+                    "loops": data["loops"],
+                    "failure": data["failure"],
+                    "children": [c["execution_id"] for c in data["children"]],
+                }
+            )
+        )
+
+
+class Control(Base):
+    """POST /executions/<id>/(cancel|resume): only with the dashboard token."""
+
+    def post(self, execution_id: str, action: str) -> None:
+        if self.noetl.dashboard_token is None:
+            raise tornado.web.HTTPError(403, reason="read-only dashboard: set NOETL_DASHBOARD_TOKEN to allow actions")
+        if not self.authorized():
+            self.set_status(401)
+            self.set_header("WWW-Authenticate", 'Basic realm="noetl-celery dashboard"')
+            self.finish("authentication required")
+            return
+        fn = actions.available().get(action)
+        if fn is None:
+            raise tornado.web.HTTPError(404, reason=f"{action} is not available in this version")
+        try:
+            fn(self.noetl, int(execution_id))
+        except NoetlError as exc:  # refused (e.g. nothing to resume) or the broker is unreachable
+            raise tornado.web.HTTPError(409, reason=str(exc).splitlines()[0][:200]) from None
+        self.redirect(f"/executions/{execution_id}")
+
+
+def make_app(settings: noetl_settings.Settings | None = None) -> tornado.web.Application:
+    settings = settings or noetl_settings.load()
+    ensure_schema(settings.database_url)
+    common = {"settings": settings, "templates": _environment()}
+    return tornado.web.Application(
+        [
+            (r"/", ExecutionsPage, common),
+            (r"/executions/(\d+)", ExecutionPage, common),
+            (r"/executions/(\d+)/live", LivePanel, common),
+            (r"/executions/(\d+)/(cancel|resume)", Control, common),
+            (r"/api/executions/(\d+)", ExecutionJson, common),
+        ],
+        xsrf_cookies=False,
+    )
+
+
+def serve(
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    settings: noetl_settings.Settings | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Run the dashboard until interrupted; `on_ready` is called once it listens."""
+
+    async def main() -> None:
+        app = make_app(settings)
+        app.listen(port, address=host)
+        if on_ready is not None:
+            on_ready()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())

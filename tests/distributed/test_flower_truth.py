@@ -1,0 +1,96 @@
+"""What Flower sees: the task events a real worker sends for each attempt (Flower reads the same
+events from the broker). A failed attempt is FAILURE with its error, a retried one RETRY, a
+successful one a short outcome line; names stay `playbook:step`; args carry the execution."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from noetl_celery.runner import execution_events, execution_status, wait
+from tests.distributed.test_retry_delivery import submit
+
+PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
+EVENT_TYPES = ("task-received", "task-succeeded", "task-failed", "task-retried")
+
+
+class TaskEvents:
+    """Collects task events from the broker, as Flower does, in a background thread."""
+
+    def __init__(self, broker_url: str):
+        self.app = Celery(broker=broker_url)
+        self.events: list[dict[str, Any]] = []
+        self.ready = threading.Event()
+        self.receiver: Any = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self.app.connection() as conn:
+            self.receiver = self.app.events.Receiver(conn, handlers={t: self.events.append for t in EVENT_TYPES})
+            ready = self.receiver.on_consume_ready
+
+            def on_ready(*args: Any, **kwargs: Any) -> None:
+                ready(*args, **kwargs)
+                self.ready.set()
+
+            self.receiver.on_consume_ready = on_ready  # type: ignore[method-assign]
+            self.receiver.run()  # a kombu ConsumerMixin: until should_stop
+
+    def __enter__(self) -> TaskEvents:
+        self.thread.start()
+        assert self.ready.wait(20)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.receiver.should_stop = True
+        self.thread.join(10)
+
+    def by_type(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+
+def test_flower_sees_failures_retries_and_outcome_lines(env, store_url, worker_factory):
+    worker_factory(env=env, concurrency=2, extra_args=["-E"])
+    with TaskEvents(env["NOETL_BROKER_URL"]) as events:
+        execution_id = submit(env, PLAYBOOKS / "flower_truth.yaml")
+        final = wait(store_url, execution_id, timeout=120)
+        assert final["status"] == "failed" and final["failed_step"] == "explode", final
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not events.by_type("task-failed"):
+            time.sleep(0.2)
+        time.sleep(1.0)  # the last events of the run
+
+    received = {e["uuid"]: e for e in events.by_type("task-received")}
+    mine = {u: e for u, e in received.items() if f"execution={execution_id}" in (e.get("args") or "")}
+    assert mine, received
+    names = {e["name"] for e in mine.values() if "run_task" in e["name"] or ":" in e["name"]}
+    assert names <= {"flower_truth:start", "flower_truth:work", "flower_truth:explode"}, names
+
+    failed = [e for e in events.by_type("task-failed") if e["uuid"] in mine]
+    assert len(failed) == 1, failed
+    assert "AttemptFailed" in failed[0]["exception"] and "bad record 99" in failed[0]["exception"]
+    assert f"execution={execution_id}" in failed[0]["exception"]
+    assert "step=explode" in mine[failed[0]["uuid"]]["args"]
+
+    retried = [e for e in events.by_type("task-retried") if e["uuid"] in mine]
+    assert len(retried) == 1, retried
+    assert "flaky record 17" in retried[0]["exception"]
+    args = mine[retried[0]["uuid"]]["args"]
+    assert "step=work" in args and "attempt=1" in args and "iteration=1" in args, args
+
+    succeeded = [e for e in events.by_type("task-succeeded") if e["uuid"] in mine]
+    results = sorted(e["result"] for e in succeeded)
+    assert len(succeeded) == 4, results  # start, 3 iterations (17 on its second attempt)
+    assert all(r.strip("'\"").startswith(f"ok execution={execution_id}") and len(r) < 200 for r in results)
+    assert any("iteration=1" in r and "attempt=2" in r for r in results), results
+    assert execution_status(store_url, execution_id)["error"]["message"].startswith("ValueError: bad record 99")
+    # raising after the decision took nothing twice: one row per attempt and per decision
+    kinds = Counter((r["event_type"], r["step"]) for r in execution_events(store_url, execution_id))
+    assert kinds[("iteration.completed", "work")] == 3 and kinds[("iteration.failed", "work")] == 0
+    assert kinds[("retry.scheduled", "work")] == 1 and kinds[("action.failed", "explode")] == 1
+    assert kinds[("execution.failed", "explode")] == 1 and kinds[("step.completed", "work")] == 1

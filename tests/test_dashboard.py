@@ -1,0 +1,236 @@
+"""The execution dashboard over a real store: pages, live panel, JSON, masking, authentication,
+and a real browser (headless Chromium) watching a loop run on real workers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from noetl_celery.compiler import compile_playbook
+from noetl_celery.dashboard import layout
+from noetl_celery.runner import create_execution
+from noetl_celery.store import views
+from tests.support import browser
+from tests.support.engines import cli
+from tests.support.services import ci_mode, free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
+START_TIMEOUT = 30  # seconds for the dashboard to answer
+
+
+class Dashboard:
+    """`noetl-celery dashboard` as a real process on a free loopback port."""
+
+    def __init__(self, env: dict[str, str], log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("NOETL_") or k.startswith("NOETL_TEST_")}
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "noetl_celery.cli", "dashboard", "--port", str(self.port)],
+            env={**clean, **env},
+            cwd=REPO_ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                requests.get(self.url + "/", timeout=2)
+                return
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"dashboard did not answer on {self.url}: {log.read_text()}")
+
+    def get(self, path: str, **kwargs) -> requests.Response:
+        return requests.get(self.url + path, timeout=30, **kwargs)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+
+
+def run_embedded(home: Path, playbook: str, *sets: str) -> int:
+    proc = cli(["run", str(PLAYBOOKS / playbook), "--json", *sets], {"NOETL_HOME": str(home)})
+    return int(json.loads(proc.stdout)["execution_id"])
+
+
+@pytest.fixture
+def embedded(tmp_path):
+    """An embedded store with a failed loop execution and a dashboard over it."""
+    home = tmp_path / "home"
+    env = {
+        "NOETL_HOME": str(home),
+        "NOETL_FLOWER_URL": "http://flower.example:5555",
+        "NOETL_AUTH_API_TOKEN": "s3cr3t-token-value",
+    }
+    failed = run_embedded(home, "loop_failures.yaml")
+    dashboard = Dashboard(env, tmp_path / "dashboard.log")
+    yield dashboard, failed
+    dashboard.stop()
+
+
+def test_pages_show_the_execution_its_failure_and_link_to_flower(embedded):
+    dashboard, execution_id = embedded
+    listing = dashboard.get("/?status=failed&playbook=loop_failures")
+    assert listing.status_code == 200 and f"/executions/{execution_id}" in listing.text
+    assert f"/executions/{execution_id}" not in dashboard.get("/?status=completed").text
+
+    page = dashboard.get(f"/executions/{execution_id}")
+    assert page.status_code == 200
+    html = page.text
+    assert 'data-step="strict" data-state="failed"' in html and 'data-step="start" data-state="completed"' in html
+    assert 'data-step="after" data-state="pending"' in html  # never reached
+    assert "failed step: strict" in html and "ZeroDivisionError" in html
+    assert re.search(r'href="http://flower.example:5555/task/[0-9a-f-]{36}"', html)
+    assert "cancel</button>" not in html and "resume</button>" not in html  # read-only without a token
+
+    data = dashboard.get(f"/api/executions/{execution_id}").json()
+    assert data["status"] == "failed" and data["steps"]["strict"]["state"] == "failed"
+    assert data["failure"]["iteration"] == 2 and data["failure"]["input"] == {"element": 0}
+    assert [(loop["step"], loop["done"], loop["total"], loop["failed"]) for loop in data["loops"]] == [
+        ("strict", 4, 4, 1)
+    ]
+    assert dashboard.get("/executions/12345").status_code == 404
+
+
+def test_event_log_pages_and_filters(embedded):
+    dashboard, execution_id = embedded
+    first = dashboard.get(f"/executions/{execution_id}?event_type=iteration.completed")
+    rows = re.findall(r"<tr class=\"ev\"><td>(\d+)</td>", first.text)
+    assert len(rows) == 3 and "iteration.failed</td>" not in first.text
+    after = dashboard.get(f"/executions/{execution_id}?event_type=iteration.completed&after={rows[0]}")
+    assert re.findall(r"<tr class=\"ev\"><td>(\d+)</td>", after.text) == rows[1:]
+    assert dashboard.get(f"/executions/{execution_id}?iteration=x").status_code == 400
+
+
+def test_actions_need_the_token(embedded, tmp_path):
+    dashboard, execution_id = embedded
+    response = requests.post(f"{dashboard.url}/executions/{execution_id}/cancel", timeout=10)
+    assert response.status_code == 403 and "read-only" in response.reason
+
+    guarded = Dashboard(
+        {"NOETL_HOME": str(tmp_path / "home"), "NOETL_DASHBOARD_TOKEN": "let-me-in"}, tmp_path / "guarded.log"
+    )
+    try:
+        url = f"{guarded.url}/executions/{execution_id}/cancel"
+        anonymous = requests.post(url, timeout=10)
+        assert anonymous.status_code == 401 and anonymous.headers["WWW-Authenticate"].startswith("Basic")
+        wrong = requests.post(url, timeout=10, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        basic = base64.b64encode(b"ops:let-me-in").decode()
+        allowed = requests.post(url, timeout=10, headers={"Authorization": f"Basic {basic}"}, allow_redirects=False)
+        from noetl_celery.dashboard import actions
+
+        assert "cancel" in actions.available()
+        assert allowed.status_code == 302, allowed.text  # already failed: nothing to cancel
+        running = create_execution(
+            compile_playbook(str(PLAYBOOKS / "loop_many.yaml")), f"sqlite:///{tmp_path / 'home' / 'noetl.sqlite'}"
+        )
+        page = guarded.get(f"/executions/{running}")
+        assert "cancel</button>" in page.text and "resume</button>" not in page.text
+        cancelled = requests.post(
+            f"{guarded.url}/executions/{running}/cancel",
+            timeout=10,
+            headers={"Authorization": "Bearer let-me-in"},
+            allow_redirects=False,
+        )
+        assert cancelled.status_code == 302
+        assert guarded.get(f"/api/executions/{running}").json()["status"] == "cancelled"
+    finally:
+        guarded.stop()
+
+
+def test_secrets_are_masked_in_shown_values(monkeypatch):
+    monkeypatch.setenv("NOETL_AUTH_API_TOKEN", "s3cr3t-token-value")
+    shown = views.mask(
+        {"headers": {"Authorization": "Bearer abc"}, "note": "uses s3cr3t-token-value", "password": "pw-1234", "n": 3}
+    )
+    assert shown == {"headers": {"Authorization": "***"}, "note": "uses ***", "password": "***", "n": 3}
+
+
+def test_graph_layout_places_steps_by_distance_and_marks_states():
+    plan = {
+        "entry_step": "a",
+        "steps": {
+            "a": {"next": {"arcs": [{"step": "b"}, {"step": "c"}]}, "join": "d"},
+            "b": {"next": {"arcs": [{"step": "d"}]}},
+            "c": {"next": {"arcs": [{"step": "d"}]}},
+            "d": {"next": {"arcs": []}, "loop": {"collection": "x"}},
+        },
+    }
+    drawn = layout.graph(
+        plan,
+        {"a": {"state": "completed", "runs": 1}, "b": {"state": "running", "runs": 1}},
+        [{"step": "d", "done": 3, "total": 9, "in_flight": 2}],
+        [{"join_step": "d", "arrived": 1, "width": 2, "settled": 1}],
+    )
+    nodes = {n["name"]: n for n in drawn["nodes"]}
+    assert nodes["a"]["x"] < nodes["b"]["x"] == nodes["c"]["x"] < nodes["d"]["x"]
+    assert [nodes[n]["state"] for n in "abcd"] == ["completed", "running", "pending", "waiting"]
+    assert nodes["d"]["loop"]["done"] == 3 and nodes["d"]["join"]["width"] == 2
+    assert len(drawn["edges"]) == 4
+
+
+def test_a_browser_watches_a_loop_run_to_its_end(tmp_path, redis_url, postgres_url, worker_factory):
+    try:
+        driver = browser.chrome(str(tmp_path / "profile"))
+    except browser.BrowserUnavailable as exc:
+        (pytest.fail if ci_mode() else pytest.skip)(str(exc))
+    from noetl_celery.store.db import migrate
+
+    migrate(postgres_url)
+    env = {"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": postgres_url}
+    worker_factory(env=env, concurrency=2)
+    dashboard = Dashboard(env, tmp_path / "dashboard.log")
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    try:
+        proc = cli(["submit", str(PLAYBOOKS / "loop_many.yaml"), "--json", "--set", "n=30", "--set", "sleep=0.25"], env)
+        assert proc.returncode == 0, proc.stderr
+        execution_id = int(json.loads(proc.stdout)["execution_id"])
+        driver.get(f"{dashboard.url}/executions/{execution_id}")
+        seen: list[tuple[int, int]] = []
+        status = ""
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            html = driver.page_source
+            status_match = re.search(r'id="status" class="s-\w+">(\w+)<', html)
+            status = status_match.group(1) if status_match else ""
+            count = re.search(r'class="loop-count">(\d+)/(\d+)<', html)
+            if count and (not seen or seen[-1] != (int(count.group(1)), int(count.group(2)))):
+                seen.append((int(count.group(1)), int(count.group(2))))
+                driver.save_screenshot(str(shots / f"execution-{len(seen):02d}.png"))
+            if status != "running":
+                break
+            time.sleep(0.3)
+        driver.save_screenshot(str(shots / "execution-final.png"))
+        html = driver.page_source
+        assert status == "completed", (status, seen)
+        assert 'data-step="start"' in html and 'data-step="work" data-state="completed"' in html
+        assert seen and seen[-1] == (30, 30), seen
+        done_values = [d for d, _ in seen]
+        assert len(seen) >= 3 and done_values == sorted(done_values) and done_values[0] < 30, seen
+    finally:
+        driver.quit()
+        dashboard.stop()
+        browser.ARTIFACTS.mkdir(exist_ok=True)
+        for png in shots.glob("*.png"):
+            shutil.copy(png, browser.ARTIFACTS / f"dashboard-{png.name}")
