@@ -193,3 +193,38 @@ def test_a_lost_sub_playbook_end_is_sent_again_until_the_parent_records_it(tmp_p
     overdue(url, child_id)
     assert sweeper.sweep(url).republished == []  # delivered: nothing more to send
     assert len(events(url, parent_id, sweeper.REPUBLISHED)) == 1
+
+
+def test_a_child_cancelled_on_its_own_fails_its_parents_task(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    (tmp_path / "child.yaml").write_text(CHILD)
+    (tmp_path / "parent.yaml").write_text(PARENT)
+    parent_id = create_execution(compile_playbook(str(tmp_path / "parent.yaml")), url)
+    [child_start] = orchestrator.handle_event(url, orchestrator.start_payload(parent_id))
+    child_id = child_start.message["execution_id"]
+    orchestrator.handle_event(url, child_start.message)
+    with transaction(url) as conn:  # the child alone is cancelled (noetl-celery cancel CHILD)
+        assert end_tree(conn, child_id, "cancelled", "execution.cancelled", {"kind": "cancelled", "message": "no"})
+    # the next sweep tells the parent, whose task fails with the child's id and status
+    [end] = sweeper.sweep(url).republished
+    assert end.message["execution_id"] == parent_id
+    orchestrator.handle_event(url, end.message)
+    with transaction(url) as conn:
+        parent = repo.get_execution(conn, parent_id)
+    assert parent["status"] == "failed"
+    assert parent["error"]["child_execution_id"] == child_id
+    assert f"(execution {child_id}) cancelled: no" in parent["error"]["message"]
+    assert sweeper.sweep(url).republished == []  # recorded: nothing more to send
+
+
+def test_a_parent_cancelled_with_its_children_is_not_told_of_their_end(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    (tmp_path / "child.yaml").write_text(CHILD)
+    (tmp_path / "parent.yaml").write_text(PARENT)
+    parent_id = create_execution(compile_playbook(str(tmp_path / "parent.yaml")), url)
+    [child_start] = orchestrator.handle_event(url, orchestrator.start_payload(parent_id))
+    orchestrator.handle_event(url, child_start.message)
+    with transaction(url) as conn:
+        ended = end_tree(conn, parent_id, "cancelled", "execution.cancelled", {"kind": "cancelled", "message": "x"})
+    assert ended == [parent_id, child_start.message["execution_id"]]
+    assert sweeper.sweep(url).republished == []

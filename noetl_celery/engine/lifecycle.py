@@ -17,7 +17,11 @@ MAX_CHILD_DEPTH = 32  # levels of sub-playbooks followed when ending a tree of e
 
 
 def end_tree(conn: Connection, execution_id: int, status: str, event_type: str, error: dict[str, Any]) -> list[int]:
-    """End `execution_id` and its running descendants; returns the ids that this call ended."""
+    """End `execution_id` and its running descendants; returns the ids that this call ended.
+
+    When `execution_id` is itself a sub-playbook, its parent's task is told, as when a child ends
+    by its own decision: the end row carries the child's end event in its dispatch list, due at
+    once, so the next sweep delivers it (and sends it again until the parent records it)."""
     ended: list[int] = []
     level = [execution_id]
     for _ in range(MAX_CHILD_DEPTH):
@@ -26,18 +30,16 @@ def end_tree(conn: Connection, execution_id: int, status: str, event_type: str, 
         for eid in level:
             repo.lock_execution(conn, eid)  # decisions in flight commit first
             if repo.finish_execution(conn, eid, status, error=error):
-                repo.insert_events(
-                    conn,
-                    [
-                        {
-                            "execution_id": eid,
-                            "event_id": event_type,
-                            "event_type": event_type,
-                            "status": status,
-                            "error": error,
-                        }
-                    ],
-                )
+                row: dict[str, Any] = {
+                    "execution_id": eid,
+                    "event_id": event_type,
+                    "event_type": event_type,
+                    "status": status,
+                    "error": error,
+                }
+                if eid == execution_id:
+                    row.update(_parent_notice(conn, eid, status, error))
+                repo.insert_events(conn, [row])
                 ended.append(eid)
         c = repo.EXECUTIONS.c
         level = [
@@ -47,3 +49,13 @@ def end_tree(conn: Connection, execution_id: int, status: str, event_type: str, 
             )
         ]
     return ended
+
+
+def _parent_notice(conn: Connection, execution_id: int, status: str, error: dict[str, Any]) -> dict[str, Any]:
+    """The dispatch list (and deadline: now) that tells a running parent its child has ended."""
+    from noetl_celery.engine.subplaybooks import child_end  # the decider's side of sub-playbooks
+
+    end = child_end(conn, execution_id, status, {}, error)
+    if end is None:
+        return {}
+    return {"meta": {"dispatch": [end.to_dict()]}, "deadline_at": repo.utcnow()}

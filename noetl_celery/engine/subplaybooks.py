@@ -102,6 +102,11 @@ def start_child(
             f"sub-playbook {path!r} is invalid: " + "; ".join(str(p) for p in exc.problems[:5]),
         )
         return
+    try:
+        timeout = _child_timeout(config.get("timeout"), plan.timeout)
+    except ValueError as exc:
+        _fail(decider, message, "playbook", str(exc))
+        return
     child_id = new_execution_id()
     start_key = key + ".start" if record_start else message.parent_event_id
     parent_task = {
@@ -119,6 +124,7 @@ def start_child(
         parent_event_id=start_key,
         parent_task=parent_task,
         depth=depth,
+        timeout=timeout,
     )
     if record_start:
         first = message.iteration is not None and message.seq == 0 and message.attempt == 1
@@ -135,6 +141,18 @@ def start_child(
     decider.dispatches.append(
         Dispatch(kind=EVENT_DISPATCH, message=start, countdown=countdown, label=f"{step.name}:playbook")
     )
+
+
+def _child_timeout(task_timeout: Any, playbook_timeout: float | None) -> float | None:
+    """Seconds the child may run: the task's `timeout`, or the child playbook's own, the shorter
+    of the two when both are given. Past it the sweeper fails the child (kind `timeout`) and the
+    parent's task with it."""
+    limits = [float(playbook_timeout)] if playbook_timeout else []
+    if task_timeout is not None:
+        if isinstance(task_timeout, bool) or not isinstance(task_timeout, (int, float)) or task_timeout <= 0:
+            raise ValueError(f"playbook task timeout must be a positive number of seconds, got {task_timeout!r}")
+        limits.append(float(task_timeout))
+    return min(limits) if limits else None
 
 
 def child_end(conn: Connection, execution_id: int, status: str, results: dict[str, Any], error: Any) -> Dispatch | None:

@@ -108,3 +108,21 @@ def test_noetl_playbook_composition_runs_its_children_and_passes_its_own_validat
         rows = cur.fetchall()
     scores = {r["user_name"]: r["profile_score"] for r in validation["validation_details"]}
     assert rows == sorted(scores.items())
+
+
+def test_a_child_past_its_timeout_fails_and_fails_the_parents_task(engine):
+    run = engine.run(SUB / "timeout_parent.yaml", {"seconds": 8, "limit": 1})
+    assert run.returncode == 1, run.stderr
+    assert run.status["failed_step"] == "start"
+    error = run.status["error"]
+    assert error["kind"] == "playbook" and error["root"]["kind"] == "timeout", error
+    assert "ran past its playbook timeout" in error["message"]
+    [child] = run.status["children"]
+    assert child["status"] == "failed" and child["execution_id"] == error["child_execution_id"]
+    assert status_of(engine, child["execution_id"])["error"]["kind"] == "timeout"
+
+
+def test_a_child_within_its_timeout_completes(engine):
+    run = engine.run(SUB / "timeout_parent.yaml", {"seconds": 0, "limit": 30})
+    assert run.returncode == 0, run.stderr
+    assert run.results["start"] == {"start": {"slept": 0}}
