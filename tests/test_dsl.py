@@ -573,6 +573,7 @@ def test_legacy_loop_collection_element_async_concurrency() -> None:
         "where": "{{ user.ok }}",
         "limit": 10,
         "frame": None,
+        "aggregate": False,
     }
 
 
@@ -620,6 +621,11 @@ def test_cursor_loop_rules_are_enforced() -> None:
             "pb.yaml:9: workflow[0](start).loop.cursor.kind: cursor kind 'redis' is not supported "
             "(known: postgres, sqlite)"
         )
+    ]
+    on_collection = texts(V10, head + "      in: [1]\n      aggregate: true\n")
+    assert on_collection == [
+        "pb.yaml:10: workflow[0](start).loop.aggregate: aggregate: only applies to a cursor loop "
+        "(a collection loop's result always has its results)"
     ]
 
 

@@ -57,7 +57,7 @@ ROUTE_MODES: dict[str, Literal["exclusive", "inclusive"]] = {
 NO_MATCH_ACTIONS = (None, "quiet", "error")
 ARC_KEYS = frozenset({"step", "when", "args"})
 LEGACY_LOOP_KEYS = frozenset({"collection", "element", "concurrency", "chunk_size", "enumerate", "where", "limit"})
-LOOP_KEYS = LEGACY_LOOP_KEYS | {"in", "iterator", "mode", "max_in_flight", "cursor", "spec"}
+LOOP_KEYS = LEGACY_LOOP_KEYS | {"in", "iterator", "mode", "max_in_flight", "cursor", "spec", "aggregate"}
 LOOP_SPEC_KEYS = frozenset({"mode", "max_in_flight", "chunk_size", "policy", "frame"})
 LOOP_POLICY_KEYS = frozenset({"exec"})  # accepted for compatibility; every loop runs on the workers
 LOOP_MODES = {
@@ -323,6 +323,13 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
             check_keys(ctx, frame, FRAME_KEYS, frame_path)
             if mode != "cursor":
                 ctx.problem(line_of(spec, "frame"), frame_path, "frame: only applies to a cursor loop")
+    aggregate = bool(boolean(ctx, loop, "aggregate", path))
+    if aggregate and mode != "cursor":
+        ctx.problem(
+            line_of(loop, "aggregate"),
+            join(path, "aggregate"),
+            "aggregate: only applies to a cursor loop (a collection loop's result always has its results)",
+        )
     return Loop(
         collection=plain(collection),
         cursor=cursor,
@@ -335,6 +342,7 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
         limit=number(ctx, loop, "limit", path, integer=True),
         line=line,
         frame=plain(frame),
+        aggregate=aggregate,
     )
 
 

@@ -123,6 +123,8 @@ class Loop(_Model):
     # cursor: the claim frame as written (max_rows, lease_seconds, ...); the claim SQL may read
     # `__frame_max_rows` etc. from it
     frame: dict[str, Any] | None = None
+    # cursor: the loop's result also lists every row's result (`results`, in completion order)
+    aggregate: bool = False
 
 
 class Arc(_Model):

@@ -14,6 +14,9 @@ Everything here runs inside on_event; workers only run claims and the rows' task
 - A failed row is recorded (`cursor.item.failed`), counted, and its slot goes on claiming. A claim
   that errors is retried (CLAIM_ATTEMPTS, doubling delays), then fails the step with the
   database's message.
+- `loop.aggregate: true` adds `results` (every done row's result, in completion order, read back
+  from the item rows) to the loop's result; without it the result is the stats alone, since a
+  cursor loop may be unbounded.
 - Event rows: one per claim (`cursor.claimed` / `cursor.slot.ended` / `cursor.claim.failed`), one
   per row processed (`cursor.item.done` / `cursor.item.failed`, renamed from the last attempt's
   outcome row: no start rows), plus step and loop start/end.
@@ -251,6 +254,9 @@ def _slot_ended(decider: Decider, step: Step, run_id: str, parent: str) -> None:
     stats = {"processed": counters["done"], "failed": counters["failed"], "slots": counters["cap"]}
     fatal = counters["failed"] - counters["tolerated"]
     key = record_loop_done(decider, step, run_id, parent, stats, fatal=fatal, tolerated=counters["tolerated"])
+    data: dict[str, Any] = {"stats": stats}
+    if step.loop is not None and step.loop.aggregate:  # asked for: read back from the item rows
+        data["results"] = repo.run_results(decider.conn, decider.execution_id, run_id, ev.CURSOR_ITEM_DONE)
     error = (
         None
         if not fatal
@@ -259,6 +265,6 @@ def _slot_ended(decider: Decider, step: Step, run_id: str, parent: str) -> None:
     decider.step_done(
         step,
         _run_ref(decider, run_id),
-        UnitEnd(ok=not fatal, parent=key, data={"stats": stats}, error=error),
+        UnitEnd(ok=not fatal, parent=key, data=data, error=error),
         via="loop",
     )

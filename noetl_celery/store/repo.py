@@ -314,6 +314,17 @@ def create_loop(conn: Connection, values: dict[str, Any]) -> None:
     )
 
 
+def run_results(conn: Connection, execution_id: int, run_id: str, event_type: str) -> list[Any]:
+    """The results of a run's rows of one type (a cursor loop's done rows), in recorded order."""
+    e = EVENTS.c
+    query = (
+        select(e.result)
+        .where(and_(e.execution_id == execution_id, e.run_id == run_id, e.event_type == event_type))
+        .order_by(e.id)
+    )
+    return [row[0] for row in conn.execute(query)]
+
+
 def get_loop(conn: Connection, run_id: str, *, with_collection: bool = False) -> dict[str, Any] | None:
     c = LOOPS.c
     cols = [col for col in LOOPS.c if with_collection or col.name != "collection"]

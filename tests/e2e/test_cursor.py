@@ -36,6 +36,19 @@ def test_demo_queue_drains_every_row_once(engine, tmp_path):
     assert report["meta"] == {"processed": 30, "failed": 0, "slots": 4}
 
 
+def test_aggregate_adds_every_done_rows_result_to_the_loops_result(engine, tmp_path):
+    text = DEMO.read_text()
+    assert "      iterator: job\n" in text
+    playbook = tmp_path / "cursor_aggregate.yaml"
+    playbook.write_text(text.replace("      iterator: job\n", "      iterator: job\n      aggregate: true\n", 1))
+    run = engine.run(playbook, {"jobs": 12, "queue_db": str(tmp_path / f"agg-{engine.mode}.sqlite")})
+    assert run.returncode == 0, run.stderr
+    drain = run.results["drain"]
+    assert drain["stats"] == {"processed": 12, "failed": 0, "slots": 4}
+    assert sorted(r["id"] for r in drain["results"]) == list(range(1, 13))
+    assert all(r["square"] == r["id"] ** 2 for r in drain["results"])
+
+
 def test_failed_rows_are_counted_and_fail_the_step_at_loop_done(engine, tmp_path):
     run = engine.run(FAILURES, {"queue_db": str(tmp_path / f"fail-{engine.mode}.sqlite")})
     assert run.returncode == 1
