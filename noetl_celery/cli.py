@@ -475,13 +475,13 @@ def main() -> None:
 
 def _infrastructure_error(exc: BaseException) -> str | None:
     """One line for a failure to use the store or the broker (None for any other exception)."""
-    env = secret_registry.environ()
+    url_as_set, broker_url = noetl_settings.urls_as_set()
     database_url: str | None
     try:
         database_url = noetl_settings.load().database_url
-    except ConfigurationError:
-        database_url = env.get("NOETL_DATABASE_URL")
-    return describe_infrastructure_error(exc, database_url, env.get("NOETL_BROKER_URL"))
+    except ConfigurationError:  # another setting is refused: describe the store by its URL as set
+        database_url = url_as_set
+    return describe_infrastructure_error(exc, database_url, broker_url)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Decides how big a playbook, a template's work and a stored result may be, and what stands in for
 a value that is too big to store: a marker with its full size, its SHA-256 and a short preview.
 
-Each limit is read from its environment variable when used (so a worker and the CLI agree):
+Each limit is read from its environment variable when used, through `settings.limit` (so a worker
+and the CLI agree, and `noetl-celery config` shows them with the other settings):
 - NOETL_MAX_RESULT_BYTES: a result, error or body stored in an event row or sent in a message
   (JSON size, default 1 MB);
 - NOETL_MAX_PLAYBOOK_BYTES: a playbook file (default 4 MB);
@@ -17,51 +18,37 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any
 
-from noetl_celery.errors import ConfigurationError
+from noetl_celery import settings
 
-DEFAULT_MAX_RESULT_BYTES = 1_000_000  # bytes of JSON per stored result / error / body
-DEFAULT_MAX_PLAYBOOK_BYTES = 4_000_000  # bytes of playbook text
-DEFAULT_MAX_YAML_NODES = 500_000  # YAML nodes built, aliases expanded
-DEFAULT_TEMPLATE_TIMEOUT = 5.0  # seconds per template evaluation
-DEFAULT_TEMPLATE_MAX_BYTES = 1_000_000  # bytes one template operation may build
+DEFAULT_MAX_RESULT_BYTES = settings.DEFAULT_MAX_RESULT_BYTES  # bytes of JSON per stored result / error / body
+DEFAULT_MAX_PLAYBOOK_BYTES = settings.DEFAULT_MAX_PLAYBOOK_BYTES  # bytes of playbook text
+DEFAULT_MAX_YAML_NODES = settings.DEFAULT_MAX_YAML_NODES  # YAML nodes built, aliases expanded
+DEFAULT_TEMPLATE_TIMEOUT = settings.DEFAULT_TEMPLATE_TIMEOUT  # seconds per template evaluation
+DEFAULT_TEMPLATE_MAX_BYTES = settings.DEFAULT_TEMPLATE_MAX_BYTES  # bytes one template operation may build
 PREVIEW_CHARS = 1000  # characters of a truncated value kept in its marker
 TRUNCATED = "__truncated__"  # the key that marks a truncated value
 
 
-def _number(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigurationError(f"{name} must be a number, got {raw!r}") from None
-    if value <= 0:
-        raise ConfigurationError(f"{name} must be positive, got {raw!r}")
-    return value
-
-
 def max_result_bytes() -> int:
-    return int(_number("NOETL_MAX_RESULT_BYTES", DEFAULT_MAX_RESULT_BYTES))
+    return int(settings.limit(settings.MAX_RESULT_BYTES_ENV))
 
 
 def max_playbook_bytes() -> int:
-    return int(_number("NOETL_MAX_PLAYBOOK_BYTES", DEFAULT_MAX_PLAYBOOK_BYTES))
+    return int(settings.limit(settings.MAX_PLAYBOOK_BYTES_ENV))
 
 
 def max_yaml_nodes() -> int:
-    return int(_number("NOETL_MAX_YAML_NODES", DEFAULT_MAX_YAML_NODES))
+    return int(settings.limit(settings.MAX_YAML_NODES_ENV))
 
 
 def template_timeout() -> float:
-    return _number("NOETL_TEMPLATE_TIMEOUT", DEFAULT_TEMPLATE_TIMEOUT)
+    return settings.limit(settings.TEMPLATE_TIMEOUT_ENV)
 
 
 def template_max_bytes() -> int:
-    return int(_number("NOETL_TEMPLATE_MAX_BYTES", DEFAULT_TEMPLATE_MAX_BYTES))
+    return int(settings.limit(settings.TEMPLATE_MAX_BYTES_ENV))
 
 
 def marker(size: int, sha256: str, preview: str, limit: int) -> dict[str, Any]:

@@ -11,10 +11,16 @@ prints) hides every password and credential value.
 A plain dataclass rather than pydantic-settings: every value has one reader with a message that
 names the variable, the module imports nothing heavy (the DSL and `validate` use it), and the
 credential variables are a prefix family that a model of fixed fields does not describe.
+
+The limits on hostile or oversized input and output (NOETL_MAX_*_BYTES, NOETL_MAX_YAML_NODES,
+NOETL_TEMPLATE_*) are read here too, by `limit()`: `noetl_celery.limits` asks for each one when it
+is used (so a running worker and the CLI agree), and `load()` reads them with the rest so that a
+bad value is refused up front and `noetl-celery config` shows them.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -43,6 +49,24 @@ DEFAULT_DUCKDB_DIR = Path(tempfile.gettempdir()) / "noetl-duckdb"
 PLAYBOOK_PATH_ENV = "NOETL_PLAYBOOK_PATH"  # folders (os.pathsep-separated) searched for sub-playbooks
 CORPUS_DIR_ENV = "NOETL_CORPUS_DIR"  # NoETL playbooks the conformance tests compile and run
 DEFAULT_CORPUS_DIR = "../shared/noetl-corpus"  # relative to the source tree's root
+MAX_RESULT_BYTES_ENV = "NOETL_MAX_RESULT_BYTES"  # a result, error or body stored in an event row or sent
+DEFAULT_MAX_RESULT_BYTES = 1_000_000  # bytes of JSON per stored result / error / body
+MAX_PLAYBOOK_BYTES_ENV = "NOETL_MAX_PLAYBOOK_BYTES"  # a playbook file
+DEFAULT_MAX_PLAYBOOK_BYTES = 4_000_000  # bytes of playbook text
+MAX_YAML_NODES_ENV = "NOETL_MAX_YAML_NODES"  # YAML nodes built, aliases counted each time they are used
+DEFAULT_MAX_YAML_NODES = 500_000
+TEMPLATE_TIMEOUT_ENV = "NOETL_TEMPLATE_TIMEOUT"  # one template evaluation
+DEFAULT_TEMPLATE_TIMEOUT = 5.0  # seconds
+TEMPLATE_MAX_BYTES_ENV = "NOETL_TEMPLATE_MAX_BYTES"  # a string, list or number one template operation builds
+DEFAULT_TEMPLATE_MAX_BYTES = 1_000_000  # bytes
+LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limit`)
+    MAX_RESULT_BYTES_ENV: DEFAULT_MAX_RESULT_BYTES,
+    MAX_PLAYBOOK_BYTES_ENV: DEFAULT_MAX_PLAYBOOK_BYTES,
+    MAX_YAML_NODES_ENV: DEFAULT_MAX_YAML_NODES,
+    TEMPLATE_TIMEOUT_ENV: DEFAULT_TEMPLATE_TIMEOUT,
+    TEMPLATE_MAX_BYTES_ENV: DEFAULT_TEMPLATE_MAX_BYTES,
+}
+WHOLE_LIMITS = frozenset(LIMIT_DEFAULTS) - {TEMPLATE_TIMEOUT_ENV}  # counts of bytes or nodes
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) holding the package
 MASK = "***"
 
@@ -72,6 +96,12 @@ class Settings:
     auth: Mapping[str, str] = field(default_factory=dict, repr=False)  # NOETL_AUTH_* variable -> raw value
     flower_url: str | None = None  # Flower's base URL: the dashboard links each attempt to its task page
     dashboard_token: str | None = field(default=None, repr=False)  # enables the dashboard's cancel/resume
+    # the limits as load() saw them; noetl_celery.limits reads each again (`limit`) when it is used
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+    max_playbook_bytes: int = DEFAULT_MAX_PLAYBOOK_BYTES
+    max_yaml_nodes: int = DEFAULT_MAX_YAML_NODES
+    template_timeout: float = DEFAULT_TEMPLATE_TIMEOUT
+    template_max_bytes: int = DEFAULT_TEMPLATE_MAX_BYTES
 
     @property
     def embedded_database(self) -> bool:
@@ -101,6 +131,11 @@ class Settings:
             "NOETL_MAX_DELIVERIES": str(self.max_deliveries),
             "NOETL_FLOWER_URL": mask_url(self.flower_url) if self.flower_url else "(none)",
             "NOETL_DASHBOARD_TOKEN": MASK if self.dashboard_token else "(none)",
+            MAX_RESULT_BYTES_ENV: f"{self.max_result_bytes} bytes",
+            MAX_PLAYBOOK_BYTES_ENV: f"{self.max_playbook_bytes} bytes",
+            MAX_YAML_NODES_ENV: str(self.max_yaml_nodes),
+            TEMPLATE_TIMEOUT_ENV: f"{self.template_timeout:g} s",
+            TEMPLATE_MAX_BYTES_ENV: f"{self.template_max_bytes} bytes",
             DUCKDB_DIR_ENV: str(self.duckdb_dir),
             PLAYBOOK_PATH_ENV: os.pathsep.join(str(p) for p in self.playbook_path) or "(none)",
             CORPUS_DIR_ENV: str(self.corpus_dir),
@@ -159,8 +194,41 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             auth={k: v for k, v in env.items() if k.startswith(AUTH_PREFIX) and v.strip()},
             flower_url=(env.get("NOETL_FLOWER_URL") or "").rstrip("/") or None,
             dashboard_token=env.get("NOETL_DASHBOARD_TOKEN") or None,
+            max_result_bytes=int(limit(MAX_RESULT_BYTES_ENV, env)),
+            max_playbook_bytes=int(limit(MAX_PLAYBOOK_BYTES_ENV, env)),
+            max_yaml_nodes=int(limit(MAX_YAML_NODES_ENV, env)),
+            template_timeout=limit(TEMPLATE_TIMEOUT_ENV, env),
+            template_max_bytes=int(limit(TEMPLATE_MAX_BYTES_ENV, env)),
         )
     )
+
+
+def limit(name: str, environ: Mapping[str, str] | None = None) -> float:
+    """The limit `name` (a key of LIMIT_DEFAULTS) in `environ` (the process environment by
+    default), its default when unset: a positive number, whole for the ones that count bytes or
+    nodes. One variable is read per call: `noetl_celery.limits` asks on every check."""
+    env = os.environ if environ is None else environ  # no limit is a credential, so none is sealed
+    default = LIMIT_DEFAULTS[name]
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    whole = name in WHOLE_LIMITS
+    kind = "a positive whole number" if whole else "a positive number of seconds"
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be {kind}, got {raw!r}") from None
+    if not value > 0 or (whole and not (math.isfinite(value) and value.is_integer())):  # `not >` refuses nan
+        raise ConfigurationError(f"{name} must be {kind}, got {raw!r}")
+    return value
+
+
+def urls_as_set(environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """NOETL_DATABASE_URL and NOETL_BROKER_URL as set (None when unset), read without checking any
+    other setting: what a failure to use the store or the broker is described with even when the
+    settings as a whole are refused."""
+    env = secret_registry.environ() if environ is None else environ
+    return env.get("NOETL_DATABASE_URL") or None, env.get("NOETL_BROKER_URL") or None
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,12 @@ def test_a_countdown_held_past_the_visibility_timeout_is_refused():
     [
         ({"NOETL_EVENT_DISPATCH": "sometimes"}, "NOETL_EVENT_DISPATCH must be one of inline, queue"),
         ({"NOETL_VISIBILITY_TIMEOUT": "an hour"}, "NOETL_VISIBILITY_TIMEOUT must be a whole number"),
+        ({"NOETL_MAX_RESULT_BYTES": "1MB"}, "NOETL_MAX_RESULT_BYTES must be a positive whole number, got '1MB'"),
+        ({"NOETL_MAX_PLAYBOOK_BYTES": "0"}, "NOETL_MAX_PLAYBOOK_BYTES must be a positive whole number"),
+        ({"NOETL_MAX_YAML_NODES": "0.5"}, "NOETL_MAX_YAML_NODES must be a positive whole number"),
+        ({"NOETL_TEMPLATE_MAX_BYTES": "inf"}, "NOETL_TEMPLATE_MAX_BYTES must be a positive whole number"),
+        ({"NOETL_TEMPLATE_TIMEOUT": "-1"}, "NOETL_TEMPLATE_TIMEOUT must be a positive number of seconds"),
+        ({"NOETL_TEMPLATE_TIMEOUT": "nan"}, "NOETL_TEMPLATE_TIMEOUT must be a positive number of seconds"),
     ],
 )
 def test_bad_values_name_the_variable(env, message):
@@ -87,6 +95,7 @@ def test_the_config_command_prints_the_effective_settings_masked(tmp_path):
     lines = dict(line.split("=", 1) for line in proc.stdout.splitlines())
     assert lines["NOETL_HOME"] == str(tmp_path) and lines["NOETL_AUTH_API_TOKEN"] == "***"
     assert lines["NOETL_DATABASE_URL"].endswith(":***@127.0.0.1:5432/noetl")
+    assert lines["NOETL_MAX_RESULT_BYTES"] == "1000000 bytes" and lines["NOETL_TEMPLATE_TIMEOUT"] == "5 s"
     assert "9d1" not in proc.stdout + proc.stderr
 
 
@@ -105,11 +114,76 @@ def test_the_tool_and_sub_playbook_folders_are_read_here_too(tmp_path):
     assert s.masked()["NOETL_PLAYBOOK_PATH"] == os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")])
 
 
-def test_the_config_listing_shows_every_variable_this_module_reads():
-    import re
+def test_the_limits_are_read_here_and_when_used(monkeypatch):
+    from noetl_celery import limits
 
-    source = Path(settings.__file__).read_text(encoding="utf-8")
-    read = set(re.findall(r'"(NOETL_[A-Z_]+[A-Z])"', source)) - {settings.AUTH_PREFIX.rstrip("_")}
+    s = settings.load({"NOETL_MAX_RESULT_BYTES": "1e6", "NOETL_MAX_YAML_NODES": "10", "NOETL_TEMPLATE_TIMEOUT": "0.5"})
+    assert (s.max_result_bytes, s.max_yaml_nodes, s.template_timeout) == (1_000_000, 10, 0.5)
+    assert (s.max_playbook_bytes, s.template_max_bytes) == (4_000_000, 1_000_000)
+    assert s.masked()["NOETL_MAX_YAML_NODES"] == "10" and s.masked()["NOETL_TEMPLATE_TIMEOUT"] == "0.5 s"
+    for name in settings.LIMIT_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    assert (limits.max_result_bytes(), limits.max_playbook_bytes(), limits.max_yaml_nodes()) == (
+        1_000_000,
+        4_000_000,
+        500_000,
+    )
+    assert (limits.template_timeout(), limits.template_max_bytes()) == (5.0, 1_000_000)
+    monkeypatch.setenv("NOETL_TEMPLATE_MAX_BYTES", "2048")
+    assert limits.template_max_bytes() == 2048  # read again on every call, not once at import
+    monkeypatch.setenv("NOETL_MAX_RESULT_BYTES", "lots")
+    with pytest.raises(ConfigurationError, match="NOETL_MAX_RESULT_BYTES must be a positive whole number"):
+        limits.max_result_bytes()
+
+
+PACKAGE = Path(settings.__file__).resolve().parent
+SETTINGS_MODULE = PACKAGE / "settings.py"
+# the environment layer settings reads through (secret_registry.environ): it seals the credential
+# and URL variables away from user code and masks their values, so it names those itself
+ENVIRONMENT_LAYER = PACKAGE / "secret_registry.py"
+VARIABLE_NAME = re.compile(r"NOETL_[A-Z0-9_]*\Z")
+
+
+def variables_named(source: str) -> set[str]:
+    """The NOETL_* variable names (or name prefixes) `source` spells out as strings of their own:
+    what it could read from the environment, however it reads it. Names inside longer text
+    (messages, docstrings) are left out."""
+    return {
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and VARIABLE_NAME.match(node.value)
+    }
+
+
+def test_the_scan_finds_a_variable_however_it_is_read():
+    source = """
+import os
+A = os.environ.get("NOETL_NEW_LIMIT", "1")
+B = os.getenv(f"NOETL_AUTH_{name}")
+C = env["NOETL_OTHER"]
+D = f"{x} bytes, more than the limit (NOETL_MAX_RESULT_BYTES)"
+E = f"NOETL_BROKER_URL {url} is not a valid URL"
+"""
+    assert variables_named(source) == {"NOETL_NEW_LIMIT", "NOETL_AUTH_", "NOETL_OTHER"}
+
+
+def test_the_config_listing_shows_every_variable_this_module_reads():
+    read = variables_named(SETTINGS_MODULE.read_text(encoding="utf-8"))
+    read |= variables_named(ENVIRONMENT_LAYER.read_text(encoding="utf-8"))
+    prefixes = {name for name in read if name.endswith("_")}
+    assert prefixes == {settings.AUTH_PREFIX}
     shown = set(settings.load({"NOETL_AUTH_X": "v"}).masked())
-    assert read - shown == set()
+    assert read - prefixes - shown == set()
     assert "NOETL_AUTH_X" in shown
+    assert set(settings.LIMIT_DEFAULTS) <= read
+
+
+def test_no_other_module_reads_a_noetl_variable():
+    """Every NOETL_* variable is read in settings.py (and so shown by `noetl-celery config`)."""
+    elsewhere = {
+        str(path.relative_to(PACKAGE)): sorted(names)
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path not in (SETTINGS_MODULE, ENVIRONMENT_LAYER)
+        and (names := variables_named(path.read_text(encoding="utf-8")))
+    }
+    assert elsewhere == {}, "read these in noetl_celery/settings.py and show them in Settings.masked()"
