@@ -27,6 +27,9 @@ from tests.support.services import ci_mode, free_port
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
 START_TIMEOUT = 30  # seconds for the dashboard to answer
+TOKEN = "let-me-in"  # NOETL_DASHBOARD_TOKEN of the guarded dashboards
+BASIC = {"Authorization": "Basic " + base64.b64encode(f"ops:{TOKEN}".encode()).decode()}
+XSRF_FIELD = re.compile(r'<input type="hidden" name="_xsrf" value="([^"]+)"/>')
 
 
 class Dashboard:
@@ -121,41 +124,117 @@ def test_event_log_pages_and_filters(embedded):
     assert dashboard.get(f"/executions/{execution_id}?iteration=x").status_code == 400
 
 
-def test_actions_need_the_token(embedded, tmp_path):
+@pytest.fixture
+def guarded(tmp_path):
+    """A dashboard with NOETL_DASHBOARD_TOKEN over an embedded store, and a way to add a running
+    execution (created, never run: no workers)."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    dashboard = Dashboard({"NOETL_HOME": str(home), "NOETL_DASHBOARD_TOKEN": TOKEN}, tmp_path / "guarded.log")
+
+    def running() -> int:
+        return create_execution(
+            compile_playbook(str(PLAYBOOKS / "loop_many.yaml")), f"sqlite:///{home / 'noetl.sqlite'}"
+        )
+
+    yield dashboard, running
+    dashboard.stop()
+
+
+def status_of(dashboard: Dashboard, execution_id: int) -> str:
+    return dashboard.get(f"/api/executions/{execution_id}").json()["status"]
+
+
+def test_actions_need_the_token(embedded, guarded):
     dashboard, execution_id = embedded
     response = requests.post(f"{dashboard.url}/executions/{execution_id}/cancel", timeout=10)
     assert response.status_code == 403 and "read-only" in response.reason
+    page = dashboard.get(f"/executions/{execution_id}")
+    assert "_xsrf" not in page.text and "_xsrf" not in page.cookies  # read-only: no forms, no cookie
 
-    guarded = Dashboard(
-        {"NOETL_HOME": str(tmp_path / "home"), "NOETL_DASHBOARD_TOKEN": "let-me-in"}, tmp_path / "guarded.log"
+    guarded, new_running = guarded
+    from noetl_celery.dashboard import actions
+
+    assert "cancel" in actions.available()
+    # as a browser: the page sets the _xsrf cookie and puts the matching token in its forms
+    browser = requests.Session()
+    page = browser.get(f"{guarded.url}/executions/{execution_id}", timeout=10)
+    assert "resume</button>" in page.text and "cancel</button>" not in page.text  # failed
+    token = XSRF_FIELD.search(page.text).group(1)
+    assert "_xsrf" in browser.cookies
+    url = f"{guarded.url}/executions/{execution_id}/cancel"
+    anonymous = browser.post(url, data={"_xsrf": token}, timeout=10)
+    assert anonymous.status_code == 401 and anonymous.headers["WWW-Authenticate"].startswith("Basic")
+    wrong = browser.post(url, data={"_xsrf": token}, timeout=10, headers={"Authorization": "Basic b3BzOm5vcGU="})
+    assert wrong.status_code == 401
+    allowed = browser.post(url, data={"_xsrf": token}, timeout=10, headers=BASIC, allow_redirects=False)
+    assert allowed.status_code == 302, allowed.text  # already failed: nothing to cancel
+
+    # as a script: the Bearer token alone, no cookie, no xsrf token
+    running = new_running()
+    assert "cancel</button>" in guarded.get(f"/executions/{running}").text
+    wrong_bearer = requests.post(
+        f"{guarded.url}/executions/{running}/cancel", timeout=10, headers={"Authorization": "Bearer nope"}
     )
-    try:
-        url = f"{guarded.url}/executions/{execution_id}/cancel"
-        anonymous = requests.post(url, timeout=10)
-        assert anonymous.status_code == 401 and anonymous.headers["WWW-Authenticate"].startswith("Basic")
-        wrong = requests.post(url, timeout=10, headers={"Authorization": "Bearer nope"})
-        assert wrong.status_code == 401
-        basic = base64.b64encode(b"ops:let-me-in").decode()
-        allowed = requests.post(url, timeout=10, headers={"Authorization": f"Basic {basic}"}, allow_redirects=False)
-        from noetl_celery.dashboard import actions
+    assert wrong_bearer.status_code == 401 and status_of(guarded, running) == "running"
+    cancelled = requests.post(
+        f"{guarded.url}/executions/{running}/cancel",
+        timeout=10,
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        allow_redirects=False,
+    )
+    assert cancelled.status_code == 302
+    assert status_of(guarded, running) == "cancelled"
 
-        assert "cancel" in actions.available()
-        assert allowed.status_code == 302, allowed.text  # already failed: nothing to cancel
-        running = create_execution(
-            compile_playbook(str(PLAYBOOKS / "loop_many.yaml")), f"sqlite:///{tmp_path / 'home' / 'noetl.sqlite'}"
-        )
-        page = guarded.get(f"/executions/{running}")
-        assert "cancel</button>" in page.text and "resume</button>" not in page.text
-        cancelled = requests.post(
-            f"{guarded.url}/executions/{running}/cancel",
-            timeout=10,
-            headers={"Authorization": "Bearer let-me-in"},
-            allow_redirects=False,
-        )
-        assert cancelled.status_code == 302
-        assert guarded.get(f"/api/executions/{running}").json()["status"] == "cancelled"
-    finally:
-        guarded.stop()
+
+def test_basic_auth_posts_need_the_pages_xsrf_token_and_origin(guarded):
+    """Cached Basic credentials go with any site's POST: a forged one (no token, a wrong one, another
+    origin) is refused; the dashboard page's own form or X-XSRFToken header is accepted."""
+    guarded, new_running = guarded
+    running = new_running()
+    url = f"{guarded.url}/executions/{running}/cancel"
+    browser = requests.Session()
+    token = XSRF_FIELD.search(browser.get(f"{guarded.url}/executions/{running}", timeout=10).text).group(1)
+    other = XSRF_FIELD.search(requests.get(f"{guarded.url}/executions/{running}", timeout=10).text).group(1)
+
+    def post(session, data=None, **headers):
+        return session.post(url, data=data, headers={**BASIC, **headers}, timeout=10, allow_redirects=False)
+
+    refused = {
+        "no token, no cookie": post(requests),
+        "the cookie, no token (a forged form)": post(browser),
+        "a token, no cookie": post(requests, {"_xsrf": token}),
+        "another cookie's token": post(browser, {"_xsrf": other}),
+        "a made-up token": post(browser, {"_xsrf": "2|00000000|deadbeef|1"}),
+    }
+    for case, response in refused.items():
+        assert response.status_code == 403 and "XSRF token" in response.reason, (case, response.reason)
+    cross_origin = {
+        "Origin": post(browser, {"_xsrf": token}, Origin="http://evil.example"),
+        "Origin of another port": post(browser, {"_xsrf": token}, Origin=f"http://127.0.0.1:{guarded.port + 1}"),
+        "Origin null": post(browser, {"_xsrf": token}, Origin="null"),
+        "Referer": post(browser, {"_xsrf": token}, Referer="http://evil.example/page"),
+        "Sec-Fetch-Site cross-site": post(browser, {"_xsrf": token}, **{"Sec-Fetch-Site": "cross-site"}),
+        "Sec-Fetch-Site same-site": post(browser, {"_xsrf": token}, **{"Sec-Fetch-Site": "same-site"}),
+    }
+    for case, response in cross_origin.items():
+        assert response.status_code == 403 and "request refused" in response.reason, (case, response.reason)
+    assert status_of(guarded, running) == "running"
+
+    accepted = post(browser, {"_xsrf": token}, Origin=guarded.url, **{"Sec-Fetch-Site": "same-origin"})
+    assert accepted.status_code == 302, accepted.reason
+    assert status_of(guarded, running) == "cancelled"
+
+    # the header a script on the page would send, behind a proxy that rewrites Host
+    second = new_running()
+    url = f"{guarded.url}/executions/{second}/cancel"
+    proxied = post(
+        browser,
+        None,
+        **{"X-XSRFToken": token, "Origin": "https://dash.example", "X-Forwarded-Host": "dash.example"},
+    )
+    assert proxied.status_code == 302, proxied.reason
+    assert status_of(guarded, second) == "cancelled"
 
 
 def test_secrets_are_masked_in_shown_values(monkeypatch):
@@ -187,6 +266,72 @@ def test_graph_layout_places_steps_by_distance_and_marks_states():
     assert [nodes[n]["state"] for n in "abcd"] == ["completed", "running", "pending", "waiting"]
     assert nodes["d"]["loop"]["done"] == 3 and nodes["d"]["join"]["width"] == 2
     assert len(drawn["edges"]) == 4
+
+
+def serve_directory(root: Path) -> tuple[subprocess.Popen, str]:
+    """A static web server (another origin: another port of 127.0.0.1, which shares its cookies)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            requests.get(url + "/", timeout=2)
+            return proc, url
+        except requests.ConnectionError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"http.server did not answer on {url}")
+
+
+def wait_for(driver, text: str, timeout: float = 15) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        html = driver.page_source
+        if text in html:
+            return html
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not in the page: {driver.page_source[:2000]}")
+
+
+def test_a_browser_with_credentials_cancels_from_the_page_but_not_from_another_site(tmp_path, guarded):
+    """A browser that sends the Basic credentials with every request (as one that has cached them)
+    cancels with the page's button; another site's auto-submitted form, even with a planted
+    _xsrf cookie and the matching field, changes nothing."""
+    try:
+        driver = browser.chrome(str(tmp_path / "profile"))
+    except browser.BrowserUnavailable as exc:
+        (pytest.fail if ci_mode() else pytest.skip)(str(exc))
+    guarded, new_running = guarded
+    target, mine = new_running(), new_running()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "attack.html").write_text(
+        f'''<form method="post" action="{guarded.url}/executions/{target}/cancel">
+<input type="hidden" name="_xsrf" value="planted"></form>
+<script>document.cookie = "_xsrf=planted; path=/"; document.forms[0].submit();</script>'''
+    )
+    server, other_origin = serve_directory(site)
+    try:
+        driver.execute_cdp_cmd("Network.enable", {})
+        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": BASIC})
+        driver.get(f"{other_origin}/attack.html")
+        wait_for(driver, "403: cross-site request refused")
+        assert status_of(guarded, target) == "running"
+
+        driver.get(f"{guarded.url}/executions/{mine}")
+        driver.find_element("css selector", "#summary form[action$='/cancel'] button").click()
+        html = wait_for(driver, 'data-status="cancelled"')
+        assert "resume</button>" in html and driver.current_url == f"{guarded.url}/executions/{mine}"
+        assert status_of(guarded, mine) == "cancelled" and status_of(guarded, target) == "running"
+    finally:
+        driver.quit()
+        server.terminate()
+        server.wait(10)
 
 
 def test_a_browser_watches_a_loop_run_to_its_end(tmp_path, redis_url, postgres_url, worker_factory):

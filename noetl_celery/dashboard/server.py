@@ -1,6 +1,12 @@
 """The execution dashboard: a small Tornado application over the event store, read-only unless
 NOETL_DASHBOARD_TOKEN is set (then cancel/resume, when those commands exist, need it).
 
+The actions are POSTs authenticated by the token, sent as HTTP Basic auth (a browser caches it and
+attaches it to every later request to this origin, whichever site triggered the request) or as
+`Authorization: Bearer` (scripts). So a browser POST must also prove it came from the dashboard's
+own page: a same-origin Sec-Fetch-Site/Origin/Referer and Tornado's XSRF token (the `_xsrf` cookie
+echoed in the form); see Control.check_xsrf_cookie.
+
 Tornado because it already ships with Flower (no new dependency), serves many slow polls from one
 thread, and needs no build step; pages are Jinja2 templates rendered on the server, with a few
 lines of JavaScript that refresh the live panel while the execution runs.
@@ -17,10 +23,11 @@ import hmac
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import jinja2
 import tornado.web
+from markupsafe import Markup
 
 from noetl_celery import settings as noetl_settings
 from noetl_celery.dashboard import actions, layout
@@ -64,9 +71,17 @@ class Base(tornado.web.RequestHandler):
     def page(self, template: str, **values: Any) -> None:
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
+        can_control = self.can_control()
+        # the hidden _xsrf field of the action forms (and the _xsrf cookie, set on first use); a
+        # read-only dashboard has no forms and sets no cookie
+        xsrf = Markup(self.xsrf_form_html()) if can_control else Markup("")
         self.finish(
             self.templates.get_template(template).render(
-                flower_url=self.noetl.flower_url, can_control=self.can_control(), poll_ms=LIVE_POLL_MS, **values
+                flower_url=self.noetl.flower_url,
+                can_control=can_control,
+                xsrf_form_html=xsrf,
+                poll_ms=LIVE_POLL_MS,
+                **values,
             )
         )
 
@@ -77,17 +92,21 @@ class Base(tornado.web.RequestHandler):
         token = self.noetl.dashboard_token
         if token is None:
             return False
-        header = self.request.headers.get("Authorization", "")
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() == "bearer":
-            return hmac.compare_digest(value.strip(), token)
-        if scheme.lower() == "basic":
+        scheme, value = self.credentials()
+        if scheme == "bearer":
+            return hmac.compare_digest(value.encode(), token.encode())
+        if scheme == "basic":
             try:
-                _, _, password = base64.b64decode(value.strip()).decode().partition(":")
+                _, _, password = base64.b64decode(value).decode().partition(":")
             except (ValueError, UnicodeDecodeError):
                 return False
-            return hmac.compare_digest(password, token)
+            return hmac.compare_digest(password.encode(), token.encode())
         return False
+
+    def credentials(self) -> tuple[str, str]:
+        """The Authorization header as (lower-case scheme, value)."""
+        scheme, _, value = self.request.headers.get("Authorization", "").partition(" ")
+        return scheme.lower(), value.strip()
 
     def arg(self, name: str) -> str | None:
         value = self.get_query_argument(name, None)
@@ -194,7 +213,58 @@ class ExecutionJson(Base):
 
 
 class Control(Base):
-    """POST /executions/<id>/(cancel|resume): only with the dashboard token."""
+    """POST /executions/<id>/(cancel|resume): only with the dashboard token, and from a browser only
+    from the dashboard's own page."""
+
+    def check_xsrf_cookie(self) -> None:
+        """Called by Tornado before post() (xsrf_cookies=True): refuse a forged browser request.
+
+        A browser attaches cached Basic credentials to a POST that any site's form or script sends
+        here, so for Basic (or no) credentials the request must come from this origin (see
+        same_origin) and carry the XSRF token of a page the dashboard served: the `_xsrf` form
+        field or X-XSRFToken header, equal to the `_xsrf` cookie, which another site can neither
+        read nor add to its form.
+
+        `Authorization: Bearer` skips both checks. A browser never adds a Bearer header by itself
+        (it caches and replays only Basic/Digest credentials and cookies), and a page on another
+        site can set one only with fetch/XMLHttpRequest, which makes the request need a CORS
+        preflight that this server never grants (it sends no Access-Control-Allow-* headers), so
+        the POST is not sent. A Bearer request therefore comes from a client that holds the token
+        (curl, scripts), which has no XSRF cookie to echo. The token itself is checked in post(),
+        and a request has one Authorization header, so an invalid Bearer token is refused there
+        and cannot fall back to cached Basic credentials.
+        """
+        if self.noetl.dashboard_token is None:
+            return  # read-only: post() refuses every action
+        if self.credentials()[0] == "bearer":
+            return
+        self.same_origin()
+        try:
+            super().check_xsrf_cookie()
+        except tornado.web.HTTPError as exc:
+            raise tornado.web.HTTPError(
+                403, exc.log_message, reason="missing or wrong XSRF token: use the dashboard page's buttons"
+            ) from None
+
+    def same_origin(self) -> None:
+        """Refuse a browser request sent from another origin (another site, or another port of this
+        host, which shares its cookies). Browsers mark requests with Sec-Fetch-Site (on HTTPS and
+        loopback); otherwise Origin, or Referer if no Origin, must name this host as the browser
+        addressed it (Host, or X-Forwarded-Host behind a proxy). A request with none of these is
+        not from a current browser and is left to the XSRF token."""
+        site = self.request.headers.get("Sec-Fetch-Site")
+        if site is not None:
+            if site in ("same-origin", "none"):  # "none": opened by the user, not by a page
+                return
+            raise tornado.web.HTTPError(403, "Sec-Fetch-Site %r", site, reason="cross-site request refused")
+        source = self.request.headers.get("Origin") or self.request.headers.get("Referer")
+        if source is None:
+            return
+        hosts = {
+            self.request.headers.get(name, "").split(",")[0].strip().lower() for name in ("Host", "X-Forwarded-Host")
+        } - {""}
+        if urlsplit(source).netloc.lower() not in hosts:
+            raise tornado.web.HTTPError(403, "from %r", source, reason="cross-origin request refused")
 
     def post(self, execution_id: str, action: str) -> None:
         if self.noetl.dashboard_token is None:
@@ -226,7 +296,10 @@ def make_app(settings: noetl_settings.Settings | None = None) -> tornado.web.App
             (r"/executions/(\d+)/(cancel|resume)", Control, common),
             (r"/api/executions/(\d+)", ExecutionJson, common),
         ],
-        xsrf_cookies=False,
+        # Control checks the token (check_xsrf_cookie). The cookie goes with no other site's POST
+        # (SameSite=Lax) and no script can read it (other ports of this host share its cookies).
+        xsrf_cookies=True,
+        xsrf_cookie_kwargs={"httponly": True, "samesite": "Lax"},
     )
 
 
