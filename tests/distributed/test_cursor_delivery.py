@@ -67,6 +67,19 @@ def test_pft_page_continuation_on_two_workers_fetches_every_page_once(pg_env, st
     assert {node.node for node in nodes} <= seen, seen  # both worker nodes ran part of the loop
 
 
+def republished(url: str, execution_id: int) -> list[dict]:
+    """The sweeper's re-sent attempts (step, task, attempt, iteration) of an execution."""
+    with get_engine(url).connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT step, task, attempt, iteration FROM noetl_event "
+                "WHERE execution_id = :x AND event_type = 'attempt.republished'"
+            ),
+            {"x": execution_id},
+        )
+        return [dict(r._mapping) for r in rows]
+
+
 def item_ids(url: str, execution_id: int) -> Counter:
     return Counter(
         e["meta"]["row"]["id"] for e in events(url, execution_id, "drain") if e["event_type"] == "cursor.item.done"
@@ -114,8 +127,17 @@ def test_pft_flow_with_mds_batch_sub_playbooks_on_two_workers(pg_env, store_url,
         )
         status = wait(store_url, execution_id, timeout=RUN_TIMEOUT)
         hits, mds_hits = dict(api.state.patient_hits), dict(api.state.mds_hits)
+    # on failure, say what happened: the outcome and any attempt the sweeper had to send again
+    why = {
+        "status": status["status"],
+        "failed_step": status.get("failed_step"),
+        "error": (status.get("error") or {}).get("message", "")[:2000],
+        "republished": republished(store_url, execution_id),
+        "repeated_hits": [k for k, v in hits.items() if v > 1][:10],
+    }
     # The flow's own validation log: every data type done for every one of the 20 patients (its
     # total_expected is written as a literal 1000 by the playbook).
+    assert "validate_all_results" in status["results"], why
     validation = status["results"]["validate_all_results"]["rows"]
     assert validation == [
         {
@@ -131,12 +153,12 @@ def test_pft_flow_with_mds_batch_sub_playbooks_on_two_workers(pg_env, store_url,
     ]
     # Its last step hard-codes the full size too (10 facilities of 1000 patients, literal args),
     # so at this size it fails on exactly those counts and on nothing else.
-    assert status["failed_step"] == "check_results"
-    assert "Patient loss detected" in status["error"]["message"]
-    assert status["error"]["message"].count("=20 (expected 1000)") == 5
-    assert "Expected 10 facilities in log, got 1" in status["error"]["message"]
-    assert "RACE BUG" not in status["error"]["message"]
-    assert hits and max(hits.values()) == 1, [k for k, v in hits.items() if v > 1][:10]
+    assert status["failed_step"] == "check_results", why
+    assert "Patient loss detected" in status["error"]["message"], why
+    assert status["error"]["message"].count("=20 (expected 1000)") == 5, why
+    assert "Expected 10 facilities in log, got 1" in status["error"]["message"], why
+    assert "RACE BUG" not in status["error"]["message"], why
+    assert hits and max(hits.values()) == 1, why
     assert {k[0] for k in hits} == {"assessments", "conditions", "medications", "vital_signs", "demographics"}
-    assert mds_hits and max(mds_hits.values()) == 1
-    assert status["children"] and {c["status"] for c in status["children"]} == {"completed"}
+    assert mds_hits and max(mds_hits.values()) == 1, (why, [k for k, v in mds_hits.items() if v > 1][:10])
+    assert status["children"] and {c["status"] for c in status["children"]} == {"completed"}, status["children"]

@@ -31,6 +31,7 @@ from typing import Self
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_QUEUES = ("noetl.tasks", "noetl.events")
 READY_RE = re.compile(r"@\S+ ready\.")
+PROBLEM_RE = re.compile(r": (WARNING|ERROR|CRITICAL)/|Traceback|Error:")
 
 _counter = itertools.count(1)
 
@@ -311,5 +312,13 @@ class WorkerGroup:
                 errors.append(f"{w!r}: {exc}")
         return errors
 
-    def log_sections(self, lines: int = 60) -> list[tuple[str, str]]:
-        return [(f"worker {w.node} (pid {w.pid}) log tail", w.log_tail(lines) or "(empty)") for w in self.workers]
+    def log_sections(self, lines: int = 15, problems: int = 40) -> list[tuple[str, str]]:
+        """For a failed test: each worker's last WARNING/ERROR lines and the tail of its log (kept
+        short, so the assertion stays readable at the end of a long run's output)."""
+        sections = []
+        for w in self.workers:
+            text = w.log_text().splitlines()
+            flagged = [line for line in text if PROBLEM_RE.search(line)][-problems:]
+            body = "\n".join(["-- warnings and errors:", *(flagged or ["(none)"]), "-- last lines:", *text[-lines:]])
+            sections.append((f"worker {w.node} (pid {w.pid}) log", body))
+        return sections
