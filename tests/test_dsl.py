@@ -574,6 +574,7 @@ def test_legacy_loop_collection_element_async_concurrency() -> None:
         "limit": 10,
         "frame": None,
         "aggregate": False,
+        "claim_retry": None,
     }
 
 
@@ -621,6 +622,11 @@ def test_cursor_loop_rules_are_enforced() -> None:
             "pb.yaml:9: workflow[0](start).loop.cursor.kind: cursor kind 'redis' is not supported "
             "(known: postgres, sqlite)"
         )
+    ]
+    bad_retry = texts(V10, head + "      cursor: {kind: sqlite, claim: x, retry: {max_attempt: 2}}\n")
+    assert bad_retry == [
+        "pb.yaml:9: workflow[0](start).loop.cursor.retry.max_attempt: unknown key 'max_attempt'; "
+        "did you mean 'max_attempts'?"
     ]
     on_collection = texts(V10, head + "      in: [1]\n      aggregate: true\n")
     assert on_collection == [

@@ -21,8 +21,8 @@ from noetl_celery.dsl.legacy import (
     legacy_arcs,
     resolve_workbook,
 )
-from noetl_celery.dsl.plan import DEFAULT_PARALLEL_CAP, Loop, Routing, Task
-from noetl_celery.dsl.policy_forms import task_policy
+from noetl_celery.dsl.plan import DEFAULT_PARALLEL_CAP, Action, Loop, Routing, Task
+from noetl_celery.dsl.policy_forms import BACKOFF_KEYS, retry_action, task_policy
 from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
@@ -67,7 +67,7 @@ LOOP_MODES = {
     "chunked": "chunked",
     "cursor": "cursor",
 }
-CURSOR_KEYS = frozenset({"kind", "auth", "claim"})
+CURSOR_KEYS = frozenset({"kind", "auth", "claim", "retry"})
 FRAME_KEYS = frozenset(
     {
         "max_rows",
@@ -343,6 +343,7 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
         line=line,
         frame=plain(frame),
         aggregate=aggregate,
+        claim_retry=claim_retry(ctx, loop, path) if cursor is not None else None,
     )
 
 
@@ -405,3 +406,16 @@ def _cursor(ctx: Context, loop: LDict, path: str) -> dict[str, Any] | None:
         )
     expect_str(ctx, cursor.get("claim"), line_of(cursor, "claim"), join(cursor_path, "claim"))
     return plain(cursor)
+
+
+def claim_retry(ctx: Context, loop: LDict, path: str) -> Action | None:
+    """`cursor.retry`: how an erroring claim is tried again, in a task retry's words
+    (max_attempts, initial_delay, backoff_multiplier, backoff, max_delay, jitter)."""
+    cursor = loop.get("cursor")
+    if not isinstance(cursor, dict) or "retry" not in cursor:
+        return None
+    retry_path = join(join(path, "cursor"), "retry")
+    retry = expect_mapping(ctx, cursor["retry"], line_of(cursor, "retry"), retry_path)
+    if retry is None or not check_keys(ctx, retry, BACKOFF_KEYS, retry_path):
+        return None
+    return retry_action(ctx, retry, retry_path)

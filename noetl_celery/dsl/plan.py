@@ -125,6 +125,8 @@ class Loop(_Model):
     frame: dict[str, Any] | None = None
     # cursor: the loop's result also lists every row's result (`results`, in completion order)
     aggregate: bool = False
+    # cursor: how a claim that errors is tried again (None: CLAIM_RETRY of engine/cursor_loop.py)
+    claim_retry: Action | None = None
 
 
 class Arc(_Model):

@@ -12,8 +12,8 @@ Everything here runs inside on_event; workers only run claims and the rows' task
   counts nothing twice). The claim that ends the last slot completes the loop (a guarded UPDATE:
   exactly once) and the step's arcs run with `event.name == "loop.done"`.
 - A failed row is recorded (`cursor.item.failed`), counted, and its slot goes on claiming. A claim
-  that errors is retried (CLAIM_ATTEMPTS, doubling delays), then fails the step with the
-  database's message.
+  that errors is retried (`cursor.retry`, in a task retry's words; by default CLAIM_RETRY), then
+  fails the step with the database's message.
 - `loop.aggregate: true` adds `results` (every done row's result, in completion order, read back
   from the item rows) to the loop's result; without it the result is the stats alone, since a
   cursor loop may be unbounded.
@@ -28,19 +28,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from noetl_celery.dsl.plan import Step
+from noetl_celery.dsl.plan import Action, Step
 from noetl_celery.engine import deadlines
 from noetl_celery.engine import events as ev
 from noetl_celery.engine.loops import fail_loop_start, record_loop_done
 from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
+from noetl_celery.engine.policy_eval import next_backoff
 from noetl_celery.engine.units import RunRef, UnitEnd
 from noetl_celery.store import repo
 
 if TYPE_CHECKING:
     from noetl_celery.engine.orchestrator import Decider
 
-CLAIM_ATTEMPTS = 3  # tries of one claim before the step fails with the database's message
-CLAIM_RETRY_DELAY = 0.5  # seconds before the second try; doubled for each further one
+# How a claim that errors is tried again unless the cursor says (`cursor.retry`): 3 tries in
+# all, 0.5 s before the second and doubled for each further one; then the step fails with the
+# database's message.
+CLAIM_RETRY = Action(do="retry", attempts=3, delay=0.5, backoff="exponential", max_delay=60.0)
 
 
 def _run_ref(decider: Decider, run_id: str) -> RunRef:
@@ -128,6 +131,10 @@ class CursorLoop:
 
 
 CURSOR_LOOP = CursorLoop()
+
+
+def claim_retry(step: Step) -> Action:
+    return (step.loop.claim_retry if step.loop else None) or CLAIM_RETRY
 
 
 def lease_seconds(step: Step) -> float | None:
@@ -221,8 +228,8 @@ def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], 
         )
     elif ok:
         _slot_ended(decider, step, message.run_id, key)
-    elif message.attempt < CLAIM_ATTEMPTS:
-        delay = CLAIM_RETRY_DELAY * 2 ** (message.attempt - 1)
+    elif message.attempt < (claim_retry(step).attempts or 1):
+        delay = next_backoff(claim_retry(step), message.attempt)
         decider.rows[-1]["meta"]["retry_in"] = delay
         dispatch_claim(
             decider,

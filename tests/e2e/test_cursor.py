@@ -70,3 +70,27 @@ def test_a_claim_that_errors_is_retried_then_fails_the_step_with_the_database_me
     claim_failures = [e for e in events if e["event_type"] == "cursor.claim.failed"]
     assert {e["attempt"] for e in claim_failures} >= {1, 2, 3}
     assert not any(e["event_type"] == "iterator.completed" for e in events)
+
+
+def test_cursor_retry_sets_how_often_and_when_an_erroring_claim_is_tried_again(engine, tmp_path):
+    text = FAILURES.read_text()
+    anchor = '        auth: {dsn: "{{ queue_db }}"}\n'
+    assert anchor in text
+    playbook = tmp_path / "cursor_claim_retry.yaml"
+    retry = "        retry: {max_attempts: 5, initial_delay: 0.2, backoff: linear}\n"
+    playbook.write_text(text.replace(anchor, anchor + retry, 1))
+    run = engine.run(playbook, {"queue_db": str(tmp_path / f"retry-{engine.mode}.sqlite"), "bad_claim": True})
+    assert run.returncode == 1
+    assert "failed after 5 attempts" in run.status["error"]["message"]
+    assert "no such table: no_such_table" in run.status["error"]["message"]
+    events = engine.events(run.execution_id)
+    failures = [e for e in events if e["event_type"] == "cursor.claim.failed" and e["meta"]["slot"] == 0]
+    assert sorted(e["attempt"] for e in failures) == [1, 2, 3, 4, 5]
+    # linear backoff from 0.2 s: the wait before attempt n + 1 is 0.2 * n
+    assert [e["meta"].get("retry_in") for e in sorted(failures, key=lambda e: e["attempt"])] == [
+        0.2,
+        0.4,
+        0.6,
+        0.8,
+        None,
+    ]
