@@ -363,3 +363,57 @@ def test_a_worker_without_a_broker_exits_and_says_to_set_noetl_broker_url(tmp_pa
     assert proc.returncode != 0
     assert time.monotonic() - started < WORKER_EXIT_TIMEOUT
     assert "set NOETL_BROKER_URL" in proc.stdout + proc.stderr
+
+
+SLOW_LOOP = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: slow_loop}
+workload: {n: 24}
+workflow:
+  - step: start
+    loop:
+      in: "{{ range(n) | list }}"
+      iterator: i
+      spec: {mode: parallel, max_in_flight: 2}
+    tool: {kind: python, args: {i: "{{ iter.i }}"}, code: "import time\\ntime.sleep(0.15)\\nresult = i"}
+"""
+
+
+def test_run_on_a_terminal_redraws_a_progress_block_with_a_bar_per_running_loop(tmp_path):
+    import os
+    import pty
+
+    playbook = tmp_path / "slow_loop.yaml"
+    playbook.write_text(SLOW_LOOP)
+    parent, child = pty.openpty()  # stderr is a terminal; stdout stays a pipe
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "noetl_celery.cli", "run", str(playbook)],
+            env=_clean_env(home_env(tmp_path)),
+            stdout=subprocess.PIPE,
+            stderr=child,
+            cwd=REPO_ROOT,
+        )
+        os.close(child)
+        chunks = []
+        while True:
+            try:
+                data = os.read(parent, 65536)
+            except OSError:  # the other end closed: the command has exited
+                break
+            if not data:
+                break
+            chunks.append(data)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        os.close(parent)
+    screen = b"".join(chunks).decode()
+    assert proc.returncode == 0, screen
+    assert "completed" in stdout.decode()
+    assert "\x1b[" in screen and "F\x1b[J" in screen  # the block is redrawn in place
+    bars = re.findall(r"start\s+\[([#.]{30})\] (\d+)/24", screen)
+    assert bars, screen
+    counts = [int(done) for _, done in bars]
+    assert counts == sorted(counts) and counts[0] < 24  # seen while running, rising
+    assert re.search(r"steps \d+/1 done, \d+/\d+ units", screen)
