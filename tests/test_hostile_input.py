@@ -238,6 +238,41 @@ def test_a_100mb_response_is_streamed_capped_and_hashed():
     assert len(json.dumps(stored)) < limits.DEFAULT_MAX_RESULT_BYTES
 
 
+BIG_BODY = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: big_body}
+workload: {url: ""}
+workflow:
+  - step: start
+    tool: {kind: http, url: "{{ url }}"}
+    next: {arcs: [{step: after}]}
+  - step: after
+    tool:
+      kind: python
+      args: {body: "{{ start.data }}"}
+      code: "result = {'truncated': body.get('__truncated__'), 'size': body.get('size')}"
+"""
+
+
+def test_a_big_response_run_by_the_engine_is_stored_as_a_marker_and_the_store_stays_small(tmp_path):
+    from tests.support.engines import cli
+
+    playbook = tmp_path / "big_body.yaml"
+    playbook.write_text(BIG_BODY)
+    home = tmp_path / "home"
+    with hostile_server() as base:
+        proc = cli(["run", str(playbook), "--json", "--set", f"url={base}/big?mb=30"], {"NOETL_HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    # the next step sees the marker: the full size, not the body
+    assert out["results"]["after"]["truncated"] is True
+    assert out["results"]["after"]["size"] >= 30 * 1024 * 1024 - 1024
+    store = home / "noetl.sqlite"
+    sizes = sum(p.stat().st_size for p in home.iterdir() if p.name.startswith("noetl.sqlite"))
+    assert store.exists() and sizes < 5 * 1024 * 1024, f"store of {sizes / 1e6:.1f} MB after a 30 MB body"
+
+
 def test_results_and_errors_past_the_cap_are_stored_as_markers():
     big = {"rows": ["y" * 1000] * 2000}
     body = bounded(
