@@ -317,8 +317,9 @@ def test_conftest_slow_option_markers_and_worker_logs_on_failure(tmp_path, redis
     out = _inner_pytest(tmp_path)
     assert "1 failed, 1 passed, 1 skipped" in out, out
     assert "give --run-slow" in out, out
-    # the failing test's report carries the worker's log tail
-    assert "worker w" in out and "log tail" in out and " ready." in out, out
+    # the failing test's report carries the worker's warnings and errors and its last lines
+    assert "worker w" in out and "-- warnings and errors:" in out and "-- last lines:" in out, out
+    assert " ready." in out, out
 
     out = _inner_pytest(tmp_path, "--run-slow", "-k", "slow")
     assert "1 passed, 2 deselected" in out, out
