@@ -7,6 +7,12 @@ Options: --run-slow (tests marked `slow` run only with it or with env CI=true).
 
 from __future__ import annotations
 
+import functools
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from tests.support import services as svc
@@ -164,3 +170,21 @@ def worker_factory(request, tmp_path, redis_url):
         for name, text in group.log_sections():
             print(f"----- {name}\n{text}")
         pytest.fail("could not stop workers: " + "; ".join(errors), pytrace=False)
+
+
+@pytest.fixture
+def script_server(tmp_path: Path) -> Iterator[str]:
+    """A real HTTP server on loopback serving tmp_path/www."""
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "job.py").write_text("result = {'from': 'http'}\n")
+    (www / "create.sql").write_text("SELECT 'http' AS source\n")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(www))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

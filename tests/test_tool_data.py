@@ -111,6 +111,19 @@ def test_postgres_script_from_a_file_relative_to_the_playbook(tmp_path: Path, pg
         cur.execute(f"DROP TABLE public.{table}")
 
 
+def test_postgres_script_inline_and_over_http(pg_credential: str, script_server: str) -> None:
+    inline = {"script": {"uri": "inline", "source": {"type": "inline", "code": "SELECT 6 * 7 AS n"}}}
+    outcome = call("postgres", inline, auth=pg_credential)
+    assert outcome.status == "ok", outcome.error
+    assert outcome.data["rows"] == [{"n": 42}]
+    fetched = {"script": {"uri": f"{script_server}/create.sql", "source": {"type": "http"}}}
+    outcome = call("postgres", fetched, auth=pg_credential)
+    assert outcome.status == "ok", outcome.error
+    assert outcome.data["rows"] == [{"source": "http"}]
+    missing = call("postgres", {"script": {"uri": f"{script_server}/nope.sql", "source": {"type": "http"}}})
+    assert missing.status == "error" and missing.error["message"].endswith("cannot be fetched: HTTP 404")
+
+
 # ------------------------------------------------------------------ duckdb
 
 

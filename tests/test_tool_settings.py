@@ -4,13 +4,9 @@ values at validate (with path and line), rendered values in the worker."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import subprocess
 import sys
 import textwrap
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -215,24 +211,6 @@ def test_python_script_file_relative_to_the_playbook_and_absolute(tmp_path: Path
     missing = call("python", {"script": {"uri": "nope.py", "source": {"type": "file"}}}, source_file=str(playbook))
     assert missing.error is not None and missing.error["kind"] == "script"
     assert missing.error["message"].startswith(f"python: script file {tmp_path / 'nope.py'} cannot be read")
-
-
-@pytest.fixture
-def script_server(tmp_path: Path) -> Iterator[str]:
-    """A real HTTP server on loopback serving tmp_path/www."""
-    www = tmp_path / "www"
-    www.mkdir()
-    (www / "job.py").write_text("result = {'from': 'http'}\n")
-    (www / "create.sql").write_text("SELECT 'http' AS source\n")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(www))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_python_script_over_http(script_server: str) -> None:
