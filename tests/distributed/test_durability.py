@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ def test_a_worker_killed_for_good_is_recovered_by_the_sweeper(env, store_url, wo
         time.sleep(0.05)
     worker_factory(env=env, concurrency=2, name="survivor@%h")
     victim.kill()
-    killed = time.monotonic()
+    killed, killed_at = time.monotonic(), datetime.now(UTC)
     status = wait(store_url, execution_id, timeout=180)
     assert status["status"] == "completed", status
     per_index = Counter(r["iteration"] for r in rows(store_url, execution_id, "event_type = 'iteration.completed'"))
@@ -106,6 +107,10 @@ def test_a_worker_killed_for_good_is_recovered_by_the_sweeper(env, store_url, wo
         f"{recovered.total_seconds():.1f} s after the start"
     )
     assert time.monotonic() - killed < 60 + 30  # the lease (46 s) and a sweep, plus the loop's own work
+    # the execution moved again within 60 s of the kill: the sweeper's first re-publish
+    first = republished[0]["created_at"]
+    first = first if first.tzinfo else first.replace(tzinfo=UTC)
+    assert (first - killed_at).total_seconds() < 60, f"first re-publish {(first - killed_at).total_seconds():.1f} s"
 
 
 def test_code_that_swallows_the_soft_limit_is_killed_and_recorded_as_timeout(env, store_url, worker_factory):
