@@ -12,6 +12,7 @@ Every worker main process runs the sweeper (engine/sweeper.py) on a timer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -43,17 +44,33 @@ class PublishFailed(Exception):
     """Decided messages could not be published (broker unreachable); they are in the store."""
 
 
-def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool = False) -> None:
-    transport_options: dict[str, Any] = {
-        "visibility_timeout": settings.visibility_timeout,
-        # Redis: sweep for messages whose consumer died (unacked past the visibility timeout)
-        # every `restore_interval` seconds, instead of kombu's default of about 100 s.
-        "unacked_restore_interval": settings.restore_interval,
-        "unacked_restore_throttle": 1,
-    }
+def broker_options(settings: noetl_settings.Settings, *, embedded: bool = False) -> dict[str, Any]:
+    """The Celery settings that depend on the kind of broker.
+
+    Redis: the visibility timeout (broker, result backend and Celery's own setting) and a fast
+    sweep for the unacknowledged messages of dead consumers. RabbitMQ has neither: it requeues a
+    consumer's unacknowledged messages as soon as its connection closes. There, publisher confirms
+    are on, so a publish returns once the broker has the message (as a Redis LPUSH does) and a
+    refused one raises instead of vanishing."""
     if embedded:
-        transport_options["polling_interval"] = EMBEDDED_POLLING_INTERVAL
-    app.conf.update(
+        return {"broker_transport_options": {"polling_interval": EMBEDDED_POLLING_INTERVAL}}
+    if settings.amqp_broker:
+        return {"broker_transport_options": {"confirm_publish": True}}
+    return {
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout,
+            # Redis: sweep for messages whose consumer died (unacked past the visibility timeout)
+            # every `restore_interval` seconds, instead of kombu's default of about 100 s.
+            "unacked_restore_interval": settings.restore_interval,
+            "unacked_restore_throttle": 1,
+        },
+        "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout},
+        "visibility_timeout": settings.visibility_timeout,
+    }
+
+
+def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool = False) -> None:
+    options: dict[str, Any] = dict(
         broker_url=noetl_settings.EMBEDDED_BROKER
         if embedded
         else (settings.broker_url or noetl_settings.EMBEDDED_BROKER),
@@ -66,9 +83,8 @@ def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool 
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=settings.prefetch_multiplier,
-        broker_transport_options=transport_options,
-        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout},
-        visibility_timeout=settings.visibility_timeout,
+        broker_transport_options={},
+        result_backend_transport_options={},
         broker_connection_retry_on_startup=True,
         task_default_queue=settings.task_queue,
         task_routes={RUN_TASK: {"queue": settings.task_queue}, ON_EVENT: {"queue": settings.event_queue}},
@@ -79,6 +95,8 @@ def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool 
         noetl_settings=settings,
         noetl_embedded=embedded,
     )
+    options.update(broker_options(settings, embedded=embedded))
+    app.conf.update(options)
 
 
 def _settings_at_import() -> tuple[noetl_settings.Settings, ConfigurationError | None]:
@@ -299,17 +317,29 @@ def sweep_once() -> sweeper.SweepResult:
     return result
 
 
-def _queues_busy(settings: noetl_settings.Settings) -> bool:
+def _queues_busy(settings: noetl_settings.Settings, celery_app: Celery | None = None) -> bool:
     """True when a queue still holds messages (an overdue attempt, or its outcome, may be waiting
-    in line)."""
+    in line). Messages a worker has taken (held countdowns included) are not counted, on Redis
+    (LLEN) as on RabbitMQ (a passive declare's message_count: the ready messages).
+
+    The connection comes from the app's pool (RabbitMQ would otherwise see a new connection every
+    sweep) and each queue gets a channel of its own: on RabbitMQ a queue that does not exist yet
+    closes the channel that asked."""
     try:
-        with app.connection_for_write() as conn:
-            channel = conn.default_channel
-            return any(
-                channel.queue_declare(queue=q, passive=True).message_count > 0
-                for q in (settings.task_queue, settings.event_queue)
-            )
-    except Exception:  # the queue does not exist yet, or the transport cannot tell: not busy
+        with (celery_app or app).pool.acquire(block=True, timeout=5) as conn:
+            conn.ensure_connection(max_retries=1)
+            for queue in (settings.task_queue, settings.event_queue):
+                channel = conn.channel()
+                try:
+                    if channel.queue_declare(queue=queue, passive=True).message_count > 0:
+                        return True
+                except Exception:  # the queue does not exist yet: nothing waits in it
+                    continue
+                finally:
+                    with contextlib.suppress(Exception):
+                        channel.close()
+            return False
+    except Exception:  # the broker cannot be reached or cannot tell: not busy
         return False
 
 

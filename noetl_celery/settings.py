@@ -36,6 +36,9 @@ DEFAULT_TASK_QUEUE = "noetl.tasks"  # tool calls
 DEFAULT_EVENT_QUEUE = "noetl.events"  # on_event
 DEFAULT_VISIBILITY_TIMEOUT = 3600  # seconds; Redis redelivers an unacked message after this
 DEFAULT_MAX_COUNTDOWN = 600  # seconds a countdown is held by the broker; longer waits are re-checked
+DEFAULT_CONSUMER_TIMEOUT = 1800  # seconds; RabbitMQ's default consumer_timeout (closes the channel of
+# a consumer that holds an unacknowledged message longer, an ETA message held by a worker included)
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")  # broker URL schemes of RabbitMQ
 DEFAULT_RESTORE_INTERVAL = 10  # seconds between sweeps that hand out messages of dead consumers
 DEFAULT_SWEEP_INTERVAL = 5.0  # seconds between sweeps for overdue attempts (0: no sweeper)
 DEFAULT_MAX_REPUBLISHES = 3  # times an overdue attempt is published again before it is `lost`
@@ -88,6 +91,7 @@ class Settings:
     sweep_interval: float = DEFAULT_SWEEP_INTERVAL
     max_republishes: int = DEFAULT_MAX_REPUBLISHES
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    consumer_timeout: int = DEFAULT_CONSUMER_TIMEOUT  # RabbitMQ only: the server's consumer_timeout
     corpus_dir: Path = Path(DEFAULT_CORPUS_DIR)
     duckdb_dir: Path = DEFAULT_DUCKDB_DIR
     playbook_path: tuple[Path, ...] = ()
@@ -102,6 +106,11 @@ class Settings:
     max_yaml_nodes: int = DEFAULT_MAX_YAML_NODES
     template_timeout: float = DEFAULT_TEMPLATE_TIMEOUT
     template_max_bytes: int = DEFAULT_TEMPLATE_MAX_BYTES
+
+    @property
+    def amqp_broker(self) -> bool:
+        """The broker is RabbitMQ (an amqp:// URL): no visibility timeout, a consumer timeout."""
+        return is_amqp(self.broker_url)
 
     @property
     def embedded_database(self) -> bool:
@@ -123,6 +132,7 @@ class Settings:
             "NOETL_EVENT_DISPATCH": self.event_dispatch,
             "NOETL_VISIBILITY_TIMEOUT": f"{self.visibility_timeout} s",
             "NOETL_RESTORE_INTERVAL": f"{self.restore_interval} s",
+            "NOETL_CONSUMER_TIMEOUT": f"{self.consumer_timeout} s",
             "NOETL_MAX_COUNTDOWN": f"{self.max_countdown} s",
             "NOETL_PREFETCH_MULTIPLIER": str(self.prefetch_multiplier),
             "NOETL_TASK_EVENTS": "on" if self.task_events else "off",
@@ -166,12 +176,16 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
     env = secret_registry.environ() if environ is None else environ  # sealed credential vars too
     home = Path(env.get("NOETL_HOME", DEFAULT_HOME)).expanduser()
     visibility_timeout = _int(env, "NOETL_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT)
-    # unset: at most half the visibility timeout, so a held countdown is never redelivered
-    max_countdown_default = min(DEFAULT_MAX_COUNTDOWN, max(1, visibility_timeout // 2))
+    consumer_timeout = _int(env, "NOETL_CONSUMER_TIMEOUT", DEFAULT_CONSUMER_TIMEOUT)
+    broker_url = env.get("NOETL_BROKER_URL") or None
+    # unset: at most half of what the broker lets a worker hold a message (Redis: the visibility
+    # timeout; RabbitMQ: its consumer_timeout), so a held countdown is never handed out again
+    holding_limit = consumer_timeout if is_amqp(broker_url) else visibility_timeout
+    max_countdown_default = min(DEFAULT_MAX_COUNTDOWN, max(1, holding_limit // 2))
     database_url = env.get("NOETL_DATABASE_URL") or f"sqlite:///{home / 'noetl.sqlite'}"
     return check(
         Settings(
-            broker_url=env.get("NOETL_BROKER_URL") or None,
+            broker_url=broker_url,
             database_url=database_url,
             result_backend=env.get("NOETL_RESULT_BACKEND") or None,
             home=home,
@@ -186,6 +200,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             sweep_interval=_float(env, "NOETL_SWEEP_INTERVAL", DEFAULT_SWEEP_INTERVAL),
             max_republishes=_int(env, "NOETL_MAX_REPUBLISHES", DEFAULT_MAX_REPUBLISHES),
             max_deliveries=_int(env, "NOETL_MAX_DELIVERIES", DEFAULT_MAX_DELIVERIES),
+            consumer_timeout=consumer_timeout,
             corpus_dir=_corpus_dir(env),
             duckdb_dir=Path(env.get(DUCKDB_DIR_ENV) or DEFAULT_DUCKDB_DIR),
             playbook_path=tuple(Path(e.strip()) for e in env.get(PLAYBOOK_PATH_ENV, "").split(os.pathsep) if e.strip()),
@@ -270,8 +285,27 @@ def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...], default
     return value
 
 
+def is_amqp(broker_url: str | None) -> bool:
+    """True for a RabbitMQ broker URL (amqp://, amqps://, pyamqp://, librabbitmq://)."""
+    return bool(broker_url) and urlsplit(str(broker_url)).scheme.lower() in AMQP_SCHEMES
+
+
 def check(settings: Settings) -> Settings:
     """Settings that contradict each other are refused with what to change."""
+    if settings.amqp_broker:
+        if settings.consumer_timeout <= 0:
+            raise ConfigurationError(
+                f"NOETL_CONSUMER_TIMEOUT must be a positive number of seconds, got {settings.consumer_timeout}"
+            )
+        if settings.max_countdown >= settings.consumer_timeout:
+            raise ConfigurationError(
+                f"NOETL_MAX_COUNTDOWN ({settings.max_countdown} s) must be shorter than NOETL_CONSUMER_TIMEOUT "
+                f"({settings.consumer_timeout} s, RabbitMQ's consumer_timeout): a worker holds a countdown "
+                "message unacknowledged until it is due, and RabbitMQ closes the channel of a consumer that "
+                "holds one longer, handing every message it held to another worker (set "
+                "NOETL_CONSUMER_TIMEOUT to the server's consumer_timeout if it is not the default 1800 s)"
+            )
+        return settings
     if settings.max_countdown >= settings.visibility_timeout:
         raise ConfigurationError(
             f"NOETL_MAX_COUNTDOWN ({settings.max_countdown} s) must be shorter than NOETL_VISIBILITY_TIMEOUT "

@@ -1,7 +1,9 @@
 """Shared fixtures. The logic lives in tests/support (services.py, workers.py).
 
-Session fixtures: redis_url, postgres_server_url, postgres_url, pg_dsn.
-Function fixtures: sqlite_url, fresh_postgres, worker_factory.
+Session fixtures: redis_url, amqp_url, postgres_server_url, postgres_url, pg_dsn.
+Function fixtures: sqlite_url, fresh_postgres, broker, broker_url, worker_factory.
+Brokers: a test runs on Redis unless it asks for `broker` by indirect parametrization, e.g.
+``@pytest.mark.parametrize("broker", BROKERS, indirect=True)`` (tests.support.services.BROKERS).
 Options: --run-slow (tests marked `slow` run only with it or with env CI=true).
 """
 
@@ -20,12 +22,15 @@ from tests.support.corpus import ConformanceTally, uses_corpus
 from tests.support.workers import WorkerGroup
 
 MARKERS = {
-    "services": "needs a real Redis and PostgreSQL (started by the test session when not configured)",
+    "services": "needs a real Redis or RabbitMQ and PostgreSQL (found or started by the test session)",
     "slow": "long-running correctness runs",
 }
 SERVICE_FIXTURES = {
     "redis_url",
     "redis_server_url",
+    "amqp_url",
+    "amqp_server_url",
+    "broker_url",
     "postgres_server_url",
     "postgres_url",
     "pg_dsn",
@@ -114,6 +119,33 @@ def redis_url(services) -> str:
 
 
 @pytest.fixture(scope="session")
+def amqp_server_url(services) -> str:
+    """AMQP URL of the RabbitMQ server (NOETL_TEST_AMQP_URL, else the local one), its own vhost."""
+    return _get(services.amqp_server_url)
+
+
+@pytest.fixture(scope="session")
+def amqp_url(services) -> str:
+    """AMQP URL of this session's own RabbitMQ virtual host (deleted at the end)."""
+    return _get(services.amqp_url)
+
+
+@pytest.fixture
+def broker(request) -> str:
+    """The broker kind of this test: "redis", or what an indirect parametrization gives."""
+    kind = getattr(request, "param", "redis")
+    if kind not in svc.BROKERS:
+        raise ValueError(f"unknown broker {kind!r}: one of {svc.BROKERS}")
+    return kind
+
+
+@pytest.fixture
+def broker_url(request, broker) -> str:
+    """URL of this session's place on the test's broker (`redis_url` or `amqp_url`)."""
+    return request.getfixturevalue("amqp_url" if broker == "amqp" else "redis_url")
+
+
+@pytest.fixture(scope="session")
 def postgres_server_url(services) -> str:
     """Server-level libpq URL (postgresql://user@host:port/postgres)."""
     return _get(services.postgres_server_url)
@@ -153,16 +185,16 @@ def sqlite_url(tmp_path) -> str:
 
 
 @pytest.fixture
-def worker_factory(request, tmp_path, redis_url):
+def worker_factory(request, tmp_path, broker_url):
     """Start real worker processes: ``worker_factory(app="noetl_celery", env={...}, concurrency=4,
     pool="prefork", queues=(...), name=None, start=True, timeout=30)`` -> WorkerProcess.
 
-    NOETL_BROKER_URL defaults to `redis_url`; every worker is stopped at teardown and the tail
+    NOETL_BROKER_URL defaults to `broker_url` (Redis unless the test asks for another); every worker is stopped at teardown and the tail
     of its log is added to the report of a failed test.
     """
     log_dir = tmp_path / "workers"
     log_dir.mkdir()
-    group = WorkerGroup(log_dir, default_env={"NOETL_BROKER_URL": redis_url})
+    group = WorkerGroup(log_dir, default_env={"NOETL_BROKER_URL": broker_url})
     request.node._noetl_workers = group
     yield group
     errors = group.stop_all()

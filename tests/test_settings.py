@@ -30,6 +30,42 @@ def test_a_countdown_held_past_the_visibility_timeout_is_refused():
         settings.load({"NOETL_VISIBILITY_TIMEOUT": "60", "NOETL_MAX_COUNTDOWN": "60"})
 
 
+AMQP = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+def test_on_rabbitmq_the_held_countdown_follows_the_consumer_timeout_not_the_visibility_timeout():
+    s = settings.load({"NOETL_BROKER_URL": AMQP})
+    assert s.amqp_broker and s.consumer_timeout == 1800 and s.max_countdown == 600
+    assert settings.load({"NOETL_BROKER_URL": AMQP, "NOETL_CONSUMER_TIMEOUT": "60"}).max_countdown == 30
+    # the visibility timeout is Redis's: it neither lowers nor limits a countdown on RabbitMQ
+    s = settings.load({"NOETL_BROKER_URL": AMQP, "NOETL_VISIBILITY_TIMEOUT": "60", "NOETL_MAX_COUNTDOWN": "120"})
+    assert s.max_countdown == 120
+    assert not settings.load({"NOETL_BROKER_URL": "redis://h:6379/0"}).amqp_broker
+    assert settings.load({"NOETL_BROKER_URL": "pyamqp://h//"}).amqp_broker
+
+
+@pytest.mark.parametrize("countdown, timeout", [("1800", None), ("120", "120"), ("600", "300")])
+def test_on_rabbitmq_a_countdown_held_past_the_consumer_timeout_is_refused(countdown, timeout):
+    env = {"NOETL_BROKER_URL": AMQP, "NOETL_MAX_COUNTDOWN": countdown}
+    if timeout:
+        env["NOETL_CONSUMER_TIMEOUT"] = timeout
+    with pytest.raises(ConfigurationError, match="NOETL_MAX_COUNTDOWN .* must be shorter than NOETL_CONSUMER_TIMEOUT"):
+        settings.load(env)
+    with pytest.raises(ConfigurationError, match="NOETL_CONSUMER_TIMEOUT must be a positive"):
+        settings.load({"NOETL_BROKER_URL": AMQP, "NOETL_CONSUMER_TIMEOUT": "0"})
+
+
+def test_broker_options_follow_the_kind_of_broker():
+    from noetl_celery.app import broker_options
+
+    redis = broker_options(settings.load({"NOETL_BROKER_URL": "redis://h:6379/0", "NOETL_VISIBILITY_TIMEOUT": "80"}))
+    assert redis["visibility_timeout"] == 80
+    assert redis["broker_transport_options"]["visibility_timeout"] == 80
+    assert redis["result_backend_transport_options"] == {"visibility_timeout": 80}
+    amqp = broker_options(settings.load({"NOETL_BROKER_URL": AMQP}))
+    assert amqp == {"broker_transport_options": {"confirm_publish": True}}  # no Redis-only option
+
+
 @pytest.mark.parametrize(
     "env, message",
     [

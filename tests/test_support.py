@@ -369,3 +369,40 @@ def test_the_corpus_is_built_from_a_clone_at_the_commits_the_index_names(tmp_pat
     assert (tmp_path / "out" / "v1" / "hello.yaml").read_text() == "name: at-the-commit\n"
     assert (tmp_path / "out" / "INDEX.tsv").read_text() == index.read_text()
     assert len(missing) == 2 and "gone.yaml" in missing[0] and "no clone of noetl/e2e" in missing[1]
+
+
+def test_amqp_url_helpers():
+    assert svc.amqp_vhost_of("amqp://guest:guest@h:5672//") == "/"
+    assert svc.amqp_vhost_of("amqp://h:5672") == "/"
+    assert svc.amqp_vhost_of("amqp://h/noetl_test_1_ab") == "noetl_test_1_ab"
+    assert svc.amqp_vhost_url("amqp://u:p@h:5672//", "a/b") == "amqp://u:p@h:5672/a%2Fb"
+    assert svc.amqp_vhost_of(svc.amqp_vhost_url("amqp://h//", "a/b")) == "a/b"
+
+
+def test_the_session_has_a_rabbitmq_vhost_of_its_own(amqp_server_url, amqp_url):
+    vhost = svc.amqp_vhost_of(amqp_url)
+    assert vhost.startswith(svc.AMQP_VHOST_PREFIX) and vhost != svc.amqp_vhost_of(amqp_server_url)
+    assert svc.amqp_answers(amqp_url)
+    with svc.create_amqp_vhost(amqp_server_url) as other:
+        assert svc.amqp_vhost_of(other.url) not in (vhost, "/")
+        assert svc.amqp_answers(other.url)
+        names = {e["name"] for e in other.admin.list()}
+        assert {vhost, svc.amqp_vhost_of(other.url)} <= names
+    assert svc.amqp_vhost_of(other.url) not in {e["name"] for e in other.admin.list()}  # deleted
+    assert not svc.amqp_answers(other.url)
+
+
+def test_only_a_dead_session_s_vhost_is_stale():
+    import json
+    import socket
+
+    dead = json.dumps({"host": socket.gethostname(), "pid": 2**22 + 7})
+    assert svc._vhost_is_stale({"name": "noetl_test_1_ab", "description": dead})
+    assert not svc._vhost_is_stale(
+        {"name": "noetl_test_1_ab", "description": json.dumps({"host": socket.gethostname(), "pid": os.getpid()})}
+    )
+    assert not svc._vhost_is_stale(
+        {"name": "noetl_test_1_ab", "description": json.dumps({"host": "elsewhere", "pid": 2**22 + 7})}
+    )
+    assert not svc._vhost_is_stale({"name": "someone_else", "description": dead})  # not a session's name
+    assert not svc._vhost_is_stale({"name": "noetl_test_1_ab", "description": "a developer's vhost"})

@@ -1,4 +1,6 @@
-"""Fixtures for tests that drive real worker processes on Redis + PostgreSQL directly."""
+"""Fixtures for tests that drive real worker processes on Redis (or RabbitMQ) + PostgreSQL directly.
+
+`tests.support.services.on_both_brokers` runs a test once on Redis and once on RabbitMQ."""
 
 from __future__ import annotations
 
@@ -14,6 +16,6 @@ def store_url(postgres_url) -> str:
 
 
 @pytest.fixture
-def env(redis_url, store_url) -> dict[str, str]:
-    """What both the workers and the submitting command see."""
-    return {"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": store_url}
+def env(broker_url, store_url) -> dict[str, str]:
+    """What both the workers and the submitting command see (Redis unless the test asks)."""
+    return {"NOETL_BROKER_URL": broker_url, "NOETL_DATABASE_URL": store_url}

@@ -1,14 +1,17 @@
-"""Real Redis and PostgreSQL servers for the test suite.
+"""Real Redis, RabbitMQ and PostgreSQL servers for the test suite.
 
 Where a server comes from, in this order (see `Services`):
 
 (a) configured: env ``NOETL_TEST_REDIS_URL`` / ``NOETL_TEST_POSTGRES_URL`` (a server-level URL,
     e.g. ``redis://127.0.0.1:6379`` and ``postgresql://postgres@127.0.0.1:5432/postgres``).
     A configured server that does not answer is reported, not silently replaced.
-(b) the local default servers (``DEFAULT_REDIS_URL``, ``DEFAULT_POSTGRES_URL``) if they answer
-    within about 1 s (and, for PostgreSQL, the role may create databases);
+    RabbitMQ: env ``NOETL_TEST_AMQP_URL`` (e.g. ``amqp://guest:guest@127.0.0.1:5672//``).
+(b) the local default servers (``DEFAULT_REDIS_URL``, ``DEFAULT_AMQP_URL``,
+    ``DEFAULT_POSTGRES_URL``) if they answer within about 1 s (and, for PostgreSQL, the role may
+    create databases);
 (c) throw-away servers started from the installed binaries on free loopback ports in a temp dir
-    (`RedisServer`, `PostgresCluster`), stopped when the session ends.
+    (`RedisServer`, `PostgresCluster`), stopped when the session ends. There is no throw-away
+    RabbitMQ: without a server the amqp tests skip (fail with CI=true).
 
 When none is possible the fixtures call `unavailable(reason)`: ``pytest.skip`` normally,
 ``pytest.fail`` when env ``CI`` is true (CI must not go green by skipping).
@@ -28,6 +31,14 @@ pidbox fanout channels, which kombu prefixes with the db number) and the code un
 then use any key names, and FLUSHDB cleans everything at once. Tests must not FLUSHDB the
 session database themselves (that would drop the claim); a test that needs its own can call
 `claim_redis_db` again. If all 15 are taken, a throw-away server is started instead.
+
+RabbitMQ: each session creates its own **virtual host** ``noetl_test_<pid>_<random>`` (`AmqpVhost`),
+with full permissions for the URL's user, and deletes it (queues, exchanges, messages and all) at
+the end. Created through the management HTTP API when it answers (port 15672, the URL's
+credentials), else with ``rabbitmqctl`` when the server is on this machine and the command may
+talk to it; with neither, the amqp tests are skipped (or fail with CI=true). Nothing outside the
+session's vhost is created or deleted: the vhost's description records the host and pid that
+made it, and only a vhost of a dead process on this host, so described, is removed as stale.
 
 PostgreSQL: each session creates a fresh database ``noetl_test_<pid>_<random>`` (`fresh_database`,
 also usable by tests that want one of their own), dropped at the end after terminating its
@@ -56,13 +67,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn, Self
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import pytest
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 REDIS_URL_ENV = "NOETL_TEST_REDIS_URL"
+AMQP_URL_ENV = "NOETL_TEST_AMQP_URL"
+AMQP_MANAGEMENT_PORT = 15672
+AMQP_VHOST_PREFIX = "noetl_test_"
 POSTGRES_URL_ENV = "NOETL_TEST_POSTGRES_URL"
 
 REDIS_CLAIM_KEY = "noetl:test:session-claim"
@@ -70,6 +85,8 @@ REDIS_OWNED_KEY = "noetl:test:owned"  # this database holds only what test sessi
 REDIS_CLAIM_TTL_MS = 3 * 3600 * 1000
 REDIS_SESSION_DBS = range(1, 16)
 
+BROKERS = ("redis", "amqp")  # the brokers tests run on (see the `broker` fixture in tests/conftest.py)
+on_both_brokers = pytest.mark.parametrize("broker", BROKERS, indirect=True)  # a test, once per broker
 ANSWER_TIMEOUT = 1.0  # seconds a local default server has to answer
 
 
@@ -397,6 +414,230 @@ def claim_redis_db(
         f"no free Redis database among {list(dbs)} on {server_url} "
         "(in use by a session, or holding data the tests did not write)"
     )
+
+
+# --------------------------------------------------------------------------- RabbitMQ
+
+
+def queued_messages(broker_url: str, queues: Sequence[str]) -> int:
+    """Messages waiting (ready, not taken by a worker) in `queues` of the broker at `broker_url`."""
+    if broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        from kombu import Connection
+
+        total = 0
+        with Connection(broker_url, connect_timeout=5) as conn:
+            for q in queues:
+                channel = conn.channel()
+                try:
+                    total += channel.queue_declare(queue=q, passive=True).message_count
+                except Exception:  # noqa: BLE001 - the queue was never declared: nothing in it
+                    pass
+                finally:
+                    with contextlib.suppress(Exception):
+                        channel.close()
+        return total
+    client = redis_client(broker_url)
+    try:
+        return sum(int(client.llen(q)) for q in queues)
+    finally:
+        client.close()
+
+
+def amqp_answers(url: str, timeout: float = ANSWER_TIMEOUT) -> bool:
+    """True if an AMQP server at `url` accepts a connection (login included) within `timeout` s."""
+    parts = urlsplit(url)
+    if not _tcp_answers(parts.hostname or "127.0.0.1", parts.port or 5672, timeout):
+        return False
+    try:
+        from kombu import Connection
+
+        with Connection(url, connect_timeout=timeout) as conn:
+            conn.ensure_connection(max_retries=1)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means 'no'
+        return False
+
+
+def amqp_vhost_of(url: str) -> str:
+    """The virtual host an AMQP URL names (kombu's reading: an empty path or ``//`` is ``/``)."""
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def amqp_vhost_url(server_url: str, vhost: str) -> str:
+    """`server_url` pointed at the virtual host `vhost`."""
+    parts = urlsplit(server_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + quote(vhost, safe=""), parts.query, ""))
+
+
+def _is_local_host(host: str | None) -> bool:
+    return host in (None, "", "localhost", "127.0.0.1", "::1", socket.gethostname())
+
+
+class _VhostAdmin:
+    """Creates and deletes virtual hosts on one server, through whatever this machine offers."""
+
+    how = ""
+
+    def list(self) -> list[dict]:
+        raise NotImplementedError
+
+    def create(self, name: str, description: str, user: str) -> None:
+        raise NotImplementedError
+
+    def delete(self, name: str) -> None:
+        raise NotImplementedError
+
+
+class _HttpVhostAdmin(_VhostAdmin):
+    """The management plugin's HTTP API (``/api/vhosts``, ``/api/permissions``)."""
+
+    how = "management API"
+
+    def __init__(self, base: str, user: str, password: str):
+        self.base = base.rstrip("/")
+        self.auth = (user, password)
+
+    def _call(self, method: str, path: str, body: dict | None = None):
+        import base64
+        import urllib.request
+
+        req = urllib.request.Request(
+            self.base + path,
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={
+                "content-type": "application/json",
+                "authorization": "Basic " + base64.b64encode(":".join(self.auth).encode()).decode(),
+            },
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    def list(self) -> list[dict]:
+        return list(self._call("GET", "/api/vhosts") or [])
+
+    def create(self, name: str, description: str, user: str) -> None:
+        q = quote(name, safe="")
+        self._call("PUT", f"/api/vhosts/{q}", {"description": description})
+        perms = {"configure": ".*", "write": ".*", "read": ".*"}
+        self._call("PUT", f"/api/permissions/{q}/{quote(user, safe='')}", perms)
+
+    def delete(self, name: str) -> None:
+        self._call("DELETE", f"/api/vhosts/{quote(name, safe='')}")
+
+
+class _CtlVhostAdmin(_VhostAdmin):
+    """``rabbitmqctl`` of a server on this machine."""
+
+    how = "rabbitmqctl"
+
+    def __init__(self, binary: str):
+        self.binary = binary
+
+    def _run(self, *args: str) -> str:
+        proc = subprocess.run(
+            [self.binary, "-q", *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        )
+        if proc.returncode != 0:
+            raise ServiceUnavailable(f"rabbitmqctl {' '.join(args)} failed: {(proc.stderr or proc.stdout).strip()}")
+        return proc.stdout
+
+    def list(self) -> list[dict]:
+        return list(json.loads(self._run("--formatter", "json", "list_vhosts", "name", "description") or "[]"))
+
+    def create(self, name: str, description: str, user: str) -> None:
+        self._run("add_vhost", name, "--description", description)
+        self._run("set_permissions", "-p", name, user, ".*", ".*", ".*")
+
+    def delete(self, name: str) -> None:
+        self._run("delete_vhost", name)
+
+
+def _vhost_admin(server_url: str) -> _VhostAdmin:
+    """The way to manage virtual hosts of `server_url`: its management API if it answers, else
+    rabbitmqctl when the server is on this machine. ServiceUnavailable when neither works."""
+    parts = urlsplit(server_url)
+    host = parts.hostname or "127.0.0.1"
+    user, password = unquote(parts.username or "guest"), unquote(parts.password or "guest")
+    tried = []
+    if _tcp_answers(host, AMQP_MANAGEMENT_PORT, ANSWER_TIMEOUT):
+        http = _HttpVhostAdmin(f"http://{host}:{AMQP_MANAGEMENT_PORT}", user, password)
+        try:
+            http.list()
+            return http
+        except Exception as exc:  # noqa: BLE001 - try the next way
+            tried.append(f"management API: {exc}")
+    else:
+        tried.append(f"no management API on {host}:{AMQP_MANAGEMENT_PORT}")
+    ctl = shutil.which("rabbitmqctl")
+    if ctl and _is_local_host(parts.hostname):
+        admin = _CtlVhostAdmin(ctl)
+        try:
+            admin.list()
+            return admin
+        except Exception as exc:  # noqa: BLE001 - e.g. not allowed to read the Erlang cookie
+            tried.append(f"rabbitmqctl: {exc}")
+    else:
+        tried.append("no rabbitmqctl for this server")
+    raise ServiceUnavailable("cannot create a RabbitMQ virtual host for the session (" + "; ".join(tried) + ")")
+
+
+@dataclass
+class AmqpVhost:
+    """A virtual host created for a test session; `delete()` removes it and all it holds."""
+
+    server_url: str
+    name: str
+    admin: _VhostAdmin
+    deleted: bool = False
+
+    @property
+    def url(self) -> str:
+        return amqp_vhost_url(self.server_url, self.name)
+
+    def delete(self) -> None:
+        if not self.deleted:
+            self.deleted = True
+            with contextlib.suppress(Exception):
+                self.admin.delete(self.name)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.delete()
+
+
+def _vhost_is_stale(entry: dict) -> bool:
+    """A session vhost (by name and description) made on this host by a process that is gone."""
+    if not str(entry.get("name", "")).startswith(AMQP_VHOST_PREFIX):
+        return False
+    try:
+        owner = json.loads(entry.get("description") or "")
+        return owner["host"] == socket.gethostname() and not _process_alive(int(owner["pid"]))
+    except Exception:  # noqa: BLE001 - not described by a test session: never ours to delete
+        return False
+
+
+def create_amqp_vhost(server_url: str, prefix: str = AMQP_VHOST_PREFIX) -> AmqpVhost:
+    """A fresh virtual host ``<prefix><pid>_<random>`` on `server_url` with full permissions for
+    the URL's user (use as a context manager or call `.delete()`). Vhosts left by crashed test
+    sessions of this host are deleted first."""
+    admin = _vhost_admin(server_url)
+    with contextlib.suppress(Exception):
+        for entry in admin.list():
+            if _vhost_is_stale(entry):
+                admin.delete(entry["name"])
+    name = f"{prefix}{os.getpid()}_{secrets.token_hex(4)}"
+    owner = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "by": "noetl_celery tests"})
+    admin.create(name, owner, unquote(urlsplit(server_url).username or "guest"))
+    vhost = AmqpVhost(server_url=server_url, name=name, admin=admin)
+    if not amqp_answers(vhost.url, 5.0):
+        vhost.delete()
+        raise ServiceUnavailable(f"created vhost {name} on {server_url} but cannot connect to it")
+    return vhost
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -800,6 +1041,31 @@ class Services:
             claim = claim_redis_db(server)
         self._stack.callback(claim.release)
         return claim.url
+
+    # RabbitMQ
+    def amqp_server_url(self) -> str:
+        return self._cached("amqp_server", self._find_amqp)
+
+    def _find_amqp(self) -> str:
+        configured = os.environ.get(AMQP_URL_ENV)
+        if configured:
+            if not amqp_answers(configured, 5.0):
+                raise ServiceUnavailable(f"{AMQP_URL_ENV}={configured} does not accept an AMQP connection")
+            self.sources["amqp"] = "configured"
+            return configured
+        if amqp_answers(DEFAULT_AMQP_URL):
+            self.sources["amqp"] = "local"
+            return DEFAULT_AMQP_URL
+        raise ServiceUnavailable(f"no RabbitMQ at {DEFAULT_AMQP_URL} (set {AMQP_URL_ENV})")
+
+    def amqp_url(self) -> str:
+        """Server URL + this session's own virtual host (deleted at close)."""
+        return self._cached("amqp", self._create_vhost)
+
+    def _create_vhost(self) -> str:
+        vhost = create_amqp_vhost(self.amqp_server_url())
+        self._stack.callback(vhost.delete)
+        return vhost.url
 
     # PostgreSQL
     def postgres_server_url(self) -> str:
