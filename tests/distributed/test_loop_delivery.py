@@ -1,4 +1,7 @@
-"""Loops under at-least-once delivery: real Redis, real PostgreSQL, real worker processes."""
+"""Loops under at-least-once delivery: real Redis or RabbitMQ, real PostgreSQL, real worker processes.
+
+The delivery tests run on both brokers (`on_both_brokers`); on RabbitMQ they are smaller, to keep
+the suite's time in check (each says how)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from sqlalchemy import text
 from noetl_celery.runner import wait
 from noetl_celery.store.db import get_engine
 from tests.support.engines import cli
+from tests.support.services import on_both_brokers
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 LOOP = PLAYBOOKS / "loop_many.yaml"
@@ -35,6 +39,15 @@ def loop_log(url: str, execution_id: int) -> tuple[Counter, Counter]:
     return per_index, Counter(kind for kind, _ in rows)
 
 
+def republished(url: str, execution_id: int) -> int:
+    """`attempt.republished` rows of the execution: attempts the sweeper had to send again."""
+    with get_engine(url).connect() as conn:
+        return conn.execute(
+            text("SELECT COUNT(*) FROM noetl_event WHERE execution_id = :x AND event_type = 'attempt.republished'"),
+            {"x": execution_id},
+        ).scalar_one()
+
+
 def assert_exactly_once(url: str, execution_id: int, n: int) -> None:
     status = wait(url, execution_id, timeout=300)
     assert status["status"] == "completed", status
@@ -48,17 +61,27 @@ def assert_exactly_once(url: str, execution_id: int, n: int) -> None:
 
 
 @pytest.mark.slow
-def test_1000_iterations_cap_50_two_workers_twenty_times(env, store_url, worker_factory):
+@on_both_brokers
+def test_1000_iterations_cap_50_two_workers_twenty_times(broker, env, store_url, worker_factory):
+    # RabbitMQ: 3 loops instead of 20 (the same loop and workers; the amqp variants of this module
+    # and test_retry_delivery.py together stay within about 3 minutes)
+    rounds = 20 if broker == "redis" else 3
     worker_factory(env=env, concurrency=4, name="loop-a@%h")
     worker_factory(env=env, concurrency=4, name="loop-b@%h")
-    for _ in range(20):
+    for _ in range(rounds):
         execution_id = submit(env, 1000)
         assert_exactly_once(store_url, execution_id, 1000)
 
 
-def test_a_worker_killed_mid_loop_loses_no_iteration(env, store_url, worker_factory):
-    # a short visibility timeout so that Redis hands the killed worker's messages out again soon
-    worker_env = {**env, "NOETL_VISIBILITY_TIMEOUT": "8", "NOETL_RESTORE_INTERVAL": "2"}
+@on_both_brokers
+def test_a_worker_killed_mid_loop_loses_no_iteration(broker, env, store_url, worker_factory):
+    if broker == "redis":
+        # a short visibility timeout so that Redis hands the killed worker's messages out again soon
+        worker_env = {**env, "NOETL_VISIBILITY_TIMEOUT": "8", "NOETL_RESTORE_INTERVAL": "2"}
+    else:
+        # RabbitMQ needs no setting: the messages a consumer took and did not acknowledge go back
+        # to the queue as soon as its connection dies (the SIGKILL closes the socket)
+        worker_env = env
     victim = worker_factory(env=worker_env, concurrency=4, name="victim@%h")
     execution_id = submit(env, 200, sleep=0.05)
     deadline = time.monotonic() + 60
@@ -72,8 +95,14 @@ def test_a_worker_killed_mid_loop_loses_no_iteration(env, store_url, worker_fact
     killed_at = time.monotonic()
     worker_factory(env=worker_env, concurrency=4, name="rescuer@%h")
     assert_exactly_once(store_url, execution_id, 200)
-    # back within the visibility timeout plus a couple of sweeps, not kombu's default ~100 s
-    assert time.monotonic() - killed_at < 45
+    if broker == "redis":
+        # back within the visibility timeout plus a couple of sweeps, not kombu's default ~100 s
+        assert time.monotonic() - killed_at < 45
+    else:
+        # redelivered at once by RabbitMQ, not re-published by the sweeper (which would wait for
+        # the attempts' 46 s lease)
+        assert republished(store_url, execution_id) == 0
+        assert time.monotonic() - killed_at < 30
 
 
 def test_outcomes_through_the_on_event_queue(env, store_url, worker_factory):
