@@ -1,11 +1,14 @@
 """The benchmark's Celery app: noetl_celery's app plus the raw-Celery baseline task.
 
 Benchmark workers run `celery -A bench.app worker`, so `noetl.bench_noop` and its Redis client
-exist only in the benchmark, never in a production worker.
+exist only in the benchmark, never in a production worker. The counter is in the Redis named by
+env BENCH_COUNTER_URL (set by bench/loops.py; the broker's when unset), so the task is the same
+whichever broker carries it.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from noetl_celery.app import app, current_settings
@@ -27,7 +30,7 @@ def _bench_redis() -> Any:
     if _redis_client is None:
         import redis
 
-        _redis_client = redis.Redis.from_url(current_settings().broker_url or "")
+        _redis_client = redis.Redis.from_url(os.environ.get("BENCH_COUNTER_URL") or current_settings().broker_url or "")
     return _redis_client
 
 

@@ -1,6 +1,6 @@
-"""Loop throughput of noetl_celery against raw Celery, on Redis + PostgreSQL with real workers.
+"""Loop throughput of noetl_celery against raw Celery, on Redis or RabbitMQ + PostgreSQL with real workers.
 
-    python -m bench.loops [--sizes 1000,10000] [--workers 1,2] [--concurrency 2]
+    python -m bench.loops [--broker redis|amqp] [--sizes 1000,10000] [--workers 1,2] [--concurrency 2]
                           [--modes inline,queue] [--memory-n 100000 | --skip-memory]
                           [--json-out bench/results/latest.json]
 
@@ -24,9 +24,14 @@ raw and noetl run back to back against the same worker processes. Then, unless
 --skip-memory, one loop of --memory-n iterations on 1 worker instance with the worker RSS
 sampled over time (RSS at 10/50/90 % of the iterations, and the max).
 
-Services: NOETL_TEST_REDIS_URL / NOETL_TEST_POSTGRES_URL if set, else the local servers.
-Redis database --redis-db (default 14) is claimed and flushed at start and flushed at the end;
-a fresh PostgreSQL database is created, migrated and dropped. Every wait is bounded.
+Broker (--broker, default redis): both the raw tasks and the noetl loop go through it. With
+amqp, the workers and this process use a RabbitMQ virtual host of their own (created and deleted
+like a test session's); the raw tasks still count themselves in Redis, so the baseline task is
+the same on both brokers and Redis is needed either way.
+
+Services: NOETL_TEST_REDIS_URL / NOETL_TEST_AMQP_URL / NOETL_TEST_POSTGRES_URL if set, else the
+local servers. Redis database --redis-db (default 14) is claimed and flushed at start and flushed
+at the end; a fresh PostgreSQL database is created, migrated and dropped. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ import psutil
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOK = REPO_ROOT / "bench" / "playbooks" / "loop_noop.yaml"
+COUNTER_URL_ENV = "BENCH_COUNTER_URL"  # the Redis the raw tasks count themselves in (bench/app.py)
 CURSOR_PLAYBOOK = REPO_ROOT / "bench" / "playbooks" / "cursor_noop.yaml"
 CURSOR_SLOTS = 100  # as written in the cursor playbook
 CURSOR_CREDENTIAL_ENV = "NOETL_AUTH_BENCH_PG"  # the cursor playbook's `auth: bench_pg`
@@ -94,7 +100,16 @@ def _version(module: str) -> str:
         return "unknown"
 
 
-def machine_description(redis_url: str, postgres_url: str) -> dict[str, Any]:
+def rabbitmq_version(amqp_url: str) -> str:
+    from kombu import Connection
+
+    with Connection(amqp_url, connect_timeout=5) as conn:
+        conn.ensure_connection(max_retries=1)
+        version = (conn.connection.server_properties or {}).get("version", "unknown")
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def machine_description(redis_url: str, postgres_url: str, amqp_url: str | None = None) -> dict[str, Any]:
     from tests.support.services import pg_connect, redis_client
 
     client = redis_client(redis_url)
@@ -122,6 +137,7 @@ def machine_description(redis_url: str, postgres_url: str) -> dict[str, Any]:
         "sqlalchemy": _version("sqlalchemy"),
         "psycopg2": _version("psycopg2-binary") if _version("psycopg2") == "unknown" else _version("psycopg2"),
         "redis_server": redis_version,
+        "rabbitmq_server": rabbitmq_version(amqp_url) if amqp_url else None,
         "postgresql": pg_version,
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
@@ -211,7 +227,7 @@ class RssSampler:
 
 # --------------------------------------------------------------------------- CPU accounting
 
-SERVER_NAMES = {"postgres": "postgresql", "redis-server": "redis"}
+SERVER_NAMES = {"postgres": "postgresql", "redis-server": "redis", "beam.smp": "rabbitmq"}
 
 
 def _cpu(p: psutil.Process) -> float:
@@ -224,7 +240,7 @@ def _cpu(p: psutil.Process) -> float:
 
 class CpuMeter:
     """CPU seconds spent during a run by the worker processes (main and pool children), the
-    PostgreSQL and Redis server processes (server-wide: other clients count too), this process,
+    PostgreSQL, Redis and RabbitMQ server processes (server-wide: other clients count too), this process,
     and the machine's overall utilisation."""
 
     def __init__(self, workers: list[Any]):
@@ -274,6 +290,7 @@ class CpuMeter:
             "worker_children": delta("children"),
             "postgresql": servers.get("postgresql", 0.0),
             "redis": servers.get("redis", 0.0),
+            "rabbitmq": servers.get("rabbitmq", 0.0),
             "bench_process": a["self"] - b["self"],
         }
         machine = a["machine_busy"] - b["machine_busy"]
@@ -773,10 +790,18 @@ def finish_profiles(procs: list[subprocess.Popen]) -> None:
 
 class Context:
     def __init__(
-        self, args: argparse.Namespace, redis_url: str, database_url: str, settings: Any, redis: Any, log_dir: Path
+        self,
+        args: argparse.Namespace,
+        redis_url: str,
+        database_url: str,
+        settings: Any,
+        redis: Any,
+        log_dir: Path,
+        broker_url: str | None = None,
     ):
         self.args = args
-        self.redis_url = redis_url
+        self.redis_url = redis_url  # the raw tasks' counter (and the broker, with --broker redis)
+        self.broker_url = broker_url or redis_url
         self.database_url = database_url
         self.settings = settings
         self.redis = redis
@@ -791,7 +816,8 @@ class Context:
 
     def worker_env(self, mode: str) -> dict[str, str]:
         env = {
-            "NOETL_BROKER_URL": self.redis_url,
+            "NOETL_BROKER_URL": self.broker_url,
+            COUNTER_URL_ENV: self.redis_url,
             "NOETL_DATABASE_URL": self.database_url,
             "NOETL_EVENT_DISPATCH": mode,
             CURSOR_CREDENTIAL_ENV: self.libpq_url,
@@ -806,6 +832,16 @@ def clear_queues(ctx: Context) -> None:
     keys = [k for k in ctx.redis.keys("*") if not k.startswith(b"noetl:test:")]
     if keys:
         ctx.redis.delete(*keys)
+    if ctx.broker_url != ctx.redis_url:  # RabbitMQ: empty the queues of the benchmark's own vhost
+        from kombu import Connection
+
+        with Connection(ctx.broker_url, connect_timeout=5) as conn:
+            for queue in (ctx.settings.task_queue, ctx.settings.event_queue):
+                channel = conn.channel()
+                with contextlib.suppress(Exception):
+                    channel.queue_purge(queue)
+                with contextlib.suppress(Exception):
+                    channel.close()
 
 
 def warm_up(ctx: Context, workers: list[Any]) -> None:
@@ -971,7 +1007,9 @@ def machine_lines(m: dict[str, Any]) -> list[str]:
         f"{m['memory_total_mb']} MB RAM, Linux {m['kernel']}",
         f"software: {m['python']}, celery {m['celery']} (kombu {m['kombu']}), redis-py {m['redis_py']}, "
         f"SQLAlchemy {m['sqlalchemy']}, psycopg2 {m['psycopg2']}",
-        f"servers: redis-server {m['redis_server']}, PostgreSQL {m['postgresql']}; "
+        f"servers: redis-server {m['redis_server']}, "
+        + (f"RabbitMQ {m['rabbitmq_server']}, " if m.get("rabbitmq_server") else "")
+        + f"PostgreSQL {m['postgresql']}; "
         f"load average at start {m['loadavg_at_start']}",
     ]
 
@@ -1013,7 +1051,7 @@ def table(results: dict[str, Any]) -> str:
     out += [
         "",
         "CPU ms per task (raw) / per iteration (noetl): worker pool children + worker main "
-        "processes, PostgreSQL, Redis (server-wide), this process, machine busy %",
+        "processes, PostgreSQL, Redis, RabbitMQ (server-wide), this process, machine busy %",
     ]
     for r in results["runs"]:
         parts = []
@@ -1023,7 +1061,7 @@ def table(results: dict[str, Any]) -> str:
                 m = c["cpu_ms_per_item"]
                 parts.append(
                     f"{label}: {m['worker_children']:.2f} + {m['worker_main']:.2f}, pg {m['postgresql']:.2f}, "
-                    f"redis {m['redis']:.2f}, bench {m['bench_process']:.2f}, "
+                    f"redis {m['redis']:.2f}, rabbitmq {m.get('rabbitmq', 0.0):.2f}, bench {m['bench_process']:.2f}, "
                     f"busy {c['machine_utilisation_pct']}%"
                 )
         out.append(f"  {r['mode']:6} {r['workers']}w N={r['n']:<6} " + " | ".join(parts))
@@ -1057,6 +1095,13 @@ def table(results: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.loops", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--broker",
+        choices=("redis", "amqp"),
+        default="redis",
+        help="the broker of the raw tasks and the noetl loop (default redis; amqp: RabbitMQ, NOETL_TEST_AMQP_URL "
+        "or the local server, in a vhost of its own)",
+    )
     p.add_argument("--sizes", default="1000,10000", help="loop sizes N, comma-separated (default 1000,10000)")
     p.add_argument("--workers", default="1,2", help="worker instance counts (default 1,2)")
     p.add_argument("--concurrency", type=int, default=2, help="prefork processes per worker (default 2)")
@@ -1129,6 +1174,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no Redis at {redis_server} (set {svc.REDIS_URL_ENV})")
     if not svc.postgres_answers(pg_server, 5.0):
         raise SystemExit(f"no PostgreSQL at {pg_server} that may create databases (set {svc.POSTGRES_URL_ENV})")
+    amqp_server = os.environ.get(svc.AMQP_URL_ENV) or svc.DEFAULT_AMQP_URL
+    if args.broker == "amqp" and not svc.amqp_answers(amqp_server, 5.0):
+        raise SystemExit(f"no RabbitMQ at {amqp_server} (set {svc.AMQP_URL_ENV})")
 
     results: dict[str, Any] = {"benchmark": "bench.loops", "started_at": _now(), "runs": []}
     log_dir = Path(tempfile.mkdtemp(prefix="noetl-bench-"))
@@ -1139,16 +1187,24 @@ def main(argv: list[str] | None = None) -> int:
         db = svc.fresh_database(pg_server, prefix="noetl_bench")
         stack.callback(db.drop)
         redis_url, database_url = claim.url, db.url
+        broker_url = redis_url
+        if args.broker == "amqp":
+            vhost = svc.create_amqp_vhost(amqp_server, prefix="noetl_bench_")
+            stack.callback(vhost.delete)
+            broker_url = vhost.url
 
-        machine = machine_description(redis_url, db.libpq_url)
+        machine = machine_description(redis_url, db.libpq_url, broker_url if args.broker == "amqp" else None)
         results["machine"] = machine
         print("\n".join(machine_lines(machine)), flush=True)
         print(f"services: Redis {redis_url} (claimed, flushed), PostgreSQL database {db.name} (fresh)", flush=True)
+        if args.broker == "amqp":
+            vhost_name = svc.amqp_vhost_of(broker_url)
+            print(f"broker: RabbitMQ vhost {vhost_name} (fresh; Redis counts the raw tasks)", flush=True)
 
         from noetl_celery.store.db import migrate
 
         migrate(database_url)
-        os.environ.update(NOETL_BROKER_URL=redis_url, NOETL_DATABASE_URL=database_url)
+        os.environ.update(NOETL_BROKER_URL=broker_url, NOETL_DATABASE_URL=database_url, **{COUNTER_URL_ENV: redis_url})
         from noetl_celery import settings as noetl_settings
         from noetl_celery.app import app, configure
 
@@ -1156,6 +1212,7 @@ def main(argv: list[str] | None = None) -> int:
         configure(app, settings)
         stack.callback(app.pool.force_close_all)
         results["config"] = {
+            "broker": args.broker,
             "sizes": args.sizes,
             "workers": args.workers,
             "concurrency": args.concurrency,
@@ -1173,7 +1230,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         client = svc.redis_client(redis_url)
         stack.callback(client.close)
-        ctx = Context(args, redis_url, database_url, settings, client, log_dir)
+        ctx = Context(args, redis_url, database_url, settings, client, log_dir, broker_url=broker_url)
         ctx.libpq_url = db.libpq_url
         try:
             for mode in args.modes:
