@@ -87,3 +87,94 @@ def test_a_redelivered_start_does_not_start_twice(url):
     assert counted["execution.started"] == 1 and counted["step.started"] == 1
     with transaction(url) as conn:
         assert repo.execution_head(conn, execution_id)["pending"] == 1
+
+
+def _loop_started(url: str, n: int = 5) -> tuple[int, list[Dispatch]]:
+    plan = compile_playbook(LOOP, overrides={"n": n})
+    execution_id = create_execution(plan, url)
+    start = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    return execution_id, orchestrator.handle_event(url, attempt(url, start[0]))
+
+
+def _statements(monkeypatch) -> list[str]:
+    """The SQL of every statement the hot path runs on the DBAPI cursor, recorded."""
+    seen: list[str] = []
+    real = repo._run
+
+    def counting(conn, sql, params):
+        seen.append(sql)
+        return real(conn, sql, params)
+
+    monkeypatch.setattr(repo, "_run", counting)
+    return seen
+
+
+def test_an_iteration_outcome_is_decided_without_a_separate_head_read(url, monkeypatch):
+    execution_id, iterations = _loop_started(url)
+    outcome = attempt(url, iterations[0])  # the worker cached the state: the decision defers its head
+    seen = _statements(monkeypatch)
+    assert orchestrator.handle_event(url, outcome) == []
+    heads = [s for s in seen if s.lstrip().startswith("SELECT status")]
+    if url.startswith("postgresql"):  # the head is read by the loop counter's own statement
+        assert heads == [] and len(seen) == 2 and "FOR KEY SHARE" in seen[0]
+    else:  # SQLite: a plain read inside BEGIN IMMEDIATE, before the counter
+        assert len(heads) == 1 and seen.index(heads[0]) == 0
+    with transaction(url) as conn:
+        assert repo.get_loop(conn, iterations[0].message["run_id"])["done"] == 1
+
+
+def test_nothing_is_dispatched_after_a_cancel_even_from_a_cached_state(url):
+    from noetl_celery.engine.lifecycle import end_tree
+
+    execution_id, iterations = _loop_started(url, n=60)  # 50 in flight, 10 waiting
+    outcome = attempt(url, iterations[0])
+    with transaction(url) as conn:
+        end_tree(conn, execution_id, "cancelled", "execution.cancelled", {"kind": "cancelled", "message": "x"})
+    assert orchestrator.handle_event(url, outcome) == []  # iteration 50 is not sent
+    with transaction(url) as conn:
+        loop = repo.get_loop(conn, iterations[0].message["run_id"])
+        row = repo.find_event(conn, execution_id, TaskMessage.from_dict(iterations[0].message).outcome_key())
+    assert loop["done"] == 0  # recorded, not counted: a resume decides it
+    assert row is not None and row["meta"].get("ignored") is True
+
+
+def test_a_decision_waits_for_a_cancel_in_flight_and_then_dispatches_nothing(fresh_postgres):
+    import threading
+    import time
+
+    from noetl_celery.engine.lifecycle import end_tree
+
+    url = fresh_postgres.url
+    migrate(url)
+    execution_id, iterations = _loop_started(url, n=60)
+    outcome = attempt(url, iterations[0])
+    locked, result = threading.Event(), {}
+
+    def cancel() -> None:
+        with transaction(url) as conn:
+            repo.lock_execution(conn, execution_id)  # as `noetl-celery cancel` does, first
+            locked.set()
+            time.sleep(0.5)  # the decision starts meanwhile and must wait for this commit
+            end_tree(conn, execution_id, "cancelled", "execution.cancelled", {"kind": "cancelled", "message": "x"})
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    assert locked.wait(5)
+    result["dispatches"] = orchestrator.handle_event(url, outcome)
+    canceller.join(10)
+    assert result["dispatches"] == []
+    with transaction(url) as conn:
+        assert repo.get_loop(conn, iterations[0].message["run_id"])["done"] == 0
+
+
+def test_a_newer_state_than_the_cached_one_is_decided_on_the_fresh_state(url):
+    execution_id, iterations = _loop_started(url, n=60)
+    outcome = attempt(url, iterations[0])
+    with transaction(url) as conn:  # another decision changed variables after the worker's read
+        repo.bump_execution(conn, execution_id, version=1)
+        repo.put_variables(conn, execution_id, "vars", {"late": 1})
+    dispatches = orchestrator.handle_event(url, outcome)
+    assert [d.message["iteration"] for d in dispatches] == [50]
+    assert all(d.message["version"] == iterations[0].message["version"] + 1 for d in dispatches)
+    with transaction(url) as conn:
+        assert repo.get_loop(conn, iterations[0].message["run_id"])["done"] == 1  # counted once

@@ -93,6 +93,12 @@ class StateCache:
                 self._states.popitem(last=False)
         return fresh
 
+    def peek(self, url: str, execution_id: int, min_version: int = 0) -> ExecutionState | None:
+        """The cached state if it is at `min_version` or newer (None otherwise: nothing is read)."""
+        with self._lock:
+            state = self._states.get((url, execution_id))
+        return state if state is not None and state.version >= min_version else None
+
     def forget(self, url: str, execution_id: int) -> None:
         with self._lock:
             self._states.pop((url, execution_id), None)

@@ -304,7 +304,7 @@ def iteration_done(
     error: Any = None,
 ) -> None:
     """Count the iteration, dispatch the next index, and finish the loop on the last one."""
-    counters = repo.loop_iteration_done(decider.conn, message.run_id, ok=ok, tolerated=tolerated)
+    counters = decider.count_iteration(message.run_id, ok=ok, tolerated=tolerated)
     done, total = counters["done"], counters["total"]
     entry = next_entry(counters)
     if entry is not None and decider.running and decider.failure is None:

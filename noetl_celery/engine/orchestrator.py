@@ -44,11 +44,22 @@ class DuplicateEvent(Exception):
     """The causing event was recorded before: this delivery is a redelivery."""
 
 
+class Redecide(Exception):
+    """A decision made on the cached head turned out stale (the execution is not running any
+    more, or its state is newer than the cached one): roll back and decide the classic way."""
+
+
 @dataclass
 class Decider:
-    """Accumulates one event's decisions; `flush` writes them in order."""
+    """Accumulates one event's decisions; `flush` writes them in order.
 
-    conn: Connection
+    `deferred`: the decision started without reading the execution head (a loop iteration's
+    outcome, with the state cached at the version the message asks for), assuming the execution
+    runs at `version`. The head is then read, and locked FOR KEY SHARE, by the first statement of
+    the transaction: the loop counter's update carries it (`count_iteration`), and any other
+    statement reads it first (`conn`). A head that does not match raises Redecide."""
+
+    connection: Connection
     state: ExecutionState
     running: bool
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -58,6 +69,32 @@ class Decider:
     pending: int = 0
     failure: dict[str, Any] | None = None
     depth: int = 0
+    deferred: bool = False
+
+    @property
+    def conn(self) -> Connection:
+        """The transaction's connection; the head is checked before any statement uses it."""
+        if self.deferred:
+            self.deferred = False
+            self._check_head(repo.execution_head(self.connection, self.execution_id, deciding=True))
+        return self.connection
+
+    def _check_head(self, head: dict[str, Any] | None) -> None:
+        if head is None or head["status"] != "running" or head["state_version"] != self.version:
+            raise Redecide()
+
+    def count_iteration(self, run_id: str, *, ok: bool, tolerated: bool) -> dict[str, Any]:
+        """Count one finished loop iteration (`repo.loop_iteration_done`); in a deferred decision
+        the same statement reads and locks the execution head."""
+        if not self.deferred:
+            return repo.loop_iteration_done(self.conn, run_id, ok=ok, tolerated=tolerated)
+        self.deferred = False
+        counters, head = repo.loop_iteration_done_checked(
+            self.connection, self.execution_id, run_id, ok=ok, tolerated=tolerated
+        )
+        self._check_head(head)
+        assert counters is not None
+        return counters
 
     @property
     def plan(self):  # type: ignore[no-untyped-def]
@@ -654,27 +691,39 @@ def _collects(task: Task) -> bool:
     return bool(task.policy and any(rule.then.collect for rule in task.policy.rules))
 
 
+def _deferred_state(url: str, execution_id: int, message: TaskMessage) -> ExecutionState | None:
+    """The cached state a loop iteration's outcome can be decided on without reading the head
+    first (None: decide the classic way). The message says which state version its decision saw;
+    the head read later in the transaction must confirm the cached version is the newest."""
+    if message.iteration is None or message.slot is not None:
+        return None
+    state = STATE.peek(url, execution_id, min_version=message.version)
+    if state is None:
+        return None
+    step = state.plan.steps.get(message.step)
+    if step is None or step.loop is None or step.loop.mode == "cursor":
+        return None
+    return state
+
+
 def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
     """Decide on one event; returns what to publish (already recorded)."""
     execution_id = int(payload["execution_id"])
     kind = payload["kind"]
+    message = TaskMessage.from_dict(payload["task"]) if kind == "outcome" else None
+    deferred = _deferred_state(url, execution_id, message) if message is not None else None
     try:
-        with transaction(url) as conn:
-            head = repo.execution_head(conn, execution_id, deciding=True)
-            if head is None:
-                log.warning("event for unknown execution %s dropped", execution_id)
-                return []
-            state = STATE.get(url, execution_id, min_version=head["state_version"], conn=conn)
-            decider = Decider(
-                conn=conn, state=state, running=head["status"] == "running", version=head["state_version"]
-            )
-            if kind == "start":
-                decider.start_execution()
-            elif kind == "outcome":
-                decider.on_outcome(TaskMessage.from_dict(payload["task"]), payload["outcome"], payload["report"])
-            else:
-                raise ValueError(f"unknown event kind {kind!r}")
-            dispatches = decider.flush()
+        if deferred is not None:
+            try:
+                decided = _decide(url, payload, message, deferred)
+            except Redecide:
+                STATE.forget(url, execution_id)
+                deferred = None
+        if deferred is None:
+            decided = _decide(url, payload, message, None)
+        if decided is None:
+            return []
+        decider, dispatches = decided
     except DuplicateEvent as dup:
         STATE.forget(url, execution_id)
         return replay(url, execution_id, str(dup))
@@ -684,6 +733,37 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
     if decider.variables:
         STATE.forget(url, execution_id)
     return dispatches
+
+
+def _decide(
+    url: str, payload: dict[str, Any], message: TaskMessage | None, state: ExecutionState | None
+) -> tuple[Decider, list[Dispatch]] | None:
+    """One transaction deciding one event. With `state`, a deferred decision (see Decider)."""
+    execution_id = int(payload["execution_id"])
+    kind = payload["kind"]
+    with transaction(url) as conn:
+        if state is not None:
+            decider = Decider(connection=conn, state=state, running=True, version=state.version, deferred=True)
+        else:
+            head = repo.execution_head(conn, execution_id, deciding=True)
+            if head is None:
+                log.warning("event for unknown execution %s dropped", execution_id)
+                return None
+            state = STATE.get(url, execution_id, min_version=head["state_version"], conn=conn)
+            decider = Decider(
+                connection=conn, state=state, running=head["status"] == "running", version=head["state_version"]
+            )
+        if kind == "start":
+            decider.start_execution()
+        elif kind == "outcome":
+            assert message is not None
+            decider.on_outcome(message, payload["outcome"], payload["report"])
+        else:
+            raise ValueError(f"unknown event kind {kind!r}")
+        dispatches = decider.flush()
+        if decider.deferred:  # nothing was written: impossible, flush inserts the causing row
+            raise Redecide()
+    return decider, dispatches
 
 
 def fail_internally(url: str, payload: dict[str, Any], reason: str) -> None:

@@ -53,7 +53,7 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
         STATE.forget(url, execution_id)
         state = STATE.get(url, execution_id, conn=conn)
         head = repo.execution_head(conn, execution_id) or {}
-        decider = Decider(conn=conn, state=state, running=True, version=head.get("state_version", 0))
+        decider = Decider(connection=conn, state=state, running=True, version=head.get("state_version", 0))
         decider.record(
             "execution.resumed", f"execution.resumed.e{epoch}", status="running", meta={"epoch": epoch, "from": status}
         )
