@@ -153,3 +153,27 @@ def test_an_on_event_payload_too_new_fails_its_execution_on_a_real_worker(redis_
     finally:
         client.close()
     assert status["status"] == "failed" and "newer than this worker reads" in status["error"]["message"]
+
+
+def test_the_wire_form_leaves_out_defaults_and_decodes_to_the_same_message():
+    from noetl_celery.engine.messages import wire
+
+    message = TaskMessage(
+        execution_id=7, run_id="r", step="work", iteration=3, element={"x": 1}, parent_event_id="p", version=2
+    )
+    sent = message.to_wire()
+    assert set(sent) == {
+        "execution_id",
+        "run_id",
+        "step",
+        "iteration",
+        "element",
+        "parent_event_id",
+        "version",
+        VERSION_FIELD,
+    }
+    assert TaskMessage.from_dict(sent) == message
+    assert wire(message.to_dict()) == sent  # the dict form, as publish sends a stored dispatch
+    assert TaskMessage.from_dict(wire(OLD_TASK_MESSAGE)) == TaskMessage.from_dict(OLD_TASK_MESSAGE)
+    # values equal to a default but of another kind are kept (0 is not the default attempt 1)
+    assert wire({**message.to_dict(), "attempt": 0})["attempt"] == 0

@@ -217,7 +217,7 @@ def execute(
     return {
         "kind": "outcome",
         "execution_id": message.execution_id,
-        "task": message.to_dict(),
+        "task": message.to_wire(),
         "outcome": body,
         "report": report,
     }

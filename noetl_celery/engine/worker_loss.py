@@ -33,7 +33,8 @@ MAX_COUNTED = 50  # delivery rows looked at for one attempt
 
 def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
     """Record one delivery that killed its process; returns how many are recorded now."""
-    key = TaskMessage.from_dict(message).outcome_key().removesuffix(".done")
+    attempt = TaskMessage.from_dict(message)  # on the wire, fields at their default are left out
+    key = attempt.outcome_key().removesuffix(".done")
     execution_id = int(message["execution_id"])
     candidates = [f"{key}.lost.{n}" for n in range(1, MAX_COUNTED + 1)]
     e = repo.EVENTS.c
@@ -53,12 +54,12 @@ def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
                     "event_id": f"{key}.lost.{count}",
                     "event_type": WORKER_LOST,
                     "status": "lost",
-                    "step": message.get("step"),
-                    "run_id": message.get("run_id"),
-                    "attempt": message.get("attempt"),
-                    "iteration": message.get("iteration"),
-                    "page": message.get("page"),
-                    "parent_event_id": message.get("parent_event_id"),
+                    "step": attempt.step,
+                    "run_id": attempt.run_id,
+                    "attempt": attempt.attempt,
+                    "iteration": attempt.iteration,
+                    "page": attempt.page,
+                    "parent_event_id": attempt.parent_event_id,
                     "error": {"kind": "worker_lost", "message": reason[:500]},
                     "meta": {"delivery": count},
                 }
