@@ -21,11 +21,11 @@ from celery import Celery, signals
 from celery.exceptions import Reject
 from sqlalchemy.exc import DBAPIError
 
-from noetl_celery import secret_registry
+from noetl_celery import publisher, secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, attempt_shadow, event_shadow, execution_kwargsrepr
 from noetl_celery.engine import deadlines, orchestrator, process, sweeper, verdict, worker
-from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp
+from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.store import check as store_check
 
@@ -251,13 +251,15 @@ def send_event(payload: dict[str, Any], countdown: float = 0.0, retry_policy: di
         shadow=event_shadow(payload.get("kind")),
         argsrepr=f"{payload.get('kind')} of execution {payload['execution_id']}",
         kwargsrepr=execution_kwargsrepr(payload["execution_id"]),
+        producer=publisher.producer(app),
         **options,
     )
 
 
 def publish(dispatches: list[Dispatch], due: float | None = None) -> None:
     """Send the decided task messages. A wait longer than the broker can safely hold (Redis
-    counts it toward the visibility timeout) is split: a `wake` event re-checks the due time."""
+    counts it toward the visibility timeout) is split: a `wake` event re-checks the due time.
+    Messages go out in their wire form (defaults left out) through this process's producer."""
     settings = current_settings()
     now = time.time()
     for dispatch in dispatches:
@@ -281,7 +283,7 @@ def publish(dispatches: list[Dispatch], due: float | None = None) -> None:
         shadow = attempt_shadow(dispatch.label or message.step)  # playbook:step: few names, per-name stats
         soft, hard = deadlines.time_limits(dispatch.timeout)
         run_task.apply_async(
-            kwargs={"execution_id": message.execution_id, "message": dispatch.message},
+            kwargs={"execution_id": message.execution_id, "message": wire(dispatch.message)},
             queue=settings.task_queue,
             countdown=wait if wait > 0 else None,
             shadow=shadow,
@@ -289,6 +291,7 @@ def publish(dispatches: list[Dispatch], due: float | None = None) -> None:
             kwargsrepr=execution_kwargsrepr(message.execution_id),
             soft_time_limit=soft,
             time_limit=hard,
+            producer=publisher.producer(app),
         )
 
 
