@@ -97,3 +97,48 @@ def test_playbook_timeout_is_read_and_checked(tmp_path, where):
     proc = cli(["validate", str(bad)], {})
     assert proc.returncode == 2
     assert "timeout: must be a positive number of seconds, not -3" in proc.stderr
+
+
+def _backend_pid(conn) -> int:  # type: ignore[no-untyped-def]
+    return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar())
+
+
+def _terminate(postgres_url: str, pid: int) -> None:
+    import psycopg2
+
+    admin = psycopg2.connect(postgres_url.replace("postgresql+psycopg2://", "postgresql://"))
+    try:
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    finally:
+        admin.close()
+
+
+def test_a_pooled_connection_dropped_while_idle_is_replaced_at_checkout(postgres_url, monkeypatch):
+    from sqlalchemy.exc import DBAPIError
+
+    from noetl_celery.store import db
+
+    engine = db._create_engine(postgres_url)  # an engine of this test's own, not the process's
+    try:
+        with engine.connect() as conn:
+            dropped = _backend_pid(conn)
+        _terminate(postgres_url, dropped)  # e.g. a PgBouncer restart while the connection is pooled
+        monkeypatch.setattr(db, "PING_AFTER_IDLE", 0.2)
+        time.sleep(0.3)
+        with engine.connect() as conn:  # idle long enough: pinged, replaced, the statement runs
+            assert _backend_pid(conn) != dropped
+        # a connection used moments ago is not pinged: its first statement meets the drop, the
+        # pool is emptied and the caller's retry (the engine's delay-and-retry path) succeeds
+        monkeypatch.setattr(db, "PING_AFTER_IDLE", 60.0)
+        with engine.connect() as conn:
+            dropped = _backend_pid(conn)
+        _terminate(postgres_url, dropped)
+        with pytest.raises(DBAPIError) as info, engine.connect() as conn:
+            _backend_pid(conn)
+        assert info.value.connection_invalidated
+        with engine.connect() as conn:
+            assert _backend_pid(conn) != dropped
+    finally:
+        engine.dispose()
