@@ -23,7 +23,7 @@ import dataclasses
 import json
 import logging
 import threading
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from noetl_celery.engine.deadlines import DEFAULT_TIMEOUT
@@ -168,7 +168,10 @@ class TaskMessage:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return stamp(asdict(self))
+        """Every field (values shared with this message, not copied: messages are not mutated)."""
+        data = {name: getattr(self, name) for name in _FIELD_ORDER}
+        data[VERSION_FIELD] = MESSAGE_VERSION
+        return data
 
     def to_wire(self) -> dict[str, Any]:
         """The message as it travels: the fields that differ from their defaults (see `wire`)."""
@@ -222,7 +225,14 @@ class Dispatch:
         return replace(self, message={**self.message, "replay": True}, countdown=0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return stamp(asdict(self))
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "countdown": self.countdown,
+            "label": self.label,
+            "timeout": self.timeout,
+            VERSION_FIELD: MESSAGE_VERSION,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Dispatch:
@@ -231,6 +241,9 @@ class Dispatch:
     def attempt_key(self) -> str:
         """The key of the dispatched attempt (its outcome row is this key + `.done`)."""
         return TaskMessage.from_dict(self.message).outcome_key().removesuffix(".done")
+
+
+_FIELD_ORDER = tuple(f.name for f in dataclasses.fields(TaskMessage))
 
 
 def _truncate(value: Any) -> Any:

@@ -64,8 +64,9 @@ def _run(conn: Connection, sql: str, params: Any) -> Any:
         if not isinstance(exc, base):
             raise
         lost = dialect.is_disconnect(exc, dbapi_connection, cursor)
-        if lost:
+        if lost:  # as Core does: this connection, and the pooled ones of the same age, are dropped
             conn.invalidate(exc)
+            conn.engine.dispose(close=False)
         wrapped = DBAPIError.instance(sql, params, exc, base, connection_invalidated=lost, dialect=dialect)
         raise wrapped from exc
     return cursor
@@ -279,9 +280,16 @@ def _event_processors(dialect: Dialect) -> list[Any]:
 _CONTENT_COLUMNS = ("context", "result", "error", "meta")
 
 
+def _masked_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Event rows with every secret form masked in their content columns (one masking pass for
+    all of them: each pass first checks which secrets are configured)."""
+    contents = secret_registry.mask([{k: r[k] for k in _CONTENT_COLUMNS if k in r} for r in rows])
+    return [{**r, **content} for r, content in zip(rows, contents, strict=True)]
+
+
 def _masked(row: dict[str, Any]) -> dict[str, Any]:
     """An event row with every secret form masked in its content columns."""
-    return {**row, **secret_registry.mask({k: row[k] for k in _CONTENT_COLUMNS if k in row})}
+    return _masked_rows([row])[0]
 
 
 def insert_events(conn: Connection, rows: list[dict[str, Any]], *, first_must_be_new: bool = False) -> bool:
@@ -293,11 +301,11 @@ def insert_events(conn: Connection, rows: list[dict[str, Any]], *, first_must_be
     dialect = conn.dialect
     processors = _event_processors(dialect)
     inserted: set[str] = set()
+    masked_rows = _masked_rows([{c: r.get(c) for c in EVENT_COLUMNS} for r in rows])
     for start in range(0, len(rows), INSERT_ROWS_PER_STATEMENT):
-        chunk = rows[start : start + INSERT_ROWS_PER_STATEMENT]
+        chunk = masked_rows[start : start + INSERT_ROWS_PER_STATEMENT]
         params: list[Any] = []
-        for r in chunk:
-            masked = _masked({c: r.get(c) for c in EVENT_COLUMNS})
+        for masked in chunk:
             masked["created_at"] = masked["created_at"] or now
             params.extend(
                 p(masked[c]) if p is not None else masked[c] for c, p in zip(EVENT_COLUMNS, processors, strict=True)
