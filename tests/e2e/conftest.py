@@ -46,7 +46,9 @@ def engine(request, tmp_path_factory, credential_env):
         tmp_path_factory.mktemp("workers"),
         default_env={"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": postgres_url, **credential_env},
     )
-    group(concurrency=4)
+    # two worker instances, as a deployment scales out: a run's tasks are spread over both
+    group(concurrency=2, name="e2e-a@%h")
+    group(concurrency=2, name="e2e-b@%h")
     try:
         yield DistributedEngine(redis_url, postgres_url, credential_env)
     finally:

@@ -108,6 +108,10 @@ def test_noetl_playbook_composition_runs_its_children_and_passes_its_own_validat
         rows = cur.fetchall()
     scores = {r["user_name"]: r["profile_score"] for r in validation["validation_details"]}
     assert rows == sorted(scores.items())
+    if engine.mode == "distributed":  # the parent and its children ran on both worker instances
+        ids = [run.execution_id] + [c["execution_id"] for c in run.status["children"]]
+        nodes = {(e["worker"] or "").split("@")[0] for i in ids for e in engine.events(i)}
+        assert {"e2e-a", "e2e-b"} <= nodes, nodes
 
 
 def test_a_child_past_its_timeout_fails_and_fails_the_parents_task(engine):
