@@ -55,6 +55,7 @@ from bench.loops import (
     StoreReader,
     _now,
     check_alive,
+    find_servers,
     log,
     log_problems,
     machine_description,
@@ -363,19 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from tests.support import services as svc
 
-    # This process submits like `noetl-celery submit`: only the settings given here.
-    for k in [k for k in os.environ if k.startswith("NOETL_") and not k.startswith("NOETL_TEST_")]:
-        del os.environ[k]
-
-    redis_server = svc.redis_base_url(os.environ.get(svc.REDIS_URL_ENV) or svc.DEFAULT_REDIS_URL)
-    pg_server = os.environ.get(svc.POSTGRES_URL_ENV) or svc.DEFAULT_POSTGRES_URL
-    if not svc.redis_answers(redis_server, 5.0):
-        raise SystemExit(f"no Redis at {redis_server} (set {svc.REDIS_URL_ENV})")
-    if not svc.postgres_answers(pg_server, 5.0):
-        raise SystemExit(f"no PostgreSQL at {pg_server} that may create databases (set {svc.POSTGRES_URL_ENV})")
-    amqp_server = os.environ.get(svc.AMQP_URL_ENV) or svc.DEFAULT_AMQP_URL
-    if args.broker == "amqp" and not svc.amqp_answers(amqp_server, 5.0):
-        raise SystemExit(f"no RabbitMQ at {amqp_server} (set {svc.AMQP_URL_ENV})")
+    redis_server, pg_server, amqp_server = find_servers(args.broker)
 
     results: dict[str, Any] = {"benchmark": "bench.latency", "started_at": _now(), "cases": {}}
     log_dir = Path(tempfile.mkdtemp(prefix="noetl-latency-"))

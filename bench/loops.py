@@ -1160,14 +1160,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def find_servers(broker: str) -> tuple[str, str, str]:
+    """The Redis, PostgreSQL and RabbitMQ server URLs a benchmark uses (the test settings'
+    variables, else the local servers); exits when one it needs does not answer. Also drops this
+    process's own NOETL_* settings: it submits like `noetl-celery submit`, with only the settings
+    the benchmark gives."""
     from tests.support import services as svc
 
-    # This process submits like `noetl-celery submit`: only the settings given here.
     for k in [k for k in os.environ if k.startswith("NOETL_") and not k.startswith("NOETL_TEST_")]:
         del os.environ[k]
-
     redis_server = svc.redis_base_url(os.environ.get(svc.REDIS_URL_ENV) or svc.DEFAULT_REDIS_URL)
     pg_server = os.environ.get(svc.POSTGRES_URL_ENV) or svc.DEFAULT_POSTGRES_URL
     if not svc.redis_answers(redis_server, 5.0):
@@ -1175,8 +1176,16 @@ def main(argv: list[str] | None = None) -> int:
     if not svc.postgres_answers(pg_server, 5.0):
         raise SystemExit(f"no PostgreSQL at {pg_server} that may create databases (set {svc.POSTGRES_URL_ENV})")
     amqp_server = os.environ.get(svc.AMQP_URL_ENV) or svc.DEFAULT_AMQP_URL
-    if args.broker == "amqp" and not svc.amqp_answers(amqp_server, 5.0):
+    if broker == "amqp" and not svc.amqp_answers(amqp_server, 5.0):
         raise SystemExit(f"no RabbitMQ at {amqp_server} (set {svc.AMQP_URL_ENV})")
+    return redis_server, pg_server, amqp_server
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from tests.support import services as svc
+
+    redis_server, pg_server, amqp_server = find_servers(args.broker)
 
     results: dict[str, Any] = {"benchmark": "bench.loops", "started_at": _now(), "runs": []}
     log_dir = Path(tempfile.mkdtemp(prefix="noetl-bench-"))
