@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from tests.support import services as svc
 from tests.support.corpus import ConformanceTally, uses_corpus
+from tests.support.loopback import serve
 from tests.support.workers import WorkerGroup
 
 MARKERS = {
@@ -211,12 +211,5 @@ def script_server(tmp_path: Path) -> Iterator[str]:
     www.mkdir()
     (www / "job.py").write_text("result = {'from': 'http'}\n")
     (www / "create.sql").write_text("SELECT 'http' AS source\n")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(www))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(www))) as url:
+        yield url

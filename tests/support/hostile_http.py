@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, quote, urlsplit
+
+from tests.support.loopback import serve
 
 ITEM = "x" * 1022  # with its quotes, 1 KB of JSON per item
 MB = 1024 * 1024
@@ -79,11 +80,5 @@ class _Handler(BaseHTTPRequestHandler):
 @contextmanager
 def hostile_server() -> Iterator[str]:
     """Serve on a free loopback port; yields the base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(_Handler) as url:
+        yield url
