@@ -81,21 +81,21 @@ def check_keys(ctx: Context, mapping: LDict, allowed: Iterable[str], path: str) 
 def expect_mapping(ctx: Context, value: Any, line: int | None, path: str) -> LDict | None:
     if isinstance(value, dict):
         return value if isinstance(value, LDict) else LDict(value)
-    ctx.problem(line, path, f"must be a mapping, not {_type_name(value)}")
+    ctx.problem(line, path, f"must be a mapping, not {tool_settings.type_name(value)}")
     return None
 
 
 def expect_list(ctx: Context, value: Any, line: int | None, path: str) -> list[Any] | None:
     if isinstance(value, list):
         return value
-    ctx.problem(line, path, f"must be a list, not {_type_name(value)}")
+    ctx.problem(line, path, f"must be a list, not {tool_settings.type_name(value)}")
     return None
 
 
 def expect_str(ctx: Context, value: Any, line: int | None, path: str) -> str | None:
     if isinstance(value, str) and value:
         return value
-    ctx.problem(line, path, f"must be a non-empty string, not {_type_name(value)}")
+    ctx.problem(line, path, f"must be a non-empty string, not {tool_settings.type_name(value)}")
     return None
 
 
@@ -129,15 +129,6 @@ def condition(ctx: Context, mapping: LDict, key: str, path: str) -> Condition:
     return None
 
 
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    for kind, name in ((bool, "a boolean"), (dict, "a mapping"), (list, "a list"), (str, "a string")):
-        if isinstance(value, kind):
-            return name
-    return "a number" if isinstance(value, (int, float)) else type(value).__name__
-
-
 def tags(ctx: Context, owner: Any, path: str) -> list[str]:
     """`tags:` of a playbook's metadata or of a step: a list of names (or one name); metadata only."""
     if not isinstance(owner, dict) or "tags" not in owner:
@@ -147,7 +138,7 @@ def tags(ctx: Context, owner: Any, path: str) -> list[str]:
         return [value]
     if isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
         return [str(v) for v in value]
-    ctx.problem(line, join(path, "tags"), f"must be a list of names, not {_type_name(value)}")
+    ctx.problem(line, join(path, "tags"), f"must be a list of names, not {tool_settings.type_name(value)}")
     return []
 
 
@@ -168,7 +159,7 @@ def known_tool_kinds() -> list[str]:
 def tool_spec(ctx: Context, kind: Any, line: int | None, path: str) -> ToolSpec | None:
     """The registered tool of `kind`, or a problem naming the kinds that exist."""
     if not isinstance(kind, str) or not kind:
-        ctx.problem(line, path, f"tool kind must be a non-empty string, not {_type_name(kind)}")
+        ctx.problem(line, path, f"tool kind must be a non-empty string, not {tool_settings.type_name(kind)}")
         return None
     spec = get_tool(kind)
     if spec is None and kind in UNAVAILABLE_KINDS:
