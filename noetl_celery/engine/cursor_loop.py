@@ -107,7 +107,7 @@ class CursorLoop:
                 **(sanitize({"row": message.element}) or {}),
                 **({"tolerated": True} if end.tolerated is not None else {}),
             }
-        repo.loop_iteration_done(decider.conn, message.run_id, ok=not failed, tolerated=end.tolerated is not None)
+        decider.count_iteration(message.run_id, ok=not failed, tolerated=end.tolerated is not None)
         if not decider.running or decider.failure is not None:
             return
         run = RunRef(message.run_id, message.frames, message.args)

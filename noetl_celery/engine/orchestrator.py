@@ -692,16 +692,17 @@ def _collects(task: Task) -> bool:
 
 
 def _deferred_state(url: str, execution_id: int, message: TaskMessage) -> ExecutionState | None:
-    """The cached state a loop iteration's outcome can be decided on without reading the head
-    first (None: decide the classic way). The message says which state version its decision saw;
-    the head read later in the transaction must confirm the cached version is the newest."""
-    if message.iteration is None or message.slot is not None:
+    """The cached state a loop iteration's outcome (a collection's iteration or a cursor's row)
+    can be decided on without reading the head first (None: decide the classic way). The message
+    says which state version its decision saw; the head read later in the transaction must
+    confirm the cached version is the newest."""
+    if message.iteration is None:  # not an iteration (a cursor slot's claim has none either)
         return None
     state = STATE.peek(url, execution_id, min_version=message.version)
     if state is None:
         return None
     step = state.plan.steps.get(message.step)
-    if step is None or step.loop is None or step.loop.mode == "cursor":
+    if step is None or step.loop is None:
         return None
     return state
 
