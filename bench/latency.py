@@ -55,11 +55,9 @@ from bench.loops import (
     StoreReader,
     _now,
     check_alive,
-    find_servers,
     log,
     log_problems,
-    machine_description,
-    machine_lines,
+    open_services,
     start_workers,
     stop_workers,
 )
@@ -362,40 +360,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from tests.support import services as svc
-
-    redis_server, pg_server, amqp_server = find_servers(args.broker)
-
     results: dict[str, Any] = {"benchmark": "bench.latency", "started_at": _now(), "cases": {}}
     log_dir = Path(tempfile.mkdtemp(prefix="noetl-latency-"))
     failed = False
+    from tests.support import services as svc
+
     with contextlib.ExitStack() as stack:
-        claim = svc.claim_redis_db(redis_server, dbs=[args.redis_db])  # FLUSHDB + claim key
-        stack.callback(claim.release)  # FLUSHDB at the end
-        db = svc.fresh_database(pg_server, prefix="noetl_bench")
-        stack.callback(db.drop)
-        redis_url, database_url = claim.url, db.url
-        broker_url = redis_url
-        if args.broker == "amqp":
-            vhost = svc.create_amqp_vhost(amqp_server, prefix="noetl_bench_")
-            stack.callback(vhost.delete)
-            broker_url = vhost.url
-
-        machine = machine_description(redis_url, db.libpq_url, broker_url if args.broker == "amqp" else None)
-        results["machine"] = machine
-        print("\n".join(machine_lines(machine)), flush=True)
-        print(f"services: Redis {redis_url} (claimed, flushed), PostgreSQL database {db.name} (fresh)", flush=True)
-
-        from noetl_celery.store.db import migrate
-
-        migrate(database_url)
-        os.environ.update(NOETL_BROKER_URL=broker_url, NOETL_DATABASE_URL=database_url, **{COUNTER_URL_ENV: redis_url})
-        from noetl_celery import settings as noetl_settings
-        from noetl_celery.app import app, configure
-
-        settings = noetl_settings.load()
-        configure(app, settings)
-        stack.callback(app.pool.force_close_all)
+        services = open_services(stack, args.broker, args.redis_db)
+        redis_url, database_url, broker_url = services.redis_url, services.database_url, services.broker_url
+        settings = services.settings
+        results["machine"] = services.machine
         results["config"] = {
             k: getattr(args, k)
             for k in ("broker", "runs", "warmup", "cases", "workers", "concurrency", "mode", "poll", "pause")

@@ -50,6 +50,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -1181,45 +1182,69 @@ def find_servers(broker: str) -> tuple[str, str, str]:
     return redis_server, pg_server, amqp_server
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+@dataclass
+class Services:
+    """What one benchmark run uses: its own Redis database, PostgreSQL database (and RabbitMQ
+    virtual host), with this process's settings and Celery app pointed at them."""
+
+    redis_url: str
+    database_url: str
+    broker_url: str
+    db: Any  # tests.support.services.FreshDatabase
+    machine: dict[str, Any]
+    settings: Any  # noetl_celery.settings.Settings
+
+
+def open_services(stack: contextlib.ExitStack, broker: str, redis_db: int) -> Services:
+    """Claim Redis database `redis_db` (flushed), create a fresh PostgreSQL database (and, for
+    amqp, a RabbitMQ virtual host), migrate it, print the machine and the services, and point this
+    process's environment and Celery app at them; `stack` undoes all of it."""
     from tests.support import services as svc
 
-    redis_server, pg_server, amqp_server = find_servers(args.broker)
+    redis_server, pg_server, amqp_server = find_servers(broker)
+    claim = svc.claim_redis_db(redis_server, dbs=[redis_db])  # FLUSHDB + claim key
+    stack.callback(claim.release)  # FLUSHDB at the end
+    db = svc.fresh_database(pg_server, prefix="noetl_bench")
+    stack.callback(db.drop)
+    redis_url, database_url = claim.url, db.url
+    broker_url = redis_url
+    if broker == "amqp":
+        vhost = svc.create_amqp_vhost(amqp_server, prefix="noetl_bench_")
+        stack.callback(vhost.delete)
+        broker_url = vhost.url
 
+    machine = machine_description(redis_url, db.libpq_url, broker_url if broker == "amqp" else None)
+    print("\n".join(machine_lines(machine)), flush=True)
+    print(f"services: Redis {redis_url} (claimed, flushed), PostgreSQL database {db.name} (fresh)", flush=True)
+    if broker == "amqp":
+        vhost_name = svc.amqp_vhost_of(broker_url)
+        print(f"broker: RabbitMQ vhost {vhost_name} (fresh; Redis counts the raw tasks)", flush=True)
+
+    from noetl_celery.store.db import migrate
+
+    migrate(database_url)
+    os.environ.update(NOETL_BROKER_URL=broker_url, NOETL_DATABASE_URL=database_url, **{COUNTER_URL_ENV: redis_url})
+    from noetl_celery import settings as noetl_settings
+    from noetl_celery.app import app, configure
+
+    settings = noetl_settings.load()
+    configure(app, settings)
+    stack.callback(app.pool.force_close_all)
+    return Services(redis_url, database_url, broker_url, db, machine, settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     results: dict[str, Any] = {"benchmark": "bench.loops", "started_at": _now(), "runs": []}
     log_dir = Path(tempfile.mkdtemp(prefix="noetl-bench-"))
     failed = False
+    from tests.support import services as svc
+
     with contextlib.ExitStack() as stack:
-        claim = svc.claim_redis_db(redis_server, dbs=[args.redis_db])  # FLUSHDB + claim key
-        stack.callback(claim.release)  # FLUSHDB at the end
-        db = svc.fresh_database(pg_server, prefix="noetl_bench")
-        stack.callback(db.drop)
-        redis_url, database_url = claim.url, db.url
-        broker_url = redis_url
-        if args.broker == "amqp":
-            vhost = svc.create_amqp_vhost(amqp_server, prefix="noetl_bench_")
-            stack.callback(vhost.delete)
-            broker_url = vhost.url
-
-        machine = machine_description(redis_url, db.libpq_url, broker_url if args.broker == "amqp" else None)
-        results["machine"] = machine
-        print("\n".join(machine_lines(machine)), flush=True)
-        print(f"services: Redis {redis_url} (claimed, flushed), PostgreSQL database {db.name} (fresh)", flush=True)
-        if args.broker == "amqp":
-            vhost_name = svc.amqp_vhost_of(broker_url)
-            print(f"broker: RabbitMQ vhost {vhost_name} (fresh; Redis counts the raw tasks)", flush=True)
-
-        from noetl_celery.store.db import migrate
-
-        migrate(database_url)
-        os.environ.update(NOETL_BROKER_URL=broker_url, NOETL_DATABASE_URL=database_url, **{COUNTER_URL_ENV: redis_url})
-        from noetl_celery import settings as noetl_settings
-        from noetl_celery.app import app, configure
-
-        settings = noetl_settings.load()
-        configure(app, settings)
-        stack.callback(app.pool.force_close_all)
+        services = open_services(stack, args.broker, args.redis_db)
+        redis_url, database_url, broker_url = services.redis_url, services.database_url, services.broker_url
+        settings, db = services.settings, services.db
+        results["machine"] = services.machine
         results["config"] = {
             "broker": args.broker,
             "sizes": args.sizes,
