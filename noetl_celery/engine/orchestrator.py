@@ -170,12 +170,7 @@ class Decider:
         causing = {
             "event_type": ev.ACTION_COMPLETED if ok else ev.ACTION_FAILED,
             "status": "completed" if ok else "failed",
-            "step": step.name,
-            "task": task.label,
-            "run_id": message.run_id,
-            "attempt": message.attempt,
-            "iteration": message.iteration,
-            "page": message.page,
+            **self.attempt_fields(step, task, message),
             "parent_event_id": first_attempt,
             "queue_id": report.get("queue_id"),
             "worker": report.get("worker"),
