@@ -3,6 +3,8 @@ with real Redis, real PostgreSQL and real worker processes."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -83,8 +85,31 @@ def test_cancel_during_a_10000_iteration_loop(env, store_url, worker_factory):
 
 
 @pytest.mark.slow
+def freeze_holding_messages(worker, broker_url: str, execution_id: int) -> int:
+    """Stop (SIGSTOP) the worker's process group at a moment it holds unacknowledged messages of
+    the execution, so that killing it loses them for certain; returns how many it holds. It must
+    be the execution's only worker: its messages in the transport's `unacked` hash are then the
+    ones naming the execution (in their headers' argsrepr)."""
+    import redis
+
+    client = redis.Redis.from_url(broker_url)
+    mark = f"execution={execution_id}".encode()
+    try:
+        for _ in range(100):
+            os.killpg(worker.pid, signal.SIGSTOP)
+            held = sum(1 for value in client.hvals("unacked") if mark in value)
+            if held:
+                return held
+            os.killpg(worker.pid, signal.SIGCONT)  # between two messages: let it take the next
+            time.sleep(0.05)
+    finally:
+        client.close()
+    raise AssertionError(f"{worker!r} never held a message")
+
+
 def test_a_worker_killed_for_good_is_recovered_by_the_sweeper(env, store_url, worker_factory):
-    # the default visibility timeout (1 h): only the sweeper can bring the lost messages back
+    # the default visibility timeout (1 h): only the sweeper can bring the lost messages back.
+    # The victim runs alone until it is killed holding messages; the survivor starts after.
     victim = worker_factory(env=env, concurrency=2, name="victim@%h")
     execution_id = submit(env, PLAYBOOKS / "loop_many.yaml", n=300, sleep=0.05)
     deadline = time.monotonic() + 120
@@ -92,9 +117,10 @@ def test_a_worker_killed_for_good_is_recovered_by_the_sweeper(env, store_url, wo
         if len(rows(store_url, execution_id, "event_type = 'iteration.completed'")) >= 20:
             break
         time.sleep(0.05)
-    worker_factory(env=env, concurrency=2, name="survivor@%h")
+    freeze_holding_messages(victim, env["NOETL_BROKER_URL"], execution_id)
     victim.kill()
     killed, killed_at = time.monotonic(), datetime.now(UTC)
+    worker_factory(env=env, concurrency=2, name="survivor@%h")
     status = wait(store_url, execution_id, timeout=180)
     assert status["status"] == "completed", status
     per_index = Counter(r["iteration"] for r in rows(store_url, execution_id, "event_type = 'iteration.completed'"))
