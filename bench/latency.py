@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -58,6 +56,7 @@ from bench.loops import (
     log,
     log_problems,
     open_services,
+    report,
     start_workers,
     stop_workers,
 )
@@ -425,20 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         results["finished_at"] = _now()
         results["loadavg_at_end"] = _load()
 
-    print()
-    print(table(results))
-    print()
-    print(json.dumps(results, indent=2, default=str))
-    if args.json_out:
-        out = Path(args.json_out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-        log(f"JSON written to {out}")
-    if failed or args.keep_logs:
-        log(f"worker logs kept in {log_dir}")
-    else:
-        shutil.rmtree(log_dir, ignore_errors=True)
-    return 1 if failed else 0
+    return report(table(results), results, args.json_out, log_dir, failed=failed, keep_logs=args.keep_logs)
 
 
 if __name__ == "__main__":

@@ -1161,6 +1161,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def report(
+    text: str, results: dict[str, Any], json_out: str | None, log_dir: Path, *, failed: bool, keep_logs: bool
+) -> int:
+    """Print a benchmark's table and JSON (also to `json_out`), keep or remove the worker logs;
+    the exit status (1 when a run failed)."""
+    print()
+    print(text)
+    print()
+    print(json.dumps(results, indent=2, default=str))
+    if json_out:
+        out = Path(json_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        log(f"JSON written to {out}")
+    if failed or keep_logs:
+        log(f"worker logs kept in {log_dir}")
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return 1 if failed else 0
+
+
 def find_servers(broker: str) -> tuple[str, str, str]:
     """The Redis, PostgreSQL and RabbitMQ server URLs a benchmark uses (the test settings'
     variables, else the local servers); exits when one it needs does not answer. Also drops this
@@ -1288,20 +1309,7 @@ def main(argv: list[str] | None = None) -> int:
         or any(r.get("error") for r in results["runs"] + results.get("cursor_runs", []))
         or bool((results.get("memory") or {}).get("error"))
     )
-    print()
-    print(table(results))
-    print()
-    print(json.dumps(results, indent=2, default=str))
-    if args.json_out:
-        out = Path(args.json_out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-        log(f"JSON written to {out}")
-    if failed or args.keep_logs:
-        log(f"worker logs kept in {log_dir}")
-    else:
-        shutil.rmtree(log_dir, ignore_errors=True)
-    return 1 if failed else 0
+    return report(table(results), results, args.json_out, log_dir, failed=failed, keep_logs=args.keep_logs)
 
 
 def _now() -> str:
