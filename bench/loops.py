@@ -630,11 +630,25 @@ def _r(x: Any, nd: int = 2) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
-def submit_loop(ctx: Context, n: int) -> int:
+def loop_playbook(batch: str) -> Path:
+    """The loop playbook, or with `batch` other than 1 a copy whose loop has `spec.batch`."""
+    if batch == "1":
+        return PLAYBOOK
+    import yaml
+
+    doc = yaml.safe_load(PLAYBOOK.read_text())
+    step = next(s for s in doc["workflow"] if s["step"] == LOOP_STEP)
+    step["loop"]["spec"]["batch"] = batch if batch == "auto" else int(batch)
+    path = Path(tempfile.mkdtemp(prefix="noetl_bench_")) / f"loop_noop_batch_{batch}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def submit_loop(ctx: Context, n: int, batch: str = "1") -> int:
     from noetl_celery import runner
     from noetl_celery.compiler import compile_playbook
 
-    plan = compile_playbook(PLAYBOOK, overrides={"n": n})
+    plan = compile_playbook(loop_playbook(batch), overrides={"n": n})
     return runner.submit(plan, ctx.settings)
 
 
@@ -646,8 +660,10 @@ def run_noetl(
     keep_samples: bool = False,
     profile_tag: str | None = None,
     partial: dict[str, Any] | None = None,
+    batch: str = "1",
 ) -> dict[str, Any]:
-    """One measured loop. `partial` (optional) receives the RSS sampler, also when the run fails."""
+    """One measured loop (`batch`: its loop.spec.batch). `partial` (optional) receives the RSS
+    sampler, also when the run fails."""
     truncate_store(ctx.database_url)
     reader = StoreReader(ctx.database_url)
     progress_reader = StoreReader(ctx.database_url) if keep_samples else None
@@ -670,7 +686,7 @@ def run_noetl(
             if partial is not None:
                 partial["sampler"] = sampler
             t0 = time.perf_counter()
-            execution["id"] = execution_id = submit_loop(ctx, n)
+            execution["id"] = execution_id = submit_loop(ctx, n, batch)
             if profile_tag and ctx.py_spy_dir:
                 profiles = start_profiles(ctx, workers, profile_tag, reader, execution_id)
             status = wait_execution(ctx, reader, execution_id, n, workers)
@@ -689,6 +705,7 @@ def run_noetl(
             progress_reader.close()
     result = {
         "n": n,
+        "batch": batch,
         "execution_id": execution_id,
         "submit_to_end_s": round(wall, 3),
         **metrics,
@@ -881,6 +898,15 @@ def bench_set(ctx: Context, mode: str, count: int, results: dict[str, Any]) -> N
                     f"rows/it {run['noetl']['event_rows_per_iteration']}, on_event p50/p95 "
                     f"{run['noetl']['on_event_ms']['p50']}/{run['noetl']['on_event_ms']['p95']} ms"
                 )
+                for batch in args.batch:
+                    time.sleep(args.pause)
+                    log(f"   noetl  N={n} batch={batch} ...")
+                    batched = run.setdefault("batched", {})[batch] = run_noetl(ctx, n, workers, batch=batch)
+                    batched["ratio"] = round(batched["iterations_per_s"] / run["raw"]["tasks_per_s"], 3)
+                    log(
+                        f"   noetl  N={n} batch={batch}: {batched['iterations_per_s']} it/s, ratio "
+                        f"{batched['ratio']}, rows/it {batched['event_rows_per_iteration']}"
+                    )
             except Exception as exc:  # noqa: BLE001 - record it, keep the results so far
                 run["error"] = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
                 log(f"   FAILED: {run['error']}")
@@ -1046,6 +1072,21 @@ def table(results: dict[str, Any]) -> str:
                 rss + (f"  ERROR: {r['error']}" if r.get("error") else ""),
             ]
         )
+        for batch, b in (r.get("batched") or {}).items():
+            lines.append(
+                [
+                    r["mode"],
+                    str(r["workers"]),
+                    f"{r['n']} batch={batch}",
+                    _fmt(raw.get("tasks_per_s"), ".1f"),
+                    _fmt(b.get("iterations_per_s"), ".1f"),
+                    _fmt(b.get("ratio"), ".3f"),
+                    _fmt(b.get("event_rows_per_iteration"), ".4f"),
+                    _fmt((b.get("on_event_ms") or {}).get("p50"), ".2f"),
+                    _fmt((b.get("on_event_ms") or {}).get("p95"), ".2f"),
+                    ",".join(str(x) for x in b.get("peak_rss_mb", [])) or "-",
+                ]
+            )
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     out = ["| " + " | ".join(c.ljust(widths[i]) for i, c in enumerate(row)) + " |" for row in lines]
     out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -1150,8 +1191,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="sample pg_stat_activity of the benchmark "
         "database during the noetl runs (what the active backends wait for)",
     )
+    p.add_argument(
+        "--batch",
+        default="auto",
+        help="loop.spec.batch values of extra noetl runs after each plain one, comma-separated "
+        "(default auto; none: no batched run)",
+    )
     p.add_argument("--keep-logs", action="store_true", help="keep the worker logs (path printed)")
     args = p.parse_args(argv)
+    args.batch = [x.strip() for x in args.batch.split(",") if x.strip() and x.strip() not in ("none", "1")]
+    for b in args.batch:
+        if b != "auto" and not b.isdigit():
+            p.error(f"unknown batch {b!r}: a whole number or auto")
     args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     args.workers = [int(x) for x in args.workers.split(",") if x.strip()]
     args.modes = [x.strip() for x in args.modes.split(",") if x.strip()]

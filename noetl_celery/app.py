@@ -140,8 +140,9 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
     except MessageError as exc:
         refuse_message(execution_id, {"task": message}, exc)
         return f"refused: {exc}"
+    run = worker.execute_batch if task_message.batch else worker.execute
     try:
-        payload = worker.execute(
+        payload = run(
             current_settings().database_url, task_message, queue_id=self.request.id, node=self.request.hostname
         )
     except DBAPIError as exc:

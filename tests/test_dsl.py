@@ -569,6 +569,7 @@ def test_legacy_loop_collection_element_async_concurrency() -> None:
         "mode": "parallel",
         "max_in_flight": 3,
         "chunk_size": None,
+        "batch": 1,
         "enumerate": True,
         "where": "{{ user.ok }}",
         "limit": 10,

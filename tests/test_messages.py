@@ -13,6 +13,7 @@ from noetl_celery.compiler import compile_playbook
 from noetl_celery.engine import orchestrator, worker
 from noetl_celery.engine.messages import (
     MESSAGE_VERSION,
+    READ_VERSION,
     VERSION_FIELD,
     Dispatch,
     MessageError,
@@ -76,8 +77,8 @@ def test_unknown_fields_are_ignored_and_logged_once(caplog):
 
 
 def test_a_message_too_new_is_refused_with_what_to_do():
-    with pytest.raises(MessageTooNew, match=r"format 2\d*, newer than this worker reads .*upgrade"):
-        TaskMessage.from_dict({**OLD_TASK_MESSAGE, VERSION_FIELD: MESSAGE_VERSION + 1})
+    with pytest.raises(MessageTooNew, match=r"format 3\d*, newer than this worker reads .*upgrade"):
+        TaskMessage.from_dict({**OLD_TASK_MESSAGE, VERSION_FIELD: READ_VERSION + 1})
     with pytest.raises(MessageError, match="whole number"):
         TaskMessage.from_dict({**OLD_TASK_MESSAGE, VERSION_FIELD: "two"})
 
@@ -117,7 +118,7 @@ def test_a_task_message_too_new_fails_its_execution_on_a_real_worker(redis_url, 
     plan = compile_playbook(HELLO)
     execution_id = create_execution(plan, fresh_postgres.url)
     first = orchestrator.handle_event(fresh_postgres.url, {"kind": "start", "execution_id": execution_id})
-    future = {**first[0].message, VERSION_FIELD: MESSAGE_VERSION + 1, "something_new": True}
+    future = {**first[0].message, VERSION_FIELD: READ_VERSION + 1, "something_new": True}
     client = Celery("sender", broker=redis_url)
     try:
         client.send_task(
@@ -146,7 +147,7 @@ def test_an_on_event_payload_too_new_fails_its_execution_on_a_real_worker(redis_
             queue="noetl.events",
             kwargs={
                 "execution_id": execution_id,
-                "event": {"kind": "start", "execution_id": execution_id, VERSION_FIELD: MESSAGE_VERSION + 5},
+                "event": {"kind": "start", "execution_id": execution_id, VERSION_FIELD: READ_VERSION + 5},
             },
         )
         status = wait(fresh_postgres.url, execution_id, timeout=60)

@@ -57,8 +57,9 @@ ROUTE_MODES: dict[str, Literal["exclusive", "inclusive"]] = {
 NO_MATCH_ACTIONS = (None, "quiet", "error")
 ARC_KEYS = frozenset({"step", "when", "args"})
 LEGACY_LOOP_KEYS = frozenset({"collection", "element", "concurrency", "chunk_size", "enumerate", "where", "limit"})
-LOOP_KEYS = LEGACY_LOOP_KEYS | {"in", "iterator", "mode", "max_in_flight", "cursor", "spec", "aggregate"}
-LOOP_SPEC_KEYS = frozenset({"mode", "max_in_flight", "chunk_size", "policy", "frame"})
+LOOP_KEYS = LEGACY_LOOP_KEYS | {"in", "iterator", "mode", "max_in_flight", "cursor", "spec", "aggregate", "batch"}
+LOOP_SPEC_KEYS = frozenset({"mode", "max_in_flight", "chunk_size", "policy", "frame", "batch"})
+MAX_BATCH = 1000  # iterations one message may carry (loop.spec.batch)
 LOOP_POLICY_KEYS = frozenset({"exec"})  # accepted for compatibility; every loop runs on the workers
 LOOP_MODES = {
     "sequential": "sequential",
@@ -323,6 +324,7 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
             check_keys(ctx, frame, FRAME_KEYS, frame_path)
             if mode != "cursor":
                 ctx.problem(line_of(spec, "frame"), frame_path, "frame: only applies to a cursor loop")
+    batch = _batch(ctx, loop, spec, path, mode)
     aggregate = bool(boolean(ctx, loop, "aggregate", path))
     if aggregate and mode != "cursor":
         ctx.problem(
@@ -337,6 +339,7 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
         mode=mode,
         max_in_flight=max(cap, 1),
         chunk_size=chunk_size,
+        batch=batch,
         enumerate=bool(boolean(ctx, loop, "enumerate", path)),
         where=condition(ctx, loop, "where", path),
         limit=number(ctx, loop, "limit", path, integer=True),
@@ -366,6 +369,29 @@ def _mode(ctx: Context, loop: LDict, spec: LDict, path: str, is_cursor: bool) ->
     if (written == "cursor") != is_cursor:
         ctx.problem(line_of(holder, "mode"), join(hpath, "mode"), "mode: cursor goes with cursor: (and only there)")
     return LOOP_MODES[written]
+
+
+def _batch(ctx: Context, loop: LDict, spec: LDict, path: str, mode: str) -> int | Literal["auto"]:
+    """`batch: N | auto` (in spec, or beside it): iterations sent together in one message."""
+    if "batch" in loop and "batch" in spec:
+        ctx.problem(line_of(spec, "batch"), join(path, "spec.batch"), "batch is given twice: keep spec.batch")
+    holder, hpath = (spec, join(path, "spec")) if "batch" in spec else (loop, path)
+    if "batch" not in holder:
+        return 1
+    where, line = join(hpath, "batch"), line_of(holder, "batch")
+    value = holder["batch"]
+    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH):
+        ctx.problem(line, where, f"batch must be a whole number from 1 to {MAX_BATCH}, or auto; got {value!r}")
+        return 1
+    if mode in ("sequential", "cursor"):
+        why = (
+            "a sequential loop runs one iteration at a time"
+            if mode == "sequential"
+            else "a cursor loop's frame (max_rows) sets how many rows a claim takes"
+        )
+        ctx.problem(line, where, f"batch only applies to a parallel or chunked loop: {why}")
+        return 1
+    return "auto" if value == "auto" else int(value)
 
 
 def _cap(ctx: Context, loop: LDict, spec: LDict, path: str) -> int | None:

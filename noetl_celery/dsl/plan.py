@@ -116,6 +116,8 @@ class Loop(_Model):
     mode: LoopMode = "sequential"
     max_in_flight: int = 1
     chunk_size: int | None = None
+    # iterations sent together in one Celery message (engine/batching.py): a count, or "auto"
+    batch: int | Literal["auto"] = 1
     enumerate: bool = False
     where: Condition = None
     limit: int | None = None

@@ -273,9 +273,9 @@ def dispatch_queued(
 def _failed_message(decider: Decider, source: str, key: str) -> TaskMessage | None:
     row = repo.find_event(decider.conn, decider.execution_id, source)
     for raw in ((row or {}).get("meta") or {}).get("dispatch") or []:
-        message = TaskMessage.from_dict(raw.get("message") or {})
-        if message.outcome_key().removesuffix(".done") == key:
-            return message
+        for message in TaskMessage.from_dict(raw.get("message") or {}).members():  # a batch: each iteration
+            if message.outcome_key().removesuffix(".done") == key:
+                return message
     return None
 
 

@@ -7,9 +7,14 @@ configuration (workers read the plan, cached per process, by execution id).
 Every message says which format it is written in (`message_version`). Decoding is tolerant, so
 old and new workers can share one queue during a rolling upgrade: a field this version does not
 know is ignored (and logged once), a missing optional field takes its default, and a message
-of a newer format than MESSAGE_VERSION is refused with MessageTooNew, which fails its
-execution with a clear error rather than losing it. Adding a field: give it a default; bump
-MESSAGE_VERSION only when an old reader would misread the message by ignoring the field.
+of a newer format than READ_VERSION is refused with MessageTooNew, which fails its
+execution with a clear error rather than losing it. Adding a field: give it a default; write a
+new format only when an old reader would misread the message by ignoring the field.
+
+Formats: 1 is every ordinary message. 2 (BATCH_VERSION) is a batched loop message (`batch`: the
+iterations after the first, engine/batching.py) and the on_event payload of its outcomes: a
+format-1 reader would run only the first iteration, so such messages say 2 and are written only
+by code that reads them. Everything else stays format 1, readable by older workers.
 
 On the wire (`TaskMessage.to_wire`, `wire`) a task message leaves out every optional field that
 has its default: readers of any version fill the defaults back in, so this needs no new format
@@ -33,7 +38,9 @@ from noetl_celery.errors import NoetlError
 log = logging.getLogger(__name__)
 
 CONTEXT_VALUE_LIMIT = 2048  # characters of one value kept in an event row's `context`
-MESSAGE_VERSION = 1  # the message format this code writes and the newest it reads
+MESSAGE_VERSION = 1  # the format this code writes for every message but batches
+BATCH_VERSION = 2  # the format of a batched loop message and of its outcomes' payload
+READ_VERSION = BATCH_VERSION  # the newest format this code reads
 VERSION_FIELD = "message_version"  # absent: a message from before formats were versioned (read as 0)
 
 
@@ -57,9 +64,9 @@ def check_version(data: dict[str, Any], what: str) -> int:
         version = int(raw)
     except (TypeError, ValueError) as exc:
         raise MessageError(f"{what}: {VERSION_FIELD} must be a whole number, got {raw!r}") from exc
-    if version > MESSAGE_VERSION:
+    if version > READ_VERSION:
         raise MessageTooNew(
-            f"{what} is in message format {version}, newer than this worker reads ({MESSAGE_VERSION}): "
+            f"{what} is in message format {version}, newer than this worker reads ({READ_VERSION}): "
             "upgrade every worker before sending work to it"
         )
     return version
@@ -113,13 +120,21 @@ def wire(message: dict[str, Any]) -> dict[str, Any]:
     reader fills them back in), the format version is kept."""
     _, required, defaults = _shape(TaskMessage)
     kept = {k: v for k, v in message.items() if k in required or k not in defaults or v != defaults[k]}
-    kept[VERSION_FIELD] = message.get(VERSION_FIELD, MESSAGE_VERSION)
+    kept[VERSION_FIELD] = written_version(message)
     return kept
 
 
+def written_version(message: dict[str, Any]) -> int:
+    """The format a task message dict is written in: BATCH_VERSION when it carries a batch."""
+    return BATCH_VERSION if message.get("batch") else MESSAGE_VERSION
+
+
 def stamp(payload: dict[str, Any]) -> dict[str, Any]:
-    """`payload` marked with the format it is written in."""
-    return {**payload, VERSION_FIELD: MESSAGE_VERSION}
+    """`payload` marked with the format it is written in (a batch's outcomes: BATCH_VERSION)."""
+    return {**payload, VERSION_FIELD: BATCH_VERSION if payload.get("kind") == BATCH_EVENT else MESSAGE_VERSION}
+
+
+BATCH_EVENT = "batch"  # on_event payload kind: the outcomes of a batch's iterations, in order
 
 
 @dataclass(frozen=True)
@@ -152,6 +167,16 @@ class TaskMessage:
     slot: dict[str, Any] | None = None
     # sub-playbooks: the finished child's outcome, when the parent's task still has a sink to run
     child: dict[str, Any] | None = None
+    # a batch (engine/batching.py): the iterations after this one, each as the fields in which
+    # its message differs from this one; this message is the batch's first iteration
+    batch: list[dict[str, Any]] | None = None
+
+    def members(self) -> list[TaskMessage]:
+        """The iterations this message runs: itself, or the messages of its batch, in order."""
+        if not self.batch:
+            return [self]
+        first = replace(self, batch=None, replay=False)
+        return [first, *(replace(first, **diff) for diff in self.batch)]
 
     @property
     def is_claim(self) -> bool:
@@ -170,7 +195,7 @@ class TaskMessage:
     def to_dict(self) -> dict[str, Any]:
         """Every field (values shared with this message, not copied: messages are not mutated)."""
         data = {name: getattr(self, name) for name in _FIELD_ORDER}
-        data[VERSION_FIELD] = MESSAGE_VERSION
+        data[VERSION_FIELD] = BATCH_VERSION if self.batch else MESSAGE_VERSION
         return data
 
     def to_wire(self) -> dict[str, Any]:
@@ -181,7 +206,7 @@ class TaskMessage:
             value = getattr(self, name)
             if value != default:
                 kept[name] = value
-        kept[VERSION_FIELD] = MESSAGE_VERSION
+        kept[VERSION_FIELD] = BATCH_VERSION if self.batch else MESSAGE_VERSION
         return kept
 
     @classmethod
@@ -195,6 +220,9 @@ class TaskMessage:
         text = attempt_argsrepr(self.execution_id, self.step, self.attempt, self.iteration, self.page)
         if self.slot is not None:
             text += f" slot={self.slot['id']}" + (" claim" if self.is_claim else "")
+        if self.batch:
+            last = self.batch[-1].get("iteration", self.iteration)
+            text += f" batch of {len(self.batch) + 1} (to iteration {last})"
         return text
 
 
@@ -237,6 +265,16 @@ class Dispatch:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Dispatch:
         return decode(cls, data, "dispatch")
+
+    def members(self) -> list[Dispatch]:
+        """One dispatch per attempt: itself, or a batch's iterations, each with its share of the
+        batch's timeout (what resume and the loop's bookkeeping read per iteration)."""
+        batch = self.message.get("batch")
+        if not batch or self.kind != "run":
+            return [self]
+        messages = TaskMessage.from_dict(self.message).members()
+        share = self.timeout / len(messages)
+        return [replace(self, message=m.to_dict(), timeout=share) for m in messages]
 
     def attempt_key(self) -> str:
         """The key of the dispatched attempt (its outcome row is this key + `.done`)."""

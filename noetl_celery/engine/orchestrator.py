@@ -20,12 +20,12 @@ from sqlalchemy import Connection
 
 from noetl_celery.compiler.names import shadow_label
 from noetl_celery.dsl.plan import Action, Step, Task
-from noetl_celery.engine import cursor_loop, deadlines, loops, pagination, policy_eval, routing, subplaybooks
+from noetl_celery.engine import batching, cursor_loop, deadlines, loops, pagination, policy_eval, routing, subplaybooks
 from noetl_celery.engine import events as ev
 from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.context import STATE, ExecutionState, Scope, message_scope, render_context
 from noetl_celery.engine.ids import attempt_key, run_id_for
-from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
+from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage, sanitize
 from noetl_celery.engine.select import select_part
 from noetl_celery.engine.units import RunRef, UnitEnd
 from noetl_celery.errors import TemplateError
@@ -70,6 +70,9 @@ class Decider:
     failure: dict[str, Any] | None = None
     depth: int = 0
     deferred: bool = False
+    later_causes: list[str] = field(default_factory=list)  # a batch: the other outcomes' row keys
+    # tool-call times of the loop iterations this event reports, per loop run (batch: auto)
+    durations_ms: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def conn(self) -> Connection:
@@ -194,6 +197,11 @@ class Decider:
         }
         if not self.running:
             causing["meta"]["ignored"] = True  # recorded, not acted on: a resume decides it
+        if self.rows:  # a later iteration of a batch: its outcome row must be new as well
+            self.later_causes.append(key)
+        duration = report.get("duration_ms")
+        if message.iteration is not None and isinstance(duration, (int, float)):
+            self.durations_ms.setdefault(message.run_id, []).append(float(duration))
         self.record(key=key, **causing)
         causing_row = self.rows[-1]
         sink = outcome.get("meta", {}).get("sink") or {}
@@ -659,7 +667,11 @@ class Decider:
             repo.finish_execution(
                 self.conn, self.execution_id, "failed", error=self.failure["error"], failed_step=self.failure["step"]
             )
-        dispatches = [d.with_version(version) for d in self.dispatches] if self.running else []
+        dispatches = (
+            [d.with_version(version) for d in batching.group(self.plan, self.dispatches, self.durations_ms)]
+            if self.running
+            else []
+        )
         if self.running and self.state.parent_execution_id is not None and (finished or self.failure is not None):
             status = "failed" if self.failure is not None else "completed"
             end = subplaybooks.child_end(
@@ -671,7 +683,7 @@ class Decider:
         if dispatches:
             causing["meta"] = {**(causing.get("meta") or {}), "dispatch": [d.to_dict() for d in dispatches]}
             causing["deadline_at"] = deadlines.decision_deadline(repo.utcnow(), dispatches)
-        if not repo.insert_events(self.conn, self.rows, first_must_be_new=True):
+        if not repo.insert_events(self.conn, self.rows, first_must_be_new=True, new_keys=self.later_causes):
             raise DuplicateEvent(causing["event_id"])
         for scope, values in self.variables.items():
             repo.put_variables(self.conn, self.execution_id, scope, values)
@@ -702,21 +714,34 @@ def _deferred_state(url: str, execution_id: int, message: TaskMessage) -> Execut
     return state
 
 
+Outcome = tuple[TaskMessage, dict[str, Any], dict[str, Any]]  # an attempt's message, outcome, report
+
+
+def outcomes_of(payload: dict[str, Any]) -> list[Outcome]:
+    """The attempt outcomes an event reports, in order: one, or a batch's (engine/batching.py).
+    A batch message that ended without reporting (lost, worker_lost, timeout) gives its one
+    outcome to each of its iterations."""
+    if payload["kind"] == BATCH_EVENT:
+        return [(TaskMessage.from_dict(e["task"]), e["outcome"], e["report"]) for e in payload["events"]]
+    message = TaskMessage.from_dict(payload["task"])
+    return [(member, payload["outcome"], payload["report"]) for member in message.members()]
+
+
 def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
     """Decide on one event; returns what to publish (already recorded)."""
     execution_id = int(payload["execution_id"])
     kind = payload["kind"]
-    message = TaskMessage.from_dict(payload["task"]) if kind == "outcome" else None
-    deferred = _deferred_state(url, execution_id, message) if message is not None else None
+    outcomes = outcomes_of(payload) if kind in ("outcome", BATCH_EVENT) else []
+    deferred = _deferred_state(url, execution_id, outcomes[0][0]) if outcomes else None
     try:
         if deferred is not None:
             try:
-                decided = _decide(url, payload, message, deferred)
+                decided = _decide(url, payload, outcomes, deferred)
             except Redecide:
                 STATE.forget(url, execution_id)
                 deferred = None
         if deferred is None:
-            decided = _decide(url, payload, message, None)
+            decided = _decide(url, payload, outcomes, None)
         if decided is None:
             return []
         decider, dispatches = decided
@@ -732,7 +757,7 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
 
 
 def _decide(
-    url: str, payload: dict[str, Any], message: TaskMessage | None, state: ExecutionState | None
+    url: str, payload: dict[str, Any], outcomes: list[Outcome], state: ExecutionState | None
 ) -> tuple[Decider, list[Dispatch]] | None:
     """One transaction deciding one event. With `state`, a deferred decision (see Decider)."""
     execution_id = int(payload["execution_id"])
@@ -751,9 +776,10 @@ def _decide(
             )
         if kind == "start":
             decider.start_execution()
-        elif kind == "outcome":
-            assert message is not None
-            decider.on_outcome(message, payload["outcome"], payload["report"])
+        elif kind in ("outcome", BATCH_EVENT):
+            for message, outcome, report in outcomes:
+                decider.depth = 0
+                decider.on_outcome(message, outcome, report)
         else:
             raise ValueError(f"unknown event kind {kind!r}")
         dispatches = decider.flush()
@@ -767,7 +793,9 @@ def fail_internally(url: str, payload: dict[str, Any], reason: str) -> None:
     rather than leave it running forever."""
     execution_id = int(payload["execution_id"])
     error = {"kind": "internal", "message": reason[:2000]}
-    step = (payload.get("task") or {}).get("step")
+    events: list[dict[str, Any]] = payload.get("events") or [{}]
+    task = payload.get("task") or events[0].get("task") or {}
+    step = task.get("step")
     try:
         with transaction(url) as conn:
             if repo.finish_execution(conn, execution_id, "failed", error=error, failed_step=step):

@@ -98,8 +98,8 @@ def _plan_redo(decider: Decider, events: list[dict[str, Any]], epoch: int, faile
         for raw in (event.get("meta") or {}).get("dispatch") or []:
             if raw.get("kind", "run") != "run":
                 continue  # an event for on_event (a sub-playbook's start or end), not an attempt
-            dispatch = Dispatch.from_dict(raw)
-            dispatched[dispatch.attempt_key()] = dispatch
+            for dispatch in Dispatch.from_dict(raw).members():  # a batch: each of its iterations
+                dispatched[dispatch.attempt_key()] = dispatch
     archive = [k for k in ENDING_KEYS if k in by_key]
     decide: list[tuple[TaskMessage, dict[str, Any], dict[str, Any]]] = []
     again: list[Dispatch] = []

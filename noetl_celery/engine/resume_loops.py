@@ -105,7 +105,8 @@ def _queue(
         for raw in (event.get("meta") or {}).get("dispatch") or []:
             message = raw.get("message") or {}
             if message.get("run_id") == run_id and message.get("iteration") is not None:
-                source[Dispatch.from_dict(raw).attempt_key()] = event["event_id"]
+                for dispatch in Dispatch.from_dict(raw).members():  # a batch: each of its iterations
+                    source[dispatch.attempt_key()] = event["event_id"]
     entries: list[list[Any]] = []
     rerun = 0
     for index in range(total):

@@ -14,7 +14,7 @@ from typing import Any
 
 from celery.exceptions import Retry
 
-from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage
 from noetl_celery.errors import AttemptFailed
 
 ERROR_TEXT_LIMIT = 300  # characters of an attempt's error shown as Flower's exception text
@@ -61,6 +61,8 @@ def conclude(payload: dict[str, Any], dispatches: list[Dispatch] | None, *, rais
     """The outcome line of a successful attempt; raises for a failed one (see module docstring).
     `dispatches` is what on_event decided (None when it runs elsewhere, on the on_event queue).
     Without `raise_failures` (the embedded worker: no Flower to tell) a failure is a line too."""
+    if payload.get("kind") == BATCH_EVENT:
+        return _conclude_batch(payload["events"], raise_failures=raise_failures)
     message = TaskMessage.from_dict(payload["task"])
     outcome = payload.get("outcome") or {}
     duration = (payload.get("report") or {}).get("duration_ms")
@@ -74,4 +76,23 @@ def conclude(payload: dict[str, Any], dispatches: list[Dispatch] | None, *, rais
         return f"failed {text}" + (f"; retried as attempt {message.attempt + 1}" if retry else "")
     if retry is not None:
         raise AttemptRetried(text, message.attempt + 1, retry.countdown)
+    raise AttemptFailed(text)
+
+
+def _conclude_batch(events: list[dict[str, Any]], *, raise_failures: bool) -> str:
+    """A batch (engine/batching.py) succeeds when every iteration did; else it fails naming the
+    first failure. A failed iteration's retry, if any, is its own message."""
+    first = TaskMessage.from_dict(events[0]["task"])
+    failed = [e for e in events if (e.get("outcome") or {}).get("status") != "ok"]
+    where = f"{first.describe()} batch of {len(events)}"
+    if not failed:
+        took = sum(float((e.get("report") or {}).get("duration_ms") or 0) for e in events)
+        return f"ok {where} {took:.1f} ms"
+    worst = failed[0]
+    text = (
+        f"{len(failed)} of {len(events)} iterations failed; first: "
+        f"{_error_text(worst['outcome'].get('error'))} ({TaskMessage.from_dict(worst['task']).describe()})"
+    )
+    if not raise_failures:
+        return f"failed {where}: {text}"
     raise AttemptFailed(text)

@@ -17,7 +17,7 @@ from noetl_celery.engine import deadlines, process
 from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.context import STATE, message_scope, render_context
 from noetl_celery.engine.cursor_claim import run_claim
-from noetl_celery.engine.messages import TaskMessage
+from noetl_celery.engine.messages import BATCH_EVENT, TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import to_jsonable
 from noetl_celery.store import repo
@@ -220,4 +220,20 @@ def execute(
         "task": message.to_wire(),
         "outcome": body,
         "report": report,
+    }
+
+
+def execute_batch(
+    url: str, message: TaskMessage, *, queue_id: str | None = None, node: str | None = None
+) -> dict[str, Any] | None:
+    """Run a batch's iterations one after another (engine/batching.py); returns one on_event
+    payload with every outcome, in order (None for a replay of a batch already recorded: its
+    outcomes are written in one transaction, so the first one tells)."""
+    if message.replay and already_done(url, message):
+        return None
+    events = [execute(url, member, queue_id=queue_id, node=node) for member in message.members()]
+    return {
+        "kind": BATCH_EVENT,
+        "execution_id": message.execution_id,
+        "events": [event for event in events if event is not None],
     }

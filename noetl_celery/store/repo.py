@@ -14,6 +14,7 @@ DBAPIError (what the callers retry on).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -292,9 +293,12 @@ def _masked(row: dict[str, Any]) -> dict[str, Any]:
     return _masked_rows([row])[0]
 
 
-def insert_events(conn: Connection, rows: list[dict[str, Any]], *, first_must_be_new: bool = False) -> bool:
+def insert_events(
+    conn: Connection, rows: list[dict[str, Any]], *, first_must_be_new: bool = False, new_keys: Sequence[str] = ()
+) -> bool:
     """Insert event rows, in order. With `first_must_be_new`, returns False when the first row's
-    key already exists (a redelivered event: the caller rolls back the whole transaction)."""
+    key already exists (a redelivered event: the caller rolls back the whole transaction); so it
+    does when a key of `new_keys` (the other outcomes of a batch) already exists."""
     if not rows:
         return True
     now = utcnow()
@@ -312,7 +316,9 @@ def insert_events(conn: Connection, rows: list[dict[str, Any]], *, first_must_be
             )
         cursor = _run(conn, _events_insert_sql(dialect, len(chunk)), params)
         inserted.update(row[0] for row in cursor.fetchall())
-    return not first_must_be_new or rows[0]["event_id"] in inserted
+    if first_must_be_new and rows[0]["event_id"] not in inserted:
+        return False
+    return all(key in inserted for key in new_keys)
 
 
 def find_event(conn: Connection, execution_id: int, event_id: str) -> dict[str, Any] | None:

@@ -20,10 +20,11 @@ from tests.support.services import on_both_brokers
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 LOOP = PLAYBOOKS / "loop_many.yaml"
+BATCHED = PLAYBOOKS / "loop_batched.yaml"  # the same loop, 8 iterations to a message
 
 
-def submit(env: dict[str, str], n: int, sleep: float = 0.0) -> int:
-    proc = cli(["submit", str(LOOP), "--json", "--set", f"n={n}", "--set", f"sleep={sleep}"], env)
+def submit(env: dict[str, str], n: int, sleep: float = 0.0, playbook: Path = LOOP) -> int:
+    proc = cli(["submit", str(playbook), "--json", "--set", f"n={n}", "--set", f"sleep={sleep}"], env)
     assert proc.returncode == 0, proc.stderr
     return int(json.loads(proc.stdout)["execution_id"])
 
@@ -73,8 +74,33 @@ def test_1000_iterations_cap_50_two_workers_twenty_times(broker, env, store_url,
         assert_exactly_once(store_url, execution_id, 1000)
 
 
+def batched_iterations(url: str, execution_id: int) -> Counter:
+    """How often each iteration was sent inside a batched message (stored dispatch lists)."""
+    with get_engine(url).connect() as conn:
+        metas = conn.execute(
+            text("SELECT meta FROM noetl_event WHERE execution_id = :x AND meta IS NOT NULL"), {"x": execution_id}
+        ).scalars()
+        found = [meta if isinstance(meta, dict) else json.loads(meta) for meta in metas if meta is not None]
+    dispatches = [d for meta in found if isinstance(meta, dict) for d in meta.get("dispatch") or []]
+    return Counter(
+        i
+        for d in dispatches
+        if d["message"].get("batch")
+        for i in [d["message"]["iteration"], *(m["iteration"] for m in d["message"]["batch"])]
+    )
+
+
+def assert_batched(url: str, execution_id: int, n: int) -> None:
+    """Iterations went out in batches, each in one only (the collection's tail may leave one
+    iteration to travel alone)."""
+    sent = batched_iterations(url, execution_id)
+    assert max(sent.values()) == 1, [i for i, c in sent.items() if c > 1][:10]
+    assert len(sent) >= n - 8, f"only {len(sent)} of {n} iterations were sent in batches"
+
+
 @on_both_brokers
-def test_a_worker_killed_mid_loop_loses_no_iteration(broker, env, store_url, worker_factory):
+@pytest.mark.parametrize("playbook", [LOOP, BATCHED], ids=["one-per-message", "batched"])
+def test_a_worker_killed_mid_loop_loses_no_iteration(broker, playbook, env, store_url, worker_factory):
     if broker == "redis":
         # a short visibility timeout so that Redis hands the killed worker's messages out again soon
         worker_env = {**env, "NOETL_VISIBILITY_TIMEOUT": "8", "NOETL_RESTORE_INTERVAL": "2"}
@@ -83,7 +109,7 @@ def test_a_worker_killed_mid_loop_loses_no_iteration(broker, env, store_url, wor
         # to the queue as soon as its connection dies (the SIGKILL closes the socket)
         worker_env = env
     victim = worker_factory(env=worker_env, concurrency=4, name="victim@%h")
-    execution_id = submit(env, 200, sleep=0.05)
+    execution_id = submit(env, 200, sleep=0.05, playbook=playbook)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         done = sum(loop_log(store_url, execution_id)[0].values())
@@ -103,6 +129,8 @@ def test_a_worker_killed_mid_loop_loses_no_iteration(broker, env, store_url, wor
         # the attempts' 46 s lease)
         assert republished(store_url, execution_id) == 0
         assert time.monotonic() - killed_at < 30
+    if playbook == BATCHED:  # the killed batches ran again whole: no iteration was sent twice
+        assert_batched(store_url, execution_id, 200)
 
 
 def test_outcomes_through_the_on_event_queue(env, store_url, worker_factory):
@@ -113,3 +141,7 @@ def test_outcomes_through_the_on_event_queue(env, store_url, worker_factory):
     worker_factory(env=queue_env, concurrency=2, name="events@%h", queues=("noetl.events",))
     execution_id = submit({**env, "NOETL_EVENT_DISPATCH": "queue"}, 300)
     assert_exactly_once(store_url, execution_id, 300)
+    # a batch's outcomes travel as one on_event payload
+    batched = submit({**env, "NOETL_EVENT_DISPATCH": "queue"}, 300, playbook=BATCHED)
+    assert_exactly_once(store_url, batched, 300)
+    assert_batched(store_url, batched, 300)
