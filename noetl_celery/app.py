@@ -257,15 +257,17 @@ def send_event(payload: dict[str, Any], countdown: float = 0.0, retry_policy: di
     )
 
 
-def publish(dispatches: list[Dispatch], due: float | None = None) -> None:
+def publish(dispatches: list[Dispatch], due: float | None = None, retry_policy: dict[str, Any] | None = None) -> None:
     """Send the decided task messages. A wait longer than the broker can safely hold (Redis
     counts it toward the visibility timeout) is split: a `wake` event re-checks the due time.
-    Messages go out in their wire form (defaults left out) through this process's producer."""
+    Messages go out in their wire form (defaults left out) through this process's producer.
+    `retry_policy`: how long to keep trying an unreachable broker (default PUBLISH_RETRY_POLICY)."""
     settings = current_settings()
     now = time.time()
+    options: dict[str, Any] = {"retry_policy": retry_policy} if retry_policy else {}
     for dispatch in dispatches:
         if dispatch.kind == "event":  # an event for on_event (a sub-playbook's start or end)
-            send_event(dispatch.message, countdown=max(dispatch.countdown, 0.0))
+            send_event(dispatch.message, countdown=max(dispatch.countdown, 0.0), retry_policy=retry_policy)
             continue
         wait = (due - now) if due is not None else dispatch.countdown
         if wait > settings.max_countdown:
@@ -278,6 +280,7 @@ def publish(dispatches: list[Dispatch], due: float | None = None) -> None:
                     "due": target,
                 },
                 countdown=settings.max_countdown,
+                retry_policy=retry_policy,
             )
             continue
         message = TaskMessage.from_dict(dispatch.message)
@@ -293,6 +296,7 @@ def publish(dispatches: list[Dispatch], due: float | None = None) -> None:
             soft_time_limit=soft,
             time_limit=hard,
             producer=publisher.producer(app),
+            **options,
         )
 
 

@@ -11,12 +11,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Connection
+
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler import compile_playbook, resolve
 from noetl_celery.dsl.plan import Plan
+from noetl_celery.engine.context import new_state
 from noetl_celery.engine.ids import new_execution_id
 from noetl_celery.engine.lifecycle import end_tree
-from noetl_celery.engine.orchestrator import start_payload
+from noetl_celery.engine.orchestrator import start_new
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, PlaybookError, Problem
 from noetl_celery.store import repo
 from noetl_celery.store.db import ensure_schema, transaction
@@ -27,35 +30,50 @@ SHUTDOWN_WAKE_MESSAGES = 2  # control messages that wake the embedded worker's t
 
 
 def create_execution(plan: Plan, database_url: str, *, parent_execution_id: int | None = None) -> int:
+    """A new running execution of `plan`, not started yet (its start event decides that)."""
     ensure_schema(database_url)
     execution_id = new_execution_id()
     with transaction(database_url) as conn:
-        repo.create_execution(
-            conn,
-            execution_id=execution_id,
-            plan=plan.model_dump(mode="json"),
-            workload=plan.workload,
-            parent_execution_id=parent_execution_id,
-            timeout=plan.timeout,
-        )
+        _insert_execution(conn, plan, execution_id, parent_execution_id)
     return execution_id
 
 
+def _insert_execution(conn: Connection, plan: Plan, execution_id: int, parent_execution_id: int | None = None) -> None:
+    repo.create_execution(
+        conn,
+        execution_id=execution_id,
+        plan=plan.model_dump(mode="json"),
+        workload=plan.workload,
+        parent_execution_id=parent_execution_id,
+        timeout=plan.timeout,
+    )
+
+
 def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
-    """Create the execution and enqueue its start on the configured broker. A broker that cannot
-    be reached raises BrokerUnavailable, and the execution row is removed again."""
-    from noetl_celery.app import SUBMIT_RETRY_POLICY, app, send_event
+    """Create the execution and decide its start in the same transaction, as on_event would
+    (the start rows and the first step's messages are recorded with the execution), then publish
+    those messages. The first task so starts one broker hop and one commit sooner than through
+    the on_event queue.
+
+    A start that cannot be decided leaves nothing behind. A broker that cannot be reached ends
+    the recorded execution as failed (kind `broker`) and raises BrokerUnavailable: nothing is
+    left running that the user was told did not start."""
+    from noetl_celery.app import SUBMIT_RETRY_POLICY, app, publish
 
     settings = settings or app.conf.noetl_settings
-    execution_id = create_execution(plan, settings.database_url)
+    url = settings.database_url
+    ensure_schema(url)
+    execution_id = new_execution_id()
+    with transaction(url) as conn:  # the execution row and its start: both or neither
+        _insert_execution(conn, plan, execution_id)
+        dispatches = start_new(conn, new_state(plan, execution_id))
     try:
-        send_event(start_payload(execution_id), retry_policy=SUBMIT_RETRY_POLICY)
+        publish(dispatches, retry_policy=SUBMIT_RETRY_POLICY)
     except Exception as exc:
-        with transaction(settings.database_url) as conn:
-            repo.delete_unstarted_execution(conn, execution_id)
-        raise BrokerUnavailable(
-            f"cannot reach the broker at {_safe_url(settings.broker_url or '')}: {_first_line(exc)}"
-        ) from exc
+        problem = f"cannot reach the broker at {_safe_url(settings.broker_url or '')}: {_first_line(exc)}"
+        with transaction(url) as conn:
+            end_tree(conn, execution_id, "failed", "execution.failed", {"kind": "broker", "message": problem})
+        raise BrokerUnavailable(problem) from exc
     return execution_id
 
 

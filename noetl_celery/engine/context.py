@@ -51,6 +51,15 @@ class ExecutionState:
         self.version = version
 
 
+def new_state(plan: Plan, execution_id: int) -> ExecutionState:
+    """The state of an execution of `plan` that is being created: as a load of it would read
+    (the workload as stored, in its JSON form)."""
+    workload = plan.model_dump(mode="json", include={"workload"})["workload"]
+    state = ExecutionState(execution_id=execution_id, plan=plan, workload=workload, parent_execution_id=None)
+    state.load_variables({}, 0)
+    return state
+
+
 class StateCache:
     """Per-process cache of ExecutionState, reloaded when a caller needs a newer version."""
 

@@ -788,6 +788,14 @@ def _decide(
     return decider, dispatches
 
 
+def start_new(conn: Connection, state: ExecutionState) -> list[Dispatch]:
+    """Decide the start of an execution created in this same transaction (runner.submit);
+    returns what to publish once it commits."""
+    decider = Decider(connection=conn, state=state, running=True, version=state.version)
+    decider.start_execution()
+    return decider.flush()
+
+
 def fail_internally(url: str, payload: dict[str, Any], reason: str) -> None:
     """An event could not be decided (a defect or a lasting outage): fail the execution, recorded,
     rather than leave it running forever."""

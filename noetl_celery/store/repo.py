@@ -364,25 +364,22 @@ def run_events(
 
 
 def put_variables(conn: Connection, execution_id: int, scope: str, values: dict[str, Any]) -> None:
+    """Set variables of one scope (insert or overwrite), in one statement on the DBAPI cursor."""
     if not values:
         return
-    now = utcnow()
-    rows = [
-        {
-            "execution_id": execution_id,
-            "scope": scope,
-            "name": k,
-            "value": limits.cap(secret_registry.mask(v)),
-            "updated_at": now,
-        }
-        for k, v in values.items()
-    ]
-    stmt = _insert(conn, VARIABLES)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["execution_id", "scope", "name"],
-        set_={"value": stmt.excluded.value, "updated_at": stmt.excluded.updated_at},
+    dialect = conn.dialect
+    now = _bound(dialect, VARIABLES, "updated_at", utcnow())
+    row = f"({_placeholders(dialect, 5)})"
+    sql = (
+        f"INSERT INTO noetl_variable (execution_id, scope, name, value, updated_at) VALUES "
+        f"{', '.join([row] * len(values))} ON CONFLICT (execution_id, scope, name) "
+        "DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at"
     )
-    conn.execute(stmt, rows)
+    params: list[Any] = []
+    for name, value in values.items():
+        stored = _bound(dialect, VARIABLES, "value", limits.cap(secret_registry.mask(value)))
+        params += [execution_id, scope, name, stored, now]
+    _run(conn, sql, params)
 
 
 def load_variables(conn: Connection, execution_id: int) -> dict[str, dict[str, Any]]:
