@@ -965,9 +965,9 @@ def memory_figures(samples: list[dict[str, Any]], n: int) -> dict[str, Any]:
 
 def bench_memory(ctx: Context, results: dict[str, Any]) -> None:
     args = ctx.args
-    n, mode = args.memory_n, args.memory_mode
-    log(f"== memory: mode={mode} workers=1 (-c {args.concurrency}) N={n}")
-    mem: dict[str, Any] = {"mode": mode, "workers": 1, "concurrency": args.concurrency, "n": n}
+    n, mode, batch = args.memory_n, args.memory_mode, args.memory_batch
+    log(f"== memory: mode={mode} workers=1 (-c {args.concurrency}) N={n} batch={batch}")
+    mem: dict[str, Any] = {"mode": mode, "workers": 1, "concurrency": args.concurrency, "n": n, "batch": batch}
     results["memory"] = mem
     workers = start_workers(1, args.concurrency, ctx.worker_env(mode), ctx.log_dir, f"mem-{mode}")
     try:
@@ -977,7 +977,7 @@ def bench_memory(ctx: Context, results: dict[str, Any]) -> None:
         mem["loadavg_before"] = [round(x, 2) for x in os.getloadavg()]
         partial: dict[str, Any] = {}
         try:
-            run = run_noetl(ctx, n, workers, keep_samples=True, partial=partial)
+            run = run_noetl(ctx, n, workers, keep_samples=True, partial=partial, batch=batch)
         except Exception as exc:  # noqa: BLE001 - record it, keep the results so far
             mem["error"] = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
             log(f"   FAILED: {mem['error']}")
@@ -1120,7 +1120,8 @@ def table(results: dict[str, Any]) -> str:
         else:
             at = mem["rss_at_progress_mb"]
             out.append(
-                f"memory run: N={mem['n']}, mode {mem['mode']}, 1 worker -c {mem['concurrency']}: "
+                f"memory run: N={mem['n']}, batch {mem.get('batch', '1')}, mode {mem['mode']}, "
+                f"1 worker -c {mem['concurrency']}: "
                 f"{mem['iterations_per_s']} it/s; worker RSS (process tree) idle {mem['rss_idle_mb']} MB, "
                 f"at 10% {at['10%']} MB, 50% {at['50%']} MB, 90% {at['90%']} MB, "
                 f"max {mem['rss_max_mb']} MB, end {mem['rss_end_mb']} MB"
@@ -1150,6 +1151,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", default="inline,queue", help="NOETL_EVENT_DISPATCH values (default inline,queue)")
     p.add_argument("--memory-n", type=int, default=100000, help="iterations of the memory run (default 100000)")
     p.add_argument("--memory-mode", default="inline", choices=("inline", "queue"))
+    p.add_argument("--memory-batch", default="1", help="loop.spec.batch of the memory run (default 1: none)")
     p.add_argument("--skip-memory", action="store_true", help="no memory run")
     p.add_argument(
         "--cursor-n",

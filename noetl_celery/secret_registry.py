@@ -73,9 +73,11 @@ def seal_environment() -> None:
     Code run by the python tool sees an os.environ without them.
     """
     with _lock:
-        for name in [n for n in os.environ if _is_sealed_name(n)]:
-            _sealed[name] = os.environ.pop(name)
-        _cache["key"] = None
+        moved = [name for name, _ in _environment_key() if _is_sealed_name(_text(name))]
+        for name in moved:
+            _sealed[_text(name)] = os.environ.pop(_text(name))
+        if moved:  # the secrets did not change, but where they are read from did
+            _cache["key"] = None
 
 
 def register(value: Any) -> None:
@@ -127,10 +129,25 @@ def _configured_values() -> set[str]:
     return found
 
 
+def _environment_key() -> tuple[Any, ...]:
+    """What of os.environ the configured secrets depend on: every NOETL_* variable. Read from
+    the process's raw environment table where there is one, without decoding every variable
+    (this runs before every masking pass)."""
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, dict):
+        return tuple(item for item in data.items() if item[0][:6] in (b"NOETL_", "NOETL_"))
+    return tuple((k, v) for k, v in os.environ.items() if k.startswith("NOETL_"))
+
+
+def _text(name: str | bytes) -> str:
+    return name if isinstance(name, str) else os.fsdecode(name)
+
+
 def _fingerprint() -> tuple[Any, ...]:
-    env = environ()
-    relevant = tuple(sorted((k, v) for k, v in env.items() if _is_sealed_name(k)))
-    path = env.get(CREDENTIALS_FILE_VAR)
+    """Changes whenever the secrets to mask may have: the NOETL_* environment (sealing clears
+    the cache itself), the credentials file's modification time, the registered values."""
+    relevant = _environment_key()
+    path = getenv(CREDENTIALS_FILE_VAR)
     mtime = None
     if path:
         try:

@@ -61,11 +61,18 @@ def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
                     "page": attempt.page,
                     "parent_event_id": attempt.parent_event_id,
                     "error": {"kind": "worker_lost", "message": reason[:500]},
-                    "meta": {"delivery": count},
+                    "meta": {"delivery": count, **_batch_of(attempt)},
                 }
             ],
         )
     return count
+
+
+def _batch_of(attempt: TaskMessage) -> dict[str, Any]:
+    """For a batch (engine/batching.py): the iterations the lost delivery carried."""
+    if not attempt.batch:
+        return {}
+    return {"batch": [member.iteration for member in attempt.members()]}
 
 
 class AttemptRequest(Request):

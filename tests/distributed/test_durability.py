@@ -58,6 +58,27 @@ def test_a_step_that_kills_its_process_ends_as_worker_lost(env, store_url, worke
     assert len(failed) == 1 and failed[0]["error"]["kind"] == "worker_lost"
 
 
+def test_a_batch_whose_iteration_kills_its_process_isolates_it_and_runs_the_others_once(env, store_url, worker_factory):
+    worker_factory(env={**env, "NOETL_MAX_DELIVERIES": "3"}, concurrency=2, name="poison-batch@%h")
+    execution_id = submit(env, PLAYBOOKS / "poison_batch.yaml")
+    status = wait(store_url, execution_id, timeout=120)
+    assert status["status"] == "failed", status
+    assert status["error"]["failures"] == [
+        {"index": 3, "kind": "worker_lost", "message": status["error"]["failures"][0]["message"], "task": "work"}
+    ], status["error"]
+    # the batch lost its worker 3 times, then each of its iterations got the outcome and was
+    # retried alone: 7 completed once each, the poison one lost its worker 3 more times
+    lost = rows(store_url, execution_id, "event_type = 'attempt.worker_lost'")
+    assert [(r["iteration"], r["attempt"], r["meta"].get("batch")) for r in lost] == [
+        *[(0, 1, list(range(8)))] * 3,
+        *[(3, 2, None)] * 3,
+    ]
+    completed = Counter(r["iteration"] for r in rows(store_url, execution_id, "event_type = 'iteration.completed'"))
+    assert completed == Counter([0, 1, 2, 4, 5, 6, 7])
+    failed = rows(store_url, execution_id, "event_type = 'iteration.failed'")
+    assert [(r["iteration"], r["attempt"]) for r in failed] == [(3, 2)]
+
+
 def test_cancel_during_a_10000_iteration_loop(env, store_url, worker_factory):
     worker_factory(env=env, concurrency=4, name="cancel@%h")
     execution_id = submit(env, PLAYBOOKS / "loop_many.yaml", n=10000)
