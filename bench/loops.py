@@ -1055,38 +1055,32 @@ def table(results: dict[str, Any]) -> str:
         "peak RSS MB/worker (raw; noetl)",
     ]
     lines = [head]
-    for r in results["runs"]:
-        raw, noetl = r.get("raw") or {}, r.get("noetl") or {}
-        rss = "; ".join(",".join(str(x) for x in part.get("peak_rss_mb", [])) or "-" for part in (raw, noetl))
+
+    def row(r: dict[str, Any], label: str, raw: dict[str, Any], noetl: dict[str, Any], ratio: Any, rss: str) -> None:
         lines.append(
             [
                 r["mode"],
                 str(r["workers"]),
-                str(r["n"]),
+                label,
                 _fmt(raw.get("tasks_per_s"), ".1f"),
                 _fmt(noetl.get("iterations_per_s"), ".1f"),
-                _fmt(r.get("ratio"), ".3f"),
+                _fmt(ratio, ".3f"),
                 _fmt(noetl.get("event_rows_per_iteration"), ".4f"),
                 _fmt((noetl.get("on_event_ms") or {}).get("p50"), ".2f"),
                 _fmt((noetl.get("on_event_ms") or {}).get("p95"), ".2f"),
-                rss + (f"  ERROR: {r['error']}" if r.get("error") else ""),
+                rss,
             ]
         )
+
+    def peaks(part: dict[str, Any]) -> str:
+        return ",".join(str(x) for x in part.get("peak_rss_mb", [])) or "-"
+
+    for r in results["runs"]:
+        raw, noetl = r.get("raw") or {}, r.get("noetl") or {}
+        error = f"  ERROR: {r['error']}" if r.get("error") else ""
+        row(r, str(r["n"]), raw, noetl, r.get("ratio"), f"{peaks(raw)}; {peaks(noetl)}{error}")
         for batch, b in (r.get("batched") or {}).items():
-            lines.append(
-                [
-                    r["mode"],
-                    str(r["workers"]),
-                    f"{r['n']} batch={batch}",
-                    _fmt(raw.get("tasks_per_s"), ".1f"),
-                    _fmt(b.get("iterations_per_s"), ".1f"),
-                    _fmt(b.get("ratio"), ".3f"),
-                    _fmt(b.get("event_rows_per_iteration"), ".4f"),
-                    _fmt((b.get("on_event_ms") or {}).get("p50"), ".2f"),
-                    _fmt((b.get("on_event_ms") or {}).get("p95"), ".2f"),
-                    ",".join(str(x) for x in b.get("peak_rss_mb", [])) or "-",
-                ]
-            )
+            row(r, f"{r['n']} batch={batch}", raw, b, b.get("ratio"), peaks(b))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     out = ["| " + " | ".join(c.ljust(widths[i]) for i, c in enumerate(row)) + " |" for row in lines]
     out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
