@@ -55,9 +55,9 @@ def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
     those messages. The first task so starts one broker hop and one commit sooner than through
     the on_event queue.
 
-    A start that cannot be decided leaves nothing behind. A broker that cannot be reached ends
-    the recorded execution as failed (kind `broker`) and raises BrokerUnavailable: nothing is
-    left running that the user was told did not start."""
+    A start that cannot be decided leaves nothing behind. A broker that cannot be reached
+    raises BrokerUnavailable, and the execution is removed again with every row its start
+    wrote: nothing is left of what the user was told did not start."""
     from noetl_celery.app import SUBMIT_RETRY_POLICY, app, publish
 
     settings = settings or app.conf.noetl_settings
@@ -70,10 +70,11 @@ def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
     try:
         publish(dispatches, retry_policy=SUBMIT_RETRY_POLICY)
     except Exception as exc:
-        problem = f"cannot reach the broker at {_safe_url(settings.broker_url or '')}: {_first_line(exc)}"
         with transaction(url) as conn:
-            end_tree(conn, execution_id, "failed", "execution.failed", {"kind": "broker", "message": problem})
-        raise BrokerUnavailable(problem) from exc
+            repo.delete_unpublished_execution(conn, execution_id)
+        raise BrokerUnavailable(
+            f"cannot reach the broker at {_safe_url(settings.broker_url or '')}: {_first_line(exc)}"
+        ) from exc
     return execution_id
 
 

@@ -168,10 +168,17 @@ def create_execution(
     )
 
 
-def delete_unstarted_execution(conn: Connection, execution_id: int) -> None:
-    """Remove an execution that never started (its start could not be enqueued)."""
+def delete_unpublished_execution(conn: Connection, execution_id: int) -> None:
+    """Remove an execution whose start was recorded but whose first messages could not be
+    published (the broker is unreachable at submit), with every row of it and of the child
+    executions its start created: nothing is left of what the user was told did not start."""
     c = EXECUTIONS.c
-    conn.execute(EXECUTIONS.delete().where(and_(c.execution_id == execution_id, c.pending == 0)))
+    ids = [
+        execution_id,
+        *(r[0] for r in conn.execute(select(c.execution_id).where(c.parent_execution_id == execution_id))),
+    ]
+    for table in (EVENTS, VARIABLES, JOINS, LOOPS, EXECUTIONS):
+        conn.execute(table.delete().where(table.c.execution_id.in_(ids)))
 
 
 def get_execution(conn: Connection, execution_id: int) -> dict[str, Any] | None:
