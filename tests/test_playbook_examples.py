@@ -31,6 +31,14 @@ EXPECTED = {
             "stats": {"processed": 40, "failed": 0, "slots": 4},
         },
     },
+    "loop_batched.yaml": {
+        "summary": {
+            "count": 2000,
+            "sum": sum(i * i for i in range(2000)),
+            "in_order": True,
+            "stats": {"total": 2000, "success": 2000, "failed": 0},
+        }
+    },
     "loop_parallel.yaml": {
         "summary": {
             "order": ["Oslo", "Lisbon", "Cairo", "Reykjavik", "Singapore", "Montreal"],
