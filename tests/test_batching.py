@@ -357,3 +357,18 @@ def test_a_failed_batched_loop_resumes_only_its_failed_iterations_each_alone(url
     failed = Counter(r["iteration"] for r in rows if r["event_type"] == "iteration.failed")
     completed = Counter(r["iteration"] for r in rows if r["event_type"] == "iteration.completed")
     assert failed == Counter([1, 4, 7, 10]) and completed == Counter(range(12))  # nothing that completed ran again
+
+
+def test_a_batch_finishing_after_a_cancel_is_recorded_and_dispatches_nothing(url):
+    from noetl_celery.engine.lifecycle import end_tree
+
+    execution_id, first = loop_started(url, 60)
+    payload = run(url, first[0])
+    with transaction(url) as conn:
+        end_tree(conn, execution_id, "cancelled", "execution.cancelled", {"kind": "cancelled", "message": "x"})
+    assert orchestrator.handle_event(url, payload) == []  # no refill after the cancel
+    rows = {r["event_id"]: r for r in events(url, execution_id)}
+    outcomes = [rows[TaskMessage.from_dict(e["task"]).outcome_key()] for e in payload["events"]]
+    assert len(outcomes) == 8 and all(r["meta"].get("ignored") for r in outcomes)  # kept for a resume
+    with transaction(url) as conn:
+        assert repo.get_loop(conn, first[0].message["run_id"])["done"] == 0
