@@ -129,14 +129,22 @@ def _configured_values() -> set[str]:
     return found
 
 
+_SEALED_STARTS = (CREDENTIAL_PREFIX, CREDENTIALS_FILE_VAR, *URL_VARS)  # what sealed names start with
+_SEALED_STARTS_RAW = tuple(os.fsencode(start) for start in _SEALED_STARTS)
+
+
 def _environment_key() -> tuple[Any, ...]:
-    """What of os.environ the configured secrets depend on: every NOETL_* variable. Read from
-    the process's raw environment table where there is one, without decoding every variable
-    (this runs before every masking pass)."""
+    """What of os.environ the configured secrets depend on: the variables whose names start like
+    a sealed one's. Read from the process's raw environment table where there is one, without
+    decoding every variable (this runs before every masking pass)."""
     data = getattr(os.environ, "_data", None)
     if isinstance(data, dict):
-        return tuple(item for item in data.items() if item[0][:6] in (b"NOETL_", "NOETL_"))
-    return tuple((k, v) for k, v in os.environ.items() if k.startswith("NOETL_"))
+        return tuple(
+            item
+            for item in data.items()
+            if item[0].startswith(_SEALED_STARTS_RAW if isinstance(item[0], bytes) else _SEALED_STARTS)
+        )
+    return tuple((k, v) for k, v in os.environ.items() if k.startswith(_SEALED_STARTS))
 
 
 def _text(name: str | bytes) -> str:
