@@ -26,26 +26,27 @@ from noetl_celery.engine.messages import (
     wire,
 )
 from noetl_celery.engine.sweeper import lost_outcome
-from noetl_celery.errors import PlaybookError
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
 from noetl_celery.store.db import migrate, transaction
+from tests.test_dsl import V10, compile_text, texts
 
 BATCHED = Path(__file__).resolve().parent / "playbooks" / "loop_batched.yaml"  # cap 50, batch 8
-HEAD = "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata:\n  name: t\n"
+
+
+def one_loop(loop: str) -> str:
+    """A playbook body whose one step loops as `loop` (a flow mapping); the loop is on line 8."""
+    return f"workflow:\n  - step: start\n    tool: {{kind: noop}}\n    loop: {loop}\n"
 
 
 def loop_of(loop: str) -> Loop:
-    plan = load_plan("pb.yaml", text=HEAD + f"workflow:\n  - step: start\n    tool: {{kind: noop}}\n    loop: {loop}\n")
-    found = plan.steps["start"].loop
+    found = compile_text(V10, one_loop(loop)).steps["start"].loop
     assert found is not None
     return found
 
 
 def refused(loop: str) -> list[str]:
-    with pytest.raises(PlaybookError) as raised:
-        loop_of(loop)
-    return [str(p) for p in raised.value.problems]
+    return texts(V10, one_loop(loop))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,9 +86,7 @@ def test_a_cursor_loop_refuses_batch() -> None:
           cursor: {kind: postgres, auth: pg, claim: "SELECT 1"}
           spec: {max_in_flight: 4, batch: 8}
     """
-    with pytest.raises(PlaybookError) as raised:
-        load_plan("pb.yaml", text=HEAD + textwrap.dedent(body))
-    assert [str(p) for p in raised.value.problems] == [
+    assert texts(V10, body) == [
         "pb.yaml:10: workflow[0](start).loop.spec.batch: batch only applies to a parallel or chunked loop: "
         "a cursor loop's frame (max_rows) sets how many rows a claim takes"
     ]

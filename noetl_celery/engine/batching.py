@@ -51,15 +51,15 @@ def batch_size(loop: Loop, durations_ms: list[float]) -> int:
 def _batchable(plan: Plan, dispatch: Dispatch) -> Loop | None:
     """The loop whose batch setting applies to this dispatch, or None when it travels alone."""
     message = dispatch.message
+    step = plan.steps.get(message.get("step", ""))
+    loop = step.loop if step is not None else None
+    if loop is None or loop.batch == 1:  # the common case, settled first: every decision asks
+        return None
     if dispatch.kind != "run" or dispatch.countdown > 0 or message.get("iteration") is None:
         return None
     if message.get("batch") or message.get("store_tries"):
         return None
     if any(message.get(name, default) != default for name, default in _ALONE_UNLESS.items()):
-        return None
-    step = plan.steps.get(message.get("step", ""))
-    loop = step.loop if step is not None else None
-    if loop is None or loop.batch == 1:
         return None
     return loop
 

@@ -71,7 +71,7 @@ class Decider:
     depth: int = 0
     deferred: bool = False
     later_causes: list[str] = field(default_factory=list)  # a batch: the other outcomes' row keys
-    # tool-call times of the loop iterations this event reports, per loop run (batch: auto)
+    # tool-call times of the iterations of `batch: auto` loops this event reports, per loop run
     durations_ms: dict[str, list[float]] = field(default_factory=dict)
 
     @property
@@ -200,7 +200,7 @@ class Decider:
         if self.rows:  # a later iteration of a batch: its outcome row must be new as well
             self.later_causes.append(key)
         duration = report.get("duration_ms")
-        if message.iteration is not None and isinstance(duration, (int, float)):
+        if step.loop is not None and step.loop.batch == "auto" and isinstance(duration, (int, float)):
             self.durations_ms.setdefault(message.run_id, []).append(float(duration))
         self.record(key=key, **causing)
         causing_row = self.rows[-1]

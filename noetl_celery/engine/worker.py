@@ -160,6 +160,13 @@ def execute(
         return None
     if message.delayed and not still_running(url, message.execution_id):
         return None
+    return run_attempt(url, message, queue_id=queue_id, node=node)
+
+
+def run_attempt(
+    url: str, message: TaskMessage, *, queue_id: str | None = None, node: str | None = None
+) -> dict[str, Any]:
+    """Run one attempt, with no check of whether it should run; its on_event payload."""
     started = time.time()
     state = STATE.get(url, message.execution_id, min_version=message.version)
     step = state.plan.steps[message.step]
@@ -231,9 +238,8 @@ def execute_batch(
     outcomes are written in one transaction, so the first one tells)."""
     if message.replay and already_done(url, message):
         return None
-    events = [execute(url, member, queue_id=queue_id, node=node) for member in message.members()]
     return {
         "kind": BATCH_EVENT,
         "execution_id": message.execution_id,
-        "events": [event for event in events if event is not None],
+        "events": [run_attempt(url, member, queue_id=queue_id, node=node) for member in message.members()],
     }
