@@ -27,6 +27,7 @@ from tests.support.services import find_redis_server, free_port, redis_answers
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 LOOP = PLAYBOOKS / "loop_many.yaml"
+BATCHED = PLAYBOOKS / "loop_batched.yaml"  # the same loop, 8 iterations to a message
 N = 1000
 RECOVERY_TARGET = 60.0  # seconds from the fault's end until the execution completes
 
@@ -82,8 +83,8 @@ class OwnRedis:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def submit(env: dict[str, str], n: int) -> int:
-    proc = cli(["submit", str(LOOP), "--json", "--set", f"n={n}"], env)
+def submit(env: dict[str, str], n: int, playbook: Path = LOOP) -> int:
+    proc = cli(["submit", str(playbook), "--json", "--set", f"n={n}"], env)
     assert proc.returncode == 0, proc.stderr
     return int(json.loads(proc.stdout)["execution_id"])
 
@@ -123,15 +124,19 @@ def assert_every_index_once(url: str, execution_id: int, n: int, timeout: float)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("aof", [False, True], ids=["no-persistence", "aof-always"])
-def test_redis_stopped_for_2s_in_a_1000_iteration_loop(aof, store_url, worker_factory):
+@pytest.mark.parametrize(
+    ("aof", "playbook"),
+    [(False, LOOP), (True, LOOP), (False, BATCHED)],
+    ids=["no-persistence", "aof-always", "no-persistence-batched"],
+)
+def test_redis_stopped_for_2s_in_a_1000_iteration_loop(aof, playbook, store_url, worker_factory):
     redis = OwnRedis(aof)
     redis.start()
     try:
         env = {"NOETL_BROKER_URL": redis.url, "NOETL_DATABASE_URL": store_url}
-        worker_factory(env=env, concurrency=2, name=f"outage-a-{aof}@%h")
-        worker_factory(env=env, concurrency=2, name=f"outage-b-{aof}@%h")
-        execution_id = submit(env, N)
+        worker_factory(env=env, concurrency=2, name=f"outage-a-{aof}-{playbook.stem}@%h")
+        worker_factory(env=env, concurrency=2, name=f"outage-b-{aof}-{playbook.stem}@%h")
+        execution_id = submit(env, N, playbook)
         wait_for_progress(store_url, execution_id, 200)
         redis.stop()
         time.sleep(2)
@@ -157,13 +162,14 @@ def _terminate_backends(url: str) -> int:
     return int(killed or 0)
 
 
-def test_database_connections_dropped_before_the_first_read_and_in_a_loop(env, store_url, worker_factory):
+@pytest.mark.parametrize("playbook", [LOOP, BATCHED], ids=["one-per-message", "batched"])
+def test_database_connections_dropped_before_the_first_read_and_in_a_loop(playbook, env, store_url, worker_factory):
     worker_factory(env=env, concurrency=2, name="pgdrop-a@%h")
     worker_factory(env=env, concurrency=2, name="pgdrop-b@%h")
     warm = submit(env, 3)  # every worker process holds pooled connections now
     assert wait(store_url, warm, timeout=60)["status"] == "completed"
     assert _terminate_backends(store_url) > 0  # dropped before the next execution's first read
-    execution_id = submit(env, 300)
+    execution_id = submit(env, 300, playbook)
     stop = threading.Event()
     terminated: list[int] = []
 
