@@ -7,6 +7,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -293,7 +294,7 @@ def test_http_other_credential_shapes(server: str) -> None:
 
 
 def test_http_timeout_and_connection_error(server: str) -> None:
-    out = call("http", url=f"{server}/slow", timeout=0.3)
+    out = call("http", url=f"{server}/slow", call_timeout=0.3)
     assert out.status == "error" and out.error["kind"] == "timeout" and out.error["retryable"] is True
     out = call("http", url=f"{server}/slow", timeout=0.2, call_timeout=5)  # the call's timeout wins
     assert out.status == "ok"
@@ -417,17 +418,82 @@ def test_postgres_upsert_sink_shape_with_json(pg: tuple[str, str]) -> None:
     assert nokey.status == "error" and nokey.error["kind"] == "invalid_args"
 
 
-def test_postgres_sql_error_has_sqlstate_and_rolls_back(pg: tuple[str, str]) -> None:
+def test_postgres_sql_error_has_sqlstate_and_names_the_statement(pg: tuple[str, str]) -> None:
     dsn, schema = pg
     out = call("postgres", credential=dsn, command="SELECT \n  COUNT(*) as row_count,\nFROM patient_info;")
     assert out.status == "error"
     assert out.error["kind"] == "sql_error" and out.error["code"] == "42601" and out.pg == {"code": "42601"}
-    assert out.error["retryable"] is False and "syntax error" in out.error["message"]
-    # the failed transaction was rolled back: nothing of it remains and the connection still works
-    bad = call("postgres", credential=dsn, command=f"CREATE TABLE {schema}.gone (x int); SELECT 1/0;")
-    assert bad.error["code"] == "22012"
-    check = call("postgres", credential=dsn, query=f"SELECT to_regclass('{schema}.gone') AS t")
-    assert check.data["rows"] == [{"t": None}]
+    assert out.error["retryable"] is False and out.error["message"].startswith("ERROR:  syntax error")  # one statement
+    # each statement commits on its own: the one before the failure stays, the one after never runs
+    bad = call(
+        "postgres",
+        credential=dsn,
+        command=f"CREATE TABLE {schema}.kept (x int); SELECT 1/0; CREATE TABLE {schema}.never (x int);",
+    )
+    assert bad.error["code"] == "22012" and bad.error["message"].startswith(
+        "statement 2 of 3: ERROR:  division by zero"
+    )
+    check = call(
+        "postgres",
+        credential=dsn,
+        query=f"SELECT to_regclass('{schema}.kept') IS NOT NULL AS kept, to_regclass('{schema}.never') AS never",
+    )
+    assert check.data["rows"] == [{"kept": True, "never": None}]
+
+
+def test_postgres_begin_commit_in_the_text_is_one_transaction(pg: tuple[str, str]) -> None:
+    dsn, schema = pg
+    failed = call(
+        "postgres",
+        credential=dsn,
+        command=f"BEGIN; CREATE TABLE {schema}.gone (x int); INSERT INTO {schema}.gone VALUES (1/0); COMMIT;",
+    )
+    assert failed.error["code"] == "22012" and failed.error["message"].startswith("statement 3 of 4:")
+    left_open = call("postgres", credential=dsn, command=f"BEGIN; CREATE TABLE {schema}.open (x int);")
+    assert left_open.error["kind"] == "invalid_args" and "BEGIN without COMMIT" in left_open.error["message"]
+    # both were rolled back, and the cached connection is usable (not stuck in a transaction)
+    check = call(
+        "postgres",
+        credential=dsn,
+        query=f"SELECT to_regclass('{schema}.gone') AS gone, to_regclass('{schema}.open') AS open",
+    )
+    assert check.data["rows"] == [{"gone": None, "open": None}]
+    ok = call(
+        "postgres",
+        credential=dsn,
+        command=f"BEGIN; CREATE TABLE {schema}.both (x int); INSERT INTO {schema}.both VALUES (7); COMMIT; "
+        f"SELECT x FROM {schema}.both",
+    )
+    assert ok.status == "ok", ok.error
+    assert ok.data["rows"] == [{"x": 7}]
+    empty = call("postgres", credential=dsn, command=" ; -- nothing\n /* at all */ ;")
+    assert empty.error["kind"] == "invalid_args" and "no statement" in empty.error["message"]
+
+
+def test_postgres_statements_of_concurrent_texts_see_each_others_commits(pg: tuple[str, str]) -> None:
+    """The barrier pattern of NoETL playbooks: each text inserts its row, then counts the rows.
+
+    Run in one transaction, two overlapping texts would each count only their own row and neither
+    would pass the barrier; committed statement by statement, the later count sees both."""
+    dsn, schema = pg
+    assert call("postgres", credential=dsn, command=f"CREATE TABLE {schema}.barrier (k int PRIMARY KEY)").status == "ok"
+    text = (
+        f"INSERT INTO {schema}.barrier VALUES (%(k)s); SELECT pg_sleep(0.5); SELECT count(*) AS n FROM {schema}.barrier"
+    )
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda k: call("postgres", credential=dsn, command=text, params={"k": k}), [1, 2]))
+    assert [o.status for o in outs] == ["ok", "ok"], [o.error for o in outs]
+    assert [o.data["rows"] for o in outs] == [[{"n": 2}], [{"n": 2}]]
+
+
+def test_postgres_timeout_applies_to_every_statement(pg: tuple[str, str]) -> None:
+    dsn, _ = pg
+    slow = call("postgres", credential=dsn, command="SELECT 1; SELECT pg_sleep(2)", call_timeout=0.3)
+    assert slow.error["code"] == "57014" and slow.error["message"].startswith("statement 2 of 2:")
+    # the next call without a timeout is not held to the last one's
+    assert call("postgres", credential=dsn, command="SELECT 1 AS slept FROM pg_sleep(0.5)").data["rows"] == [
+        {"slept": 1}
+    ]
 
 
 def test_postgres_env_dsn_and_missing_credential(pg: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,17 +2,23 @@
 
 Two shapes:
 
-* SQL: `command` (aliases query, sql, statement) is run as ONE `cursor.execute`, so
-  multi-statement text and `DO $$ ... $$` blocks work. `params` binds `%(name)s` (a mapping) or
-  `%s` (a list); without `params` no parameters are passed, so a literal `%` needs no escaping.
-  Data: {rows: [{column: value}] of the last statement of the text (libpq returns only the last
-  statement's result; [] when it returns no rows), row_count, columns, statusmessage}.
+* SQL: `command` (aliases query, sql, statement) is split into its statements (`sql_text`:
+  strings, quoted identifiers, comments and `DO $$ ... $$` bodies are kept whole) and they run
+  one by one, each committed on its own as psql runs a script and as NoETL does, so a later
+  statement sees what an earlier one wrote even while other workers run the same text. The
+  text's own `BEGIN; ... COMMIT;` makes the statements between them one transaction. The first
+  failing statement stops the text: the error names it ("statement 2 of 3: ..."), statements
+  before it stay committed, and a transaction the text opened is rolled back (as is one the
+  text leaves open, which is an error). `params` binds `%(name)s` (a mapping) or `%s` (a list)
+  over the whole text; without `params` no parameters are passed, so a literal `%` needs no
+  escaping. Data: {rows: [{column: value}] of the last statement ([] when it returns no rows),
+  row_count, columns, statusmessage}. `autocommit` is accepted and changes nothing.
 * table write (the sink shape): `table` + `args` (a mapping column -> value, or a list of them)
   + `mode` insert | append (the same) | upsert (needs `key`: a column or a list of columns;
   ON CONFLICT (key) DO UPDATE SET the other columns; rows repeating a key keep the last one).
   A dict or list value is written as JSON. Data: {row_count, table, mode}.
 
-Success commits, an error rolls back (`autocommit: true` runs without a transaction). Values
+A table write is one transaction: success commits, an error rolls back. Values
 read back go through `to_jsonable`. Errors: kind "sql_error" with code/pg.code = SQLSTATE
 (retryable for serialization failures and deadlocks), "connection" when the server cannot be
 reached or the connection broke (retryable, except for a wrong role/password/database).
@@ -21,7 +27,7 @@ A password never appears in an error message.
 Credential: a DSN or URL string, or a mapping {dsn} or {host, port, user, password,
 database|dbname|db, sslmode}; without one, the env var NOETL_POSTGRES_DSN is used. `database`
 in the config overrides the credential's database. Connections are cached per process and
-thread, keyed by DSN. The call's timeout becomes the transaction's statement_timeout.
+thread, keyed by DSN. The call's timeout becomes the statement_timeout of each statement.
 This module does not log and does not render templates.
 """
 
@@ -44,14 +50,15 @@ from noetl_celery.jsonable import to_jsonable
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
+from noetl_celery.tools.sql_text import split_statements
 
 DSN_ENV = noetl_settings.POSTGRES_DSN_ENV
 CONNECT_TIMEOUT = "10"  # seconds, unless the credential says otherwise
 PING_AFTER_IDLE = 30.0  # seconds; a cached connection idle longer is checked before use
 MAX_CONNECTIONS_PER_THREAD = 4
 INSERT_CHUNK = 1000  # rows per INSERT statement
-# NoETL's shape of a SQL result, kept beside `rows`: playbooks read `step.command_0.rows`. The
-# whole text is one command here (libpq returns the last statement's rows), so there is only one.
+# NoETL's shape of a SQL result, kept beside `rows`: playbooks read `step.command_0.rows`. It
+# holds the last statement's result, as `rows` does (NoETL's later versions return only that).
 NOETL_RESULT_KEY = "command_0"
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 _CREDENTIAL_KEYS = {
@@ -127,13 +134,14 @@ def _connection(dsn: str) -> Any:
     entry = _cache.conns.pop(dsn, None)
     if entry is not None:
         conn, last_used = entry
-        if not conn.closed and time.monotonic() - last_used > PING_AFTER_IDLE:
-            try:
+        try:
+            _end_transaction(conn)  # a call cut short (a soft time limit) may have left one open
+            if not conn.closed and time.monotonic() - last_used > PING_AFTER_IDLE:
                 with conn.cursor() as cur:
                     cur.execute("SELECT 1")
-                conn.rollback()
-            except psycopg2.Error:
-                _close(conn)
+                _end_transaction(conn)
+        except psycopg2.Error:
+            _close(conn)
         if not conn.closed:
             _cache.conns[dsn] = (conn, time.monotonic())
             return conn
@@ -296,52 +304,115 @@ def run_postgres(call: ToolCall) -> Outcome:
             pg={"code": exc.pgcode},
         )
 
+    if text is None:
+        return _write_table(conn, dsn, password, call.timeout, str(table), rows, mode, cfg.get("key"))
+    return _run_text(conn, dsn, password, call.timeout, text, cfg.get("params"))
+
+
+def _write_table(
+    conn: Any,
+    dsn: str,
+    password: str | None,
+    timeout: float | None,
+    table: str,
+    rows: list[dict[str, Any]],
+    mode: str,
+    key: Any,
+) -> Outcome:
+    """The table write, all its rows in one transaction."""
     try:
-        conn.autocommit = bool(cfg.get("autocommit"))
+        conn.autocommit = False
         with conn.cursor() as cur:
-            if call.timeout and not conn.autocommit:  # for this transaction only
-                cur.execute("SELECT set_config('statement_timeout', %s, true)", [str(int(call.timeout * 1000))])
-            if text is None:
-                count = _write_rows(cur, str(table), rows, mode, cfg.get("key"))
-                data: dict[str, Any] = {"row_count": count, "table": table, "mode": mode}
-            else:
-                params = cfg.get("params")
-                if isinstance(params, dict):  # a mapping value binds as JSON; a list stays an ARRAY
-                    params = {k: psycopg2.extras.Json(v) if isinstance(v, dict) else v for k, v in params.items()}
-                if params is None:
-                    cur.execute(text)
-                else:
-                    cur.execute(text, params)
-                columns = [d.name for d in cur.description] if cur.description else []
-                fetched = cur.fetchall() if cur.description else []
-                data = {
-                    "rows": [to_jsonable(dict(zip(columns, row, strict=True))) for row in fetched],
-                    "row_count": cur.rowcount,
-                    "columns": columns,
-                    "statusmessage": cur.statusmessage,
-                }
-                data[NOETL_RESULT_KEY] = {k: data[k] for k in ("rows", "row_count", "columns", "statusmessage")}
-        if not conn.autocommit:
-            conn.commit()
-        return Outcome.ok(data)
+            _set_timeout(cur, timeout)
+            count = _write_rows(cur, table, rows, mode, key)
+        conn.commit()
+        return Outcome.ok({"row_count": count, "table": table, "mode": mode})
     except ValueError as exc:
-        _rollback(conn, dsn)
+        _end_open_transaction(conn, dsn)
         return Outcome.fail("invalid_args", str(exc))
     except psycopg2.Error as exc:
-        _rollback(conn, dsn)
-        message = _scrub((exc.pgerror or str(exc)).strip(), password)
-        code = exc.pgcode
-        if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and (conn.closed or code is None):
-            _forget(dsn)
-            return Outcome.fail(
-                "connection", f"PostgreSQL connection failed: {message}", True, code=code, pg={"code": code}
-            )
-        return Outcome.fail("sql_error", message, code in RETRYABLE_SQLSTATES, code=code, pg={"code": code})
+        _end_open_transaction(conn, dsn)
+        return _sql_failure(exc, conn, dsn, password)
 
 
-def _rollback(conn: Any, dsn: str) -> None:
+def _run_text(conn: Any, dsn: str, password: str | None, timeout: float | None, text: str, params: Any) -> Outcome:
+    """Run the statements of `text` one by one, each committed on its own unless the text opens a
+    transaction (BEGIN ... COMMIT), as psql runs a script; the result is the last statement's."""
+    done, statements = 0, []
     try:
-        if not conn.closed and not conn.autocommit:
-            conn.rollback()
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            if params is not None:  # bound once over the whole text, then split
+                if isinstance(params, dict):  # a mapping value binds as JSON; a list stays an ARRAY
+                    params = {k: psycopg2.extras.Json(v) if isinstance(v, dict) else v for k, v in params.items()}
+                text = cur.mogrify(text, params).decode(psycopg2.extensions.encodings[conn.encoding])
+            statements = split_statements(text)
+            if not statements:
+                return Outcome.fail("invalid_args", "postgres: the SQL text holds no statement")
+            _set_timeout(cur, timeout)
+            for statement in statements:
+                cur.execute(statement)
+                done += 1
+            columns = [d.name for d in cur.description] if cur.description else []
+            fetched = cur.fetchall() if cur.description else []
+            data: dict[str, Any] = {
+                "rows": [to_jsonable(dict(zip(columns, row, strict=True))) for row in fetched],
+                "row_count": cur.rowcount,
+                "columns": columns,
+                "statusmessage": cur.statusmessage,
+            }
+            data[NOETL_RESULT_KEY] = {k: data[k] for k in ("rows", "row_count", "columns", "statusmessage")}
+        if conn.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            _end_open_transaction(conn, dsn)
+            return Outcome.fail(
+                "invalid_args",
+                "postgres: the SQL text ends inside a transaction (BEGIN without COMMIT); it was rolled back",
+            )
+        return Outcome.ok(data)
+    except ValueError as exc:
+        _end_open_transaction(conn, dsn)
+        return Outcome.fail("invalid_args", str(exc))
+    except psycopg2.Error as exc:
+        _end_open_transaction(conn, dsn)
+        where = f"statement {done + 1} of {len(statements)}" if done or len(statements) > 1 else ""
+        return _sql_failure(exc, conn, dsn, password, where)
+
+
+def _set_timeout(cur: Any, timeout: float | None) -> None:
+    """The session's statement_timeout for this call (each statement of a text, or the table
+    write); without a timeout, the connection's default again."""
+    if timeout:
+        cur.execute("SET statement_timeout = %s", [int(timeout * 1000)])
+    else:
+        cur.execute("RESET statement_timeout")
+
+
+def _sql_failure(exc: psycopg2.Error, conn: Any, dsn: str, password: str | None, where: str = "") -> Outcome:
+    message = _scrub((exc.pgerror or str(exc)).strip(), password)
+    if where:
+        message = f"{where}: {message}"
+    code = exc.pgcode
+    if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and (conn.closed or code is None):
+        _forget(dsn)
+        return Outcome.fail(
+            "connection", f"PostgreSQL connection failed: {message}", True, code=code, pg={"code": code}
+        )
+    return Outcome.fail("sql_error", message, code in RETRYABLE_SQLSTATES, code=code, pg={"code": code})
+
+
+def _end_open_transaction(conn: Any, dsn: str) -> None:
+    """Roll back the transaction a call opened and left open or failed in (forget a broken connection)."""
+    try:
+        _end_transaction(conn)
     except psycopg2.Error:
         _forget(dsn)
+
+
+def _end_transaction(conn: Any) -> None:
+    if conn.closed or conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+        return
+    if conn.autocommit:  # psycopg2 did not open it, so its rollback() would not end it
+        with conn.cursor() as cur:
+            cur.execute("ROLLBACK")
+    else:
+        conn.rollback()
