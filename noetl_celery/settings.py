@@ -182,7 +182,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
     # timeout; RabbitMQ: its consumer_timeout), so a held countdown is never handed out again
     holding_limit = consumer_timeout if is_amqp(broker_url) else visibility_timeout
     max_countdown_default = min(DEFAULT_MAX_COUNTDOWN, max(1, holding_limit // 2))
-    database_url = env.get("NOETL_DATABASE_URL") or f"sqlite:///{home / 'noetl.sqlite'}"
+    database_url = with_driver(env.get("NOETL_DATABASE_URL") or f"sqlite:///{home / 'noetl.sqlite'}")
     return check(
         Settings(
             broker_url=broker_url,
@@ -236,6 +236,20 @@ def limit(name: str, environ: Mapping[str, str] | None = None) -> float:
     if not value > 0 or (whole and not (math.isfinite(value) and value.is_integer())):  # `not >` refuses nan
         raise ConfigurationError(f"{name} must be {kind}, got {raw!r}")
     return value
+
+
+# PostgreSQL URLs without a driver: SQLAlchemy 2.1 reads `postgresql://` as psycopg 3, which is
+# not a dependency (and `postgres://` not at all); they name the installed psycopg2 here.
+_DRIVERLESS_POSTGRES = ("postgresql://", "postgres://")
+POSTGRES_DRIVER_SCHEME = "postgresql+psycopg2://"
+
+
+def with_driver(url: str) -> str:
+    """`url` with the psycopg2 driver named when it is a PostgreSQL URL that names none."""
+    for scheme in _DRIVERLESS_POSTGRES:
+        if url.startswith(scheme):
+            return POSTGRES_DRIVER_SCHEME + url[len(scheme) :]
+    return url
 
 
 def urls_as_set(environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:

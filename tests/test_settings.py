@@ -21,6 +21,32 @@ def test_the_empty_environment_is_the_embedded_default(tmp_path):
         settings.require_broker(s)
 
 
+@pytest.mark.parametrize(
+    ("given", "used"),
+    [
+        ("postgresql://u:p@db:5432/noetl", "postgresql+psycopg2://u:p@db:5432/noetl"),
+        ("postgres://u@db/noetl", "postgresql+psycopg2://u@db/noetl"),
+        ("postgresql+psycopg2://u@db/noetl", "postgresql+psycopg2://u@db/noetl"),
+        ("postgresql+psycopg://u@db/noetl", "postgresql+psycopg://u@db/noetl"),  # a driver named: kept
+        ("sqlite:////tmp/x.sqlite", "sqlite:////tmp/x.sqlite"),
+    ],
+)
+def test_a_postgresql_url_without_a_driver_uses_psycopg2(given, used):
+    assert settings.load({"NOETL_DATABASE_URL": given}).database_url == used
+
+
+def test_a_driverless_postgresql_url_reaches_the_store(postgres_url):
+    """`postgresql://...` works as it is written (SQLAlchemy alone would want psycopg 3)."""
+    from sqlalchemy import text
+
+    from noetl_celery.store.db import get_engine
+
+    driverless = postgres_url.replace("postgresql+psycopg2://", "postgresql://")
+    url = settings.load({"NOETL_DATABASE_URL": driverless}).database_url
+    with get_engine(url).connect() as conn:
+        assert conn.execute(text("SELECT 1")).scalar() == 1
+
+
 def test_the_held_countdown_follows_a_short_visibility_timeout():
     assert settings.load({"NOETL_VISIBILITY_TIMEOUT": "8"}).max_countdown == 4
 
