@@ -1,13 +1,16 @@
 """Broker and database outages in the middle of a loop: the execution completes, every index once.
 
-The broker test starts its own redis-server on a free port (it stops it); the database test
-terminates the backends of this session's own database on the shared PostgreSQL.
+The broker tests start their own redis-server or RabbitMQ node on free ports (they stop them);
+the database test terminates the backends of this session's own database on the shared
+PostgreSQL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -15,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,13 +28,14 @@ from sqlalchemy.exc import DBAPIError
 from noetl_celery.runner import wait
 from noetl_celery.store.db import get_engine
 from tests.support.engines import cli
-from tests.support.services import find_redis_server, free_port, redis_answers
+from tests.support.services import amqp_answers, find_redis_server, free_port, redis_answers
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 LOOP = PLAYBOOKS / "loop_many.yaml"
 BATCHED = PLAYBOOKS / "loop_batched.yaml"  # the same loop, 8 iterations to a message
 N = 1000
 RECOVERY_TARGET = 60.0  # seconds from the fault's end until the execution completes
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # Debian's, without the su wrapper
 
 
 class OwnRedis:
@@ -84,6 +89,71 @@ class OwnRedis:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class OwnRabbit:
+    """A RabbitMQ node of its own (name, AMQP and distribution ports, data and log directories),
+    run as this user, that can be stopped and started again on the same ports and data: durable
+    queues and persistent messages survive, as on a restarted production broker."""
+
+    def __init__(self) -> None:
+        if not RABBITMQ_SERVER.exists():
+            pytest.skip(f"{RABBITMQ_SERVER} is not installed")
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="noetl-outage-rabbit-"))
+        (self.dir / "plugins").write_text("[].\n")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "HOME": str(self.dir),  # the node's Erlang cookie
+            "RABBITMQ_NODENAME": f"noetl_outage_{self.port}@localhost",
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "plugins"),
+            "RABBITMQ_CONFIG_FILE": str(self.dir / "none"),  # no configuration: the defaults
+        }
+        with open(self.dir / "server.out", "ab") as out:
+            self.proc = subprocess.Popen(
+                [str(RABBITMQ_SERVER)], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + 60
+        while not amqp_answers(self.url, 1.0):
+            log = (self.dir / "server.out").read_text(errors="replace")[-2000:]
+            assert self.proc.poll() is None, f"the RabbitMQ node exited:\n{log}"
+            assert time.monotonic() < deadline, f"the RabbitMQ node did not start:\n{log}"
+            time.sleep(0.2)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """SIGTERM: the node shuts down as for a restart; SIGKILL: it crashes."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        deadline = time.monotonic() + 30  # the Erlang VM outlives the script for a moment
+        while amqp_answers(self.url, 0.5):
+            assert time.monotonic() < deadline, "the RabbitMQ node did not stop"
+            time.sleep(0.2)
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop(signal.SIGKILL)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def submit(env: dict[str, str], n: int, playbook: Path = LOOP) -> int:
     proc = cli(["submit", str(playbook), "--json", "--set", f"n={n}"], env)
     assert proc.returncode == 0, proc.stderr
@@ -124,6 +194,33 @@ def assert_every_index_once(url: str, execution_id: int, n: int, timeout: float)
     return status
 
 
+def run_through_a_broker_outage(
+    broker_url: str,
+    stop: Callable[[], None],
+    start: Callable[[], None],
+    tag: str,
+    playbook: Path,
+    store_url,
+    worker_factory,
+) -> None:
+    """Two workers run a 1,000-iteration loop; after 200 iterations the broker is stopped, started
+    again 2 s later, and the loop must complete within the recovery target, every index once."""
+    env = {"NOETL_BROKER_URL": broker_url, "NOETL_DATABASE_URL": store_url}
+    worker_factory(env=env, concurrency=2, name=f"outage-a-{tag}@%h")
+    worker_factory(env=env, concurrency=2, name=f"outage-b-{tag}@%h")
+    execution_id = submit(env, N, playbook)
+    wait_for_progress(store_url, execution_id, 200)
+    stop()
+    assert len(completions(store_url, execution_id)) < N  # the outage fell in the loop's middle
+    time.sleep(2)
+    start()
+    restarted = time.monotonic()
+    assert_every_index_once(store_url, execution_id, N, timeout=RECOVERY_TARGET + 120)
+    took = time.monotonic() - restarted
+    print(f"{tag}: completed {took:.1f} s after the restart, {_republished(store_url, execution_id)} re-published")
+    assert took < RECOVERY_TARGET + 30  # the rest of the loop's own work included
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("aof", "playbook"),
@@ -134,21 +231,39 @@ def test_redis_stopped_for_2s_in_a_1000_iteration_loop(aof, playbook, store_url,
     redis = OwnRedis(aof)
     redis.start()
     try:
-        env = {"NOETL_BROKER_URL": redis.url, "NOETL_DATABASE_URL": store_url}
-        worker_factory(env=env, concurrency=2, name=f"outage-a-{aof}-{playbook.stem}@%h")
-        worker_factory(env=env, concurrency=2, name=f"outage-b-{aof}-{playbook.stem}@%h")
-        execution_id = submit(env, N, playbook)
-        wait_for_progress(store_url, execution_id, 200)
-        redis.stop()
-        time.sleep(2)
-        redis.start()
-        restarted = time.monotonic()
-        assert_every_index_once(store_url, execution_id, N, timeout=RECOVERY_TARGET + 120)
-        took = time.monotonic() - restarted
-        print(f"aof={aof}: completed {took:.1f} s after the restart")
-        assert took < RECOVERY_TARGET + 30  # the rest of the loop's own work included
+        tag = f"redis-{'aof' if aof else 'none'}-{playbook.stem}"
+        run_through_a_broker_outage(redis.url, redis.stop, redis.start, tag, playbook, store_url, worker_factory)
     finally:
         redis.cleanup()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "playbook"),
+    [(signal.SIGTERM, LOOP), (signal.SIGKILL, LOOP), (signal.SIGTERM, BATCHED)],
+    ids=["restarted", "killed", "restarted-batched"],
+)
+def test_rabbitmq_down_for_2s_in_a_1000_iteration_loop(sig, playbook, store_url, worker_factory):
+    rabbit = OwnRabbit()
+    rabbit.start()
+    try:
+        tag = f"rabbit-{sig.name.lower()}-{playbook.stem}"
+        stop = functools.partial(rabbit.stop, sig)
+        run_through_a_broker_outage(rabbit.url, stop, rabbit.start, tag, playbook, store_url, worker_factory)
+    finally:
+        rabbit.cleanup()
+
+
+def _republished(url: str, execution_id: int) -> int:
+    """Attempts the sweeper sent again (the broker had lost them) in this execution."""
+    with get_engine(url).connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM noetl_event WHERE execution_id = :x AND event_type = 'attempt.republished'"),
+                {"x": execution_id},
+            ).scalar()
+            or 0
+        )
 
 
 def _terminate_backends(url: str) -> int:
