@@ -21,7 +21,7 @@ from celery import Celery, signals
 from celery.exceptions import Reject
 from sqlalchemy.exc import DBAPIError
 
-from noetl_celery import publisher, secret_registry
+from noetl_celery import publisher, redis_transport, secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, attempt_shadow, event_shadow, execution_kwargsrepr
 from noetl_celery.engine import deadlines, orchestrator, process, sweeper, verdict, worker
@@ -108,6 +108,7 @@ def _settings_at_import() -> tuple[noetl_settings.Settings, ConfigurationError |
         return noetl_settings.defaults(), exc
 
 
+redis_transport.install()  # before the app makes its first connection
 app = Celery("noetl_celery")
 _settings, _settings_error = _settings_at_import()
 configure(app, _settings)

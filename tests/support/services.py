@@ -1129,3 +1129,54 @@ def throwaway_redis() -> Iterator[RedisServer]:
 def throwaway_postgres() -> Iterator[PostgresCluster]:
     with PostgresCluster() as pg:
         yield pg
+
+
+class OwnRedis:
+    """A redis-server on a fixed free port that can be stopped and started again on the same
+    port and directory (optionally with AOF, fsync on every write)."""
+
+    def __init__(self, aof: bool):
+        self.binary = find_redis_server()
+        if not self.binary:
+            pytest.skip("redis-server is not installed")
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="noetl-outage-redis-"))
+        self.aof = aof
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.aof else ["--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--dir",
+                str(self.dir),
+                *persistence,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 15
+        while not redis_answers(self.url, 0.5):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(15)
+            self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,26 @@
+"""noetl_celery.redis_transport against a real Redis: a channel whose connection was let go fails
+as a connection error (Celery handles those), never as AttributeError (which stops a worker)."""
+
+from __future__ import annotations
+
+import pytest
+from kombu import Connection
+
+import noetl_celery.app  # noqa: F401  (installs the transport, as every process of ours does)
+from noetl_celery import redis_transport
+
+
+def test_redis_urls_use_the_transport_and_keep_their_scheme(redis_url):
+    with Connection(redis_url) as conn:
+        assert isinstance(conn.transport, redis_transport.Transport)
+        assert conn.as_uri().startswith("redis://")
+        conn.ensure_connection(max_retries=1)
+        assert conn.default_channel.client.ping()
+
+
+def test_a_channel_of_a_collected_connection_fails_as_a_connection_error(redis_url):
+    conn = Connection(redis_url)
+    channel = conn.channel()
+    conn.collect()  # what Celery's consumer does with a broken connection
+    with pytest.raises(conn.connection_errors, match="connection of this channel is closed"):
+        channel.queue_purge("noetl-transport-test")
