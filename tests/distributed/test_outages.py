@@ -143,6 +143,12 @@ def assert_every_index_once(url: str, execution_id: int, n: int, timeout: float)
     return status
 
 
+def two_workers(broker_url: str, store_url: str, worker_factory, tag: str) -> tuple[dict[str, str], list]:
+    """Two workers of two processes each on this broker and store; the environment and the workers."""
+    env = {"NOETL_BROKER_URL": broker_url, "NOETL_DATABASE_URL": store_url}
+    return env, [worker_factory(env=env, concurrency=2, name=f"{tag}-{k}@%h") for k in "ab"]
+
+
 def run_through_a_broker_outage(
     broker_url: str,
     stop: Callable[[], None],
@@ -154,9 +160,7 @@ def run_through_a_broker_outage(
 ) -> None:
     """Two workers run a 1,000-iteration loop; after 200 iterations the broker is stopped, started
     again 2 s later, and the loop must complete within the recovery target, every index once."""
-    env = {"NOETL_BROKER_URL": broker_url, "NOETL_DATABASE_URL": store_url}
-    worker_factory(env=env, concurrency=2, name=f"outage-a-{tag}@%h")
-    worker_factory(env=env, concurrency=2, name=f"outage-b-{tag}@%h")
+    env, _ = two_workers(broker_url, store_url, worker_factory, f"outage-{tag}")
     execution_id = submit(env, N, playbook)
     wait_for_progress(store_url, execution_id, 200)
     stop()
@@ -179,8 +183,7 @@ def test_workers_stay_up_through_redis_restarts_with_messages_in_hand(store_url,
     redis = OwnRedis(aof=False)
     redis.start()
     try:
-        env = {"NOETL_BROKER_URL": redis.url, "NOETL_DATABASE_URL": store_url}
-        workers = [worker_factory(env=env, concurrency=2, name=f"restarts-{k}@%h") for k in "ab"]
+        env, workers = two_workers(redis.url, store_url, worker_factory, "restarts")
         execution_id = submit(env, N, sleep=0.005)
         wait_for_progress(store_url, execution_id, 100)
         for restart in range(3):
