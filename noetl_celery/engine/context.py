@@ -19,7 +19,7 @@ from sqlalchemy import Connection
 
 from noetl_celery.dsl.plan import Plan, Step
 from noetl_celery.store import repo
-from noetl_celery.store.db import transaction
+from noetl_celery.store.db import single_read
 from noetl_celery.templating import LoopResult, as_step_result, rows_result
 
 if TYPE_CHECKING:
@@ -78,29 +78,43 @@ class StateCache:
                 self._states.move_to_end(key)
         if state is not None and state.version >= min_version:
             return state
-        with _reuse(conn) if conn is not None else transaction(url) as conn:
-            if state is None:
-                row = repo.get_execution(conn, execution_id)
-                if row is None:
-                    raise LookupError(f"execution {execution_id} not found")
-                state = ExecutionState(
-                    execution_id=execution_id,
-                    plan=Plan.model_validate(row["plan"]),
-                    workload=row["workload"],
-                    parent_execution_id=row["parent_execution_id"],
-                )
-                version = row["state_version"]
-            else:
-                head = repo.execution_head(conn, execution_id)
-                version = head["state_version"] if head else min_version
-            fresh = ExecutionState(state.execution_id, state.plan, state.workload, state.parent_execution_id)
-            fresh.load_variables(repo.load_variables(conn, execution_id), version)
+        with _reuse(conn) if conn is not None else single_read(url) as conn:
+            loaded = repo.read_state(conn, execution_id, full=state is None)
+        if state is None:
+            if loaded is None:
+                raise LookupError(f"execution {execution_id} not found")
+            state = ExecutionState(
+                execution_id=execution_id,
+                plan=Plan.model_validate(loaded["plan"]),
+                workload=loaded["workload"],
+                parent_execution_id=loaded["parent_execution_id"],
+            )
+        fresh = ExecutionState(state.execution_id, state.plan, state.workload, state.parent_execution_id)
+        if loaded is None:  # removed meanwhile (a submit whose broker was down): nothing is left
+            fresh.load_variables({}, min_version)
+        else:
+            fresh.load_variables(loaded["variables"], loaded["state_version"])
+        self._keep(url, fresh)
+        return fresh
+
+    def advance(self, url: str, state: ExecutionState, version: int, written: dict[str, dict[str, Any]]) -> None:
+        """Keep the state a decision of this process committed: `state` as it read it, with the
+        variables it `written` (as stored), at `version`, the one version after `state`'s."""
+        fresh = ExecutionState(state.execution_id, state.plan, state.workload, state.parent_execution_id)
+        fresh.ctx = {**state.ctx, **written.get("ctx", {})}
+        fresh.vars = {**state.vars, **written.get("vars", {})}
+        fresh.results = {**state.results, **written.get("result", {})}
+        fresh.task_results = {**state.task_results, **written.get("tasks", {})}
+        fresh.version = version
+        self._keep(url, fresh)
+
+    def _keep(self, url: str, state: ExecutionState) -> None:
+        key = (url, state.execution_id)
         with self._lock:
-            self._states[key] = fresh
+            self._states[key] = state
             self._states.move_to_end(key)
             while len(self._states) > self._size:
                 self._states.popitem(last=False)
-        return fresh
 
     def peek(self, url: str, execution_id: int, min_version: int = 0) -> ExecutionState | None:
         """The cached state if it is at `min_version` or newer (None otherwise: nothing is read)."""

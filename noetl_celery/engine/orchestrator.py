@@ -71,6 +71,8 @@ class Decider:
     depth: int = 0
     deferred: bool = False
     later_causes: list[str] = field(default_factory=list)  # a batch: the other outcomes' row keys
+    written: dict[str, dict[str, Any]] = field(default_factory=dict)  # variables as flush stored them
+    written_version: int | None = None  # the state version flush moved the execution to
     # tool-call times of the iterations of `batch: auto` loops this event reports, per loop run
     durations_ms: dict[str, list[float]] = field(default_factory=dict)
 
@@ -655,6 +657,7 @@ class Decider:
             pending, version = repo.bump_execution(
                 self.conn, self.execution_id, pending=self.pending, version=1 if self.variables else 0
             )
+            self.written_version = version
             if self.running and self.failure is None and pending <= 0:
                 self.record(
                     ev.EXECUTION_COMPLETED,
@@ -686,8 +689,19 @@ class Decider:
         if not repo.insert_events(self.conn, self.rows, first_must_be_new=True, new_keys=self.later_causes):
             raise DuplicateEvent(causing["event_id"])
         for scope, values in self.variables.items():
-            repo.put_variables(self.conn, self.execution_id, scope, values)
+            self.written[scope] = repo.put_variables(self.conn, self.execution_id, scope, values)
         return dispatches
+
+    def keep_state(self, url: str) -> None:
+        """After the commit: the process's cached state becomes what this decision wrote when it
+        moved the execution exactly one version on from the state it read (no other decision
+        came between them); otherwise it is dropped, and read again when next needed."""
+        if not self.variables:
+            return
+        if self.written_version == self.version + 1 and self.state.version == self.version:
+            STATE.advance(url, self.state, self.written_version, self.written)
+        else:
+            STATE.forget(url, self.execution_id)
 
 
 def _timestamp(value: Any) -> datetime | None:
@@ -751,8 +765,7 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
     except Exception:
         STATE.forget(url, execution_id)  # the in-memory state saw writes that were rolled back
         raise
-    if decider.variables:
-        STATE.forget(url, execution_id)
+    decider.keep_state(url)
     return dispatches
 
 

@@ -127,6 +127,27 @@ def transaction(url: str) -> Iterator[Connection]:
         yield conn
 
 
+@contextmanager
+def single_read(url: str) -> Iterator[Connection]:
+    """A connection for one read statement. On PostgreSQL it runs outside a transaction
+    (autocommit): a statement reads one snapshot, and BEGIN and COMMIT would be two more round
+    trips. Elsewhere it is a transaction, as `transaction` gives."""
+    engine = get_engine(url)
+    if engine.dialect.name != "postgresql":
+        with engine.begin() as conn:
+            yield conn
+        return
+    with engine.connect() as conn:
+        dbapi_connection = conn.connection.dbapi_connection
+        assert dbapi_connection is not None
+        dbapi_connection.autocommit = True
+        try:
+            yield conn
+        finally:
+            if not dbapi_connection.closed:  # a lost connection was invalidated: nothing to reset
+                dbapi_connection.autocommit = False
+
+
 def alembic_config(url: str):  # type: ignore[no-untyped-def]
     """Alembic's configuration for `url`, reading the migrations shipped in the package."""
     from alembic.config import Config

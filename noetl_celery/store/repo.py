@@ -14,6 +14,7 @@ DBAPIError (what the callers retry on).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -145,27 +146,32 @@ def create_execution(
     timeout: float | None = None,
 ) -> None:
     """A running execution; `timeout` (seconds) bounds it as a whole (the sweeper enforces it)."""
+    dialect = conn.dialect
     now = utcnow()
-    conn.execute(
-        EXECUTIONS.insert().values(
-            execution_id=execution_id,
-            parent_execution_id=parent_execution_id,
-            parent_event_id=parent_event_id,
-            parent_task=parent_task,
-            depth=depth,
-            playbook_name=plan["name"],
-            playbook_path=plan.get("path"),
-            status="running",
-            plan=plan,
-            workload=workload,
-            pending=0,
-            state_version=0,
-            created_at=now,
-            updated_at=now,
-            deadline_at=now + timedelta(seconds=timeout) if timeout else None,
-            epoch=0,
-        )
+    values: dict[str, Any] = {
+        "execution_id": execution_id,
+        "parent_execution_id": parent_execution_id,
+        "parent_event_id": parent_event_id,
+        "parent_task": parent_task,
+        "depth": depth,
+        "playbook_name": plan["name"],
+        "playbook_path": plan.get("path"),
+        "status": "running",
+        "plan": plan,
+        "workload": workload,
+        "pending": 0,
+        "state_version": 0,
+        "created_at": now,
+        "updated_at": now,
+        "deadline_at": now + timedelta(seconds=timeout) if timeout else None,
+        "epoch": 0,
+    }
+    sql = _sql(
+        dialect,
+        "create",
+        f"INSERT INTO noetl_execution ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
     )
+    _run(conn, sql, [_bound(dialect, EXECUTIONS, name, value) for name, value in values.items()])
 
 
 def delete_unpublished_execution(conn: Connection, execution_id: int) -> None:
@@ -231,17 +237,16 @@ def finish_execution(
     conn: Connection, execution_id: int, status: str, *, error: Any = None, failed_step: str | None = None
 ) -> bool:
     """Move a running execution to completed/failed; False if it had already finished."""
-    c = EXECUTIONS.c
-    now = utcnow()
-    row = conn.execute(
-        update(EXECUTIONS)
-        .where(and_(c.execution_id == execution_id, c.status == "running"))
-        .values(
-            status=status, error=secret_registry.mask(error), failed_step=failed_step, finished_at=now, updated_at=now
-        )
-        .returning(c.execution_id)
-    ).first()
-    return row is not None
+    dialect = conn.dialect
+    sql = _sql(
+        dialect,
+        "finish",
+        "UPDATE noetl_execution SET status = ?, error = ?, failed_step = ?, finished_at = ?, updated_at = ? "
+        "WHERE execution_id = ? AND status = 'running' RETURNING execution_id",
+    )
+    now = _bound(dialect, EXECUTIONS, "finished_at", utcnow())
+    error = _bound(dialect, EXECUTIONS, "error", secret_registry.mask(error))
+    return _run(conn, sql, (status, error, failed_step, now, now, execution_id)).fetchone() is not None
 
 
 def list_executions(conn: Connection, limit: int = 20, *, top_level: bool = False) -> list[dict[str, Any]]:
@@ -370,23 +375,57 @@ def run_events(
 # --- variables (ctx, vars, step results) --------------------------------------------------
 
 
-def put_variables(conn: Connection, execution_id: int, scope: str, values: dict[str, Any]) -> None:
-    """Set variables of one scope (insert or overwrite), in one statement on the DBAPI cursor."""
+def put_variables(conn: Connection, execution_id: int, scope: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Set variables of one scope (insert or overwrite), in one statement on the DBAPI cursor.
+    Returns them as stored (masked, capped, through the column's JSON), as a read would give them."""
     if not values:
-        return
+        return {}
     dialect = conn.dialect
     now = _bound(dialect, VARIABLES, "updated_at", utcnow())
     row = f"({_placeholders(dialect, 5)})"
     sql = (
         f"INSERT INTO noetl_variable (execution_id, scope, name, value, updated_at) VALUES "
         f"{', '.join([row] * len(values))} ON CONFLICT (execution_id, scope, name) "
-        "DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at"
+        "DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at RETURNING name, value"
     )
     params: list[Any] = []
     for name, value in values.items():
         stored = _bound(dialect, VARIABLES, "value", limits.cap(secret_registry.mask(value)))
         params += [execution_id, scope, name, stored, now]
-    _run(conn, sql, params)
+    return {name: _read(dialect, VARIABLES, "value", value) for name, value in _run(conn, sql, params).fetchall()}
+
+
+def read_state(conn: Connection, execution_id: int, *, full: bool) -> dict[str, Any] | None:
+    """An execution's state version and variables by scope (`variables`), and with `full` its plan,
+    workload and parent too: one statement, so one snapshot and one round trip (None: no such
+    execution)."""
+    dialect = conn.dialect
+    if dialect.name == "postgresql":
+        agg = "json_agg(json_build_array(v.scope, v.name, v.value))"
+    else:  # SQLite stores JSON as text: json() reads it back as JSON inside the array
+        agg = "json_group_array(json_array(v.scope, v.name, json(v.value)))"
+    columns = "e.plan, e.workload, e.parent_execution_id" if full else "NULL, NULL, NULL"
+    sql = _sql(
+        dialect,
+        "state.full" if full else "state",
+        f"SELECT e.state_version, {columns}, (SELECT {agg} FROM noetl_variable v "
+        "WHERE v.execution_id = e.execution_id) FROM noetl_execution e WHERE e.execution_id = ?",
+    )
+    row = _run(conn, sql, (execution_id,)).fetchone()
+    if row is None:
+        return None
+    version, plan, workload, parent, triples = row
+    if isinstance(triples, str):  # SQLite: the aggregate is JSON text
+        triples = json.loads(triples)
+    scopes: dict[str, dict[str, Any]] = {}
+    for scope, name, value in triples or ():
+        scopes.setdefault(scope, {})[name] = value
+    state: dict[str, Any] = {"state_version": version, "variables": scopes}
+    if full:
+        state["plan"] = _read(dialect, EXECUTIONS, "plan", plan)
+        state["workload"] = _read(dialect, EXECUTIONS, "workload", workload)
+        state["parent_execution_id"] = parent
+    return state
 
 
 def load_variables(conn: Connection, execution_id: int) -> dict[str, dict[str, Any]]:

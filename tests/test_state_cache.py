@@ -1,0 +1,161 @@
+"""The per-process execution state cache (engine/context.py): one-statement reads, and the state a
+decision of this process wrote kept instead of read again. On SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import create_engine
+
+from noetl_celery.compiler import compile_playbook
+from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.context import STATE
+from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.runner import create_execution
+from noetl_celery.store import repo
+from noetl_celery.store.db import migrate, single_read, transaction
+
+CHAIN = """
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: state_cache_chain}
+workload: {x: 1}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = {'b': 1, 'a': {'z': [3, 2], 'y': None}, 'c': 'text'}"}
+    next: {arcs: [{step: second}]}
+  - step: second
+    tool: {kind: python, args: {prev: "{{ start.a.z }}"}, code: "result = {'zz': prev, 'aa': 2.5}"}
+    next: {arcs: [{step: third}]}
+  - step: third
+    tool: {kind: python, args: {n: "{{ second.aa }}"}, code: "result = n"}
+"""
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'noetl.sqlite'}"
+    url = request.getfixturevalue("fresh_postgres").url
+    migrate(url)
+    return url
+
+
+@pytest.fixture
+def plan(tmp_path):
+    path = tmp_path / "chain.yaml"
+    path.write_text(CHAIN)
+    return compile_playbook(path)
+
+
+@pytest.fixture(autouse=True)
+def empty_cache():
+    STATE.clear()
+    yield
+    STATE.clear()
+
+
+def as_read(url: str, execution_id: int) -> dict:
+    """The variables and version a process that never saw the execution reads."""
+    with transaction(url) as conn:
+        state = repo.read_state(conn, execution_id, full=False)
+    assert state is not None
+    return state
+
+
+def ordered(value):
+    """`value` with every dict's key order made visible (JSONB orders keys its own way)."""
+    if isinstance(value, dict):
+        return [(k, ordered(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [ordered(v) for v in value]
+    return value
+
+
+def by_name(variables: dict) -> dict:
+    """Variables by name, each value's key order visible (rows come back in any order)."""
+    return {name: ordered(value) for name, value in variables.items()}
+
+
+def test_one_statement_reads_what_the_table_reads_give(url, plan):
+    execution_id = create_execution(plan, url)
+    with transaction(url) as conn:
+        repo.put_variables(conn, execution_id, "vars", {"v": {"b": 1, "a": [1, {"d": 2, "c": 3}]}, "w": None})
+        repo.put_variables(conn, execution_id, "result", {"start": "done"})
+        repo.bump_execution(conn, execution_id, version=2)
+    with single_read(url) as conn:
+        full = repo.read_state(conn, execution_id, full=True)
+        head_only = repo.read_state(conn, execution_id, full=False)
+        missing = repo.read_state(conn, execution_id + 1, full=True)
+    with transaction(url) as conn:
+        variables = repo.load_variables(conn, execution_id)
+        row = repo.get_execution(conn, execution_id)
+    assert missing is None
+    assert full is not None and head_only is not None
+    for scope in ("vars", "result"):
+        assert by_name(full["variables"][scope]) == by_name(variables[scope]) == by_name(head_only["variables"][scope])
+    assert set(full["variables"]) == set(variables) == set(head_only["variables"]) == {"vars", "result"}
+    assert full["variables"]["vars"]["w"] is None
+    assert full["state_version"] == head_only["state_version"] == row["state_version"] == 2
+    assert full["plan"] == row["plan"] and full["workload"] == row["workload"] == {"x": 1}
+    assert full["parent_execution_id"] is None
+    assert "plan" not in head_only
+
+
+def test_the_state_a_decision_wrote_is_kept_as_a_read_would_give_it(url, plan, monkeypatch):
+    execution_id = create_execution(plan, url)
+    pending = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    reads = []
+    real_read = repo.read_state
+    monkeypatch.setattr(repo, "read_state", lambda *a, **k: reads.append(a[1]) or real_read(*a, **k))
+    steps = []
+    while pending:
+        dispatch = pending.pop(0)
+        message = TaskMessage.from_dict(dispatch.message)
+        before = len(reads)
+        payload = worker.execute(url, message, queue_id="test")
+        assert payload is not None and payload["outcome"]["status"] == "ok", payload
+        steps.append((message.step, len(reads) - before))
+        pending += orchestrator.handle_event(url, payload)
+        kept = STATE.peek(url, execution_id)
+        assert kept is not None, f"the decision on {message.step} dropped the state"
+        read = as_read(url, execution_id)
+        assert kept.version == read["state_version"]
+        assert by_name(kept.results) == by_name(read["variables"].get("result", {}))
+        assert by_name(kept.task_results) == by_name(read["variables"].get("tasks", {}))
+        assert by_name(kept.vars) == by_name(read["variables"].get("vars", {}))
+    # the start's decision read the execution; every attempt after it ran on the state kept
+    assert steps == [("start", 0), ("second", 0), ("third", 0)]
+    with transaction(url) as conn:
+        assert repo.get_execution(conn, execution_id)["status"] == "completed"
+        assert repo.load_variables(conn, execution_id)["result"]["third"] == 2.5
+
+
+def test_a_decision_another_one_came_between_drops_the_state(fresh_postgres, plan, monkeypatch):
+    """Another process's decision commits between this one's head read and its own write: the
+    kept state would miss that decision's variables, so it is dropped and read again."""
+    url = fresh_postgres.url
+    migrate(url)
+    execution_id = create_execution(plan, url)
+    start = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    payload = worker.execute(url, TaskMessage.from_dict(start[0].message), queue_id="test")
+    assert payload is not None
+    other = create_engine(url)
+    real_bump = repo.bump_execution
+
+    def another_decision_first(conn, eid, **kwargs):
+        if eid == execution_id and kwargs.get("version"):
+            with other.begin() as elsewhere:  # not blocked: the head is only locked FOR KEY SHARE
+                repo.put_variables(elsewhere, execution_id, "vars", {"elsewhere": True})
+                real_bump(elsewhere, execution_id, version=1)
+        return real_bump(conn, eid, **kwargs)
+
+    monkeypatch.setattr(repo, "bump_execution", another_decision_first)
+    try:
+        dispatches: list[Dispatch] = orchestrator.handle_event(url, payload)
+    finally:
+        other.dispose()
+    assert [d.message["step"] for d in dispatches] == ["second"]
+    assert STATE.peek(url, execution_id) is None
+    state = STATE.get(url, execution_id, min_version=dispatches[0].message["version"])
+    assert state.vars == {"elsewhere": True}
+    assert state.results["start"] == {"b": 1, "a": {"z": [3, 2], "y": None}, "c": "text"}
