@@ -141,21 +141,56 @@ def test_a_decision_another_one_came_between_drops_the_state(fresh_postgres, pla
     assert payload is not None
     other = create_engine(url)
     real_bump = repo.bump_execution
+    came_between = []
 
     def another_decision_first(conn, eid, **kwargs):
-        if eid == execution_id and kwargs.get("version"):
+        if eid == execution_id and kwargs.get("version") and not came_between:
+            came_between.append(eid)
             with other.begin() as elsewhere:  # not blocked: the head is only locked FOR KEY SHARE
                 repo.put_variables(elsewhere, execution_id, "vars", {"elsewhere": True})
                 real_bump(elsewhere, execution_id, version=1)
         return real_bump(conn, eid, **kwargs)
 
     monkeypatch.setattr(repo, "bump_execution", another_decision_first)
+    STATE.forget(url, execution_id)  # no cached state: the decision reads the head first
     try:
         dispatches: list[Dispatch] = orchestrator.handle_event(url, payload)
     finally:
         other.dispose()
+    assert came_between
     assert [d.message["step"] for d in dispatches] == ["second"]
     assert STATE.peek(url, execution_id) is None
     state = STATE.get(url, execution_id, min_version=dispatches[0].message["version"])
     assert state.vars == {"elsewhere": True}
     assert state.results["start"] == {"b": 1, "a": {"z": [3, 2], "y": None}, "c": "text"}
+
+
+def test_a_decision_on_the_cached_state_reads_no_head_and_redecides_when_it_moved(url, plan, monkeypatch):
+    """The process has the state the attempt ran on: the decision reads no head first (the
+    counters' update returns it). When another decision moved the execution on meanwhile, the
+    transaction is rolled back and the event decided again on the state read afresh."""
+    execution_id = create_execution(plan, url)
+    start = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    first = worker.execute(url, TaskMessage.from_dict(start[0].message), queue_id="test")
+    assert first is not None
+    heads = []
+    real_head = repo.execution_head
+    monkeypatch.setattr(repo, "execution_head", lambda *a, **k: heads.append(a[1]) or real_head(*a, **k))
+    second = orchestrator.handle_event(url, first)
+    assert heads == [] and [d.message["step"] for d in second] == ["second"]
+
+    payload = worker.execute(url, TaskMessage.from_dict(second[0].message), queue_id="test")
+    assert payload is not None
+    with transaction(url) as conn:  # another process's decision, after this one's attempt ran
+        repo.put_variables(conn, execution_id, "vars", {"elsewhere": True})
+        repo.bump_execution(conn, execution_id, version=1)
+    third = orchestrator.handle_event(url, payload)
+    assert heads == [execution_id]  # the deferred decision was refused, the classic one read the head
+    assert [d.message["step"] for d in third] == ["third"]
+    with transaction(url) as conn:
+        variables = repo.load_variables(conn, execution_id)
+        events = [e["event_type"] for e in repo.list_events(conn, execution_id)]
+    assert variables["vars"] == {"elsewhere": True} and variables["result"]["second"] == {"zz": [3, 2], "aa": 2.5}
+    assert events.count("step.completed") == 2 and events.count("step.started") == 3
+    kept = STATE.peek(url, execution_id, min_version=third[0].message["version"])
+    assert kept is not None and kept.vars == {"elsewhere": True}

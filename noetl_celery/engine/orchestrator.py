@@ -53,11 +53,12 @@ class Redecide(Exception):
 class Decider:
     """Accumulates one event's decisions; `flush` writes them in order.
 
-    `deferred`: the decision started without reading the execution head (a loop iteration's
-    outcome, with the state cached at the version the message asks for), assuming the execution
-    runs at `version`. The head is then read, and locked FOR KEY SHARE, by the first statement of
-    the transaction: the loop counter's update carries it (`count_iteration`), and any other
-    statement reads it first (`conn`). A head that does not match raises Redecide."""
+    `deferred`: the decision started without reading the execution head (an attempt's outcome,
+    with the state cached at the version the message asks for), assuming the execution runs at
+    `version`. The head is then read by the first statement of the transaction: a loop counter's
+    update carries it, locked FOR KEY SHARE (`count_iteration`); the execution counters' update
+    in `flush` returns it, the row locked by the update itself; any other statement reads it
+    first (`conn`). A head that does not match raises Redecide."""
 
     connection: Connection
     state: ExecutionState
@@ -654,9 +655,13 @@ class Decider:
         version = self.version
         finished = False
         if self.pending or self.variables or self.failure is not None:
-            pending, version = repo.bump_execution(
-                self.conn, self.execution_id, pending=self.pending, version=1 if self.variables else 0
+            step = 1 if self.variables else 0
+            deferred, self.deferred = self.deferred, False
+            pending, version, status = repo.bump_execution(
+                self.connection if deferred else self.conn, self.execution_id, pending=self.pending, version=step
             )
+            if deferred and (status != "running" or version != self.version + step):
+                raise Redecide()  # the update read the head: it moved on since the cached state
             self.written_version = version
             if self.running and self.failure is None and pending <= 0:
                 self.record(
@@ -713,17 +718,11 @@ def _collects(task: Task) -> bool:
 
 
 def _deferred_state(url: str, execution_id: int, message: TaskMessage) -> ExecutionState | None:
-    """The cached state a loop iteration's outcome (a collection's iteration or a cursor's row)
-    can be decided on without reading the head first (None: decide the classic way). The message
-    says which state version its decision saw; the head read later in the transaction must
-    confirm the cached version is the newest."""
-    if message.iteration is None:  # not an iteration (a cursor slot's claim has none either)
-        return None
+    """The cached state an attempt's outcome can be decided on without reading the head first
+    (None: decide the classic way). The message says which state version its decision saw; the
+    head read later in the transaction must confirm the cached version is the newest."""
     state = STATE.peek(url, execution_id, min_version=message.version)
-    if state is None:
-        return None
-    step = state.plan.steps.get(message.step)
-    if step is None or step.loop is None:
+    if state is None or message.step not in state.plan.steps:
         return None
     return state
 

@@ -217,20 +217,21 @@ def lock_execution(conn: Connection, execution_id: int) -> str | None:
     return row[0] if row else None
 
 
-def bump_execution(conn: Connection, execution_id: int, *, pending: int = 0, version: int = 0) -> tuple[int, int]:
-    """Atomically add to the pending counter and the state version; returns both new values."""
+def bump_execution(conn: Connection, execution_id: int, *, pending: int = 0, version: int = 0) -> tuple[int, int, str]:
+    """Atomically add to the pending counter and the state version; returns both new values and
+    the execution's status."""
     dialect = conn.dialect
     sql = _sql(
         dialect,
         "bump",
         "UPDATE noetl_execution SET pending = pending + ?, state_version = state_version + ?, updated_at = ? "
-        "WHERE execution_id = ? RETURNING pending, state_version",
+        "WHERE execution_id = ? RETURNING pending, state_version, status",
     )
     now = _bound(dialect, EXECUTIONS, "updated_at", utcnow())
     row = _run(conn, sql, (pending, version, now, execution_id)).fetchone()
     if row is None:
         raise LookupError(f"execution {execution_id} not found")
-    return int(row[0]), int(row[1])
+    return int(row[0]), int(row[1]), row[2]
 
 
 def finish_execution(
