@@ -194,3 +194,31 @@ def test_a_decision_on_the_cached_state_reads_no_head_and_redecides_when_it_move
     assert events.count("step.completed") == 2 and events.count("step.started") == 3
     kept = STATE.peek(url, execution_id, min_version=third[0].message["version"])
     assert kept is not None and kept.vars == {"elsewhere": True}
+
+
+@pytest.mark.parametrize("extra_rows", [0, repo.INSERT_ROWS_PER_STATEMENT])
+def test_a_decisions_rows_and_variables_are_written_together_and_a_redelivery_writes_neither(url, plan, extra_rows):
+    """`record_decision` (one statement on PostgreSQL when the rows fit one insert, else the
+    two inserts): the variables come back as stored; a decision whose first row exists
+    already is refused, and the caller's rollback then drops its variables as well."""
+    execution_id = create_execution(plan, url)
+    rows = [
+        {"execution_id": execution_id, "event_id": f"k{i}", "event_type": "test.row"} for i in range(2 + extra_rows)
+    ]
+    variables = {"result": {"start": {"b": 1, "a": 2}}, "vars": {"token": "plain"}}
+    with transaction(url) as conn:
+        new, stored = repo.record_decision(conn, rows, variables)
+    assert new
+    assert {scope: by_name(values) for scope, values in stored.items()} == {
+        "result": {"start": [("a", 2), ("b", 1)] if url.startswith("postgresql") else [("b", 1), ("a", 2)]},
+        "vars": {"token": "plain"},
+    }
+    again = [{**rows[0], "event_id": "k0"}, {"execution_id": execution_id, "event_id": "fresh", "event_type": "t"}]
+    with pytest.raises(RuntimeError), transaction(url) as conn:  # the caller rolls back a refused decision
+        new, stored = repo.record_decision(conn, again, {"vars": {"token": "second"}})
+        assert (new, stored) == (False, {})
+        raise RuntimeError("roll back")
+    with transaction(url) as conn:
+        assert repo.load_variables(conn, execution_id)["vars"] == {"token": "plain"}
+        keys = {e["event_id"] for e in repo.list_events(conn, execution_id)}
+    assert len(keys) == len(rows) and "fresh" not in keys

@@ -691,10 +691,9 @@ class Decider:
         if dispatches:
             causing["meta"] = {**(causing.get("meta") or {}), "dispatch": [d.to_dict() for d in dispatches]}
             causing["deadline_at"] = deadlines.decision_deadline(repo.utcnow(), dispatches)
-        if not repo.insert_events(self.conn, self.rows, first_must_be_new=True, new_keys=self.later_causes):
+        new, self.written = repo.record_decision(self.conn, self.rows, self.variables, new_keys=self.later_causes)
+        if not new:
             raise DuplicateEvent(causing["event_id"])
-        for scope, values in self.variables.items():
-            self.written[scope] = repo.put_variables(self.conn, self.execution_id, scope, values)
         return dispatches
 
     def keep_state(self, url: str) -> None:

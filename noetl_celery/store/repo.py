@@ -314,11 +314,21 @@ def insert_events(
     does when a key of `new_keys` (the other outcomes of a batch) already exists."""
     if not rows:
         return True
-    now = utcnow()
     dialect = conn.dialect
-    processors = _event_processors(dialect)
     inserted: set[str] = set()
+    chunks = _event_chunks(dialect, rows)
+    for chunk, params in chunks:
+        cursor = _run(conn, _events_insert_sql(dialect, chunk), params)
+        inserted.update(row[0] for row in cursor.fetchall())
+    return _all_new(rows, inserted, first_must_be_new, new_keys)
+
+
+def _event_chunks(dialect: Dialect, rows: list[dict[str, Any]]) -> list[tuple[int, list[Any]]]:
+    """Event rows masked and bound, as (rows, parameters) of one INSERT each."""
+    now = utcnow()
+    processors = _event_processors(dialect)
     masked_rows = _masked_rows([{c: r.get(c) for c in EVENT_COLUMNS} for r in rows])
+    chunks = []
     for start in range(0, len(rows), INSERT_ROWS_PER_STATEMENT):
         chunk = masked_rows[start : start + INSERT_ROWS_PER_STATEMENT]
         params: list[Any] = []
@@ -327,11 +337,46 @@ def insert_events(
             params.extend(
                 p(masked[c]) if p is not None else masked[c] for c, p in zip(EVENT_COLUMNS, processors, strict=True)
             )
-        cursor = _run(conn, _events_insert_sql(dialect, len(chunk)), params)
-        inserted.update(row[0] for row in cursor.fetchall())
+        chunks.append((len(chunk), params))
+    return chunks
+
+
+def _all_new(rows: list[dict[str, Any]], inserted: set[str], first_must_be_new: bool, new_keys: Sequence[str]) -> bool:
     if first_must_be_new and rows[0]["event_id"] not in inserted:
         return False
     return all(key in inserted for key in new_keys)
+
+
+def record_decision(
+    conn: Connection, rows: list[dict[str, Any]], variables: dict[str, dict[str, Any]], *, new_keys: Sequence[str] = ()
+) -> tuple[bool, dict[str, dict[str, Any]]]:
+    """A decision's event rows (`insert_events`, the first one must be new) and the variables it
+    set, by scope (`put_variables`). Returns whether the rows were new and, when they were, the
+    variables as stored. On PostgreSQL one statement does both when the rows fit one insert (a
+    data-modifying WITH): a round trip less for every decision that sets variables."""
+    execution_id = rows[0]["execution_id"]
+    dialect = conn.dialect
+    if dialect.name != "postgresql" or len(rows) > INSERT_ROWS_PER_STATEMENT or not any(variables.values()):
+        if not insert_events(conn, rows, first_must_be_new=True, new_keys=new_keys):
+            return False, {}
+        return True, {scope: put_variables(conn, execution_id, scope, values) for scope, values in variables.items()}
+    count, params = _variable_rows(dialect, execution_id, variables)
+    ((rows_count, event_params),) = _event_chunks(dialect, rows)
+    sql = (
+        f"WITH v AS ({_variables_upsert_sql(dialect, count, 'scope, name, value')}), "
+        f"e AS ({_events_insert_sql(dialect, rows_count)}) "
+        "SELECT NULL, event_id, NULL::jsonb FROM e UNION ALL SELECT scope, name, value FROM v"
+    )
+    inserted: set[str] = set()
+    stored: dict[str, dict[str, Any]] = {scope: {} for scope in variables}
+    for scope, name, value in _run(conn, sql, params + event_params).fetchall():
+        if scope is None:
+            inserted.add(name)
+        else:
+            stored[scope][name] = _read(dialect, VARIABLES, "value", value)
+    if not _all_new(rows, inserted, True, new_keys):
+        return False, {}
+    return True, stored
 
 
 def find_event(conn: Connection, execution_id: int, event_id: str) -> dict[str, Any] | None:
@@ -382,18 +427,31 @@ def put_variables(conn: Connection, execution_id: int, scope: str, values: dict[
     if not values:
         return {}
     dialect = conn.dialect
-    now = _bound(dialect, VARIABLES, "updated_at", utcnow())
+    count, params = _variable_rows(dialect, execution_id, {scope: values})
+    cursor = _run(conn, _variables_upsert_sql(dialect, count, "name, value"), params)
+    return {name: _read(dialect, VARIABLES, "value", value) for name, value in cursor.fetchall()}
+
+
+def _variables_upsert_sql(dialect: Dialect, rows: int, returning: str) -> str:
     row = f"({_placeholders(dialect, 5)})"
-    sql = (
+    return (
         f"INSERT INTO noetl_variable (execution_id, scope, name, value, updated_at) VALUES "
-        f"{', '.join([row] * len(values))} ON CONFLICT (execution_id, scope, name) "
-        "DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at RETURNING name, value"
+        f"{', '.join([row] * rows)} ON CONFLICT (execution_id, scope, name) "
+        f"DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at RETURNING {returning}"
     )
+
+
+def _variable_rows(dialect: Dialect, execution_id: int, variables: dict[str, dict[str, Any]]) -> tuple[int, list[Any]]:
+    """The upsert's parameters for `variables` (by scope): each value masked, capped and bound."""
+    now = _bound(dialect, VARIABLES, "updated_at", utcnow())
     params: list[Any] = []
-    for name, value in values.items():
-        stored = _bound(dialect, VARIABLES, "value", limits.cap(secret_registry.mask(value)))
-        params += [execution_id, scope, name, stored, now]
-    return {name: _read(dialect, VARIABLES, "value", value) for name, value in _run(conn, sql, params).fetchall()}
+    count = 0
+    for scope, values in variables.items():
+        for name, value in values.items():
+            stored = _bound(dialect, VARIABLES, "value", limits.cap(secret_registry.mask(value)))
+            params += [execution_id, scope, name, stored, now]
+            count += 1
+    return count, params
 
 
 def read_state(conn: Connection, execution_id: int, *, full: bool) -> dict[str, Any] | None:
