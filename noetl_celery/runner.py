@@ -38,7 +38,15 @@ def create_execution(plan: Plan, database_url: str, *, parent_execution_id: int 
     return execution_id
 
 
-def _insert_execution(conn: Connection, plan: Plan, execution_id: int, parent_execution_id: int | None = None) -> None:
+def _insert_execution(
+    conn: Connection,
+    plan: Plan,
+    execution_id: int,
+    parent_execution_id: int | None = None,
+    *,
+    pending: int = 0,
+    state_version: int = 0,
+) -> None:
     repo.create_execution(
         conn,
         execution_id=execution_id,
@@ -46,6 +54,8 @@ def _insert_execution(conn: Connection, plan: Plan, execution_id: int, parent_ex
         workload=plan.workload,
         parent_execution_id=parent_execution_id,
         timeout=plan.timeout,
+        pending=pending,
+        state_version=state_version,
     )
 
 
@@ -65,8 +75,13 @@ def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
     ensure_schema(url)
     execution_id = new_execution_id()
     with transaction(url) as conn:  # the execution row and its start: both or neither
-        _insert_execution(conn, plan, execution_id)
-        dispatches = start_new(conn, new_state(plan, execution_id))
+        dispatches = start_new(
+            conn,
+            new_state(plan, execution_id),
+            lambda pending, version: _insert_execution(
+                conn, plan, execution_id, pending=pending, state_version=version
+            ),
+        )
     try:
         publish(dispatches, retry_policy=SUBMIT_RETRY_POLICY)
     except Exception as exc:

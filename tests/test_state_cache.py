@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import create_engine
 
+from noetl_celery import runner
 from noetl_celery.compiler import compile_playbook
 from noetl_celery.engine import orchestrator, worker
 from noetl_celery.engine.context import STATE
@@ -222,3 +223,40 @@ def test_a_decisions_rows_and_variables_are_written_together_and_a_redelivery_wr
         assert repo.load_variables(conn, execution_id)["vars"] == {"token": "plain"}
         keys = {e["event_id"] for e in repo.list_events(conn, execution_id)}
     assert len(keys) == len(rows) and "fresh" not in keys
+
+
+INLINE_ONLY = """
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: state_cache_inline}
+workflow:
+  - step: start
+    next: {arcs: [{step: end}]}
+  - step: end
+"""
+
+
+@pytest.mark.parametrize("playbook", ["chain", "inline_only"])
+def test_submit_writes_the_execution_row_with_the_counters_its_start_leaves(url, tmp_path, plan, playbook, monkeypatch):
+    """`runner.submit` decides the start before the row exists and inserts the row with its
+    counters: the chain's first step pending; a playbook of steps without work completed."""
+    from noetl_celery import app as app_module
+    from noetl_celery import settings as noetl_settings
+
+    if playbook == "inline_only":
+        (tmp_path / "inline.yaml").write_text(INLINE_ONLY)
+        plan = compile_playbook(tmp_path / "inline.yaml")
+    published: list[Dispatch] = []
+    monkeypatch.setattr(app_module, "publish", lambda dispatches, **_: published.extend(dispatches))
+    execution_id = runner.submit(plan, noetl_settings.load({"NOETL_DATABASE_URL": url}))
+    with transaction(url) as conn:
+        head = repo.execution_head(conn, execution_id)
+        events = [e["event_type"] for e in repo.list_events(conn, execution_id)]
+    if playbook == "chain":
+        assert [d.message["step"] for d in published] == ["start"]
+        assert head == {"status": "running", "pending": 1, "state_version": 0}
+        assert events == ["execution.started", "step.started", "action.started"]
+    else:
+        assert published == []
+        assert head is not None and head["status"] == "completed" and head["pending"] == 0
+        assert events[0] == "execution.started" and events[-1] == "execution.completed"

@@ -12,6 +12,7 @@ One call handles one event in one database transaction:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -74,6 +75,8 @@ class Decider:
     later_causes: list[str] = field(default_factory=list)  # a batch: the other outcomes' row keys
     written: dict[str, dict[str, Any]] = field(default_factory=dict)  # variables as flush stored them
     written_version: int | None = None  # the state version flush moved the execution to
+    # a new execution (start_new): flush inserts its row with its counters instead of updating them
+    create_row: Callable[[int, int], None] | None = None
     # tool-call times of the iterations of `batch: auto` loops this event reports, per loop run
     durations_ms: dict[str, list[float]] = field(default_factory=dict)
 
@@ -654,14 +657,18 @@ class Decider:
         """Write everything decided; raises DuplicateEvent (and rolls back) on a redelivery."""
         version = self.version
         finished = False
-        if self.pending or self.variables or self.failure is not None:
+        if self.create_row is not None or self.pending or self.variables or self.failure is not None:
             step = 1 if self.variables else 0
             deferred, self.deferred = self.deferred, False
-            pending, version, status = repo.bump_execution(
-                self.connection if deferred else self.conn, self.execution_id, pending=self.pending, version=step
-            )
-            if deferred and (status != "running" or version != self.version + step):
-                raise Redecide()  # the update read the head: it moved on since the cached state
+            if self.create_row is not None:
+                pending, version = self.pending, self.version + step
+                self.create_row(pending, version)
+            else:
+                pending, version, status = repo.bump_execution(
+                    self.connection if deferred else self.conn, self.execution_id, pending=self.pending, version=step
+                )
+                if deferred and (status != "running" or version != self.version + step):
+                    raise Redecide()  # the update read the head: it moved on since the cached state
             self.written_version = version
             if self.running and self.failure is None and pending <= 0:
                 self.record(
@@ -799,10 +806,11 @@ def _decide(
     return decider, dispatches
 
 
-def start_new(conn: Connection, state: ExecutionState) -> list[Dispatch]:
-    """Decide the start of an execution created in this same transaction (runner.submit);
-    returns what to publish once it commits."""
-    decider = Decider(connection=conn, state=state, running=True, version=state.version)
+def start_new(conn: Connection, state: ExecutionState, create_row: Callable[[int, int], None]) -> list[Dispatch]:
+    """Decide the start of an execution that is created in this same transaction
+    (runner.submit): `create_row(pending, state_version)` inserts its row when the decision is
+    written, with the counters the start leaves. Returns what to publish once it commits."""
+    decider = Decider(connection=conn, state=state, running=True, version=state.version, create_row=create_row)
     decider.start_execution()
     return decider.flush()
 

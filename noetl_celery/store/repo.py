@@ -144,8 +144,11 @@ def create_execution(
     parent_task: dict[str, Any] | None = None,
     depth: int = 0,
     timeout: float | None = None,
+    pending: int = 0,
+    state_version: int = 0,
 ) -> None:
-    """A running execution; `timeout` (seconds) bounds it as a whole (the sweeper enforces it)."""
+    """A running execution; `timeout` (seconds) bounds it as a whole (the sweeper enforces it).
+    `pending` and `state_version`: its counters as the decision of its start leaves them."""
     dialect = conn.dialect
     now = utcnow()
     values: dict[str, Any] = {
@@ -159,8 +162,8 @@ def create_execution(
         "status": "running",
         "plan": plan,
         "workload": workload,
-        "pending": 0,
-        "state_version": 0,
+        "pending": pending,
+        "state_version": state_version,
         "created_at": now,
         "updated_at": now,
         "deadline_at": now + timedelta(seconds=timeout) if timeout else None,
