@@ -1,7 +1,7 @@
 """Shared fixtures. The logic lives in tests/support (services.py, workers.py).
 
 Session fixtures: redis_url, amqp_url, postgres_server_url, postgres_url, pg_dsn.
-Function fixtures: sqlite_url, fresh_postgres, broker, broker_url, worker_factory.
+Function fixtures: sqlite_url, fresh_postgres, either_store, broker, broker_url, worker_factory.
 Brokers: a test runs on Redis unless it asks for `broker` by indirect parametrization, e.g.
 ``@pytest.mark.parametrize("broker", BROKERS, indirect=True)`` (tests.support.services.BROKERS).
 Options: --run-slow (tests marked `slow` run only with it or with env CI=true).
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from noetl_celery.store.db import migrate
 from tests.support import services as svc
 from tests.support.corpus import ConformanceTally, uses_corpus
 from tests.support.loopback import serve
@@ -179,6 +180,17 @@ def fresh_postgres(postgres_server_url):
 def sqlite_url(tmp_path) -> str:
     """SQLAlchemy URL of a SQLite file in this test's tmp dir."""
     return f"sqlite:///{tmp_path / 'noetl.sqlite'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def either_store(request, tmp_path) -> str:
+    """An empty event store's URL, once on SQLite and once on PostgreSQL (a fresh database,
+    migrated: only `migrate` changes a server's schema)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'noetl.sqlite'}"
+    url = request.getfixturevalue("fresh_postgres").url
+    migrate(url)
+    return url
 
 
 # ------------------------------------------------------------------ workers

@@ -28,7 +28,7 @@ from noetl_celery.engine.messages import (
 from noetl_celery.engine.sweeper import lost_outcome
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
-from noetl_celery.store.db import migrate, transaction
+from noetl_celery.store.db import transaction
 from tests.test_dsl import V10, compile_text, texts
 
 BATCHED = Path(__file__).resolve().parent / "playbooks" / "loop_batched.yaml"  # cap 50, batch 8
@@ -178,13 +178,9 @@ def test_a_reader_of_an_older_format_refuses_a_batch_instead_of_running_its_firs
 # Batches through the worker and on_event, driven by hand
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'noetl.sqlite'}"
-    url = request.getfixturevalue("fresh_postgres").url
-    migrate(url)
-    return url
+@pytest.fixture
+def url(either_store: str) -> str:
+    return either_store
 
 
 def run(url: str, dispatch: Dispatch) -> dict:

@@ -17,13 +17,9 @@ from noetl_celery.store.db import migrate, transaction
 LOOP = Path(__file__).resolve().parent / "playbooks" / "loop_many.yaml"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'noetl.sqlite'}"
-    url = request.getfixturevalue("fresh_postgres").url
-    migrate(url)  # only `migrate` changes a server's schema
-    return url
+@pytest.fixture
+def url(either_store: str) -> str:
+    return either_store
 
 
 def attempt(url: str, dispatch: Dispatch) -> dict:

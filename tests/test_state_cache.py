@@ -32,13 +32,9 @@ workflow:
 """
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'noetl.sqlite'}"
-    url = request.getfixturevalue("fresh_postgres").url
-    migrate(url)
-    return url
+@pytest.fixture
+def url(either_store: str) -> str:
+    return either_store
 
 
 @pytest.fixture
