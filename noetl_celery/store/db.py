@@ -134,7 +134,7 @@ def single_read(url: str) -> Iterator[Connection]:
     trips. Elsewhere it is a transaction, as `transaction` gives."""
     engine = get_engine(url)
     if engine.dialect.name != "postgresql":
-        with engine.begin() as conn:
+        with transaction(url) as conn:
             yield conn
         return
     with engine.connect() as conn:
