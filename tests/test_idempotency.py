@@ -111,8 +111,8 @@ def test_an_iteration_outcome_is_decided_without_a_separate_head_read(url, monke
     seen = _statements(monkeypatch)
     assert orchestrator.handle_event(url, outcome) == []
     heads = [s for s in seen if s.lstrip().startswith("SELECT status")]
-    if url.startswith("postgresql"):  # the head is read by the loop counter's own statement
-        assert heads == [] and len(seen) == 2 and "FOR KEY SHARE" in seen[0]
+    if url.startswith("postgresql"):  # the head is read by the one statement that counts and records
+        assert heads == [] and len(seen) == 1 and "FOR KEY SHARE" in seen[0] and "UPDATE noetl_loop" in seen[0]
     else:  # SQLite: a plain read inside BEGIN IMMEDIATE, before the counter
         assert len(heads) == 1 and seen.index(heads[0]) == 0
     with transaction(url) as conn:
@@ -216,3 +216,31 @@ def test_a_newer_state_than_the_cached_one_is_decided_on_the_fresh_state(url):
     assert all(d.message["version"] == iterations[0].message["version"] + 1 for d in dispatches)
     with transaction(url) as conn:
         assert repo.get_loop(conn, iterations[0].message["run_id"])["done"] == 1  # counted once
+
+
+def test_iterations_finishing_out_of_order_send_each_index_once_under_the_cap(url, tmp_path):
+    """The completion of index i sends index i + cap: whatever order iterations end in, every
+    index is sent exactly once and at most `cap` are in flight."""
+    path = tmp_path / "cap3.yaml"
+    path.write_text(LOOP.read_text().replace("max_in_flight: 50", "max_in_flight: 3"))
+    plan = compile_playbook(path, overrides={"n": 10})
+    execution_id = create_execution(plan, url)
+    start = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    flying = {d.message["iteration"]: d for d in orchestrator.handle_event(url, attempt(url, start[0]))}
+    assert sorted(flying) == [0, 1, 2]
+    sent = list(flying)
+    while flying:
+        index = max(flying) if len(sent) % 2 else min(flying)  # alternately the newest and the oldest
+        for dispatch in orchestrator.handle_event(url, attempt(url, flying.pop(index))):
+            if dispatch.message.get("iteration") is not None:
+                flying[dispatch.message["iteration"]] = dispatch
+                sent.append(dispatch.message["iteration"])
+        assert len(flying) <= 3
+    assert sorted(sent) == list(range(10))  # each index once
+    assert sent != sorted(sent)  # ... not simply in index order
+    with transaction(url) as conn:
+        head = repo.execution_head(conn, execution_id)
+        ends = [e["event_type"] for e in repo.list_events(conn, execution_id)].count("iterator.completed")
+        variables = repo.load_variables(conn, execution_id)
+    assert head["status"] == "completed" and ends == 1
+    assert variables["result"]["work"]["results"] == [2 * i for i in range(10)]  # in collection order

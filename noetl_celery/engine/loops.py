@@ -9,9 +9,12 @@ Collection loops: on_event fans a loop step out into one task per iteration (or 
 
 - The collection is rendered once when the loop starts and stored once (noetl_loop.collection);
   each iteration message carries only its own element. Processes cache the collection by run id.
-- At start, min(cap, total) iterations are dispatched. Each finished iteration increments `done`
-  atomically (in the transaction that records its completion row); the k-th completion dispatches
-  index cap + k - 1 if it exists, so exactly `cap` iterations are in flight, none twice.
+- At start, min(cap, total) iterations are dispatched (indexes 0 to cap - 1). Each finished
+  iteration increments `done` atomically (in the transaction that records its completion row),
+  and the completion of index i dispatches index i + cap if it exists: every index is sent once,
+  by the one completion of the index cap before it, and at most `cap` are in flight. Which index
+  comes next needs no counter, so an iteration that is not the loop's last is counted and
+  recorded by one statement (orchestrator `Decider.count_iteration`).
 - The completion that makes done == total marks the loop completed (a guarded UPDATE: exactly
   once), aggregates the results in collection order from the iteration rows, and finishes the step.
 """
@@ -169,6 +172,12 @@ def iteration_error(error: Any, task: str) -> dict[str, Any]:
 COLLECTION_LOOP = CollectionLoop()
 
 
+def loop_cap(step: Step) -> int:
+    """Iterations of a collection loop in flight at most."""
+    assert step.loop is not None
+    return 1 if step.loop.mode == "sequential" else max(step.loop.max_in_flight, 1)
+
+
 def start_loop(decider: Decider, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
     loop = step.loop
     assert loop is not None
@@ -178,7 +187,7 @@ def start_loop(decider: Decider, step: Step, run: RunRef, parent: str, context: 
     except TemplateError as exc:
         fail_loop_start(decider, step, run_id, parent, {"kind": "loop", "message": str(exc)})
         return
-    cap = 1 if loop.mode == "sequential" else max(loop.max_in_flight, 1)
+    cap = loop_cap(step)
     total = len(items)
     repo.create_loop(
         decider.conn,
@@ -279,16 +288,15 @@ def _failed_message(decider: Decider, source: str, key: str) -> TaskMessage | No
     return None
 
 
-def next_entry(counters: dict[str, Any]) -> list[Any] | None:
-    """What the completion that made `done` sends next: index cap + done - 1 of the collection, or,
+def next_entry(counters: dict[str, Any], iteration: int | None) -> list[Any] | None:
+    """What the completion of `iteration` sends next: index iteration + cap of the collection, or,
     in a resumed loop, entry done + offset of its queue (context "queue", "offset")."""
     context = counters.get("context") or {}
-    done = counters["done"]
     queue = context.get("queue")
     if queue is None:
-        index = counters["cap"] + done - 1
+        index = int(iteration or 0) + counters["cap"]
         return [index, 0, 0, 1] if index < counters["total"] else None
-    position = done + int(context.get("offset", 0))
+    position = counters["done"] + int(context.get("offset", 0))
     return list(queue[position]) if 0 <= position < len(queue) else None
 
 
@@ -304,13 +312,14 @@ def iteration_done(
     error: Any = None,
 ) -> None:
     """Count the iteration, dispatch the next index, and finish the loop on the last one."""
-    counters = decider.count_iteration(message.run_id, ok=ok, tolerated=tolerated)
+    shape = (loop_cap(step), len(_collection(decider, message.run_id)))
+    counters = decider.count_iteration(message.run_id, ok=ok, tolerated=tolerated, unless_last=shape)
     done, total = counters["done"], counters["total"]
-    entry = next_entry(counters)
+    entry = next_entry(counters, message.iteration)
     if entry is not None and decider.running and decider.failure is None:
         context = {"frames": message.frames, "args": message.args}
         dispatch_queued(decider, step, message.run_id, entry, context, row["event_id"])
-    if done < total:
+    if done is None or done < total:  # None: counted by the decision's last write, never the last
         return
     if not repo.complete_loop(decider.conn, message.run_id):
         return

@@ -31,7 +31,7 @@ from noetl_celery.engine.select import select_part
 from noetl_celery.engine.units import RunRef, UnitEnd
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
-from noetl_celery.store.db import transaction
+from noetl_celery.store.db import commit_suffix, decision_transaction, transaction
 from noetl_celery.templating import as_step_result, plain, render_value, response_view
 from noetl_celery.tools.base import get_tool
 
@@ -79,6 +79,10 @@ class Decider:
     create_row: Callable[[int, int], None] | None = None
     # tool-call times of the iterations of `batch: auto` loops this event reports, per loop run
     durations_ms: dict[str, list[float]] = field(default_factory=dict)
+    # the decision's last write commits it and refuses rows that exist (see `flush`); an iteration
+    # may then be counted by that write (`count_iteration`, `later_count`)
+    strict: bool = False
+    later_count: repo.IterationCount | None = None
 
     @property
     def conn(self) -> Connection:
@@ -92,9 +96,20 @@ class Decider:
         if head is None or head["status"] != "running" or head["state_version"] != self.version:
             raise Redecide()
 
-    def count_iteration(self, run_id: str, *, ok: bool, tolerated: bool) -> dict[str, Any]:
+    def count_iteration(
+        self, run_id: str, *, ok: bool, tolerated: bool, unless_last: tuple[int, int] | None = None
+    ) -> dict[str, Any]:
         """Count one finished loop iteration (`repo.loop_iteration_done`); in a deferred decision
-        the same statement reads and locks the execution head."""
+        the same statement reads and locks the execution head.
+
+        `unless_last`: the loop's (cap, total) as this process knows them. A strict deferred
+        decision then leaves the count to its last write, which refuses it when the iteration is
+        the loop's last (Redecide: the classic decision finishes the loop); the counters returned
+        have `done` None, and the caller goes on as for an iteration that is not the last."""
+        if unless_last is not None and self.strict and self.deferred and self.later_count is None:
+            cap, total = unless_last
+            self.later_count = repo.IterationCount(run_id, ok, tolerated, cap, total)
+            return {"done": None, "cap": cap, "total": total, "context": None}
         if not self.deferred:
             return repo.loop_iteration_done(self.conn, run_id, ok=ok, tolerated=tolerated)
         self.deferred = False
@@ -653,8 +668,11 @@ class Decider:
 
     # --- writing ---------------------------------------------------------------------------
 
-    def flush(self) -> list[Dispatch]:
-        """Write everything decided; raises DuplicateEvent (and rolls back) on a redelivery."""
+    def flush(self, *, last: bool = False) -> list[Dispatch]:
+        """Write everything decided; raises DuplicateEvent (and rolls back) on a redelivery.
+
+        `last`: nothing follows in the transaction; the write may commit it, and then refuses a
+        row that exists, raising Redecide (see `repo.record_decision`)."""
         version = self.version
         finished = False
         if self.create_row is not None or self.pending or self.variables or self.failure is not None:
@@ -698,7 +716,21 @@ class Decider:
         if dispatches:
             causing["meta"] = {**(causing.get("meta") or {}), "dispatch": [d.to_dict() for d in dispatches]}
             causing["deadline_at"] = deadlines.decision_deadline(repo.utcnow(), dispatches)
-        new, self.written = repo.record_decision(self.conn, self.rows, self.variables, new_keys=self.later_causes)
+        # the head is checked by the write when no statement read it, or when it counts an iteration
+        head_version = self.version if self.deferred or self.later_count is not None else None
+        self.deferred = False
+        try:
+            new, self.written = repo.record_decision(
+                self.connection,
+                self.rows,
+                self.variables,
+                new_keys=self.later_causes,
+                last=last,
+                head_version=head_version,
+                count=self.later_count,
+            )
+        except repo.Conflict as exc:
+            raise Redecide() from exc
         if not new:
             raise DuplicateEvent(causing["event_id"])
         return dispatches
@@ -753,14 +785,11 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
     outcomes = outcomes_of(payload) if kind in ("outcome", BATCH_EVENT) else []
     deferred = _deferred_state(url, execution_id, outcomes[0][0]) if outcomes else None
     try:
-        if deferred is not None:
-            try:
-                decided = _decide(url, payload, outcomes, deferred)
-            except Redecide:
-                STATE.forget(url, execution_id)
-                deferred = None
-        if deferred is None:
-            decided = _decide(url, payload, outcomes, None)
+        try:
+            decided = _decide(url, payload, outcomes, deferred, strict=True)
+        except Redecide:
+            STATE.forget(url, execution_id)
+            decided = _decide(url, payload, outcomes, None, strict=False)
         if decided is None:
             return []
         decider, dispatches = decided
@@ -775,14 +804,24 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
 
 
 def _decide(
-    url: str, payload: dict[str, Any], outcomes: list[Outcome], state: ExecutionState | None
+    url: str, payload: dict[str, Any], outcomes: list[Outcome], state: ExecutionState | None, *, strict: bool
 ) -> tuple[Decider, list[Dispatch]] | None:
-    """One transaction deciding one event. With `state`, a deferred decision (see Decider)."""
+    """One transaction deciding one event. With `state`, a deferred decision (see Decider).
+    `strict`: its last write may commit it, and refuses rows that exist (Redecide): the first
+    try of every event. The second, after a Redecide, tells a redelivery (DuplicateEvent) from
+    rows that may exist."""
     execution_id = int(payload["execution_id"])
     kind = payload["kind"]
-    with transaction(url) as conn:
+    with decision_transaction(url) as conn:
         if state is not None:
-            decider = Decider(connection=conn, state=state, running=True, version=state.version, deferred=True)
+            decider = Decider(
+                connection=conn,
+                state=state,
+                running=True,
+                version=state.version,
+                deferred=True,
+                strict=strict and len(outcomes) == 1 and commit_suffix(conn) is not None,
+            )
         else:
             head = repo.execution_head(conn, execution_id, deciding=True)
             if head is None:
@@ -800,7 +839,7 @@ def _decide(
                 decider.on_outcome(message, outcome, report)
         else:
             raise ValueError(f"unknown event kind {kind!r}")
-        dispatches = decider.flush()
+        dispatches = decider.flush(last=strict)
         if decider.deferred:  # nothing was written: impossible, flush inserts the causing row
             raise Redecide()
     return decider, dispatches

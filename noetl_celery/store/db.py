@@ -24,6 +24,9 @@ SQLITE_BUSY_TIMEOUT = 60  # seconds a SQLite writer waits for the lock
 POOL_RECYCLE = 1800  # seconds before a pooled server connection is replaced
 PING_AFTER_IDLE = 2.0  # seconds a pooled server connection may sit idle before checkout pings it
 _LAST_USED = "noetl_last_used"  # connection record info: monotonic time of its last check-in
+# connection record info, present while the connection runs a `decision_transaction`: True until
+# its BEGIN has been sent (with the first statement), then False
+_BEGIN_PENDING = "noetl_begin_pending"
 
 _engines: dict[tuple[int, str], Engine] = {}
 _migrated: set[tuple[int, str]] = set()
@@ -79,7 +82,25 @@ def _create_engine(url: str) -> Engine:
         return engine
     engine = create_engine(url, pool_size=5, max_overflow=10, pool_recycle=POOL_RECYCLE)
     _ping_when_idle(engine)
+    if _folds_begin(engine):
+        event.listen(engine, "before_cursor_execute", _begin_with_first_statement, retval=True)
     return engine
+
+
+def _folds_begin(engine: Engine) -> bool:
+    """Whether the driver sends a statement with its parameters bound as one simple query, which
+    may hold several statements: psycopg2 (not psycopg 3, whose bound statements are one each)."""
+    return engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg2"
+
+
+def _begin_with_first_statement(conn, cursor, statement, parameters, _context, executemany):  # type: ignore[no-untyped-def]
+    """A statement built with SQLAlchemy Core in a `decision_transaction` opens it when it is the
+    first (the hot path's own statements do the same in `repo._run`, with `begin_prefix`)."""
+    prefix = begin_prefix(conn)
+    if prefix and executemany:
+        cursor.execute(prefix)
+        return statement, parameters
+    return prefix + statement, parameters
 
 
 def _ping_when_idle(engine: Engine) -> None:
@@ -146,6 +167,61 @@ def single_read(url: str) -> Iterator[Connection]:
         finally:
             if not dbapi_connection.closed:  # a lost connection was invalidated: nothing to reset
                 dbapi_connection.autocommit = False
+
+
+@contextmanager
+def decision_transaction(url: str) -> Iterator[Connection]:
+    """A transaction as `transaction` gives, whose BEGIN and COMMIT need no round trip of their own
+    on PostgreSQL with psycopg2.
+
+    psycopg2 sends BEGIN alone before a transaction's first statement, and COMMIT alone at the
+    end: two of the four round trips of a loop iteration's decision. Here the connection runs in
+    autocommit mode and the transaction is opened by `BEGIN; ` sent in front of its first
+    statement (`begin_prefix`). A writer that knows its statement is the last one sends
+    `; COMMIT` behind it (`commit_suffix`); otherwise the exit commits. On any error the
+    transaction is rolled back before the connection goes back to the pool. Elsewhere (SQLite) it
+    is `transaction`, as it is with another PostgreSQL driver than psycopg2."""
+    engine = get_engine(url)
+    if not _folds_begin(engine):
+        with transaction(url) as conn:
+            yield conn
+        return
+    with engine.connect() as conn:
+        dbapi_connection = conn.connection.dbapi_connection
+        assert dbapi_connection is not None
+        dbapi_connection.autocommit = True
+        info = conn.info
+        info[_BEGIN_PENDING] = True
+        try:
+            yield conn
+            if dbapi_connection.info.transaction_status != _IDLE:
+                conn.exec_driver_sql("COMMIT")
+        except BaseException:
+            if not dbapi_connection.closed and dbapi_connection.info.transaction_status != _IDLE:
+                conn.exec_driver_sql("ROLLBACK")
+            raise
+        finally:
+            info.pop(_BEGIN_PENDING, None)
+            if not dbapi_connection.closed:  # a lost connection was invalidated: nothing to reset
+                dbapi_connection.autocommit = False
+
+
+_IDLE = 0  # psycopg2.extensions.TRANSACTION_STATUS_IDLE: no transaction open on the server
+
+
+def begin_prefix(conn: Connection) -> str:
+    """ "BEGIN; " for the first statement of a `decision_transaction`, "" for any other."""
+    info = conn.info
+    if info.get(_BEGIN_PENDING):
+        info[_BEGIN_PENDING] = False
+        return "BEGIN; "
+    return ""
+
+
+def commit_suffix(conn: Connection) -> str | None:
+    """ "; COMMIT" for the last statement of a `decision_transaction` (None elsewhere: the caller
+    leaves the commit to its transaction)."""
+    return "; COMMIT" if _BEGIN_PENDING in conn.info else None
 
 
 def alembic_config(url: str):  # type: ignore[no-untyped-def]

@@ -1,7 +1,8 @@
 """The few queries the engine needs, in SQLAlchemy Core; the per-event ones on the DBAPI cursor.
 
 Every write that must happen once per event is either an idempotent insert on the event's
-deterministic key (a duplicate is detected by `RETURNING` giving no row, never by rowcount) or an
+deterministic key (a duplicate is detected by `RETURNING` giving no row, never by rowcount, or, in
+a decision's strict write, by the unique key's error, which fails the whole statement) or an
 atomic `UPDATE ... RETURNING` in the same transaction as that insert.
 
 The statements every decision makes (the execution head, the execution and loop counters, the
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import Connection, Table, and_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -25,6 +26,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
 from noetl_celery import limits, secret_registry
+from noetl_celery.store import db
 from noetl_celery.store.models import CatalogEntry, Event, Execution, Join, LoopState, Variable
 
 EVENTS = cast(Table, Event.__table__)
@@ -53,11 +55,13 @@ def _insert(conn: Connection, table):  # type: ignore[no-untyped-def]
 
 def _run(conn: Connection, sql: str, params: Any) -> Any:
     """Execute `sql` (in the driver's paramstyle) on the transaction's DBAPI connection; returns
-    the cursor. Driver errors are raised as SQLAlchemy's DBAPIError, and a lost connection is
+    the cursor. In a `db.decision_transaction` the first statement carries the BEGIN. Driver
+    errors are raised as SQLAlchemy's DBAPIError, and a lost connection is
     invalidated, as Core would do."""
     dbapi_connection = conn.connection.dbapi_connection
     assert dbapi_connection is not None
     cursor = dbapi_connection.cursor()
+    sql = db.begin_prefix(conn) + sql
     try:
         cursor.execute(sql, params)
     except Exception as exc:
@@ -350,23 +354,60 @@ def _all_new(rows: list[dict[str, Any]], inserted: set[str], first_must_be_new: 
     return all(key in inserted for key in new_keys)
 
 
+class Conflict(Exception):
+    """A decision's strict write (see `record_decision`) found a row of its keys written already,
+    or the execution head other than the decision assumed. Nothing was written: decide again the
+    classic way, which tells a redelivery from a row that may legitimately exist."""
+
+
 def record_decision(
-    conn: Connection, rows: list[dict[str, Any]], variables: dict[str, dict[str, Any]], *, new_keys: Sequence[str] = ()
+    conn: Connection,
+    rows: list[dict[str, Any]],
+    variables: dict[str, dict[str, Any]],
+    *,
+    new_keys: Sequence[str] = (),
+    last: bool = False,
+    head_version: int | None = None,
+    count: IterationCount | None = None,
 ) -> tuple[bool, dict[str, dict[str, Any]]]:
     """A decision's event rows (`insert_events`, the first one must be new) and the variables it
     set, by scope (`put_variables`). Returns whether the rows were new and, when they were, the
     variables as stored. On PostgreSQL one statement does both when the rows fit one insert (a
-    data-modifying WITH): a round trip less for every decision that sets variables."""
+    data-modifying WITH): a round trip less for every decision that sets variables.
+
+    `head_version`: the decision has not read the execution head yet; it must be running at this
+    state version (locked FOR KEY SHARE as `execution_head(deciding=True)` does), else Conflict.
+
+    `last`: nothing follows in the transaction. In a `db.decision_transaction` a decision that
+    sets no variables (a loop iteration's, a retry's) is then written by one strict statement
+    that also commits: the head check rides on it and its rows are inserted without ON CONFLICT,
+    so a key that exists, or a head that moved, fails the statement (Conflict) and nothing is
+    written. With the BEGIN sent with the first statement, a retry's decision is one round trip.
+
+    `count`: a loop iteration the decision counted on the assumption that it is not the loop's
+    last (orchestrator `Decider.count_iteration`). The strict statement counts it, and refuses
+    (Conflict) when it is the last, or the loop is not as assumed: an iteration's decision is
+    then one statement, which holds the loop row's lock only while it runs."""
     execution_id = rows[0]["execution_id"]
     dialect = conn.dialect
+    commit = db.commit_suffix(conn) if last else None
+    if commit is not None and not any(variables.values()) and len(rows) <= INSERT_ROWS_PER_STATEMENT:
+        _strict_insert(conn, rows, head_version, count, commit)
+        return True, {}
+    if count is not None:  # only the strict statement counts it
+        raise Conflict(f"loop {count.run_id}: an iteration counted late needs the one strict statement")
+    if head_version is not None:
+        head = execution_head(conn, execution_id, deciding=True)
+        if head is None or head["status"] != "running" or head["state_version"] != head_version:
+            raise Conflict(f"execution {execution_id}: head {head} is not running at version {head_version}")
     if dialect.name != "postgresql" or len(rows) > INSERT_ROWS_PER_STATEMENT or not any(variables.values()):
         if not insert_events(conn, rows, first_must_be_new=True, new_keys=new_keys):
             return False, {}
         return True, {scope: put_variables(conn, execution_id, scope, values) for scope, values in variables.items()}
-    count, params = _variable_rows(dialect, execution_id, variables)
+    variable_count, params = _variable_rows(dialect, execution_id, variables)
     ((rows_count, event_params),) = _event_chunks(dialect, rows)
     sql = (
-        f"WITH v AS ({_variables_upsert_sql(dialect, count, 'scope, name, value')}), "
+        f"WITH v AS ({_variables_upsert_sql(dialect, variable_count, 'scope, name, value')}), "
         f"e AS ({_events_insert_sql(dialect, rows_count)}) "
         "SELECT NULL, event_id, NULL::jsonb FROM e UNION ALL SELECT scope, name, value FROM v"
     )
@@ -380,6 +421,85 @@ def record_decision(
     if not _all_new(rows, inserted, True, new_keys):
         return False, {}
     return True, stored
+
+
+class IterationCount(NamedTuple):
+    """A loop iteration to count in a decision's strict statement, with the loop's cap and total
+    as the decision assumed them."""
+
+    run_id: str
+    ok: bool
+    tolerated: bool
+    cap: int
+    total: int
+
+
+_EVENT_KEY_AT = EVENT_COLUMNS.index("event_id")
+
+
+def _strict_insert(
+    conn: Connection,
+    rows: list[dict[str, Any]],
+    head_version: int | None,
+    count: IterationCount | None,
+    commit: str,
+) -> None:
+    """`record_decision`'s one strict statement (PostgreSQL). A check that fails (the head, the
+    iteration's count) makes the first row's key NULL, which the column's NOT NULL refuses."""
+    dialect = conn.dialect
+    ((row_count, params),) = _event_chunks(dialect, rows)
+    execution_id = rows[0]["execution_id"]
+    if count is not None:
+        assert head_version is not None, "an iteration counted late is decided on an unread head"
+        counted = _loop_done_params(dialect, count.run_id, count.ok, count.tolerated)
+        params = [execution_id, *counted, count.cap, count.total, head_version, *params]
+    elif head_version is not None:
+        params = [execution_id, *params[:_EVENT_KEY_AT], head_version, *params[_EVENT_KEY_AT:]]
+    check = "counted" if count is not None else "head" if head_version is not None else None
+    sql = _strict_insert_sql(dialect, row_count, check) + commit
+    try:
+        _run(conn, sql, params)
+    except DBAPIError as exc:
+        diag = getattr(exc.orig, "diag", None)
+        if diag is None:
+            raise
+        key_exists = diag.constraint_name == "uq_noetl_event_key"
+        check_failed = diag.sqlstate == "23502" and diag.column_name == "event_id"
+        if key_exists or check_failed:
+            raise Conflict(str(diag.message_primary)) from exc
+        raise
+
+
+_strict_sql: dict[tuple[int, str | None], str] = {}
+_HEAD_MATCHES = "(SELECT status = 'running' AND state_version = ? FROM head)"
+
+
+def _strict_insert_sql(dialect: Dialect, rows: int, check: str | None) -> str:
+    """The strict insert of `rows` rows; `check`: None, "head" (the first row's key is NULL unless
+    the head matches) or "counted" (... unless the iteration was counted, the head matching)."""
+    key = (rows, check)
+    sql = _strict_sql.get(key)
+    if sql is None:
+        row = [_placeholders(dialect, 1)] * len(EVENT_COLUMNS)
+        first = list(row)
+        head = ""
+        if check is not None:
+            head = f"WITH head AS ({_HEAD_SQL} FOR KEY SHARE) "
+            condition = _HEAD_MATCHES
+            if check == "counted":  # `loop_iteration_done`, for an iteration that is not the last
+                counted = (
+                    f"{_LOOP_DONE_SQL} AND cap = ? AND total = ? AND done + 1 < total "
+                    f"AND (context -> 'queue') IS NULL AND {_HEAD_MATCHES} RETURNING 1"
+                )
+                head = f"WITH head AS ({_HEAD_SQL} FOR KEY SHARE), counted AS ({counted}) "
+                condition = "EXISTS (SELECT 1 FROM counted)"
+            head = _dialect_sql(dialect, head)
+            first[_EVENT_KEY_AT] = _dialect_sql(dialect, f"CASE WHEN {condition} THEN ? END")
+        values = ", ".join([f"({', '.join(first)})"] + [f"({', '.join(row)})"] * (rows - 1))
+        sql = f"{head}INSERT INTO noetl_event ({', '.join(EVENT_COLUMNS)}) VALUES {values}"
+        if len(_strict_sql) < 64:
+            _strict_sql[key] = sql
+    return sql
 
 
 def find_event(conn: Connection, execution_id: int, event_id: str) -> dict[str, Any] | None:

@@ -1,0 +1,254 @@
+"""Decision transactions on PostgreSQL with psycopg2 (store/db.py `decision_transaction`): BEGIN
+travels with the first statement and, for decisions that set no variables, COMMIT with the
+strict insert of their rows (store/repo.py `record_decision`). What the driver sends is read
+back from psycopg2's `cursor.query`; with the connection in autocommit mode, psycopg2 sends
+nothing else, so each query recorded is one round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event, text
+
+from noetl_celery.compiler import compile_playbook
+from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.context import STATE
+from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.runner import create_execution
+from noetl_celery.store import repo
+from noetl_celery.store.db import commit_suffix, decision_transaction, get_engine, migrate, transaction
+
+LOOP = Path(__file__).resolve().parent / "playbooks" / "loop_many.yaml"
+
+RETRY_ONCE = """
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: decision_retry_once}
+workflow:
+  - step: start
+    tool:
+      kind: python
+      args: {attempt: "{{ _attempt }}"}
+      code: |
+        if int(attempt) < 2:
+            raise ValueError("first attempt fails")
+        result = int(attempt)
+      spec:
+        policy:
+          rules:
+            - when: "{{ outcome.status == 'error' }}"
+              then: {do: retry, attempts: 2, backoff: fixed, delay: 0}
+"""
+
+
+@pytest.fixture
+def url(fresh_postgres) -> str:
+    migrate(fresh_postgres.url)
+    return fresh_postgres.url
+
+
+@pytest.fixture(autouse=True)
+def empty_cache():
+    STATE.clear()
+    yield
+    STATE.clear()
+
+
+class Wire:
+    """The queries the driver sent, in order: (query, autocommit at the time). A statement that
+    failed is recorded as "failed: <its SQL>"."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bool]] = []
+
+    @property
+    def queries(self) -> list[str]:
+        return [q for q, _ in self.sent]
+
+    def clear(self) -> None:
+        self.sent.clear()
+
+
+@pytest.fixture
+def wire(url, monkeypatch):
+    recorded = Wire()
+    real = repo._run
+
+    def recording(conn, sql, params):
+        autocommit = conn.connection.dbapi_connection.autocommit
+        try:
+            cursor = real(conn, sql, params)
+        except Exception:
+            recorded.sent.append((f"failed: {sql}", autocommit))
+            raise
+        recorded.sent.append((cursor.query.decode(), autocommit))
+        return cursor
+
+    def after(conn, cursor, _statement, _parameters, _context, _executemany):
+        recorded.sent.append((cursor.query.decode(), conn.connection.dbapi_connection.autocommit))
+
+    monkeypatch.setattr(repo, "_run", recording)
+    engine = get_engine(url)
+    event.listen(engine, "after_cursor_execute", after)
+    yield recorded
+    event.remove(engine, "after_cursor_execute", after)
+
+
+def attempt(url: str, dispatch: Dispatch) -> dict:
+    payload = worker.execute(url, TaskMessage.from_dict(dispatch.message), queue_id="test")
+    assert payload is not None
+    return payload
+
+
+def _loop_started(url: str, n: int) -> tuple[int, list[Dispatch]]:
+    plan = compile_playbook(LOOP, overrides={"n": n})
+    execution_id = create_execution(plan, url)
+    start = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    return execution_id, orchestrator.handle_event(url, attempt(url, start[0]))
+
+
+def _failed_first_attempt(url: str, tmp_path: Path) -> tuple[int, dict]:
+    path = tmp_path / "retry_once.yaml"
+    path.write_text(RETRY_ONCE)
+    execution_id = create_execution(compile_playbook(path), url)
+    [first] = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    payload = attempt(url, first)
+    assert payload["outcome"]["status"] == "error"
+    return execution_id, payload
+
+
+def _loop_row(url: str, run_id: str) -> dict:
+    with transaction(url) as conn:
+        loop = repo.get_loop(conn, run_id)
+    assert loop is not None
+    return loop
+
+
+def test_an_iteration_is_counted_and_recorded_in_one_round_trip(url, wire):
+    _, iterations = _loop_started(url, n=60)  # cap 50: each completion sends one more
+    outcome = attempt(url, iterations[0])
+    wire.clear()
+    [following] = orchestrator.handle_event(url, outcome)
+    assert following.message["iteration"] == 50
+    [only] = wire.queries
+    assert only.startswith("BEGIN; WITH head AS (SELECT status") and "counted AS (UPDATE noetl_loop" in only
+    assert "INSERT INTO noetl_event" in only and "ON CONFLICT" not in only and only.endswith("; COMMIT")
+    assert all(autocommit for _, autocommit in wire.sent)
+    loop = _loop_row(url, iterations[0].message["run_id"])
+    assert (loop["done"], loop["succeeded"], loop["failed"]) == (1, 1, 0)
+
+
+def test_the_last_iteration_is_refused_by_the_one_statement_and_finishes_the_loop_once(url, wire):
+    execution_id, iterations = _loop_started(url, n=3)
+    outcomes = [attempt(url, d) for d in iterations]
+    for outcome in outcomes[:2]:
+        assert orchestrator.handle_event(url, outcome) == []
+    wire.clear()
+    following = orchestrator.handle_event(url, outcomes[2])  # the loop's last: the step after it
+    assert wire.queries[0].startswith("failed: WITH head AS") and "counted AS" in wire.queries[0]
+    assert "ROLLBACK" in wire.queries
+    loop = _loop_row(url, iterations[0].message["run_id"])
+    assert (loop["done"], loop["status"]) == (3, "completed")
+    with transaction(url) as conn:
+        kinds = [e["event_type"] for e in repo.list_events(conn, execution_id)]
+    assert kinds.count("iteration.completed") == 3 and kinds.count("iterator.completed") == 1
+    for dispatch in following:  # what comes after the loop runs to the end
+        for more in orchestrator.handle_event(url, attempt(url, dispatch)):
+            orchestrator.handle_event(url, attempt(url, more))
+    with transaction(url) as conn:
+        assert repo.execution_head(conn, execution_id)["status"] == "completed"
+
+
+def test_a_retry_is_decided_in_one_round_trip(url, wire, tmp_path):
+    execution_id, failed = _failed_first_attempt(url, tmp_path)
+    wire.clear()
+    [retry] = orchestrator.handle_event(url, failed)
+    assert retry.message["attempt"] == 2 and retry.countdown == 0
+    [only] = wire.queries
+    assert only.startswith("BEGIN; WITH head AS (SELECT status") and "FOR KEY SHARE" in only
+    assert "INSERT INTO noetl_event" in only and only.endswith("; COMMIT")
+    with transaction(url) as conn:
+        kinds = [e["event_type"] for e in repo.list_events(conn, execution_id)]
+    assert kinds.count("retry.scheduled") == 1
+
+    ended = orchestrator.handle_event(url, attempt(url, retry))  # the second attempt ends the run
+    assert ended == []
+    with transaction(url) as conn:
+        assert repo.execution_head(conn, execution_id)["status"] == "completed"
+
+
+def test_a_redelivered_iteration_is_refused_by_the_strict_insert_and_replayed(url, wire):
+    _, iterations = _loop_started(url, n=60)
+    outcome = attempt(url, iterations[0])
+    first = orchestrator.handle_event(url, outcome)
+    wire.clear()
+    again = orchestrator.handle_event(url, outcome)
+    assert [d.message["iteration"] for d in again] == [d.message["iteration"] for d in first] == [50]
+    assert all(d.message["replay"] for d in again)
+    failed = [q for q in wire.queries if q.startswith("failed: ")]
+    assert len(failed) == 1 and "INSERT INTO noetl_event" in failed[0]  # the strict try, rolled back
+    assert "ROLLBACK" in wire.queries
+    loop = _loop_row(url, iterations[0].message["run_id"])
+    assert (loop["done"], loop["succeeded"]) == (1, 1)  # the strict try's count was rolled back
+
+
+def test_a_retry_on_a_stale_cached_state_is_decided_again_on_the_fresh_one(url, wire, tmp_path):
+    execution_id, failed = _failed_first_attempt(url, tmp_path)
+    assert STATE.peek(url, execution_id, min_version=0) is not None  # the worker cached the state
+    with transaction(url) as conn:  # another process's decision moved the state on
+        conn.execute(
+            text("UPDATE noetl_execution SET state_version = state_version + 1 WHERE execution_id = :e"),
+            {"e": execution_id},
+        )
+    wire.clear()
+    [retry] = orchestrator.handle_event(url, failed)
+    assert retry.message["attempt"] == 2
+    assert wire.queries[0].startswith("failed: WITH head AS")  # the head check refused the insert
+    assert "ROLLBACK" in wire.queries
+    with transaction(url) as conn:
+        kinds = [e["event_type"] for e in repo.list_events(conn, execution_id)]
+    assert kinds.count("retry.scheduled") == 1
+
+
+def test_a_retry_after_a_cancel_is_recorded_and_sends_nothing(url, tmp_path):
+    execution_id, failed = _failed_first_attempt(url, tmp_path)
+    with transaction(url) as conn:
+        repo.finish_execution(conn, execution_id, "cancelled")
+    assert orchestrator.handle_event(url, failed) == []
+    with transaction(url) as conn:
+        kinds = [e["event_type"] for e in repo.list_events(conn, execution_id)]
+    assert "retry.scheduled" not in kinds
+
+
+def test_a_failed_decision_transaction_writes_nothing_and_leaves_its_connection_clean(url):
+    engine = get_engine(url)
+    engine.dispose()
+    with pytest.raises(RuntimeError), decision_transaction(url) as conn:
+        conn.execute(text("CREATE TABLE decision_probe (k int primary key)"))
+        assert conn.connection.dbapi_connection.info.transaction_status != 0  # BEGIN went with it
+        raise RuntimeError("the decision failed")
+    with transaction(url) as conn:
+        dbapi_connection = conn.connection.dbapi_connection
+        assert dbapi_connection.autocommit is False  # the pool's only connection, reset
+        assert conn.execute(text("SELECT to_regclass('decision_probe')")).scalar() is None
+    assert engine.pool.checkedout() == 0
+
+
+def test_a_decision_transaction_without_a_commit_of_its_own_commits_at_the_end(url):
+    with decision_transaction(url) as conn:
+        conn.execute(text("CREATE TABLE decision_probe (k int primary key)"))
+        conn.execute(text("INSERT INTO decision_probe VALUES (1)"))
+        assert commit_suffix(conn) == "; COMMIT"
+    with transaction(url) as conn:
+        assert conn.execute(text("SELECT k FROM decision_probe")).scalar() == 1
+        assert commit_suffix(conn) is None  # a plain transaction commits on its own
+
+
+def test_on_sqlite_a_decision_transaction_is_a_plain_one(sqlite_url):
+    migrate(sqlite_url)
+    with decision_transaction(sqlite_url) as conn:
+        assert commit_suffix(conn) is None
+        conn.execute(text("CREATE TABLE decision_probe (k int)"))
+    with transaction(sqlite_url) as conn:
+        assert conn.execute(text("SELECT count(*) FROM decision_probe")).scalar() == 0
