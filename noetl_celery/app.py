@@ -287,10 +287,25 @@ def publish(dispatches: list[Dispatch], due: float | None = None, retry_policy: 
         message = TaskMessage.from_dict(dispatch.message)
         shadow = attempt_shadow(dispatch.label or message.step)  # playbook:step: few names, per-name stats
         soft, hard = deadlines.time_limits(dispatch.timeout)
+        kwargs = {"execution_id": message.execution_id, "message": wire(dispatch.message)}
+        if wait <= 0:  # due now: Celery's message, without send_task's per-call work
+            publisher.send_task(
+                app,
+                RUN_TASK,
+                kwargs,
+                queue=settings.task_queue,
+                shadow=shadow,
+                argsrepr=message.describe(),
+                kwargsrepr=execution_kwargsrepr(message.execution_id),
+                soft_time_limit=soft,
+                time_limit=hard,
+                retry_policy=retry_policy,
+            )
+            continue
         run_task.apply_async(
-            kwargs={"execution_id": message.execution_id, "message": wire(dispatch.message)},
+            kwargs=kwargs,
             queue=settings.task_queue,
-            countdown=wait if wait > 0 else None,
+            countdown=wait,
             shadow=shadow,
             argsrepr=message.describe(),
             kwargsrepr=execution_kwargsrepr(message.execution_id),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,6 +33,34 @@ class _Publisher:
         self.connection = app.connection_for_write()
         self.producer = app.amqp.Producer(self.connection)
         self.patched: Any = None
+        self.declared: dict[str, Any] = {}  # queue name -> the channel it was declared on
+        self.options: dict[str, dict[str, Any]] = {}  # queue name -> `send_task`'s publish options
+
+    def publish_options(self, queue: str) -> dict[str, Any]:
+        """How `send_task` publishes to `queue`, read from the app's configuration once."""
+        options = self.options.get(queue)
+        if options is None:
+            conf = self.app.conf
+            target = self.app.amqp.queues[queue]
+            options = self.options[queue] = {
+                "exchange": "",  # Celery's send_task_message: a direct queue via the anonymous exchange
+                "routing_key": target.name,
+                "serializer": conf.task_serializer,
+                "compression": conf.task_compression,
+                "retry": conf.task_publish_retry,
+                "retry_policy": dict(conf.task_publish_retry_policy or {}),
+                "delivery_mode": target.exchange.delivery_mode or _PERSISTENT,
+            }
+        return options
+
+    def declare(self, queue: str) -> list[Any] | None:
+        """The queue to declare with a publish: on the first one on each channel (kombu also
+        remembers what a channel declared, but asking it costs a fifth of a publish)."""
+        channel = self.producer.channel
+        if self.declared.get(queue) is channel:
+            return None
+        self.declared[queue] = channel
+        return [self.app.amqp.queues[queue]]
 
     def ready(self) -> Any:
         """The producer, its channel's Redis client reused (done again after a revive)."""
@@ -57,6 +86,10 @@ def _reuse_redis_client(channel: Any) -> None:
 
 def producer(app: Any) -> Any:
     """This process's (and thread's) producer for `app`, created on first use."""
+    return _publisher(app).ready()
+
+
+def _publisher(app: Any) -> _Publisher:
     publisher: _Publisher | None = getattr(_local, "publisher", None)
     if (
         publisher is None
@@ -66,7 +99,69 @@ def producer(app: Any) -> Any:
     ):
         publisher = _Publisher(app)
         _local.publisher = publisher
-    return publisher.ready()
+    return publisher
+
+
+def send_task(
+    app: Any,
+    name: str,
+    kwargs: dict[str, Any],
+    *,
+    queue: str,
+    shadow: str | None = None,
+    argsrepr: str | None = None,
+    kwargsrepr: str | None = None,
+    soft_time_limit: float | None = None,
+    time_limit: float | None = None,
+    retry_policy: dict[str, Any] | None = None,
+) -> str:
+    """Publish one task message now (no countdown) through this process's producer; returns its
+    task id.
+
+    The message is Celery's own (`app.amqp.as_task_v2`: the same headers, properties and body
+    as `apply_async` sends), published the way Celery's `send_task_message` publishes to a direct
+    queue: the anonymous exchange, the queue's name as routing key, the queue declared (once per
+    channel), the app's retry policy merged with `retry_policy`. What is left out is the
+    per-call work of `send_task` that a noetl task message does not need: merging the task's
+    options again, routing by name, reading the configuration, the publish signals (nothing
+    here listens to them; `task_send_sent_event` is off), the parent's list of children and the
+    AsyncResult: 95 of a publish's 275 µs of CPU, measured on Redis. A message with a countdown goes through `apply_async`, which handles ETAs and
+    RabbitMQ's native delayed delivery. Results are never stored (`ignore_result`), as for every
+    noetl task."""
+    task_id = str(uuid.uuid4())
+    parent = app.current_worker_task
+    root_id = parent_id = None
+    if parent is not None and parent.request.id:
+        root_id = parent.request.root_id or parent.request.id
+        parent_id = parent.request.id
+    message = app.amqp.as_task_v2(
+        task_id,
+        name,
+        (),
+        kwargs,
+        reply_to=app.thread_oid,
+        time_limit=time_limit,
+        soft_time_limit=soft_time_limit,
+        root_id=root_id or task_id,
+        parent_id=parent_id,
+        shadow=shadow,
+        ignore_result=True,
+        argsrepr=argsrepr,
+        kwargsrepr=kwargsrepr,
+    )
+    publisher = _publisher(app)
+    sender = publisher.ready()
+    options = publisher.publish_options(queue)
+    if retry_policy:
+        options = {**options, "retry_policy": {**options["retry_policy"], **retry_policy}}
+    with sender.connection._reraise_as_library_errors():  # as send_task: kombu's error types
+        sender.publish(
+            message.body, declare=publisher.declare(queue), headers=message.headers, **options, **message.properties
+        )
+    return task_id
+
+
+_PERSISTENT = 2  # kombu's delivery mode of a persistent message, Celery's default
 
 
 def forget() -> None:

@@ -42,3 +42,53 @@ def test_a_redis_channel_publishes_through_one_client(redis_url):
     finally:
         publisher.forget()
         app.close()
+
+
+def _envelopes(client, queue: str) -> list[dict]:
+    import json
+
+    return [json.loads(raw) for raw in reversed(client.lrange(queue, 0, -1))]
+
+
+def test_send_task_sends_the_message_apply_async_sends(redis_url):
+    """publisher.send_task skips send_task's per-call work, not any part of the message: the
+    headers, properties and body equal apply_async's but for the ids that are new per message."""
+    import base64
+    import json
+
+    import redis
+
+    app = Celery("publisher-test", broker=redis_url)
+    app.conf.task_ignore_result = True
+    queue = "publisher-test-fidelity"
+
+    @app.task(name="publisher.test_task", ignore_result=True)
+    def test_task(**_kwargs):  # pragma: no cover - never run, only sent
+        return None
+
+    client = redis.Redis.from_url(redis_url)
+    client.delete(queue)
+    options = {"shadow": "pb:step", "argsrepr": "step=a", "kwargsrepr": "{'x': 1}", "soft_time_limit": 31.0}
+    try:
+        kwargs = {"execution_id": 7, "message": {"step": "a", "n": [1, 2]}}
+        test_task.apply_async(kwargs=kwargs, queue=queue, time_limit=36.0, producer=publisher.producer(app), **options)
+        task_id = publisher.send_task(app, "publisher.test_task", kwargs, queue=queue, time_limit=36.0, **options)
+        celery_sent, ours = _envelopes(client, queue)
+    finally:
+        client.delete(queue)
+        publisher.forget()
+        app.close()
+    per_message = {"id", "root_id", "correlation_id", "delivery_tag"}
+    assert ours["headers"]["id"] == ours["headers"]["root_id"] == task_id
+    # apply_async also copies argsrepr and kwargsrepr (options it passes on) into the properties;
+    # workers read them from the headers
+    copied = {"argsrepr", "kwargsrepr"}
+    assert {k: celery_sent["properties"][k] for k in copied} == {k: options[k] for k in copied}
+    for part, left_out in (("headers", per_message), ("properties", per_message | copied)):
+        theirs = {k: v for k, v in celery_sent[part].items() if k not in left_out}
+        assert {k: v for k, v in ours[part].items() if k not in left_out} == theirs
+    assert json.loads(base64.b64decode(ours["body"])) == json.loads(base64.b64decode(celery_sent["body"]))
+    assert ours["headers"]["timelimit"] == [36.0, 31.0] and ours["headers"]["shadow"] == "pb:step"
+    assert {k: v for k, v in ours.items() if k not in ("headers", "properties", "body")} == {
+        k: v for k, v in celery_sent.items() if k not in ("headers", "properties", "body")
+    }
