@@ -125,9 +125,9 @@ def send_task(
     per-call work of `send_task` that a noetl task message does not need: merging the task's
     options again, routing by name, reading the configuration, the publish signals (nothing
     here listens to them; `task_send_sent_event` is off), the parent's list of children and the
-    AsyncResult: 95 of a publish's 275 µs of CPU, measured on Redis. A message with a countdown goes through `apply_async`, which handles ETAs and
-    RabbitMQ's native delayed delivery. Results are never stored (`ignore_result`), as for every
-    noetl task."""
+    AsyncResult: 95 of a publish's 275 µs of CPU, measured on Redis. A message with a countdown
+    goes through `apply_async`, which handles ETAs and RabbitMQ's native delayed delivery.
+    Results are never stored (`ignore_result`), as for every noetl task."""
     task_id = str(uuid.uuid4())
     parent = app.current_worker_task
     root_id = parent_id = None

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -158,12 +159,19 @@ def single_read(url: str) -> Iterator[Connection]:
         with transaction(url) as conn:
             yield conn
         return
+    with _autocommit(engine) as (conn, _):
+        yield conn
+
+
+@contextmanager
+def _autocommit(engine: Engine) -> Iterator[tuple[Connection, Any]]:
+    """A pooled connection whose DBAPI connection is in autocommit mode until it goes back."""
     with engine.connect() as conn:
         dbapi_connection = conn.connection.dbapi_connection
         assert dbapi_connection is not None
         dbapi_connection.autocommit = True
         try:
-            yield conn
+            yield conn, dbapi_connection
         finally:
             if not dbapi_connection.closed:  # a lost connection was invalidated: nothing to reset
                 dbapi_connection.autocommit = False
@@ -186,10 +194,7 @@ def decision_transaction(url: str) -> Iterator[Connection]:
         with transaction(url) as conn:
             yield conn
         return
-    with engine.connect() as conn:
-        dbapi_connection = conn.connection.dbapi_connection
-        assert dbapi_connection is not None
-        dbapi_connection.autocommit = True
+    with _autocommit(engine) as (conn, dbapi_connection):
         info = conn.info
         info[_BEGIN_PENDING] = True
         try:
@@ -202,8 +207,6 @@ def decision_transaction(url: str) -> Iterator[Connection]:
             raise
         finally:
             info.pop(_BEGIN_PENDING, None)
-            if not dbapi_connection.closed:  # a lost connection was invalidated: nothing to reset
-                dbapi_connection.autocommit = False
 
 
 _IDLE = 0  # psycopg2.extensions.TRANSACTION_STATUS_IDLE: no transaction open on the server
