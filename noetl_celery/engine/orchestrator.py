@@ -93,7 +93,7 @@ class Decider:
         return self.connection
 
     def _check_head(self, head: dict[str, Any] | None) -> None:
-        if head is None or head["status"] != "running" or head["state_version"] != self.version:
+        if not repo.running_at(head, self.version):
             raise Redecide()
 
     def count_iteration(

@@ -217,6 +217,12 @@ def execution_head(conn: Connection, execution_id: int, *, deciding: bool = Fals
 _HEAD_SQL = "SELECT status, pending, state_version FROM noetl_execution WHERE execution_id = ?"
 
 
+def running_at(head: dict[str, Any] | None, version: int) -> bool:
+    """Whether an execution head read for a decision is running at the state version the
+    decision assumed (the strict write checks the same in SQL: `_HEAD_MATCHES`)."""
+    return head is not None and head["status"] == "running" and head["state_version"] == version
+
+
 def lock_execution(conn: Connection, execution_id: int) -> str | None:
     """Lock the execution row FOR UPDATE (waits for decisions in flight); returns its status."""
     c = EXECUTIONS.c
@@ -398,7 +404,7 @@ def record_decision(
         raise Conflict(f"loop {count.run_id}: an iteration counted late needs the one strict statement")
     if head_version is not None:
         head = execution_head(conn, execution_id, deciding=True)
-        if head is None or head["status"] != "running" or head["state_version"] != head_version:
+        if not running_at(head, head_version):
             raise Conflict(f"execution {execution_id}: head {head} is not running at version {head_version}")
     if dialect.name != "postgresql" or len(rows) > INSERT_ROWS_PER_STATEMENT or not any(variables.values()):
         if not insert_events(conn, rows, first_must_be_new=True, new_keys=new_keys):
