@@ -22,7 +22,7 @@ from noetl_celery.engine.lifecycle import end_tree
 from noetl_celery.engine.orchestrator import start_new
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, PlaybookError, Problem
 from noetl_celery.store import repo
-from noetl_celery.store.db import ensure_schema, transaction
+from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
 
 EMBEDDED_CONCURRENCY = 4  # worker threads of `noetl-celery run`
 POLL_INTERVAL = 0.05  # seconds between status reads while waiting
@@ -74,7 +74,7 @@ def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
     url = settings.database_url
     ensure_schema(url)
     execution_id = new_execution_id()
-    with transaction(url) as conn:  # the execution row and its start: both or neither
+    with decision_transaction(url) as conn:  # the execution row and its start: both or neither
         dispatches = start_new(
             conn,
             new_state(plan, execution_id),

@@ -41,6 +41,21 @@ workflow:
               then: {do: retry, attempts: 2, backoff: fixed, delay: 0}
 """
 
+CHAIN = """
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: decision_chain}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = {'n': 1, 'name': 'first'}"}
+    next: {arcs: [{step: second}]}
+  - step: second
+    tool: {kind: python, code: "result = 2"}
+    next: {arcs: [{step: third}]}
+  - step: third
+    tool: {kind: python, code: "result = 3"}
+"""
+
 
 @pytest.fixture
 def url(fresh_postgres) -> str:
@@ -116,6 +131,38 @@ def _failed_first_attempt(url: str, tmp_path: Path) -> tuple[int, dict]:
     payload = attempt(url, first)
     assert payload["outcome"]["status"] == "error"
     return execution_id, payload
+
+
+def _chain_started(url: str, tmp_path: Path) -> tuple[int, Dispatch]:
+    path = tmp_path / "chain.yaml"
+    path.write_text(CHAIN)
+    execution_id = create_execution(compile_playbook(path), url)
+    [first] = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    return execution_id, first
+
+
+def _chain_at_third(url: str, tmp_path: Path) -> tuple[int, dict]:
+    """The chain with its third step's outcome in hand, not decided yet."""
+    execution_id, first = _chain_started(url, tmp_path)
+    [second] = orchestrator.handle_event(url, attempt(url, first))
+    [third] = orchestrator.handle_event(url, attempt(url, second))
+    return execution_id, attempt(url, third)
+
+
+def _execution_row(url: str, execution_id: int):
+    with transaction(url) as conn:
+        return conn.execute(
+            text(
+                "SELECT status, pending, state_version, finished_at, failed_step, error FROM noetl_execution "
+                "WHERE execution_id = :e"
+            ),
+            {"e": execution_id},
+        ).one()
+
+
+def _event_types(url: str, execution_id: int) -> list[str]:
+    with transaction(url) as conn:
+        return [e["event_type"] for e in repo.list_events(conn, execution_id)]
 
 
 def _loop_row(url: str, run_id: str) -> dict:
@@ -252,3 +299,92 @@ def test_on_sqlite_a_decision_transaction_is_a_plain_one(sqlite_url):
         conn.execute(text("CREATE TABLE decision_probe (k int)"))
     with transaction(sqlite_url) as conn:
         assert conn.execute(text("SELECT count(*) FROM decision_probe")).scalar() == 0
+
+
+def test_a_step_that_stores_its_result_and_starts_the_next_is_decided_in_one_round_trip(url, wire, tmp_path):
+    execution_id, first = _chain_started(url, tmp_path)
+    outcome = attempt(url, first)
+    wire.clear()
+    [second] = orchestrator.handle_event(url, outcome)
+    assert second.message["step"] == "second"
+    [only] = wire.queries
+    assert (
+        only.startswith("BEGIN; WITH bumped AS (UPDATE noetl_execution") and "v AS (INSERT INTO noetl_variable" in only
+    )
+    assert "INSERT INTO noetl_event" in only and "ON CONFLICT (execution_id, event_id)" not in only
+    assert "; COMMIT; SELECT e.state_version, e.pending" in only  # the stored values, read back
+    assert all(autocommit for _, autocommit in wire.sent)
+    row = _execution_row(url, execution_id)
+    assert (row.status, row.pending, row.state_version) == ("running", 1, second.message["version"])
+    cached = STATE.peek(url, execution_id, min_version=second.message["version"])
+    assert cached is not None and cached.pending == 1
+    assert cached.results["start"] == {"n": 1, "name": "first"}
+    kept = (cached.results, cached.vars, cached.ctx)
+    STATE.clear()  # the state as a process that never saw the execution reads it
+    fresh = STATE.get(url, execution_id, min_version=second.message["version"])
+    assert (fresh.results, fresh.vars, fresh.ctx) == kept and fresh.pending == 1
+
+
+def test_the_last_step_completes_the_execution_in_one_round_trip(url, wire, tmp_path):
+    execution_id, outcome = _chain_at_third(url, tmp_path)
+    wire.clear()
+    assert orchestrator.handle_event(url, outcome) == []
+    [only] = wire.queries
+    assert only.startswith("BEGIN; WITH bumped AS (UPDATE noetl_execution") and "status = 'completed'" in only
+    row = _execution_row(url, execution_id)
+    assert (row.status, row.pending, row.failed_step, row.error) == ("completed", 0, None, None)
+    assert row.finished_at is not None
+    kinds = _event_types(url, execution_id)
+    assert kinds[-1] == "execution.completed" and kinds.count("execution.completed") == 1
+    assert kinds.count("step.completed") == 3
+
+
+def test_a_wrong_guess_of_the_pending_count_is_refused_and_decided_again(url, wire, tmp_path):
+    execution_id, outcome = _chain_at_third(url, tmp_path)
+    with transaction(url) as conn:  # a decision without variables moved pending, not the version
+        conn.execute(
+            text("UPDATE noetl_execution SET pending = pending + 1 WHERE execution_id = :e"), {"e": execution_id}
+        )
+    wire.clear()
+    assert orchestrator.handle_event(url, outcome) == []
+    assert wire.queries[0].startswith("failed: WITH bumped AS") and "status = 'completed'" in wire.queries[0]
+    assert "ROLLBACK" in wire.queries
+    row = _execution_row(url, execution_id)
+    assert (row.status, row.pending) == ("running", 1)  # the other unit is still pending
+    kinds = _event_types(url, execution_id)
+    assert "execution.completed" not in kinds and kinds.count("step.completed") == 3
+
+
+def test_a_redelivered_step_outcome_is_refused_by_the_strict_write_and_replayed(url, wire, tmp_path):
+    execution_id, first = _chain_started(url, tmp_path)
+    outcome = attempt(url, first)
+    [second] = orchestrator.handle_event(url, outcome)
+    before = _execution_row(url, execution_id)
+    wire.clear()
+    [again] = orchestrator.handle_event(url, outcome)
+    assert again.message["replay"] and again.message["step"] == second.message["step"]
+    assert wire.queries[0].startswith("failed: WITH bumped AS") and "ROLLBACK" in wire.queries
+    after = _execution_row(url, execution_id)
+    assert (after.pending, after.state_version) == (before.pending, before.state_version)
+    assert _event_types(url, execution_id).count("step.completed") == 1
+
+
+def test_submit_records_the_execution_and_its_start_in_two_round_trips(url, wire, tmp_path, monkeypatch):
+    from noetl_celery import app as app_module
+    from noetl_celery import runner
+    from noetl_celery import settings as noetl_settings
+
+    path = tmp_path / "chain.yaml"
+    path.write_text(CHAIN)
+    plan = compile_playbook(path)
+    published: list[Dispatch] = []
+    monkeypatch.setattr(app_module, "publish", lambda dispatches, **_: published.extend(dispatches))
+    settings = noetl_settings.load({"NOETL_DATABASE_URL": url})
+    runner.submit(plan, settings)  # the first: the schema check reads the store once per process
+    wire.clear()
+    execution_id = runner.submit(plan, settings)
+    first, second = wire.queries
+    assert first.startswith("BEGIN; INSERT INTO noetl_execution")
+    assert second.startswith("INSERT INTO noetl_event") and second.endswith("; COMMIT")
+    assert [d.message["step"] for d in published] == ["start", "start"]
+    assert _event_types(url, execution_id) == ["execution.started", "step.started", "action.started"]

@@ -204,7 +204,7 @@ def test_a_decisions_rows_and_variables_are_written_together_and_a_redelivery_wr
     ]
     variables = {"result": {"start": {"b": 1, "a": 2}}, "vars": {"token": "plain"}}
     with transaction(url) as conn:
-        new, stored = repo.record_decision(conn, rows, variables)
+        new, stored, _ = repo.record_decision(conn, rows, variables)
     assert new
     assert {scope: by_name(values) for scope, values in stored.items()} == {
         "result": {"start": [("a", 2), ("b", 1)] if url.startswith("postgresql") else [("b", 1), ("a", 2)]},
@@ -212,7 +212,7 @@ def test_a_decisions_rows_and_variables_are_written_together_and_a_redelivery_wr
     }
     again = [{**rows[0], "event_id": "k0"}, {"execution_id": execution_id, "event_id": "fresh", "event_type": "t"}]
     with pytest.raises(RuntimeError), transaction(url) as conn:  # the caller rolls back a refused decision
-        new, stored = repo.record_decision(conn, again, {"vars": {"token": "second"}})
+        new, stored, _ = repo.record_decision(conn, again, {"vars": {"token": "second"}})
         assert (new, stored) == (False, {})
         raise RuntimeError("roll back")
     with transaction(url) as conn:

@@ -42,6 +42,9 @@ class ExecutionState:
     vars: dict[str, Any] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)
     task_results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the pending count as last seen at `version` (None: unknown). Decisions without variables
+    # change it without a new version, so it is a guess: a strict write checks it (Decider.flush)
+    pending: int | None = None
 
     def load_variables(self, scopes: dict[str, dict[str, Any]], version: int) -> None:
         self.ctx = {**self.plan.ctx, **scopes.get("ctx", {})}
@@ -94,18 +97,28 @@ class StateCache:
             fresh.load_variables({}, min_version)
         else:
             fresh.load_variables(loaded["variables"], loaded["state_version"])
+            fresh.pending = loaded["pending"]
         self._keep(url, fresh)
         return fresh
 
-    def advance(self, url: str, state: ExecutionState, version: int, written: dict[str, dict[str, Any]]) -> None:
+    def advance(
+        self,
+        url: str,
+        state: ExecutionState,
+        version: int,
+        written: dict[str, dict[str, Any]],
+        pending: int | None = None,
+    ) -> None:
         """Keep the state a decision of this process committed: `state` as it read it, with the
-        variables it `written` (as stored), at `version`, the one version after `state`'s."""
+        variables it `written` (as stored), at `version`, the one version after `state`'s, with
+        the `pending` count the decision left (None: unknown)."""
         fresh = ExecutionState(state.execution_id, state.plan, state.workload, state.parent_execution_id)
         fresh.ctx = {**state.ctx, **written.get("ctx", {})}
         fresh.vars = {**state.vars, **written.get("vars", {})}
         fresh.results = {**state.results, **written.get("result", {})}
         fresh.task_results = {**state.task_results, **written.get("tasks", {})}
         fresh.version = version
+        fresh.pending = pending
         self._keep(url, fresh)
 
     def _keep(self, url: str, state: ExecutionState) -> None:

@@ -75,6 +75,7 @@ class Decider:
     later_causes: list[str] = field(default_factory=list)  # a batch: the other outcomes' row keys
     written: dict[str, dict[str, Any]] = field(default_factory=dict)  # variables as flush stored them
     written_version: int | None = None  # the state version flush moved the execution to
+    written_pending: int | None = None  # the pending count flush left (None: unknown)
     # a new execution (start_new): flush inserts its row with its counters instead of updating them
     create_row: Callable[[int, int], None] | None = None
     # tool-call times of the iterations of `batch: auto` loops this event reports, per loop run
@@ -675,12 +676,17 @@ class Decider:
         row that exists, raising Redecide (see `repo.record_decision`)."""
         version = self.version
         finished = False
+        bump: repo.Bump | None = None
         if self.create_row is not None or self.pending or self.variables or self.failure is not None:
             step = 1 if self.variables else 0
             deferred, self.deferred = self.deferred, False
             if self.create_row is not None:
                 pending, version = self.pending, self.version + step
                 self.create_row(pending, version)
+            elif deferred and (bump := self._bump_for_write(last, step)) is not None:
+                self.deferred = True  # the write checks the head
+                pending = 1 if bump.expected is None else bump.expected + bump.pending
+                version = self.version + step
             else:
                 pending, version, status = repo.bump_execution(
                     self.connection if deferred else self.conn, self.execution_id, pending=self.pending, version=step
@@ -688,6 +694,7 @@ class Decider:
                 if deferred and (status != "running" or version != self.version + step):
                     raise Redecide()  # the update read the head: it moved on since the cached state
             self.written_version = version
+            self.written_pending = None if bump is not None and bump.expected is None else pending
             if self.running and self.failure is None and pending <= 0:
                 self.record(
                     ev.EXECUTION_COMPLETED,
@@ -695,7 +702,10 @@ class Decider:
                     status="completed",
                     parent_event_id=self.rows[-1]["event_id"] if self.rows else None,
                 )
-                finished = repo.finish_execution(self.conn, self.execution_id, "completed")
+                if bump is not None:
+                    finished = bump.finish  # the write completes it
+                else:
+                    finished = repo.finish_execution(self.conn, self.execution_id, "completed")
         if self.failure is not None:
             repo.finish_execution(
                 self.conn, self.execution_id, "failed", error=self.failure["error"], failed_step=self.failure["step"]
@@ -720,7 +730,7 @@ class Decider:
         head_version = self.version if self.deferred or self.later_count is not None else None
         self.deferred = False
         try:
-            new, self.written = repo.record_decision(
+            recorded = repo.record_decision(
                 self.connection,
                 self.rows,
                 self.variables,
@@ -728,12 +738,36 @@ class Decider:
                 last=last,
                 head_version=head_version,
                 count=self.later_count,
+                bump=bump,
             )
         except repo.Conflict as exc:
             raise Redecide() from exc
-        if not new:
+        if not recorded.new:
             raise DuplicateEvent(causing["event_id"])
+        self.written = recorded.stored
+        if bump is not None and self.variables:  # read back after the commit
+            if recorded.stored:
+                self.written_pending = recorded.pending
+            else:  # a later decision came first: keep_state leaves the state to be read again
+                self.written_version = None
         return dispatches
+
+    def _bump_for_write(self, last: bool, step: int) -> repo.Bump | None:
+        """The execution counters' update the decision's strict last write can make (None: it is
+        made first, and returns the head). A decision that could end the execution needs the
+        pending count: the cached one is expected, and a wrong guess is refused by the write."""
+        if not (last and self.strict and self.failure is None and self.later_count is None):
+            return None
+        if self.pending >= 0:  # an outcome's unit was pending: the count stays above 0
+            return repo.Bump(self.pending, step)
+        known = self.state.pending
+        if known is None or known + self.pending < 0:
+            return None
+        if known + self.pending > 0:
+            return repo.Bump(self.pending, step, expected=known)
+        if self.state.parent_execution_id is not None or self.dispatches:  # a child's end reads its parent
+            return None
+        return repo.Bump(self.pending, step, expected=known, finish=True)
 
     def keep_state(self, url: str) -> None:
         """After the commit: the process's cached state becomes what this decision wrote when it
@@ -742,7 +776,7 @@ class Decider:
         if not self.variables:
             return
         if self.written_version == self.version + 1 and self.state.version == self.version:
-            STATE.advance(url, self.state, self.written_version, self.written)
+            STATE.advance(url, self.state, self.written_version, self.written, self.written_pending)
         else:
             STATE.forget(url, self.execution_id)
 
@@ -848,10 +882,11 @@ def _decide(
 def start_new(conn: Connection, state: ExecutionState, create_row: Callable[[int, int], None]) -> list[Dispatch]:
     """Decide the start of an execution that is created in this same transaction
     (runner.submit): `create_row(pending, state_version)` inserts its row when the decision is
-    written, with the counters the start leaves. Returns what to publish once it commits."""
+    written, with the counters the start leaves. Returns what to publish once it commits.
+    In a `db.decision_transaction` the start's rows are the last write, which commits."""
     decider = Decider(connection=conn, state=state, running=True, version=state.version, create_row=create_row)
     decider.start_execution()
-    return decider.flush()
+    return decider.flush(last=True)
 
 
 def fail_internally(url: str, payload: dict[str, Any], reason: str) -> None:

@@ -375,10 +375,11 @@ def record_decision(
     last: bool = False,
     head_version: int | None = None,
     count: IterationCount | None = None,
-) -> tuple[bool, dict[str, dict[str, Any]]]:
+    bump: Bump | None = None,
+) -> Recorded:
     """A decision's event rows (`insert_events`, the first one must be new) and the variables it
     set, by scope (`put_variables`). Returns whether the rows were new and, when they were, the
-    variables as stored. On PostgreSQL one statement does both when the rows fit one insert (a
+    variables as stored (`Recorded`). On PostgreSQL one statement does both when the rows fit one insert (a
     data-modifying WITH): a round trip less for every decision that sets variables.
 
     `head_version`: the decision has not read the execution head yet; it must be running at this
@@ -393,23 +394,37 @@ def record_decision(
     `count`: a loop iteration the decision counted on the assumption that it is not the loop's
     last (orchestrator `Decider.count_iteration`). The strict statement counts it, and refuses
     (Conflict) when it is the last, or the loop is not as assumed: an iteration's decision is
-    then one statement, which holds the loop row's lock only while it runs."""
+    then one statement, which holds the loop row's lock only while it runs.
+
+    `bump`: the execution counters' update (`bump_execution`) the decision left to this write,
+    on the head at `head_version`. The strict statement makes it, with the variables' upsert,
+    refusing (Conflict) a head that is not running at that version or a pending count that would
+    not stay above 0 (the classic decision then finishes the execution). The variables as stored
+    are read back after the commit, in the same round trip: a step's decision is one round trip.
+    The stored variables, and the pending count, are returned only when no other decision came in
+    between (the state version read back is the one this write set); otherwise none, and the
+    caller reads again."""
     execution_id = rows[0]["execution_id"]
     dialect = conn.dialect
     commit = db.commit_suffix(conn) if last else None
-    if commit is not None and not any(variables.values()) and len(rows) <= INSERT_ROWS_PER_STATEMENT:
-        _strict_insert(conn, rows, head_version, count, commit)
-        return True, {}
-    if count is not None:  # only the strict statement counts it
-        raise Conflict(f"loop {count.run_id}: an iteration counted late needs the one strict statement")
+    if (
+        commit is not None
+        and (bump is not None or not any(variables.values()))
+        and len(rows) <= INSERT_ROWS_PER_STATEMENT
+    ):
+        return _strict_insert(conn, rows, head_version, count, commit, bump, variables)
+    if count is not None or bump is not None:  # only the strict statement makes them
+        raise Conflict(f"execution {execution_id}: a count or bump left to the write needs the one strict statement")
     if head_version is not None:
         head = execution_head(conn, execution_id, deciding=True)
         if not running_at(head, head_version):
             raise Conflict(f"execution {execution_id}: head {head} is not running at version {head_version}")
     if dialect.name != "postgresql" or len(rows) > INSERT_ROWS_PER_STATEMENT or not any(variables.values()):
         if not insert_events(conn, rows, first_must_be_new=True, new_keys=new_keys):
-            return False, {}
-        return True, {scope: put_variables(conn, execution_id, scope, values) for scope, values in variables.items()}
+            return Recorded(False, {})
+        return Recorded(
+            True, {scope: put_variables(conn, execution_id, scope, values) for scope, values in variables.items()}
+        )
     variable_count, params = _variable_rows(dialect, execution_id, variables)
     ((rows_count, event_params),) = _event_chunks(dialect, rows)
     sql = (
@@ -425,8 +440,29 @@ def record_decision(
         else:
             stored[scope][name] = _read(dialect, VARIABLES, "value", value)
     if not _all_new(rows, inserted, True, new_keys):
-        return False, {}
-    return True, stored
+        return Recorded(False, {})
+    return Recorded(True, stored)
+
+
+class Recorded(NamedTuple):
+    """What `record_decision` wrote: whether the rows were new, the variables as stored and, when
+    a strict write made the counters' update and read them back, the pending count it left."""
+
+    new: bool
+    stored: dict[str, dict[str, Any]]
+    pending: int | None = None
+
+
+class Bump(NamedTuple):
+    """The execution counters' update a decision leaves to its strict statement: pending plus
+    `pending` and the state version plus `version`. The pending count must be `expected` before
+    (None: only stay above 0 after); with `finish`, it reaches 0 and the execution completes
+    (as `finish_execution` completes it)."""
+
+    pending: int
+    version: int
+    expected: int | None = None
+    finish: bool = False
 
 
 class IterationCount(NamedTuple):
@@ -449,22 +485,40 @@ def _strict_insert(
     head_version: int | None,
     count: IterationCount | None,
     commit: str,
-) -> None:
+    bump: Bump | None = None,
+    variables: dict[str, dict[str, Any]] | None = None,
+) -> Recorded:
     """`record_decision`'s one strict statement (PostgreSQL). A check that fails (the head, the
-    iteration's count) makes the first row's key NULL, which the column's NOT NULL refuses."""
+    iteration's count, the counters' update) makes the first row's key NULL, which the column's
+    NOT NULL refuses. With `bump` and variables, returns them as stored and the pending count,
+    read back after the commit when the state version is still the one the statement set."""
     dialect = conn.dialect
     ((row_count, params),) = _event_chunks(dialect, rows)
     execution_id = rows[0]["execution_id"]
-    if count is not None:
+    names = [(scope, name) for scope, values in (variables or {}).items() for name in values]
+    if bump is not None:
+        assert head_version is not None and count is None, "a bump is made on an unread head, alone"
+        now = _bound(dialect, EXECUTIONS, "updated_at", utcnow())
+        variable_count, upsert = _variable_rows(dialect, execution_id, variables or {})
+        assert variable_count == len(names)
+        finish = [_bound(dialect, EXECUTIONS, "error", None), now] if bump.finish else []
+        pending = bump.pending if bump.expected is None else bump.expected
+        head = [bump.pending, bump.version, now, *finish, execution_id, head_version, pending]
+        read_back = [part for pair in names for part in pair] + [execution_id] if names else []
+        params = [*head, *upsert, *params, *read_back]
+    elif count is not None:
         assert head_version is not None, "an iteration counted late is decided on an unread head"
         counted = _loop_done_params(dialect, count.run_id, count.ok, count.tolerated)
         params = [execution_id, *counted, count.cap, count.total, head_version, *params]
     elif head_version is not None:
         params = [execution_id, *params[:_EVENT_KEY_AT], head_version, *params[_EVENT_KEY_AT:]]
-    check = "counted" if count is not None else "head" if head_version is not None else None
-    sql = _strict_insert_sql(dialect, row_count, check) + commit
+    if bump is not None:
+        check: str | None = "finished" if bump.finish else "bumped" if bump.expected is None else "bumped.expected"
+    else:
+        check = "counted" if count is not None else "head" if head_version is not None else None
+    sql = _strict_insert_sql(dialect, row_count, check, len(names), commit)
     try:
-        _run(conn, sql, params)
+        cursor = _run(conn, sql, params)
     except DBAPIError as exc:
         diag = getattr(exc.orig, "diag", None)
         if diag is None:
@@ -474,21 +528,44 @@ def _strict_insert(
         if key_exists or check_failed:
             raise Conflict(str(diag.message_primary)) from exc
         raise
+    if not names:
+        return Recorded(True, {})
+    assert bump is not None and head_version is not None
+    version, pending, triples = cursor.fetchone()
+    if version != head_version + bump.version:  # another decision came after this one
+        return Recorded(True, {})
+    stored: dict[str, dict[str, Any]] = {scope: {} for scope in variables or {}}
+    for scope, name, value in triples or ():
+        stored[scope][name] = value
+    return Recorded(True, stored, pending)
 
 
-_strict_sql: dict[tuple[int, str | None], str] = {}
+_strict_sql: dict[tuple[int, str | None, int, str], str] = {}
 _HEAD_MATCHES = "(SELECT status = 'running' AND state_version = ? FROM head)"
+_BUMP_SQL = (
+    "UPDATE noetl_execution SET pending = pending + ?, state_version = state_version + ?, updated_at = ?{finish} "
+    "WHERE execution_id = ? AND status = 'running' AND state_version = ? AND {pending} RETURNING 1"
+)
+_BUMPS = {  # `_strict_insert_sql` checks: the pending check, and what else the update sets
+    "bumped": ("pending + ? > 0", ""),
+    "bumped.expected": ("pending = ?", ""),
+    "finished": ("pending = ?", ", status = 'completed', error = ?, failed_step = NULL, finished_at = ?"),
+}
 
 
-def _strict_insert_sql(dialect: Dialect, rows: int, check: str | None) -> str:
-    """The strict insert of `rows` rows; `check`: None, "head" (the first row's key is NULL unless
-    the head matches) or "counted" (... unless the iteration was counted, the head matching)."""
-    key = (rows, check)
+def _strict_insert_sql(dialect: Dialect, rows: int, check: str | None, variables: int, commit: str) -> str:
+    """The strict insert of `rows` rows, then `commit`; `check`: None, "head" (the first row's key
+    is NULL unless the head matches), "counted" (... unless the iteration was counted, the head
+    matching) or one of `_BUMPS` (... unless the counters' update, at the head's version, was
+    made; the upsert of `variables` variables rides on it, and they are read back after the
+    commit)."""
+    key = (rows, check, variables, commit)
     sql = _strict_sql.get(key)
     if sql is None:
         row = [_placeholders(dialect, 1)] * len(EVENT_COLUMNS)
         first = list(row)
         head = ""
+        after = ""
         if check is not None:
             head = f"WITH head AS ({_HEAD_SQL} FOR KEY SHARE) "
             condition = _HEAD_MATCHES
@@ -499,10 +576,25 @@ def _strict_insert_sql(dialect: Dialect, rows: int, check: str | None) -> str:
                 )
                 head = f"WITH head AS ({_HEAD_SQL} FOR KEY SHARE), counted AS ({counted}) "
                 condition = "EXISTS (SELECT 1 FROM counted)"
+            elif check in _BUMPS:  # `bump_execution`, on the head the decision assumed
+                pending, finish = _BUMPS[check]
+                head = f"WITH bumped AS ({_BUMP_SQL.format(pending=pending, finish=finish)}) "
+                condition = "EXISTS (SELECT 1 FROM bumped)"
+                if variables:
+                    pairs = ", ".join(["(?, ?)"] * variables)
+                    after = (
+                        "; SELECT e.state_version, e.pending, (SELECT "
+                        "json_agg(json_build_array(v.scope, v.name, v.value)) FROM noetl_variable v "
+                        "WHERE v.execution_id = e.execution_id "
+                        f"AND (v.scope, v.name) IN ({pairs})) FROM noetl_execution e WHERE e.execution_id = ?"
+                    )
             head = _dialect_sql(dialect, head)
+            if check in _BUMPS and variables:  # the upsert is in the driver's paramstyle already
+                head = f"{head[:-1]}, v AS ({_variables_upsert_sql(dialect, variables, '1')}) "
+            after = _dialect_sql(dialect, after)
             first[_EVENT_KEY_AT] = _dialect_sql(dialect, f"CASE WHEN {condition} THEN ? END")
         values = ", ".join([f"({', '.join(first)})"] + [f"({', '.join(row)})"] * (rows - 1))
-        sql = f"{head}INSERT INTO noetl_event ({', '.join(EVENT_COLUMNS)}) VALUES {values}"
+        sql = f"{head}INSERT INTO noetl_event ({', '.join(EVENT_COLUMNS)}) VALUES {values}{commit}{after}"
         if len(_strict_sql) < 64:
             _strict_sql[key] = sql
     return sql
@@ -584,9 +676,9 @@ def _variable_rows(dialect: Dialect, execution_id: int, variables: dict[str, dic
 
 
 def read_state(conn: Connection, execution_id: int, *, full: bool) -> dict[str, Any] | None:
-    """An execution's state version and variables by scope (`variables`), and with `full` its plan,
-    workload and parent too: one statement, so one snapshot and one round trip (None: no such
-    execution)."""
+    """An execution's state version, pending count and variables by scope (`variables`), and with
+    `full` its plan, workload and parent too: one statement, so one snapshot and one round trip
+    (None: no such execution)."""
     dialect = conn.dialect
     if dialect.name == "postgresql":
         agg = "json_agg(json_build_array(v.scope, v.name, v.value))"
@@ -596,19 +688,19 @@ def read_state(conn: Connection, execution_id: int, *, full: bool) -> dict[str, 
     sql = _sql(
         dialect,
         "state.full" if full else "state",
-        f"SELECT e.state_version, {columns}, (SELECT {agg} FROM noetl_variable v "
+        f"SELECT e.state_version, e.pending, {columns}, (SELECT {agg} FROM noetl_variable v "
         "WHERE v.execution_id = e.execution_id) FROM noetl_execution e WHERE e.execution_id = ?",
     )
     row = _run(conn, sql, (execution_id,)).fetchone()
     if row is None:
         return None
-    version, plan, workload, parent, triples = row
+    version, pending, plan, workload, parent, triples = row
     if isinstance(triples, str):  # SQLite: the aggregate is JSON text
         triples = json.loads(triples)
     scopes: dict[str, dict[str, Any]] = {}
     for scope, name, value in triples or ():
         scopes.setdefault(scope, {})[name] = value
-    state: dict[str, Any] = {"state_version": version, "variables": scopes}
+    state: dict[str, Any] = {"state_version": version, "pending": pending, "variables": scopes}
     if full:
         state["plan"] = _read(dialect, EXECUTIONS, "plan", plan)
         state["workload"] = _read(dialect, EXECUTIONS, "workload", workload)
