@@ -142,10 +142,12 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
         refuse_message(execution_id, {"task": message}, exc)
         return f"refused: {exc}"
     run = worker.execute_batch if task_message.batch else worker.execute
+    url = current_settings().database_url
     try:
-        payload = run(
-            current_settings().database_url, task_message, queue_id=self.request.id, node=self.request.hostname
-        )
+        if _redelivered(self.request) and not task_message.replay and worker.already_done(url, task_message):
+            publish(orchestrator.replay(url, task_message.execution_id, task_message.outcome_key()))
+            return "redelivered: this attempt was already recorded; its decision was sent again"
+        payload = run(url, task_message, queue_id=self.request.id, node=self.request.hostname)
     except DBAPIError as exc:
         _store_delay(task_message, exc, _timeout_of(self.request))
         return "delayed: the event store is unavailable"
@@ -157,6 +159,13 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
     else:
         send_event(payload)
     return verdict.conclude(payload, decided, raise_failures=not app.conf.noetl_embedded)
+
+
+def _redelivered(request: Any) -> bool:
+    """Whether the broker delivered this message before (RabbitMQ's flag; kombu's Redis transport
+    sets it on the messages it restores). A worker that died between an attempt's recorded
+    decision and the acknowledgement leaves such a message: its tool must not run again."""
+    return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
 
 
 def _timeout_of(request: Any) -> float:
