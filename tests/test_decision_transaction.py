@@ -18,28 +18,11 @@ from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
 from noetl_celery.store.db import commit_suffix, decision_transaction, get_engine, migrate, transaction
+from tests.support.playbooks import retry_once
 
 LOOP = Path(__file__).resolve().parent / "playbooks" / "loop_many.yaml"
 
-RETRY_ONCE = """
-apiVersion: noetl.io/v10
-kind: Playbook
-metadata: {name: decision_retry_once}
-workflow:
-  - step: start
-    tool:
-      kind: python
-      args: {attempt: "{{ _attempt }}"}
-      code: |
-        if int(attempt) < 2:
-            raise ValueError("first attempt fails")
-        result = int(attempt)
-      spec:
-        policy:
-          rules:
-            - when: "{{ outcome.status == 'error' }}"
-              then: {do: retry, attempts: 2, backoff: fixed, delay: 0}
-"""
+RETRY_ONCE = retry_once("decision_retry_once")
 
 CHAIN = """
 apiVersion: noetl.io/v10

@@ -13,6 +13,7 @@ from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
 from noetl_celery.store.db import migrate, transaction
+from tests.support.playbooks import retry_once
 
 LOOP = Path(__file__).resolve().parent / "playbooks" / "loop_many.yaml"
 
@@ -244,3 +245,28 @@ def test_iterations_finishing_out_of_order_send_each_index_once_under_the_cap(ur
         variables = repo.load_variables(conn, execution_id)
     assert head["status"] == "completed" and ends == 1
     assert variables["result"]["work"]["results"] == [2 * i for i in range(10)]  # in collection order
+
+
+RETRY_LATER = retry_once("replayed_backoff", delay=30, then="second")
+
+
+def test_a_replayed_retry_keeps_its_backoff_and_its_delayed_original_is_dropped_once_it_ran(url, tmp_path):
+    path = tmp_path / "retry_later.yaml"
+    path.write_text(RETRY_LATER)
+    execution_id = create_execution(compile_playbook(path), url)
+    [first] = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    failed = attempt(url, first)
+    [retry] = orchestrator.handle_event(url, failed)
+    assert retry.countdown == 30 and retry.message["delayed"] and not retry.message.get("replay")
+
+    [replayed] = orchestrator.handle_event(url, failed)  # the failed attempt's event, delivered again
+    assert replayed.message["replay"] and replayed.message["attempt"] == 2
+    assert 25 < replayed.countdown <= 30  # what is left of the backoff, not due at once
+
+    # whichever of the two runs first is the one attempt: the other finds it recorded, while the
+    # execution still runs
+    [second] = orchestrator.handle_event(url, attempt(url, replayed))
+    assert worker.execute(url, TaskMessage.from_dict(retry.message)) is None
+    assert orchestrator.handle_event(url, attempt(url, second)) == []
+    counted = kinds(url, execution_id)
+    assert counted["action.completed"] == 2 and counted["execution.completed"] == 1

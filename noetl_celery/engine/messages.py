@@ -249,8 +249,10 @@ class Dispatch:
     def with_version(self, version: int) -> Dispatch:
         return replace(self, message={**self.message, "version": version})
 
-    def as_replay(self) -> Dispatch:
-        return replace(self, message={**self.message, "replay": True}, countdown=0.0)
+    def as_replay(self, countdown: float = 0.0) -> Dispatch:
+        """This dispatch sent again, flagged `replay` (its receiver skips an attempt that is
+        recorded), due in `countdown` seconds (what is left of its own wait; 0: now)."""
+        return replace(self, message={**self.message, "replay": True}, countdown=countdown)
 
     def to_dict(self) -> dict[str, Any]:
         return {

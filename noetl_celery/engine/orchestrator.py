@@ -12,9 +12,10 @@ One call handles one event in one database transaction:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection
@@ -919,11 +920,22 @@ def fail_internally(url: str, payload: dict[str, Any], reason: str) -> None:
 
 
 def replay(url: str, execution_id: int, key: str) -> list[Dispatch]:
-    """A redelivered event: publish again what its first delivery decided (receivers dedupe)."""
+    """A redelivered event: publish again what its first delivery decided (receivers dedupe). A
+    message decided with a countdown keeps what is left of it: a retry's backoff still holds."""
     with transaction(url) as conn:
         row = repo.find_event(conn, execution_id, key)
     stored = ((row or {}).get("meta") or {}).get("dispatch") or []
-    return [Dispatch.from_dict(d).as_replay() for d in stored]
+    decided = (row or {}).get("created_at")
+    if isinstance(decided, datetime):
+        decided = decided if decided.tzinfo is not None else decided.replace(tzinfo=UTC)  # SQLite: naive UTC
+        elapsed = (repo.utcnow() - decided).total_seconds()
+    else:
+        elapsed = math.inf
+    replayed = []
+    for d in stored:
+        dispatch = Dispatch.from_dict(d)
+        replayed.append(dispatch.as_replay(countdown=max(dispatch.countdown - elapsed, 0.0)))
+    return replayed
 
 
 def start_payload(execution_id: int) -> dict[str, Any]:

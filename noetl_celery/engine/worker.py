@@ -143,6 +143,16 @@ def already_done(url: str, message: TaskMessage) -> bool:
         return repo.event_exists(conn, message.execution_id, key)
 
 
+def still_wanted(url: str, message: TaskMessage) -> bool:
+    """A delayed message that came due: False once its execution has ended, or when its attempt
+    was recorded meanwhile (a replay of its decision ran it first). One transaction."""
+    with transaction(url) as conn:
+        head = repo.execution_head(conn, message.execution_id)
+        if head is None or head["status"] != "running":
+            return False
+        return not repo.event_exists(conn, message.execution_id, message.outcome_key())
+
+
 def still_running(url: str, execution_id: int) -> bool:
     """False once the execution has ended (completed, failed, cancelled) or is unknown."""
     with transaction(url) as conn:
@@ -154,11 +164,12 @@ def execute(
     url: str, message: TaskMessage, *, queue_id: str | None = None, node: str | None = None
 ) -> dict[str, Any] | None:
     """Run one attempt; returns the on_event payload (None for a replay of a finished attempt, or
-    a delayed message of an execution that ended meanwhile: it is dropped).
+    a delayed message of an execution that ended, or of an attempt recorded, meanwhile: it is
+    dropped).
     `node` is the Celery node name of the worker (the task request's hostname)."""
     if message.replay and already_done(url, message):
         return None
-    if message.delayed and not still_running(url, message.execution_id):
+    if message.delayed and not still_wanted(url, message):
         return None
     return run_attempt(url, message, queue_id=queue_id, node=node)
 
