@@ -47,20 +47,22 @@ workflow:
 
 
 def _redeliver(settings: noetl_settings.Settings, execution_id: int, message: dict) -> None:
-    """Publish the attempt's message, take it as a consumer, and go away without acknowledging it."""
+    """Publish the attempt's message, take it as a consumer, and go away without acknowledging it.
+    One connection of its own: kombu's pools are shared by every app on the same broker URL."""
     app = Celery("redelivery-test")
     configure(app, settings)
-    try:
+    with app.connection_for_write() as conn:
         app.send_task(
-            RUN_TASK, kwargs={"execution_id": execution_id, "message": wire(message)}, queue=settings.task_queue
+            RUN_TASK,
+            kwargs={"execution_id": execution_id, "message": wire(message)},
+            queue=settings.task_queue,
+            producer=conn.Producer(),
         )
-        with app.connection_for_write() as conn:
-            queue = conn.SimpleQueue(settings.task_queue)
-            taken = queue.get(timeout=10)
-            assert taken.delivery_info.get("redelivered") in (None, False)  # its first delivery
-            queue.close()  # unacknowledged: back to the queue, flagged
-    finally:
-        app.pool.force_close_all()
+        queue = conn.SimpleQueue(settings.task_queue)
+        taken = queue.get(timeout=10)
+        assert taken.delivery_info.get("redelivered") in (None, False)  # its first delivery
+        queue.close()
+    # the connection is closed with the message unacknowledged: back to the queue, flagged
 
 
 @on_both_brokers
