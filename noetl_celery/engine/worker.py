@@ -11,6 +11,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any, cast
 
+from sqlalchemy import Connection
+
 from noetl_celery import credentials, limits, secret_registry
 from noetl_celery.dsl.plan import Sink, Task
 from noetl_celery.engine import deadlines, process
@@ -147,16 +149,19 @@ def still_wanted(url: str, message: TaskMessage) -> bool:
     """A delayed message that came due: False once its execution has ended, or when its attempt
     was recorded meanwhile (a replay of its decision ran it first). One transaction."""
     with transaction(url) as conn:
-        head = repo.execution_head(conn, message.execution_id)
-        if head is None or head["status"] != "running":
-            return False
-        return not repo.event_exists(conn, message.execution_id, message.outcome_key())
+        return _running(conn, message.execution_id) and not repo.event_exists(
+            conn, message.execution_id, message.outcome_key()
+        )
 
 
 def still_running(url: str, execution_id: int) -> bool:
     """False once the execution has ended (completed, failed, cancelled) or is unknown."""
     with transaction(url) as conn:
-        head = repo.execution_head(conn, execution_id)
+        return _running(conn, execution_id)
+
+
+def _running(conn: Connection, execution_id: int) -> bool:
+    head = repo.execution_head(conn, execution_id)
     return head is not None and head["status"] == "running"
 
 

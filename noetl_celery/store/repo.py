@@ -379,8 +379,8 @@ def record_decision(
 ) -> Recorded:
     """A decision's event rows (`insert_events`, the first one must be new) and the variables it
     set, by scope (`put_variables`). Returns whether the rows were new and, when they were, the
-    variables as stored (`Recorded`). On PostgreSQL one statement does both when the rows fit one insert (a
-    data-modifying WITH): a round trip less for every decision that sets variables.
+    variables as stored (`Recorded`). On PostgreSQL one statement does both when the rows fit one
+    insert (a data-modifying WITH): a round trip less for every decision that sets variables.
 
     `head_version`: the decision has not read the execution head yet; it must be running at this
     state version (locked FOR KEY SHARE as `execution_head(deciding=True)` does), else Conflict.
@@ -464,6 +464,11 @@ class Bump(NamedTuple):
     expected: int | None = None
     finish: bool = False
 
+    @property
+    def check(self) -> str:
+        """Its `_BUMPS` entry: the pending check and what else the update sets."""
+        return "finished" if self.finish else "bumped" if self.expected is None else "bumped.expected"
+
 
 class IterationCount(NamedTuple):
     """A loop iteration to count in a decision's strict statement, with the loop's cap and total
@@ -513,7 +518,7 @@ def _strict_insert(
     elif head_version is not None:
         params = [execution_id, *params[:_EVENT_KEY_AT], head_version, *params[_EVENT_KEY_AT:]]
     if bump is not None:
-        check: str | None = "finished" if bump.finish else "bumped" if bump.expected is None else "bumped.expected"
+        check: str | None = bump.check
     else:
         check = "counted" if count is not None else "head" if head_version is not None else None
     sql = _strict_insert_sql(dialect, row_count, check, len(names), commit)
@@ -546,6 +551,7 @@ _BUMP_SQL = (
     "UPDATE noetl_execution SET pending = pending + ?, state_version = state_version + ?, updated_at = ?{finish} "
     "WHERE execution_id = ? AND status = 'running' AND state_version = ? AND {pending} RETURNING 1"
 )
+_PG_VARIABLES = "json_agg(json_build_array(v.scope, v.name, v.value))"  # variables v as [scope, name, value]
 _BUMPS = {  # `_strict_insert_sql` checks: the pending check, and what else the update sets
     "bumped": ("pending + ? > 0", ""),
     "bumped.expected": ("pending = ?", ""),
@@ -583,10 +589,9 @@ def _strict_insert_sql(dialect: Dialect, rows: int, check: str | None, variables
                 if variables:
                     pairs = ", ".join(["(?, ?)"] * variables)
                     after = (
-                        "; SELECT e.state_version, e.pending, (SELECT "
-                        "json_agg(json_build_array(v.scope, v.name, v.value)) FROM noetl_variable v "
-                        "WHERE v.execution_id = e.execution_id "
-                        f"AND (v.scope, v.name) IN ({pairs})) FROM noetl_execution e WHERE e.execution_id = ?"
+                        f"; SELECT e.state_version, e.pending, (SELECT {_PG_VARIABLES} FROM noetl_variable v "
+                        f"WHERE v.execution_id = e.execution_id AND (v.scope, v.name) IN ({pairs})) "
+                        "FROM noetl_execution e WHERE e.execution_id = ?"
                     )
             head = _dialect_sql(dialect, head)
             if check in _BUMPS and variables:  # the upsert is in the driver's paramstyle already
@@ -681,7 +686,7 @@ def read_state(conn: Connection, execution_id: int, *, full: bool) -> dict[str, 
     (None: no such execution)."""
     dialect = conn.dialect
     if dialect.name == "postgresql":
-        agg = "json_agg(json_build_array(v.scope, v.name, v.value))"
+        agg = _PG_VARIABLES
     else:  # SQLite stores JSON as text: json() reads it back as JSON inside the array
         agg = "json_group_array(json_array(v.scope, v.name, json(v.value)))"
     columns = "e.plan, e.workload, e.parent_execution_id" if full else "NULL, NULL, NULL"
