@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, signals
@@ -24,7 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from noetl_celery import publisher, redis_transport, secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, attempt_shadow, event_shadow, execution_kwargsrepr
-from noetl_celery.engine import deadlines, orchestrator, process, sweeper, verdict, worker
+from noetl_celery.engine import deadlines, eager, orchestrator, process, sweeper, verdict, worker
 from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.store import check as store_check
@@ -134,18 +135,23 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
     default: one message per attempt), or sent to the on_event queue when it is `queue`. An event
     store that is down or busy delays the attempt like on_event's events (see `_store_delay`).
     Only then is Celery told how the attempt went (engine/verdict.py): a failed attempt raises
-    AttemptFailed (or a Retry), after its decision is recorded and published.
+    AttemptFailed (or a Retry), after its decision is recorded and published. With
+    NOETL_EAGER_WINDOW, an attempt due now that the decision dispatches may run here first
+    (engine/eager.py); Celery is still told about this message's own attempt.
     """
+    started = time.monotonic()
     try:
         task_message = TaskMessage.from_dict(message)
     except MessageError as exc:
         refuse_message(execution_id, {"task": message}, exc)
         return f"refused: {exc}"
     run = worker.execute_batch if task_message.batch else worker.execute
-    url = current_settings().database_url
+    settings = current_settings()
+    url = settings.database_url
     try:
         if _redelivered(self.request) and not task_message.replay and worker.already_done(url, task_message):
-            publish(orchestrator.replay(url, task_message.execution_id, task_message.outcome_key()))
+            key = task_message.outcome_key()
+            publish(orchestrator.replay(url, task_message.execution_id, key, ran_by=self.request.id))
             return "redelivered: this attempt was already recorded; its decision was sent again"
         payload = run(url, task_message, queue_id=self.request.id, node=self.request.hostname)
     except DBAPIError as exc:
@@ -154,11 +160,30 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
     if payload is None:
         return "replay: this attempt was already recorded"
     decided: list[Dispatch] | None = None
-    if current_settings().event_dispatch == "inline":
-        decided = process_event(payload)
+    if settings.event_dispatch == "inline":
+        window = eager.window_of(self.request, settings.eager_window, started)
+        decided, taken = decide(payload, window.take if window else None)
+        if window is not None and taken is not None:
+            _run_eagerly(taken, window, self.request)
     else:
         send_event(payload)
     return verdict.conclude(payload, decided, raise_failures=not app.conf.noetl_embedded)
+
+
+def _run_eagerly(taken: Dispatch, window: eager.Window, request: Any) -> None:
+    """Run, here, the attempt a decision of this message took (engine/eager.py), then the one its
+    decision takes, and so on. Each is decided and published like any other attempt."""
+    url = current_settings().database_url
+    dispatch: Dispatch | None = taken
+    while dispatch is not None:
+        message = TaskMessage.from_dict(dispatch.message)
+        try:
+            payload = worker.run_attempt(url, message, queue_id=request.id, node=request.hostname)
+        except DBAPIError as exc:
+            _store_delay(message, exc, dispatch.timeout)
+            return
+        decided, dispatch = decide(payload, window.take)
+        log.info("ran eagerly: %s", verdict.conclude(payload, decided, raise_failures=False))
 
 
 def _redelivered(request: Any) -> bool:
@@ -172,7 +197,9 @@ def _timeout_of(request: Any) -> float:
     """The attempt's timeout, read back from the soft time limit its message carries."""
     limits = getattr(request, "timelimit", None) or (None, None)
     soft = limits[1] if len(limits) > 1 else None
-    return float(soft) - deadlines.SOFT_LIMIT_GRACE if soft else deadlines.DEFAULT_TIMEOUT
+    if not soft:
+        return deadlines.DEFAULT_TIMEOUT
+    return float(soft) - deadlines.SOFT_LIMIT_GRACE - current_settings().eager_window
 
 
 def _store_delay(message: TaskMessage, exc: DBAPIError, timeout: float) -> None:
@@ -222,11 +249,19 @@ def refuse_message(execution_id: int, payload: dict[str, Any], exc: MessageError
 
 
 def process_event(event: dict[str, Any]) -> list[Dispatch] | None:
-    """on_event's body. A database that is down or busy delays the event (it is sent again to the
-    on_event queue with a growing countdown); any other failure fails the execution, recorded.
-    Raises PublishFailed when the decision is recorded but its messages could not be sent: the
-    sweeper sends them from the stored dispatch list when their deadline passes. Returns what was
-    decided and published (None when the event was delayed or failed)."""
+    """on_event's body: `decide`, with every decided message published."""
+    return decide(event)[0]
+
+
+def decide(
+    event: dict[str, Any], take: Callable[[list[Dispatch]], Dispatch | None] | None = None
+) -> tuple[list[Dispatch] | None, Dispatch | None]:
+    """Record one event and publish what it decides. A database that is down or busy delays the
+    event (it is sent again to the on_event queue with a growing countdown); any other failure
+    fails the execution, recorded. Raises PublishFailed when the decision is recorded but its
+    messages could not be sent: the sweeper sends them from the stored dispatch list when their
+    deadline passes. Returns what was decided (None when the event was delayed or failed) and the
+    dispatch `take` chose to run in this process (engine/eager.py), which is not published."""
     url = current_settings().database_url
     try:
         dispatches = orchestrator.handle_event(url, event)
@@ -234,23 +269,24 @@ def process_event(event: dict[str, Any]) -> list[Dispatch] | None:
         tries = int(event.get("tries", 0)) + 1
         if tries > EVENT_DB_RETRIES:
             orchestrator.fail_internally(url, event, f"event store unavailable: {exc.orig!r}")
-            return None
+            return None, None
         delay = min(2**tries * 0.1, EVENT_DB_MAX_WAIT)
         log.warning("event store error, event delayed %.1fs (try %d): %s", delay, tries, exc.orig)
         send_event({**event, "tries": tries}, countdown=delay)
-        return None
+        return None, None
     except Exception as exc:
         log.exception("on_event failed")
         orchestrator.fail_internally(url, event, f"{type(exc).__name__}: {exc}")
-        return None
+        return None, None
+    taken = take(dispatches) if take is not None else None
     try:
-        publish(dispatches)
+        publish([d for d in dispatches if d is not taken])
     except Exception as exc:
         if isinstance(exc, PublishFailed):
             raise
         log.error("publish failed after the decision was recorded (execution %s): %s", event.get("execution_id"), exc)
         raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
-    return dispatches
+    return dispatches, taken
 
 
 def send_event(payload: dict[str, Any], countdown: float = 0.0, retry_policy: dict[str, Any] | None = None) -> None:
@@ -295,7 +331,7 @@ def publish(dispatches: list[Dispatch], due: float | None = None, retry_policy: 
             continue
         message = TaskMessage.from_dict(dispatch.message)
         shadow = attempt_shadow(dispatch.label or message.step)  # playbook:step: few names, per-name stats
-        soft, hard = deadlines.time_limits(dispatch.timeout)
+        soft, hard = deadlines.time_limits(dispatch.timeout, settings.eager_window)
         kwargs = {"execution_id": message.execution_id, "message": wire(dispatch.message)}
         if wait <= 0:  # due now: Celery's message, without send_task's per-call work
             publisher.send_task(

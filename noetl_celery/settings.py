@@ -72,6 +72,9 @@ LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limi
 WHOLE_LIMITS = frozenset(LIMIT_DEFAULTS) - {TEMPLATE_TIMEOUT_ENV}  # counts of bytes or nodes
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) holding the package
 MASK = "***"
+# seconds; an attempt's time limits grow by the window, which its lease's margin absorbs
+# (engine/deadlines.py, OUTCOME_MARGIN)
+MAX_EAGER_WINDOW = 5.0
 
 
 @dataclass(frozen=True, repr=False)
@@ -91,6 +94,7 @@ class Settings:
     sweep_interval: float = DEFAULT_SWEEP_INTERVAL
     max_republishes: int = DEFAULT_MAX_REPUBLISHES
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    eager_window: float = 0.0  # seconds a message may go on running the attempts it decides (0: off)
     consumer_timeout: int = DEFAULT_CONSUMER_TIMEOUT  # RabbitMQ only: the server's consumer_timeout
     corpus_dir: Path = Path(DEFAULT_CORPUS_DIR)
     duckdb_dir: Path = DEFAULT_DUCKDB_DIR
@@ -139,6 +143,7 @@ class Settings:
             "NOETL_SWEEP_INTERVAL": f"{self.sweep_interval} s",
             "NOETL_MAX_REPUBLISHES": str(self.max_republishes),
             "NOETL_MAX_DELIVERIES": str(self.max_deliveries),
+            "NOETL_EAGER_WINDOW": f"{self.eager_window:g} s" if self.eager_window else "off",
             "NOETL_FLOWER_URL": mask_url(self.flower_url) if self.flower_url else "(none)",
             "NOETL_DASHBOARD_TOKEN": MASK if self.dashboard_token else "(none)",
             MAX_RESULT_BYTES_ENV: f"{self.max_result_bytes} bytes",
@@ -200,6 +205,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             sweep_interval=_float(env, "NOETL_SWEEP_INTERVAL", DEFAULT_SWEEP_INTERVAL),
             max_republishes=_int(env, "NOETL_MAX_REPUBLISHES", DEFAULT_MAX_REPUBLISHES),
             max_deliveries=_int(env, "NOETL_MAX_DELIVERIES", DEFAULT_MAX_DELIVERIES),
+            eager_window=_float(env, "NOETL_EAGER_WINDOW", 0.0),
             consumer_timeout=consumer_timeout,
             corpus_dir=_corpus_dir(env),
             duckdb_dir=Path(env.get(DUCKDB_DIR_ENV) or DEFAULT_DUCKDB_DIR),
@@ -306,6 +312,12 @@ def is_amqp(broker_url: str | None) -> bool:
 
 def check(settings: Settings) -> Settings:
     """Settings that contradict each other are refused with what to change."""
+    if not 0 <= settings.eager_window <= MAX_EAGER_WINDOW:
+        raise ConfigurationError(
+            f"NOETL_EAGER_WINDOW must be between 0 (off) and {MAX_EAGER_WINDOW:g} seconds, got "
+            f"{settings.eager_window:g}: it is how long one message may go on running the attempts it "
+            "decides, and the broker holds the message unacknowledged meanwhile"
+        )
     if settings.amqp_broker:
         if settings.consumer_timeout <= 0:
             raise ConfigurationError(

@@ -830,7 +830,8 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
         decider, dispatches = decided
     except DuplicateEvent as dup:
         STATE.forget(url, execution_id)
-        return replay(url, execution_id, str(dup))
+        ran_by = (payload.get("report") or {}).get("queue_id")  # a redelivered message's Celery task id
+        return replay(url, execution_id, str(dup), ran_by=ran_by)
     except Exception:
         STATE.forget(url, execution_id)  # the in-memory state saw writes that were rolled back
         raise
@@ -919,23 +920,41 @@ def fail_internally(url: str, payload: dict[str, Any], reason: str) -> None:
     STATE.forget(url, execution_id)
 
 
-def replay(url: str, execution_id: int, key: str) -> list[Dispatch]:
+def replay(url: str, execution_id: int, key: str, *, ran_by: str | None = None) -> list[Dispatch]:
     """A redelivered event: publish again what its first delivery decided (receivers dedupe). A
-    message decided with a countdown keeps what is left of it: a retry's backoff still holds."""
-    with transaction(url) as conn:
-        row = repo.find_event(conn, execution_id, key)
-    stored = ((row or {}).get("meta") or {}).get("dispatch") or []
-    decided = (row or {}).get("created_at")
-    if isinstance(decided, datetime):
-        decided = decided if decided.tzinfo is not None else decided.replace(tzinfo=UTC)  # SQLite: naive UTC
-        elapsed = (repo.utcnow() - decided).total_seconds()
-    else:
-        elapsed = math.inf
+    message decided with a countdown keeps what is left of it: a retry's backoff still holds.
+    `ran_by`: the Celery task id of a redelivered message, which may have run attempts of its own
+    decisions itself (engine/eager.py): an attempt recorded with that id as its queue_id is not
+    sent again; its decision is replayed in its place, and so on to the attempts not recorded."""
     replayed = []
-    for d in stored:
-        dispatch = Dispatch.from_dict(d)
-        replayed.append(dispatch.as_replay(countdown=max(dispatch.countdown - elapsed, 0.0)))
+    followed: set[str] = set()
+    with transaction(url) as conn:
+        rows = [repo.find_event(conn, execution_id, key)]
+        while rows:
+            row = rows.pop()
+            elapsed = _since(row)
+            for stored in ((row or {}).get("meta") or {}).get("dispatch") or []:
+                dispatch = Dispatch.from_dict(stored)
+                if ran_by is not None and dispatch.kind == "run":
+                    attempt = dispatch.attempt_key()
+                    if attempt in followed:
+                        continue
+                    outcome = repo.find_event(conn, execution_id, attempt + ".done")
+                    if outcome is not None and outcome.get("queue_id") == ran_by:
+                        followed.add(attempt)
+                        rows.append(outcome)
+                        continue
+                replayed.append(dispatch.as_replay(countdown=max(dispatch.countdown - elapsed, 0.0)))
     return replayed
+
+
+def _since(row: dict[str, Any] | None) -> float:
+    """Seconds since an event row was decided (infinite when unknown)."""
+    decided = (row or {}).get("created_at")
+    if not isinstance(decided, datetime):
+        return math.inf
+    decided = decided if decided.tzinfo is not None else decided.replace(tzinfo=UTC)  # SQLite: naive UTC
+    return (repo.utcnow() - decided).total_seconds()
 
 
 def start_payload(execution_id: int) -> dict[str, Any]:

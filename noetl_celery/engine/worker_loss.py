@@ -2,9 +2,11 @@
 
 Decides, for a run_task message:
 - its pool process died (os._exit, a segfault, an OOM kill): the delivery is counted as an
-  `attempt.worker_lost` row; below NOETL_MAX_DELIVERIES the message goes back to the queue (a
-  killed process must not lose the task), at the limit it is acknowledged and the attempt gets
-  the outcome `worker_lost` (an ordinary failed attempt: the retry policy applies);
+  `attempt.worker_lost` row (unless the message's own attempt is recorded: it died in an attempt
+  the message ran eagerly, engine/eager.py, and the message goes back to the queue uncounted);
+  below NOETL_MAX_DELIVERIES the message goes back to the queue (a killed process must not lose
+  the task), at the limit it is acknowledged and the attempt gets the outcome `worker_lost` (an
+  ordinary failed attempt: the retry policy applies);
 - its hard time limit killed the pool process: the attempt gets the outcome `timeout`.
 If the event store cannot be reached here, Celery's own handling applies (requeue on loss); the
 sweeper ends what stays without an outcome.
@@ -22,6 +24,7 @@ from sqlalchemy import and_, select
 
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.engine.sweeper import lost_outcome
+from noetl_celery.engine.worker import already_done
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
 
@@ -109,6 +112,10 @@ class AttemptRequest(Request):
 
         settings = current_settings()
         try:
+            if already_done(settings.database_url, TaskMessage.from_dict(message)):
+                # it died in an attempt the message went on to run (engine/eager.py): requeued
+                # uncounted, its redelivery sends that attempt again
+                return False
             count = count_loss(settings.database_url, message, reason)
         except Exception as err:
             log.warning("could not count a lost delivery (%s); the message is requeued", err)

@@ -18,32 +18,8 @@ from noetl_celery.engine.messages import TaskMessage, wire
 from noetl_celery.runner import create_execution, wait
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
+from tests.support.playbooks import marked_chain
 from tests.support.services import on_both_brokers
-
-MARKED = """
-apiVersion: noetl.io/v10
-kind: Playbook
-metadata: {name: redelivered_attempt}
-workload: {marks: ""}
-workflow:
-  - step: start
-    tool:
-      kind: python
-      args: {marks: "{{ marks }}"}
-      code: |
-        with open(marks, "a") as f:
-            f.write("start\\n")
-        result = 1
-    next: {arcs: [{step: second}]}
-  - step: second
-    tool:
-      kind: python
-      args: {marks: "{{ marks }}"}
-      code: |
-        with open(marks, "a") as f:
-            f.write("second\\n")
-        result = 2
-"""
 
 
 def _redeliver(settings: noetl_settings.Settings, execution_id: int, message: dict) -> None:
@@ -69,7 +45,7 @@ def _redeliver(settings: noetl_settings.Settings, execution_id: int, message: di
 def test_a_redelivered_attempt_that_was_recorded_does_not_run_again(broker, env, store_url, worker_factory, tmp_path):
     marks = tmp_path / "marks.txt"
     playbook = tmp_path / "marked.yaml"
-    playbook.write_text(MARKED)
+    playbook.write_text(marked_chain("redelivered_attempt", ["start", "second"]))
     plan = compile_playbook(playbook, overrides={"marks": str(marks)})
     execution_id = create_execution(plan, store_url)
     [first] = orchestrator.handle_event(store_url, orchestrator.start_payload(execution_id))

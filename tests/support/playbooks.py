@@ -1,6 +1,9 @@
-"""Playbooks the tests build with a parameter the DSL does not template (a retry's delay)."""
+"""Playbooks the tests build with a parameter the DSL does not template (a retry's delay, a
+step's timeout)."""
 
 from __future__ import annotations
+
+import textwrap
 
 
 def retry_once(name: str, *, delay: float = 0, then: str | None = None) -> str:
@@ -31,4 +34,33 @@ workflow:
   - step: {then}
     tool: {{kind: python, code: "result = '{then}'"}}
 """
+    return text
+
+
+def marked_chain(name: str, steps: list[str], *, last: str = "", timeout: float | None = None) -> str:
+    """Python steps one after another, each appending its name to the file named by the workload's
+    `marks` when it runs (one line per run). `last`: more code for the last step, which may read
+    the workload's `die_once` too; `timeout`: the last step's timeout (its kind's default if None).
+    """
+    text = f"""
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {{name: {name}}}
+workload: {{marks: "", die_once: ""}}
+workflow:
+"""
+    for index, step in enumerate(steps):
+        final = index == len(steps) - 1
+        code = f'with open(marks, "a") as f:\n    f.write("{step}\\n")\n' + (last if final else "")
+        text += f"""  - step: {step}
+    tool:
+      kind: python
+      args: {{marks: "{{{{ marks }}}}", die_once: "{{{{ die_once }}}}"}}
+      code: |
+{textwrap.indent(code + f"result = {index + 1}", " " * 8)}
+"""
+        if final and timeout is not None:
+            text += f"      timeout: {timeout:g}\n"
+        if not final:
+            text += f"    next: {{arcs: [{{step: {steps[index + 1]}}}]}}\n"
     return text

@@ -1,0 +1,78 @@
+"""Eager attempts: the worker that decided an attempt runs it itself, without a broker hop.
+
+With NOETL_EAGER_WINDOW above 0, a run_task message whose decision dispatches an attempt due now
+goes on to run that attempt in the same job, then the attempt that one's decision dispatches, and
+so on while the message is younger than the window. A zero-delay retry, the next step of a chain
+and a loop's next iteration then cost a decision and no broker round trip. Off by default.
+
+Decides which dispatch of a decision is run here (`Window.take`):
+- a `run` dispatch due now (no countdown) of one attempt: not a batch, not a cursor slot or
+  claim, not a sub-playbook's end, not a replay;
+- while the message is younger than the window;
+- when the attempt's own soft limit fits in what is left of the message's. A message's time
+  limits are raised by the window when it is published (deadlines.time_limits), so an attempt
+  of the same timeout fits for the whole window; an attempt may then be stopped up to the window
+  later than its timeout says.
+The first such dispatch is taken; the decision's other dispatches are published as before.
+
+Each eager attempt is decided and recorded like any other; its rows carry the message's Celery
+task id as `queue_id`. Celery (and Flower) see one task per message, with the verdict of the
+message's own attempt. The message is acknowledged when its job ends: a process that dies during
+an eager attempt leaves it to be delivered again, and its redelivery, whose own attempt is
+recorded, replays the decisions of the attempts this message ran, up to the first one without an
+outcome, which is sent again (orchestrator.replay, `ran_by`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from noetl_celery.engine.deadlines import SOFT_LIMIT_GRACE
+from noetl_celery.engine.messages import Dispatch
+
+
+def eligible(dispatch: Dispatch) -> bool:
+    """A dispatch this process could run itself: one attempt, due now, of this execution."""
+    message = dispatch.message
+    return (
+        dispatch.kind == "run"
+        and dispatch.countdown <= 0
+        and not message.get("batch")
+        and message.get("slot") is None
+        and message.get("child") is None
+        and not message.get("replay")
+        and not message.get("delayed")
+    )
+
+
+@dataclass(frozen=True)
+class Window:
+    """One message's eager window: since when it runs (time.monotonic()), for how many seconds it
+    may take more attempts, and its soft time limit (None: it has none, as on an embedded worker)."""
+
+    started: float
+    seconds: float
+    soft_limit: float | None
+
+    def take(self, dispatches: list[Dispatch]) -> Dispatch | None:
+        """The dispatch to run here next, if any."""
+        elapsed = time.monotonic() - self.started
+        if elapsed >= self.seconds:
+            return None
+        for dispatch in dispatches:
+            if not eligible(dispatch):
+                continue
+            if self.soft_limit is None or elapsed + dispatch.timeout + SOFT_LIMIT_GRACE <= self.soft_limit:
+                return dispatch
+        return None
+
+
+def window_of(request: Any, seconds: float, started: float) -> Window | None:
+    """The window of a run_task request (None when eager attempts are off)."""
+    if seconds <= 0:
+        return None
+    limits = getattr(request, "timelimit", None) or (None, None)
+    soft = limits[1] if len(limits) > 1 else None
+    return Window(started=started, seconds=seconds, soft_limit=float(soft) if soft else None)

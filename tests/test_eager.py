@@ -1,0 +1,111 @@
+"""Eager attempts (engine/eager.py): which dispatch a message may run itself, its time limits, the
+setting, and the replay of a redelivered message that ran attempts itself (SQLite and
+PostgreSQL). The attempts themselves, on real workers and brokers, are in
+tests/distributed/test_eager_attempts.py."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from noetl_celery import settings as noetl_settings
+from noetl_celery.compiler import compile_playbook
+from noetl_celery.engine import deadlines, eager, orchestrator, worker
+from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.errors import ConfigurationError
+from noetl_celery.runner import create_execution
+
+THREE_STEPS = Path(__file__).resolve().parents[1] / "bench" / "playbooks" / "three_steps.yaml"
+
+
+def _dispatch(countdown: float = 0.0, timeout: float = 30.0, kind: str = "run", **fields: object) -> Dispatch:
+    message = {"execution_id": 1, "step": "s", "run_id": "r", "attempt": 1, **fields}
+    return Dispatch(kind=kind, message=message, countdown=countdown, timeout=timeout)
+
+
+def _window(seconds: float = 2.0, soft_limit: float | None = 33.0, age: float = 0.0) -> eager.Window:
+    return eager.Window(started=time.monotonic() - age, seconds=seconds, soft_limit=soft_limit)
+
+
+def test_only_one_attempt_due_now_is_taken():
+    due = _dispatch()
+    assert _window().take([due]) is due
+    assert _window().take([_dispatch(countdown=0.5)]) is None  # a backoff goes through the broker
+    assert _window().take([_dispatch(kind="event")]) is None  # a sub-playbook's start or end
+    assert _window().take([_dispatch(batch=[{"iteration": 2}])]) is None
+    assert _window().take([_dispatch(slot={"id": 1})]) is None  # a cursor slot
+    assert _window().take([_dispatch(child={"status": "ok"})]) is None
+    assert _window().take([_dispatch(replay=True)]) is None
+    assert _window().take([]) is None
+    later = _dispatch()
+    assert _window().take([_dispatch(countdown=1), due, later]) is due  # the first that qualifies
+
+
+def test_an_attempt_is_taken_only_inside_the_window_and_when_its_limits_fit_the_messages():
+    assert _window(age=2.5).take([_dispatch()]) is None  # the message is older than the window
+    # the message's soft limit (30 s timeout + 1 s grace + a 2 s window) leaves room for an
+    # attempt of the same timeout, not for a longer one
+    longer, same = _dispatch(timeout=32.5), _dispatch(timeout=30.0)
+    assert _window(soft_limit=33.0).take([longer, same]) is same
+    assert _window(soft_limit=33.0, age=1.5).take([_dispatch(timeout=31.5)]) is None
+    assert _window(soft_limit=None).take([longer]) is longer  # no time limits (an embedded worker)
+
+
+def test_a_window_is_read_from_the_setting_and_the_messages_limits():
+    request = SimpleNamespace(timelimit=(38.0, 33.0))
+    assert eager.window_of(request, 0.0, time.monotonic()) is None  # off
+    window = eager.window_of(request, 2.0, 5.0)
+    assert window == eager.Window(started=5.0, seconds=2.0, soft_limit=33.0)
+    assert eager.window_of(SimpleNamespace(timelimit=None), 2.0, 5.0).soft_limit is None
+
+
+def test_a_message_carries_the_window_in_its_time_limits():
+    assert deadlines.time_limits(30.0) == (31.0, 36.0)
+    assert deadlines.time_limits(30.0, 2.0) == (33.0, 38.0)
+    # an attempt may be stopped up to the window late: its lease's margin absorbs that
+    assert noetl_settings.MAX_EAGER_WINDOW <= deadlines.OUTCOME_MARGIN
+
+
+def test_the_setting_is_a_number_of_seconds_within_its_bounds():
+    assert noetl_settings.load({}).eager_window == 0.0
+    assert noetl_settings.load({}).masked()["NOETL_EAGER_WINDOW"] == "off"
+    chosen = noetl_settings.load({"NOETL_EAGER_WINDOW": "1.5"})
+    assert chosen.eager_window == 1.5 and chosen.masked()["NOETL_EAGER_WINDOW"] == "1.5 s"
+    for bad in ("-1", "6", "nan"):
+        with pytest.raises(ConfigurationError, match="NOETL_EAGER_WINDOW must be between 0"):
+            noetl_settings.load({"NOETL_EAGER_WINDOW": bad})
+    with pytest.raises(ConfigurationError, match="NOETL_EAGER_WINDOW must be a number of seconds"):
+        noetl_settings.load({"NOETL_EAGER_WINDOW": "soon"})
+
+
+def _run(url: str, dispatch: Dispatch, queue_id: str) -> list[Dispatch]:
+    payload = worker.execute(url, TaskMessage.from_dict(dispatch.message), queue_id=queue_id)
+    assert payload is not None
+    return orchestrator.handle_event(url, payload)
+
+
+def test_a_redelivered_message_replays_past_the_attempts_it_ran_itself(either_store):
+    url = either_store
+    execution_id = create_execution(compile_playbook(THREE_STEPS), url)
+    [first] = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    # message "m1" ran the first step, then the second itself; it died in the third
+    [second] = _run(url, first, "m1")
+    [third] = _run(url, second, "m1")
+    key = TaskMessage.from_dict(first.message).outcome_key()
+
+    replayed = orchestrator.replay(url, execution_id, key, ran_by="m1")
+    assert [(d.message["step"], d.message["replay"]) for d in replayed] == [(third.message["step"], True)]
+    # a plain replay (or another message's) sends the first step's decision only
+    for ran_by in (None, "m2"):
+        [plain] = orchestrator.replay(url, execution_id, key, ran_by=ran_by)
+        assert plain.message["step"] == second.message["step"]
+
+    # the same message, delivered again without the broker's flag, runs its attempt again: its
+    # recorded decision is a duplicate, replayed the same way
+    payload = worker.execute(url, TaskMessage.from_dict(first.message), queue_id="m1")
+    assert payload is not None
+    again = orchestrator.handle_event(url, payload)
+    assert [d.message["step"] for d in again] == [third.message["step"]]
