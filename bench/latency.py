@@ -1,7 +1,8 @@
 """Latency of noetl_celery against raw Celery, on Redis or RabbitMQ + PostgreSQL with real workers.
 
     python -m bench.latency [--broker redis|amqp] [--runs 50] [--warmup 5] [--workers 1]
-                            [--concurrency 2] [--mode inline|queue] [--json-out FILE]
+                            [--concurrency 2] [--mode inline|queue] [--eager-window S]
+                            [--json-out FILE]
 
 Against the same worker processes (`celery -A bench.app worker`, started and stopped with
 bench.loops' helpers), one execution or one raw task at a time, noetl and raw interleaved (the
@@ -52,6 +53,7 @@ from bench.loops import (
     BenchError,
     StoreReader,
     _now,
+    add_eager_window,
     check_alive,
     log,
     log_problems,
@@ -231,6 +233,7 @@ class Bench:
 
 # --------------------------------------------------------------------------- runs
 
+CONFIG_ARGS = ("broker", "runs", "warmup", "cases", "workers", "concurrency", "mode", "poll", "pause", "eager_window")
 CASES: dict[str, tuple[str, str]] = {"chain": ("noetl_chain", "raw_chain"), "retry": ("noetl_retry", "raw_retry")}
 CASE_METRICS = {
     "chain": ("recorded_ms", "seen_ms"),
@@ -347,6 +350,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pause", type=float, default=0.05, help="seconds of rest before each run (default 0.05)")
     p.add_argument("--run-timeout", type=float, default=30.0, help="give up on a run after this many s (30)")
     p.add_argument("--redis-db", type=int, default=14, help="Redis database index to claim (default 14)")
+    add_eager_window(p)
     p.add_argument("--json-out", help="also write the JSON results to this file")
     p.add_argument("--keep-logs", action="store_true", help="keep the worker logs (path printed)")
     args = p.parse_args(argv)
@@ -365,14 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support import services as svc
 
     with contextlib.ExitStack() as stack:
-        services = open_services(stack, args.broker, args.redis_db)
+        services = open_services(stack, args.broker, args.redis_db, args.eager_window)
         redis_url, database_url, broker_url = services.redis_url, services.database_url, services.broker_url
         settings = services.settings
         results["machine"] = services.machine
-        results["config"] = {
-            k: getattr(args, k)
-            for k in ("broker", "runs", "warmup", "cases", "workers", "concurrency", "mode", "poll", "pause")
-        }
+        results["config"] = {k: getattr(args, k) for k in CONFIG_ARGS}
         results["config"].update(
             pool="prefork",
             prefetch_multiplier=settings.prefetch_multiplier,
@@ -386,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             "NOETL_DATABASE_URL": database_url,
             "NOETL_EVENT_DISPATCH": args.mode,
         }
+        if args.eager_window:
+            env["NOETL_EAGER_WINDOW"] = str(args.eager_window)
         workers: list[Any] = []
         bench: Bench | None = None
         try:

@@ -842,7 +842,18 @@ class Context:
         }
         if self.args.task_events is not None:
             env["NOETL_TASK_EVENTS"] = self.args.task_events
+        if self.args.eager_window:
+            env["NOETL_EAGER_WINDOW"] = str(self.args.eager_window)
         return env
+
+
+def add_eager_window(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--eager-window",
+        type=float,
+        default=0.0,
+        help="NOETL_EAGER_WINDOW for the workers, seconds (default 0: off, the worker default)",
+    )
 
 
 def clear_queues(ctx: Context) -> None:
@@ -1161,6 +1172,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="NOETL_TASK_EVENTS for the workers (default: unset, i.e. the worker default, on)",
     )
+    add_eager_window(p)
     p.add_argument("--pause", type=float, default=1.0, help="seconds of rest before each measured run")
     p.add_argument(
         "--timeout-base",
@@ -1263,10 +1275,11 @@ class Services:
     settings: Any  # noetl_celery.settings.Settings
 
 
-def open_services(stack: contextlib.ExitStack, broker: str, redis_db: int) -> Services:
+def open_services(stack: contextlib.ExitStack, broker: str, redis_db: int, eager_window: float = 0.0) -> Services:
     """Claim Redis database `redis_db` (flushed), create a fresh PostgreSQL database (and, for
     amqp, a RabbitMQ virtual host), migrate it, print the machine and the services, and point this
-    process's environment and Celery app at them; `stack` undoes all of it."""
+    process's environment and Celery app at them; `stack` undoes all of it. `eager_window`: this
+    process's NOETL_EAGER_WINDOW (what it submits carries the window's time limits)."""
     from tests.support import services as svc
 
     redis_server, pg_server, amqp_server = find_servers(broker)
@@ -1292,6 +1305,8 @@ def open_services(stack: contextlib.ExitStack, broker: str, redis_db: int) -> Se
 
     migrate(database_url)
     os.environ.update(NOETL_BROKER_URL=broker_url, NOETL_DATABASE_URL=database_url, **{COUNTER_URL_ENV: redis_url})
+    if eager_window:
+        os.environ["NOETL_EAGER_WINDOW"] = str(eager_window)
     from noetl_celery import settings as noetl_settings
     from noetl_celery.app import app, configure
 
@@ -1309,7 +1324,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support import services as svc
 
     with contextlib.ExitStack() as stack:
-        services = open_services(stack, args.broker, args.redis_db)
+        services = open_services(stack, args.broker, args.redis_db, args.eager_window)
         redis_url, database_url, broker_url = services.redis_url, services.database_url, services.broker_url
         settings, db = services.settings, services.db
         results["machine"] = services.machine
@@ -1325,6 +1340,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory_n": None if args.skip_memory else args.memory_n,
             "memory_mode": args.memory_mode,
             "task_events": args.task_events or "worker default (on)",
+            "eager_window": args.eager_window or "off",
             "worker_loglevel": "INFO",
             "prefetch_multiplier": settings.prefetch_multiplier,
             "rss_sample_interval_s": SAMPLE_INTERVAL,
