@@ -1,7 +1,7 @@
 """Shared fixtures. The logic lives in tests/support (services.py, workers.py).
 
 Session fixtures: redis_url, amqp_url, postgres_server_url, postgres_url, pg_dsn.
-Function fixtures: sqlite_url, fresh_postgres, either_store, broker, broker_url, worker_factory.
+Function fixtures: sqlite_url, fresh_postgres, migrated_postgres, either_store, broker, broker_url, worker_factory.
 Brokers: a test runs on Redis unless it asks for `broker` by indirect parametrization, e.g.
 ``@pytest.mark.parametrize("broker", BROKERS, indirect=True)`` (tests.support.services.BROKERS).
 Options: --run-slow (tests marked `slow` run only with it or with env CI=true).
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from noetl_celery.store.db import migrate
 from tests.support import services as svc
 from tests.support.corpus import ConformanceTally, uses_corpus
 from tests.support.loopback import serve
@@ -36,6 +35,7 @@ SERVICE_FIXTURES = {
     "postgres_url",
     "pg_dsn",
     "fresh_postgres",
+    "migrated_postgres",
     "worker_factory",
 }
 
@@ -177,6 +177,15 @@ def fresh_postgres(postgres_server_url):
 
 
 @pytest.fixture
+def migrated_postgres(services):
+    """A database of this test's own at the schema's head (FreshDatabase), dropped after it: a
+    copy of the session's migrated template, not a migration of its own."""
+    template = _get(services.migrated_template)
+    with svc.fresh_database(template.server_url, template=template.name) as db:
+        yield db
+
+
+@pytest.fixture
 def sqlite_url(tmp_path) -> str:
     """SQLAlchemy URL of a SQLite file in this test's tmp dir."""
     return f"sqlite:///{tmp_path / 'noetl.sqlite'}"
@@ -188,9 +197,7 @@ def either_store(request, tmp_path) -> str:
     migrated: only `migrate` changes a server's schema)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'noetl.sqlite'}"
-    url = request.getfixturevalue("fresh_postgres").url
-    migrate(url)
-    return url
+    return request.getfixturevalue("migrated_postgres").url
 
 
 # ------------------------------------------------------------------ workers

@@ -41,9 +41,8 @@ workflow:
 
 
 @pytest.fixture
-def url(fresh_postgres) -> str:
-    migrate(fresh_postgres.url)
-    return fresh_postgres.url
+def url(migrated_postgres) -> str:
+    return migrated_postgres.url
 
 
 @pytest.fixture(autouse=True)

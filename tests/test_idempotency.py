@@ -12,7 +12,7 @@ from noetl_celery.engine import orchestrator, worker
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
-from noetl_celery.store.db import migrate, transaction
+from noetl_celery.store.db import transaction
 from tests.support.playbooks import retry_once
 
 LOOP = Path(__file__).resolve().parent / "playbooks" / "loop_many.yaml"
@@ -177,14 +177,13 @@ def test_nothing_is_dispatched_after_a_cancel_even_from_a_cached_state(url):
     assert row is not None and row["meta"].get("ignored") is True
 
 
-def test_a_decision_waits_for_a_cancel_in_flight_and_then_dispatches_nothing(fresh_postgres):
+def test_a_decision_waits_for_a_cancel_in_flight_and_then_dispatches_nothing(migrated_postgres):
     import threading
     import time
 
     from noetl_celery.engine.lifecycle import end_tree
 
-    url = fresh_postgres.url
-    migrate(url)
+    url = migrated_postgres.url
     execution_id, iterations = _loop_started(url, n=60)
     outcome = attempt(url, iterations[0])
     locked, result = threading.Event(), {}

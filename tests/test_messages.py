@@ -110,36 +110,38 @@ def test_an_execution_runs_to_completion_on_old_format_messages(sqlite_url):
     assert status["status"] == "completed", status
 
 
-def test_a_task_message_too_new_fails_its_execution_on_a_real_worker(redis_url, fresh_postgres, worker_factory):
-    migrate(fresh_postgres.url)
+def test_a_task_message_too_new_fails_its_execution_on_a_real_worker(redis_url, migrated_postgres, worker_factory):
     worker_factory(
-        env={"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": fresh_postgres.url}, concurrency=1, name="reader@%h"
+        env={"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": migrated_postgres.url},
+        concurrency=1,
+        name="reader@%h",
     )
     plan = compile_playbook(HELLO)
-    execution_id = create_execution(plan, fresh_postgres.url)
-    first = orchestrator.handle_event(fresh_postgres.url, {"kind": "start", "execution_id": execution_id})
+    execution_id = create_execution(plan, migrated_postgres.url)
+    first = orchestrator.handle_event(migrated_postgres.url, {"kind": "start", "execution_id": execution_id})
     future = {**first[0].message, VERSION_FIELD: READ_VERSION + 1, "something_new": True}
     client = Celery("sender", broker=redis_url)
     try:
         client.send_task(
             "noetl.run_task", kwargs={"execution_id": execution_id, "message": future}, queue="noetl.tasks"
         )
-        status = wait(fresh_postgres.url, execution_id, timeout=60)
+        status = wait(migrated_postgres.url, execution_id, timeout=60)
     finally:
         client.close()
     assert status["status"] == "failed", status
     assert "MessageTooNew" in status["error"]["message"] and "upgrade" in status["error"]["message"]
-    with transaction(fresh_postgres.url) as conn:
+    with transaction(migrated_postgres.url) as conn:
         kinds = [e["event_type"] for e in repo.list_events(conn, execution_id)]
     assert kinds[-1] == "execution.failed"
 
 
-def test_an_on_event_payload_too_new_fails_its_execution_on_a_real_worker(redis_url, fresh_postgres, worker_factory):
-    migrate(fresh_postgres.url)
+def test_an_on_event_payload_too_new_fails_its_execution_on_a_real_worker(redis_url, migrated_postgres, worker_factory):
     worker_factory(
-        env={"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": fresh_postgres.url}, concurrency=1, name="decider@%h"
+        env={"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": migrated_postgres.url},
+        concurrency=1,
+        name="decider@%h",
     )
-    execution_id = create_execution(compile_playbook(HELLO), fresh_postgres.url)
+    execution_id = create_execution(compile_playbook(HELLO), migrated_postgres.url)
     client = Celery("sender", broker=redis_url)
     try:
         client.send_task(
@@ -150,7 +152,7 @@ def test_an_on_event_payload_too_new_fails_its_execution_on_a_real_worker(redis_
                 "event": {"kind": "start", "execution_id": execution_id, VERSION_FIELD: READ_VERSION + 5},
             },
         )
-        status = wait(fresh_postgres.url, execution_id, timeout=60)
+        status = wait(migrated_postgres.url, execution_id, timeout=60)
     finally:
         client.close()
     assert status["status"] == "failed" and "newer than this worker reads" in status["error"]["message"]

@@ -13,7 +13,7 @@ from noetl_celery.engine.context import STATE
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
-from noetl_celery.store.db import migrate, single_read, transaction
+from noetl_celery.store.db import single_read, transaction
 
 CHAIN = """
 apiVersion: noetl.io/v10
@@ -127,11 +127,10 @@ def test_the_state_a_decision_wrote_is_kept_as_a_read_would_give_it(url, plan, m
         assert repo.load_variables(conn, execution_id)["result"]["third"] == 2.5
 
 
-def test_a_decision_another_one_came_between_drops_the_state(fresh_postgres, plan, monkeypatch):
+def test_a_decision_another_one_came_between_drops_the_state(migrated_postgres, plan, monkeypatch):
     """Another process's decision commits between this one's head read and its own write: the
     kept state would miss that decision's variables, so it is dropped and read again."""
-    url = fresh_postgres.url
-    migrate(url)
+    url = migrated_postgres.url
     execution_id = create_execution(plan, url)
     start = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
     payload = worker.execute(url, TaskMessage.from_dict(start[0].message), queue_id="test")
