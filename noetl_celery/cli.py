@@ -20,7 +20,7 @@ import yaml
 
 from noetl_celery import secret_registry
 from noetl_celery import settings as noetl_settings
-from noetl_celery.compiler import compile_playbook, describe
+from noetl_celery.compiler import describe
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.errors import BrokerUnavailable, ConfigurationError, ExecutionNotFound, PlaybookError
 from noetl_celery.lazy import lazy_module
@@ -65,13 +65,8 @@ def _catalog_lookup(path: str) -> Any:
 
 def _compile(path: str, sets: tuple[str, ...] = ()) -> Plan:
     """A playbook file, or the catalog path of a registered playbook (`noetl-celery register`)."""
-    catalog = _catalog_lookup
     try:
-        if not Path(path).exists():
-            found = catalog(path)
-            if found is not None:
-                return compile_playbook(found.source, text=found.text, overrides=_parse_sets(sets), catalog=catalog)
-        return compile_playbook(path, overrides=_parse_sets(sets), catalog=catalog)
+        return runner.compile_source(path, _parse_sets(sets), _catalog_lookup)
     except PlaybookError as exc:
         for problem in exc.problems:
             echo(str(problem), err=True)

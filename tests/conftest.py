@@ -24,6 +24,8 @@ from tests.support.workers import WorkerGroup
 MARKERS = {
     "services": "needs a real Redis or RabbitMQ and PostgreSQL (found or started by the test session)",
     "slow": "long-running correctness runs",
+    "smoke": "an end-to-end test that also runs as a subprocess on the embedded and distributed deployments",
+    "real_workers": "needs real time or parallel workers: never runs on the in-process harness",
 }
 SERVICE_FIXTURES = {
     "redis_url",

@@ -1,4 +1,9 @@
-"""End-to-end fixtures: every test here runs once per deployment (embedded, distributed)."""
+"""End-to-end fixtures. Every test runs on the in-process harness (tests/support/harness.py: the
+DSL's semantics, in seconds); those marked `smoke` (one or more per feature file) or
+`real_workers` (their assertions need real waits or parallel workers) also run through the real
+command line on both deployments a user has: embedded (`noetl-celery run`) and distributed
+(`noetl-celery submit --wait` on Redis + PostgreSQL with two worker processes). A
+`real_workers` test does not run on the harness."""
 
 from __future__ import annotations
 
@@ -8,12 +13,32 @@ import pytest
 
 from noetl_celery.mockapi import start_mock_api
 from noetl_celery.store.db import migrate
-from tests.support.engines import DistributedEngine, EmbeddedEngine
+from tests.support.engines import DistributedEngine, EmbeddedEngine, InProcessEngine
 from tests.support.workers import WorkerGroup
 
 API_TOKEN = "tok-3f9c1e-very-secret-value"  # must never appear in any event row
 PG_PASSWORD_MARKER = "pg-credential-name-only"
 TEST_SECRET = "sec-7d41-value-read-by-the-secrets-tool"  # must never appear in any event row
+
+
+SUBPROCESS_MODES = ("embedded", "distributed")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each e2e test on the deployments its markers ask for (see the module doc)."""
+    kept, dropped = [], []
+    for item in items:
+        mode = getattr(item, "callspec", None) and item.callspec.params.get("engine")
+        if mode == "inprocess":
+            wanted = item.get_closest_marker("real_workers") is None
+        elif mode in SUBPROCESS_MODES:
+            wanted = bool(item.get_closest_marker("smoke") or item.get_closest_marker("real_workers"))
+        else:
+            wanted = True
+        (kept if wanted else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")
@@ -34,8 +59,11 @@ def credential_env(pg_dsn) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module", params=["embedded", "distributed"])
+@pytest.fixture(scope="module", params=["inprocess", "embedded", "distributed"])
 def engine(request, tmp_path_factory, credential_env):
+    if request.param == "inprocess":
+        yield InProcessEngine(tmp_path_factory.mktemp("noetl-home"), credential_env)
+        return
     if request.param == "embedded":
         yield EmbeddedEngine(tmp_path_factory.mktemp("noetl-home"), credential_env)
         return

@@ -79,6 +79,7 @@ def test_v2_case_then_list_set_and_result_and_a_result_hint(engine):
     assert results["end"] == {"doubled": 4, "seen": "shaped", "shaped": {"n": 2, "tag": "shaped"}, "picked": [5, 6]}
 
 
+@pytest.mark.smoke
 def test_renames_era_pagination_with_bare_set_keys(engine, mock_api):
     run = engine.run(corpus("renames-2026-04/pagination_basic_set.yaml"), {"api_url": mock_api.url})
     results = completed(run)

@@ -18,6 +18,7 @@ def corpus(name: str) -> Path:
     return corpus_file(name)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("dialect", ["legacy-2025-12", "v10-2026-02"])
 def test_hello_world_runs_and_its_log_explains_it(engine, dialect):
     run = engine.run(corpus(f"{dialect}/hello_world.yaml"))
@@ -91,6 +92,7 @@ def test_exclusive_and_inclusive_arcs(engine):
     assert sorted(high_done["meta"]["next"]) == ["notify_chat", "notify_email"]
 
 
+@pytest.mark.smoke
 def test_http_step_against_the_mock_api_and_the_secret_stays_out_of_the_log(engine, mock_api):
     run = engine.run(PLAYBOOKS / "http_mock.yaml", {"api_url": mock_api.url})
     assert run.returncode == 0, run.stderr
@@ -102,6 +104,7 @@ def test_http_step_against_the_mock_api_and_the_secret_stays_out_of_the_log(engi
         assert API_TOKEN not in json.dumps(row, default=str)
 
 
+@pytest.mark.smoke
 def test_postgres_steps_with_bind_parameters(engine):
     run = engine.run(PLAYBOOKS / "postgres_params.yaml", {"table": f"e2e_orders_{engine.mode}"})
     assert run.returncode == 0, run.stderr

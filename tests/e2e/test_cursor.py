@@ -6,6 +6,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.support.engines import event_types
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -13,6 +15,7 @@ DEMO = ROOT / "playbooks" / "cursor_queue.yaml"
 FAILURES = ROOT / "tests" / "playbooks" / "cursor_failures.yaml"
 
 
+@pytest.mark.smoke
 def test_demo_queue_drains_every_row_once(engine, tmp_path):
     run = engine.run(DEMO, {"jobs": 30, "queue_db": str(tmp_path / f"queue-{engine.mode}.sqlite")})
     assert run.returncode == 0, run.stderr

@@ -14,6 +14,7 @@ PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 ITEMS = [3, 1, 4, 1, 5, 9, 2, 6]
 
 
+@pytest.mark.smoke
 def test_sequential_parallel_and_chunked_loops(engine):
     run = engine.run(PLAYBOOKS / "loop_modes.yaml")
     assert run.returncode == 0, run.stderr
@@ -98,6 +99,7 @@ def test_a_policy_that_continues_keeps_the_loop_going_and_counts_the_failure(eng
     assert run.results["after"] == "after"
 
 
+@pytest.mark.real_workers
 def test_the_concurrency_cap_is_what_the_api_sees(engine, mock_api):
     run = engine.run(PLAYBOOKS / "loop_probe.yaml", {"api_url": mock_api.url})
     assert run.returncode == 0, run.stderr

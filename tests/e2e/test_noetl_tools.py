@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import psycopg2
+import pytest
 import yaml
 
 from tests.e2e.conftest import TEST_SECRET
@@ -21,6 +22,7 @@ def event_text(engine, execution_id: int) -> str:
     return json.dumps(engine.events(execution_id), default=str)
 
 
+@pytest.mark.smoke
 def test_duckdb_corpus_playbook(engine):
     run = engine.run(corpus("renames-2026-04/duckdb_test.yaml"))
     assert run.returncode == 0, (run.status.get("error"), run.stderr)
@@ -92,6 +94,7 @@ def test_actions_corpus_playbook_reaches_its_own_success(engine):
     assert run.results["helper"]["helper_called"] is True and "test_secrets" not in run.results
 
 
+@pytest.mark.smoke
 def test_secrets_corpus_step_masks_the_value(engine, tmp_path):
     # The corpus file's secrets step, on its own (in the file it is the branch not taken).
     source = corpus("renames-2026-04/actions_secrets.yaml").read_text()

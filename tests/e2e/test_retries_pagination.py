@@ -23,6 +23,7 @@ def rows(events, step, *kinds):
     return [e for e in events if e["step"] == step and (not kinds or e["event_type"] in kinds)]
 
 
+@pytest.mark.real_workers
 def test_the_retry_timeline_with_exponential_backoff(engine, mock_api):
     run = engine.run(PLAYBOOKS / "retry_timeline.yaml", api(mock_api))
     assert run.returncode == 0, run.stderr
@@ -163,6 +164,7 @@ def test_python_exception_retry_either_succeeds_or_exhausts(engine):
         assert failures == 5 and "retry.exhausted" in event_types(events)
 
 
+@pytest.mark.real_workers
 def test_pipeline_error_policies(engine, mock_api):
     run = engine.run(corpus("v10-2026-02/pipeline_error_handling.yaml"), api(mock_api))
     # the playbook's last test step fails on a 401 by design (`do: fail` on auth errors)
@@ -189,6 +191,7 @@ def test_pipeline_error_policies(engine, mock_api):
     ]
 
 
+@pytest.mark.smoke
 def test_a_parallel_loop_whose_iterations_paginate(engine, mock_api):
     run = engine.run(PLAYBOOKS / "pagination_loop_parallel.yaml", api(mock_api))
     assert run.returncode == 0, run.stderr

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.support.corpus import corpus_file
 from tests.support.engines import cli
 
@@ -16,6 +18,7 @@ def status_of(engine, execution_id: int) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.smoke
 def test_a_loop_of_sub_playbooks_returns_each_childs_return_step(engine):
     run = engine.run(SUB / "parent.yaml", {"n": 5})
     assert run.returncode == 0, run.stderr
@@ -68,6 +71,7 @@ def test_a_missing_static_child_is_refused_with_the_parents_line(engine):
     assert "missing_child.yaml:12: call.tool.path: sub-playbook 'tests/sub/does_not_exist' not found" in proc.stderr
 
 
+@pytest.mark.smoke
 def test_a_registered_playbook_runs_by_its_catalog_path(engine, tmp_path):
     copy = tmp_path / "elsewhere.yaml"  # not beside any parent: only the catalog can find it
     copy.write_text((SUB / "child.yaml").read_text().replace("tests/sub/child", "tests/sub/registered"))
@@ -114,6 +118,7 @@ def test_noetl_playbook_composition_runs_its_children_and_passes_its_own_validat
         assert {"e2e-a", "e2e-b"} <= nodes, nodes
 
 
+@pytest.mark.real_workers
 def test_a_child_past_its_timeout_fails_and_fails_the_parents_task(engine):
     run = engine.run(SUB / "timeout_parent.yaml", {"seconds": 8, "limit": 1})
     assert run.returncode == 1, run.stderr

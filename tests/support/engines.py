@@ -1,4 +1,7 @@
-"""Run playbooks through the real command line, in the two deployments a user has:
+"""Run playbooks in-process (tests.support.harness) or through the real command line, in the two
+deployments a user has:
+
+- InProcessEngine: the harness on a SQLite store, with time skipped (the fast tier's DSL semantics);
 
 - EmbeddedEngine: `noetl-celery run --json` (SQLite under NOETL_HOME, in-process worker,
   in-memory broker), in a subprocess with no broker or database configured;
@@ -104,6 +107,22 @@ class EmbeddedEngine(Engine):
 
     def command(self) -> list[str]:
         return ["run", "--timeout", str(RUN_TIMEOUT)]
+
+
+class InProcessEngine(Engine):
+    mode = "inprocess"
+
+    def __init__(self, home: Path, env: Mapping[str, str] | None = None):
+        self.env = {"NOETL_HOME": str(home), **(env or {})}
+        self.database_url = f"sqlite:///{home / 'noetl.sqlite'}"
+
+    def run(
+        self, playbook: str | Path, sets: Mapping[str, Any] | None = None, timeout: float = RUN_TIMEOUT
+    ) -> RunResult:
+        from tests.support.harness import run_playbook
+
+        returncode, status = run_playbook(self.database_url, playbook, sets, self.env)
+        return RunResult(returncode, status, "")
 
 
 class DistributedEngine(Engine):
