@@ -107,7 +107,9 @@ def test_pages_show_the_execution_its_failure_and_link_to_flower(embedded):
 
     data = dashboard.get(f"/api/executions/{execution_id}").json()
     assert data["status"] == "failed" and data["steps"]["strict"]["state"] == "failed"
-    assert data["failure"]["iteration"] == 2 and data["failure"]["input"] == {"element": 0}
+    # the rendered arguments of the failing attempt, and the loop element it ran for
+    assert data["failure"]["iteration"] == 2 and data["failure"]["input"] == {"args": {"d": 0}}
+    assert data["failure"]["element"] == 0
     assert [(loop["step"], loop["done"], loop["total"], loop["failed"]) for loop in data["loops"]] == [
         ("strict", 4, 4, 1)
     ]
