@@ -152,7 +152,7 @@ class ExecutionsPage(Base):
             playbook=playbook or "",
             search=search or "",
             older=older,
-            newest=urlencode(kept) if before is not None else None,
+            newest=f"/?{urlencode(kept)}" if before is not None else None,
             statuses=("running", "completed", "failed", "cancelled"),
         )
 
