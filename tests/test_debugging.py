@@ -144,3 +144,26 @@ def test_events_json_is_written_as_it_is_read_in_bounded_memory(either_store, tm
     assert written > BIG_EVENTS * ROW_PAYLOAD
     # holding the rows (as dicts, then as one JSON text) needs several times `written`
     assert peak < written / 4, f"peak {peak} bytes for {written} bytes written"
+
+
+def test_a_failed_attempts_shown_input_is_masked_before_it_is_capped(monkeypatch):
+    """The rendered arguments kept with a failed attempt: raw fields left out, secret-named keys,
+    the credential's values and configured secrets masked, each value capped; a secret at the
+    edge of a truncated preview is masked first, so no part of it is kept."""
+    from noetl_celery.engine.worker import INPUT_VALUE_BYTES, shown_input
+    from noetl_celery.limits import PREVIEW_CHARS, is_truncated
+
+    monkeypatch.setenv("NOETL_AUTH_API_TOKEN", SECRET)
+    long_text = "a" * (PREVIEW_CHARS - 5) + SECRET + "b" * INPUT_VALUE_BYTES  # the secret crosses the preview's end
+    shown = shown_input(
+        {
+            "code": "print('the playbook text')",
+            "args": {"password": "pw-1", "dsn": "host=db password=cred-value-9"},
+            "body": long_text,
+        },
+        frozenset({"code"}),
+        {"cred-value-9"},
+    )
+    assert "code" not in shown
+    assert shown["args"] == {"password": "***", "dsn": "host=db password=***"}
+    assert is_truncated(shown["body"]) and "s3cr" not in json.dumps(shown)

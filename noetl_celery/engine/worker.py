@@ -112,17 +112,20 @@ def _call(
         secret_registry.register(value)
     secrets |= found
     if outcome.status != "ok":
-        outcome.meta[INPUT_META] = shown_input(rendered, raw)
+        outcome.meta[INPUT_META] = shown_input(rendered, raw, secrets)
     return outcome
 
 
-def shown_input(rendered: dict[str, Any], raw: frozenset[str]) -> dict[str, Any]:
+def shown_input(rendered: dict[str, Any], raw: frozenset[str], secrets: set[str]) -> dict[str, Any]:
     """A failed attempt's rendered arguments as its event row keeps them: the fields the worker
-    rendered (not the raw ones, such as python's `code`, which are the playbook's text), each
-    capped at INPUT_VALUE_BYTES, secret-named keys masked (the configured secrets and the
-    credential's values are masked with the rest of the outcome)."""
-    kept = {k: limits.cap(v, INPUT_VALUE_BYTES) for k, v in rendered.items() if k not in raw}
-    return cast(dict[str, Any], views.mask(to_jsonable(kept)))
+    rendered (not the raw ones, such as python's `code`, which are the playbook's text), with
+    secret-named keys, the credential's values and every configured secret masked (before the
+    cap, so that a truncated preview cannot cut a secret in two), each capped at INPUT_VALUE_BYTES."""
+    kept: Any = to_jsonable({k: v for k, v in rendered.items() if k not in raw})
+    if secrets:
+        kept = credentials.scrub(kept, secrets)
+    masked = cast(dict[str, Any], views.mask(kept))
+    return {k: limits.cap(v, INPUT_VALUE_BYTES) for k, v in masked.items()}
 
 
 def _run_sink(
