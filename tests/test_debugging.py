@@ -91,6 +91,11 @@ def test_events_filters_and_the_attempts_output(failed_run):
     assert [r["id"] for r in rows("--since", str(every[3]["id"]))] == [r["id"] for r in every[4:]]
     assert len(rows("--since", "1h")) == 6 and rows("--since", "2999-01-01T00:00:00") == []
     assert rows("--step", "nowhere") == []
+    followed = runner.invoke(
+        cli_module.cli, ["events", str(execution_id), "--follow", "--json", "--type", "action.failed"], env=env
+    )  # the execution has ended: the matching rows, then the command returns
+    assert followed.exit_code == 0, followed.output
+    assert [json.loads(line)["event_type"] for line in followed.stdout.splitlines()] == ["action.failed"]
     bad = runner.invoke(cli_module.cli, ["events", str(execution_id), "--since", "yesterday"], env=env)
     assert bad.exit_code == 2 and "--since" in bad.output
     unknown = cli(["events", "12345", "--json"], env)
