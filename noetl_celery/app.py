@@ -27,7 +27,7 @@ from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, attempt_shadow, event_shadow, execution_kwargsrepr
 from noetl_celery.engine import deadlines, eager, orchestrator, process, sweeper, verdict, worker
 from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
-from noetl_celery.errors import ConfigurationError
+from noetl_celery.errors import AttemptFailed, ConfigurationError
 from noetl_celery.store import check as store_check
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,9 @@ def current_settings() -> noetl_settings.Settings:
     acks_late=True,
     ignore_result=True,
     Request="noetl_celery.engine.worker_loss:AttemptRequest",
+    # a failed attempt (the playbook's own doing, recorded) is logged as one INFO line, without the
+    # engine's traceback; any other exception is an engine fault and keeps ERROR and its traceback
+    throws=(AttemptFailed,),
 )
 def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: ignore[no-untyped-def]
     """Run one attempt and report it. `execution_id` is duplicated here for Flower's kwargs column.
@@ -340,7 +343,7 @@ def publish(dispatches: list[Dispatch], due: float | None = None, retry_policy: 
                 kwargs,
                 queue=settings.task_queue,
                 shadow=shadow,
-                argsrepr=message.describe(),
+                argsrepr=attempt_argsrepr(message, settings.dashboard_url),
                 kwargsrepr=execution_kwargsrepr(message.execution_id),
                 soft_time_limit=soft,
                 time_limit=hard,
@@ -352,13 +355,20 @@ def publish(dispatches: list[Dispatch], due: float | None = None, retry_policy: 
             queue=settings.task_queue,
             countdown=wait,
             shadow=shadow,
-            argsrepr=message.describe(),
+            argsrepr=attempt_argsrepr(message, settings.dashboard_url),
             kwargsrepr=execution_kwargsrepr(message.execution_id),
             soft_time_limit=soft,
             time_limit=hard,
             producer=publisher.producer(app),
             **options,
         )
+
+
+def attempt_argsrepr(message: TaskMessage, dashboard_url: str | None) -> str:
+    """Flower's args line of an attempt: which attempt of which unit, and, with NOETL_DASHBOARD_URL,
+    the execution's dashboard page (one click or copy from the task to its execution)."""
+    text = message.describe()
+    return f"{text} {dashboard_url}/executions/{message.execution_id}" if dashboard_url else text
 
 
 @signals.worker_process_init.connect

@@ -286,8 +286,32 @@ def status(execution_id: int, as_json: bool) -> None:
         )
         if failure.get("attempt_error"):
             echo(f"    error: {_error_message(failure['attempt_error'])}")
-        echo(f"    input: {json.dumps(failure['input'], default=str)[:500]}")
+        if failure.get("element") is not None:
+            echo(f"    element: {json.dumps(failure['element'], default=str)[:INPUT_WIDTH]}")
+        echo(f"    input: {json.dumps(failure['input'], default=str)[:INPUT_WIDTH]}")
+        for line in _output_lines(failure, "    "):
+            echo(line)
     sys.exit(_exit_for(result))
+
+
+INPUT_WIDTH = 2000  # characters of a failing attempt's rendered input shown by `status`
+OUTPUT_LINES = 20  # lines of an attempt's stdout / stderr / log shown per stream
+
+
+def _output_lines(holder: dict[str, Any], indent: str) -> list[str]:
+    """What an attempt wrote (meta stdout, stderr, log records), `stream| line` each, at most
+    OUTPUT_LINES lines per stream (`--json` shows them whole)."""
+    lines: list[str] = []
+    for stream in ("stdout", "stderr", "log"):
+        value = holder.get(stream)
+        if not value:
+            continue
+        text = value if isinstance(value, list) else str(value).splitlines()
+        for line in text[:OUTPUT_LINES]:
+            lines.append(f"{indent}{stream}| {line}")
+        if len(text) > OUTPUT_LINES:
+            lines.append(f"{indent}{stream}| ... {len(text) - OUTPUT_LINES} more lines (--json shows them)")
+    return lines
 
 
 def _error_message(error: Any) -> str:
@@ -300,27 +324,126 @@ def _error_message(error: Any) -> str:
 @click.argument("execution_id", type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the event rows as a JSON list.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new rows until the execution ends.")
-def events(execution_id: int, as_json: bool, follow: bool) -> None:
-    """The event log of an execution, in order."""
-    if follow:
-        from noetl_celery.watch import follow_events
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many rows.")
+@click.option("--type", "types", multiple=True, metavar="EVENT_TYPE", help="Only rows of this type (repeatable).")
+@click.option("--step", "steps", multiple=True, metavar="STEP", help="Only rows of this step (repeatable).")
+@click.option(
+    "--since",
+    default=None,
+    metavar="ID|TIME|AGO",
+    help="Only rows after event id ID, or created at or after TIME (ISO 8601) or AGO (e.g. 90s, 10m, 2h) ago.",
+)
+def events(
+    execution_id: int,
+    as_json: bool,
+    follow: bool,
+    limit: int | None,
+    types: tuple[str, ...],
+    steps: tuple[str, ...],
+    since: str | None,
+) -> None:
+    """The event log of an execution, in order, written as it is read (any size, bounded memory)."""
+    from noetl_celery.watch import follow_events, stream_events
 
+    after_id, since_time = _since(since)
+    url = noetl_settings.load().database_url
+    if follow:
         _execution_or_exit(runner.execution_status, execution_id)
         if not as_json:
             echo(EVENTS_HEADER)
+        shown = 0
         try:
-            for row in follow_events(noetl_settings.load().database_url, execution_id):
-                echo(json.dumps(row, default=str) if as_json else _event_line(row))
+            for row in follow_events(url, execution_id):
+                if not _event_matches(row, types, steps, after_id, since_time):
+                    continue
+                _echo_event(row, as_json)
+                shown += 1
+                if limit is not None and shown >= limit:
+                    break
         except KeyboardInterrupt:
             sys.exit(EXIT_DETACHED)
         return
-    rows = _execution_or_exit(runner.execution_events, execution_id)
-    if as_json:
-        _print_json(rows)
+    rows = stream_events(url, execution_id, types=types, steps=steps, after_id=after_id, since=since_time, limit=limit)
+    try:
+        first = next(rows, None)
+    except ExecutionNotFound as exc:
+        echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    if as_json:  # the same text as json.dumps(rows, indent=2), written row by row
+        if first is None:
+            echo("[]")
+            return
+        click.echo("[")
+        for n, row in enumerate(_chain(first, rows)):
+            text = json.dumps(row, indent=2, default=str).replace("\n", "\n  ")
+            click.echo(("," if n else "") + ("\n" if n else "") + secret_registry.mask_text("  " + text), nl=False)
+        click.echo("\n]")
         return
     echo(EVENTS_HEADER)
-    for row in rows:
-        echo(_event_line(row))
+    if first is not None:
+        for row in _chain(first, rows):
+            _echo_event(row, as_json=False)
+
+
+def _chain(first: dict[str, Any], rest: Any) -> Any:
+    yield first
+    yield from rest
+
+
+def _echo_event(row: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        echo(json.dumps(row, default=str))
+        return
+    echo(_event_line(row))
+    for line in _output_lines(row.get("meta") or {}, "      "):
+        echo(line)
+
+
+AGO_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _since(value: str | None) -> tuple[int | None, Any]:
+    """`--since`: an event id (rows after it), an ISO 8601 time, or a duration ago (90s, 10m, 2h,
+    1d); returns (after id, since time)."""
+    from datetime import UTC, datetime, timedelta
+
+    if value is None:
+        return None, None
+    text = value.strip()
+    if text.isdigit():
+        return int(text), None
+    unit = AGO_UNITS.get(text[-1:].lower())
+    if unit is not None:
+        try:
+            return None, datetime.now(UTC) - timedelta(seconds=float(text[:-1]) * unit)
+        except ValueError:
+            pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"expected an event id, an ISO 8601 time or a duration such as 10m, got {value!r}", param_hint="--since"
+        ) from None
+    return None, moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _event_matches(
+    row: dict[str, Any], types: tuple[str, ...], steps: tuple[str, ...], after_id: int | None, since: Any
+) -> bool:
+    """The --type/--step/--since filters applied to a row `events --follow` read."""
+    if types and row["event_type"] not in types:
+        return False
+    if steps and row["step"] not in steps:
+        return False
+    if after_id is not None and row["id"] <= after_id:
+        return False
+    if since is not None:
+        created = row["created_at"]
+        if created.tzinfo is None:
+            created = created.replace(tzinfo=since.tzinfo)
+        if created < since:
+            return False
+    return True
 
 
 EVENTS_HEADER = f"{'#':>5} {'time':12} {'event':20} {'step':22} {'task':16} {'it':>4} {'att':>3} {'ms':>8}  detail"

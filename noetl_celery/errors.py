@@ -50,7 +50,14 @@ class ExecutionNotFound(NoetlError):
 class AttemptFailed(NoetlError):
     """One attempt of a task failed; raised by the worker only after on_event has recorded the
     outcome and published its decision, so that Celery (and Flower) mark the task FAILURE while
-    the message is still acknowledged (task_acks_on_failure_or_timeout)."""
+    the message is still acknowledged (task_acks_on_failure_or_timeout).
+
+    `user_traceback`: the traceback of the playbook's code (a python task), shown by Flower in
+    place of the engine's (engine/worker_loss.AttemptRequest.on_failure)."""
+
+    def __init__(self, text: str, user_traceback: str | None = None):
+        super().__init__(text)
+        self.user_traceback = user_traceback
 
 
 class BrokerUnavailable(NoetlError):

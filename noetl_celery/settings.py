@@ -103,6 +103,7 @@ class Settings:
     postgres_dsn: str | None = field(default=None, repr=False)
     auth: Mapping[str, str] = field(default_factory=dict, repr=False)  # NOETL_AUTH_* variable -> raw value
     flower_url: str | None = None  # Flower's base URL: the dashboard links each attempt to its task page
+    dashboard_url: str | None = None  # the dashboard's base URL: Flower's args line links each task to its execution
     dashboard_token: str | None = field(default=None, repr=False)  # enables the dashboard's cancel/resume
     # the limits as load() saw them; noetl_celery.limits reads each again (`limit`) when it is used
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
@@ -145,6 +146,7 @@ class Settings:
             "NOETL_MAX_DELIVERIES": str(self.max_deliveries),
             "NOETL_EAGER_WINDOW": f"{self.eager_window:g} s" if self.eager_window else "off",
             "NOETL_FLOWER_URL": mask_url(self.flower_url) if self.flower_url else "(none)",
+            "NOETL_DASHBOARD_URL": mask_url(self.dashboard_url) if self.dashboard_url else "(none)",
             "NOETL_DASHBOARD_TOKEN": MASK if self.dashboard_token else "(none)",
             MAX_RESULT_BYTES_ENV: f"{self.max_result_bytes} bytes",
             MAX_PLAYBOOK_BYTES_ENV: f"{self.max_playbook_bytes} bytes",
@@ -214,6 +216,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             postgres_dsn=env.get(POSTGRES_DSN_ENV) or None,
             auth={k: v for k, v in env.items() if k.startswith(AUTH_PREFIX) and v.strip()},
             flower_url=(env.get("NOETL_FLOWER_URL") or "").rstrip("/") or None,
+            dashboard_url=(env.get("NOETL_DASHBOARD_URL") or "").rstrip("/") or None,
             dashboard_token=env.get("NOETL_DASHBOARD_TOKEN") or None,
             max_result_bytes=int(limit(MAX_RESULT_BYTES_ENV, env)),
             max_playbook_bytes=int(limit(MAX_PLAYBOOK_BYTES_ENV, env)),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from sqlalchemy import and_, select
@@ -177,9 +178,58 @@ def follow_events(
         time.sleep(interval)
 
 
+STREAM_BATCH = 500  # event rows fetched at a time by `events` (a server-side cursor on PostgreSQL)
+
+
+def stream_events(
+    database_url: str,
+    execution_id: int,
+    *,
+    types: tuple[str, ...] = (),
+    steps: tuple[str, ...] = (),
+    after_id: int | None = None,
+    since: datetime | None = None,
+    limit: int | None = None,
+    batch: int = STREAM_BATCH,
+) -> Iterator[dict[str, Any]]:
+    """The execution's event rows in id order, read `batch` rows at a time (PostgreSQL: a
+    server-side cursor) and yielded as they come, so that a log of any size is written in bounded
+    memory. Filters: event types, steps, rows after id `after_id`, rows created at or after
+    `since`; at most `limit` rows. Raises ExecutionNotFound for an unknown execution."""
+    from noetl_celery.errors import ExecutionNotFound
+    from noetl_celery.store import repo
+    from noetl_celery.store.db import ensure_schema
+
+    ensure_schema(database_url)
+    e = views.EVENTS.c
+    query = select(views.EVENTS).where(e.execution_id == execution_id)
+    if types:
+        query = query.where(e.event_type.in_(types))
+    if steps:
+        query = query.where(e.step.in_(steps))
+    if after_id is not None:
+        query = query.where(e.id > after_id)
+    query = query.order_by(e.id)
+    if limit is not None:
+        query = query.limit(limit)
+    with transaction(database_url) as conn:
+        if repo.execution_head(conn, execution_id) is None:
+            from noetl_celery.runner import _safe_url
+
+            raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
+        if since is not None:
+            if conn.dialect.name == "sqlite" and since.tzinfo is not None:  # SQLite keeps naive UTC
+                since = since.astimezone(UTC).replace(tzinfo=None)
+            query = query.where(e.created_at >= since)
+        result = conn.execution_options(stream_results=True, yield_per=batch).execute(query)
+        for row in result.mappings():
+            yield dict(row)
+
+
 def status_extras(database_url: str, execution_id: int) -> dict[str, Any]:
-    """What `status` adds: the loops (done/total, in flight) and, for a failure, the failing step,
-    iteration, error and input."""
+    """What `status` adds: the execution's parameters (its workload after --set, masked), the
+    loops (done/total, in flight) and, for a failure, the failing step, iteration, error, the
+    attempt's rendered input and what it wrote (stdout, stderr, log records)."""
     with transaction(database_url) as conn:
         execution = views.EXECUTIONS.c
         row = conn.execute(select(views.EXECUTIONS).where(execution.execution_id == execution_id)).mappings().first()
@@ -193,6 +243,7 @@ def status_extras(database_url: str, execution_id: int) -> dict[str, Any]:
             "queue_id": (failure["attempts"][0].get("queue_id") if failure["attempts"] else None),
         }
     return {
+        "workload": views.mask(row["workload"]) if row else None,
         "loops": [{k: loop[k] for k in keep} for loop in loops],
         "failure": failure,
         "progress": {"done": done, "total": total},

@@ -302,7 +302,12 @@ def test_events_json_is_the_execution_log_in_order(hello_run):
     assert table.returncode == 0
     header, *lines = table.stdout.splitlines()
     assert header.split()[:5] == ["#", "time", "event", "step", "task"]
-    assert len(lines) == len(rows)
+    event_lines = [line for line in lines if line.split()[0].isdigit()]
+    assert len(event_lines) == len(rows)
+    # under its row, what the attempt printed
+    assert [line for line in lines if line not in event_lines] == [
+        "      stdout| HELLO_WORLD: Hello World from noetl_celery"
+    ]
     listing = cli(["executions"], env)
     assert listing.returncode == 0 and listing.stdout.split()[:3] == [str(execution_id), "completed", "hello_world"]
 

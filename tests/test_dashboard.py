@@ -107,7 +107,9 @@ def test_pages_show_the_execution_its_failure_and_link_to_flower(embedded):
 
     data = dashboard.get(f"/api/executions/{execution_id}").json()
     assert data["status"] == "failed" and data["steps"]["strict"]["state"] == "failed"
-    assert data["failure"]["iteration"] == 2 and data["failure"]["input"] == {"element": 0}
+    # the rendered arguments of the failing attempt, and the loop element it ran for
+    assert data["failure"]["iteration"] == 2 and data["failure"]["input"] == {"args": {"d": 0}}
+    assert data["failure"]["element"] == 0
     assert [(loop["step"], loop["done"], loop["total"], loop["failed"]) for loop in data["loops"]] == [
         ("strict", 4, 4, 1)
     ]
@@ -379,3 +381,75 @@ def test_a_browser_watches_a_loop_run_to_its_end(tmp_path, redis_url, postgres_u
         browser.ARTIFACTS.mkdir(exist_ok=True)
         for png in shots.glob("*.png"):
             shutil.copy(png, browser.ARTIFACTS / f"dashboard-{png.name}")
+
+
+def test_a_browser_debugs_a_failed_step_and_navigates_many_executions(tmp_path):
+    """Headless Chromium: a failed step outside any loop shows the rendered arguments its attempt
+    got (secrets masked), its stdout, stderr and log records, and the execution's parameters; the
+    executions list pages past 50 and a search by id finds an execution."""
+    try:
+        driver = browser.chrome(str(tmp_path / "profile"))
+    except browser.BrowserUnavailable as exc:
+        (pytest.fail if ci_mode() else pytest.skip)(str(exc))
+    from selenium.webdriver.common.by import By
+
+    secret = "s3cr3t-token-value"
+    home = tmp_path / "home"
+    env = {"NOETL_HOME": str(home), "NOETL_AUTH_API_TOKEN": secret}
+    proc = cli(
+        ["run", str(PLAYBOOKS / "debug_failure.yaml"), "--json", "--set", "divisor=0", "--set", f"note=uses {secret}"],
+        env,
+    )
+    assert proc.returncode == 1, proc.stderr
+    failed = int(json.loads(proc.stdout)["execution_id"])
+    url = f"sqlite:///{home / 'noetl.sqlite'}"
+    plan = compile_playbook(str(PLAYBOOKS / "loop_many.yaml"))
+    others = [create_execution(plan, url) for _ in range(55)]  # 56 in all: two pages of 50
+    dashboard = Dashboard(env, tmp_path / "dashboard.log")
+    try:
+        driver.get(f"{dashboard.url}/executions/{failed}")
+        text = driver.find_element(By.ID, "failure-input").text
+        shown = json.loads(text)
+        assert shown == {"args": {"d": 0, "who": "hello world", "password": "***", "note": "uses ***"}}, text
+        assert driver.find_element(By.ID, "failure-stdout").text == "computing with 0"
+        assert driver.find_element(By.ID, "failure-stderr").text == "about to divide"
+        assert driver.find_element(By.ID, "failure-log").text == "WARNING mine: divisor is 0"
+        parameters = json.loads(driver.find_element(By.CSS_SELECTOR, "#parameters pre").text)
+        assert parameters["divisor"] == 0 and parameters["note"] == "uses ***"
+        attempt = driver.find_element(By.CSS_SELECTOR, "#attempts tr.attempt")
+        attempt.find_element(By.CSS_SELECTOR, ".out-stderr summary").click()
+        assert attempt.find_element(By.CSS_SELECTOR, ".out-stderr pre").text == "about to divide"
+        assert secret not in driver.page_source and "pw-not-shown" not in driver.page_source
+        driver.save_screenshot(str(tmp_path / "failed-step.png"))
+        driver.find_element(By.ID, "latest").click()
+        assert "execution.failed" in wait_for(driver, "execution.failed")
+
+        driver.get(f"{dashboard.url}/")
+        ids = lambda: [int(a.text) for a in driver.find_elements(By.CSS_SELECTOR, "#executions td:first-child a")]  # noqa: E731
+        first_page = ids()
+        assert len(first_page) == 50 and first_page[0] == others[-1]  # newest first
+        driver.find_element(By.ID, "older").click()
+        wait_for(driver, 'id="newest"')
+        second_page = ids()
+        assert sorted(first_page + second_page) == sorted([failed, *others])
+        assert second_page[-1] == failed and not driver.find_elements(By.ID, "older")
+
+        box = driver.find_element(By.CSS_SELECTOR, "#search input[name=q]")
+        box.send_keys(str(others[7]))
+        box.submit()
+        wait_for(driver, f'value="{others[7]}"')
+        assert ids() == [others[7]]
+        driver.find_element(By.CSS_SELECTOR, "#executions td:first-child a").click()
+        wait_for(driver, f"execution {others[7]}")
+        assert driver.current_url == f"{dashboard.url}/executions/{others[7]}"
+        listing = dashboard.get("/?playbook=EBUG_fail").text  # a part of the name, any case
+        assert f"/executions/{failed}" in listing and f"/executions/{others[0]}" not in listing
+        assert dashboard.get("/?q=nope").status_code == 400
+    finally:
+        driver.save_screenshot(str(tmp_path / "debugging.png"))
+        driver.quit()
+        dashboard.stop()
+        browser.ARTIFACTS.mkdir(exist_ok=True)
+        for png in ("debugging.png", "failed-step.png"):
+            if (tmp_path / png).exists():
+                shutil.copy(tmp_path / png, browser.ARTIFACTS / f"dashboard-{png}")

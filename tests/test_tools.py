@@ -107,6 +107,32 @@ def test_python_stdout_kept_on_error_and_truncated() -> None:
     assert len(big.meta["stdout"]) == 4000
 
 
+def test_python_stderr_and_log_records_are_captured_per_thread(capfd: pytest.CaptureFixture[str]) -> None:
+    """stdout, stderr and logging records of each attempt's code land in its own outcome, also
+    when attempts run at once on threads; nothing reaches the process's own stderr."""
+    code = (
+        "import logging, sys\n"
+        "print('out', n)\n"
+        "print('err', n, file=sys.stderr)\n"
+        "logging.getLogger('mine').warning('warned %s', n)\n"
+        "for i in range(150):\n"
+        "    logging.getLogger('mine').error('flood %s', i)\n"
+        "if n % 2:\n"
+        "    raise ValueError(n)\n"
+        "result = n\n"
+    )
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda n: call("python", code=code, args={"n": n}), range(8)))
+    for n, out in enumerate(outs):
+        assert out.status == ("error" if n % 2 else "ok")
+        assert out.meta["stdout"] == f"out {n}\n" and out.meta["stderr"] == f"err {n}\n"
+        log = out.meta["log"]
+        assert log[0] == f"WARNING mine: warned {n}" and log[1] == "ERROR mine: flood 0"
+        assert len(log) == 101 and log[-1] == "... 51 more records not kept"  # bounded
+        assert all(f"warned {m}" not in "\n".join(log) for m in range(8) if m != n)
+    assert "err " not in capfd.readouterr().err
+
+
 def test_python_syntax_error_and_sys_exit() -> None:
     out = call("python", code="def main(:\n  pass\n")
     assert out.status == "error" and out.error["message"].startswith("SyntaxError") and "line 1" in out.error["message"]

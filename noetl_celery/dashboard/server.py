@@ -11,7 +11,8 @@ Tornado because it already ships with Flower (no new dependency), serves many sl
 thread, and needs no build step; pages are Jinja2 templates rendered on the server, with a few
 lines of JavaScript that refresh the live panel while the execution runs.
 
-Routes: `/` executions, `/executions/<id>` one execution, `/executions/<id>/live` its live panel
+Routes: `/` executions (`?q=<id>` finds one, `?before=<id>` the next page, `playbook` matches a
+part of the name), `/executions/<id>` one execution, `/executions/<id>/live` its live panel
 (HTML fragment), `/api/executions/<id>` the same facts as JSON.
 """
 
@@ -37,6 +38,7 @@ from noetl_celery.store.db import ensure_schema, transaction
 
 DEFAULT_HOST = "127.0.0.1"  # loopback: reachable from this machine only
 DEFAULT_PORT = 8080
+LATEST = 2**63 - 1  # `before` of the event log's last page (the largest BIGINT)
 LIVE_POLL_MS = 1000  # milliseconds between refreshes of a running execution's live panel
 TEMPLATES = Path(__file__).with_name("templates")
 T = TypeVar("T")
@@ -125,12 +127,32 @@ class Base(tornado.web.RequestHandler):
 class ExecutionsPage(Base):
     async def get(self) -> None:
         status, playbook, parent = self.arg("status"), self.arg("playbook"), self.int_arg("parent")
-        rows = await self.db(views.list_executions, status=status, playbook=playbook, parent=parent)
+        search, before = self.arg("q"), self.int_arg("before")
+        execution_id = None
+        if search is not None:
+            if not search.isdigit():
+                raise tornado.web.HTTPError(400, reason=f"search by execution id: a whole number, got {search!r}")
+            execution_id = int(search)
+        size = views.EXECUTION_PAGE_SIZE
+        rows = await self.db(
+            views.list_executions,
+            status=status,
+            playbook=playbook,
+            parent=parent,
+            execution_id=execution_id,
+            before=before,
+            limit=size + 1,  # one more tells whether an older page exists
+        )
+        kept = {k: v for k, v in (("status", status), ("playbook", playbook), ("parent", parent)) if v is not None}
+        older = urlencode({**kept, "before": rows[size - 1]["execution_id"]}) if len(rows) > size else None
         self.page(
             "executions.html",
-            rows=rows,
+            rows=rows[:size],
             status=status or "",
             playbook=playbook or "",
+            search=search or "",
+            older=older,
+            newest=f"/?{urlencode(kept)}" if before is not None else None,
             statuses=("running", "completed", "failed", "cancelled"),
         )
 
@@ -145,6 +167,7 @@ def _execution(conn: Any, execution_id: int, timeline: bool = True) -> dict[str,
     done, total = views.progress_of(conn, [execution_id])[execution_id]
     return {
         "execution": row,
+        "workload": views.mask(row["workload"]),
         "states": states,
         "loops": loops,
         "joins": joins,
@@ -175,12 +198,15 @@ class ExecutionPage(Base):
             "status": self.arg("status"),
             "iteration": self.int_arg("iteration"),
         }
+        if self.arg("latest") is not None and filters["after"] is None and filters["before"] is None:
+            filters["before"] = LATEST  # the last page of the log
         data = await self.db(_full, int(execution_id), filters)
         kept = {k: v for k, v in filters.items() if v is not None and k not in ("after", "before")}
         events = data["events"]
         newer = urlencode({**kept, "after": events[-1]["id"]}) if events else None
         older = urlencode({**kept, "before": events[0]["id"]}) if events else None
-        self.page("execution.html", filters=kept, newer=newer, older=older, **data)
+        latest = urlencode({**kept, "latest": 1})
+        self.page("execution.html", filters=kept, newer=newer, older=older, latest=latest, **data)
 
 
 class LivePanel(Base):
@@ -201,6 +227,7 @@ class ExecutionJson(Base):
                     "playbook": row["playbook_name"],
                     "status": row["status"],
                     "parent_execution_id": row["parent_execution_id"],
+                    "workload": data["workload"],
                     "done": data["done"],
                     "total": data["total"],
                     "steps": data["states"],

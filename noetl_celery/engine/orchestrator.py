@@ -211,7 +211,10 @@ class Decider:
                     ("pg", outcome.get("pg")),
                     ("retry_of", message.parent_event_id if message.attempt > 1 else None),
                     ("sink", outcome.get("meta", {}).get("sink")),
+                    ("input", outcome.get("meta", {}).get("input")),
                     ("stdout", outcome.get("meta", {}).get("stdout")),
+                    ("stderr", outcome.get("meta", {}).get("stderr")),
+                    ("log", outcome.get("meta", {}).get("log")),
                     ("child", outcome.get("meta", {}).get("child")),
                     ("pid", report.get("pid")),
                 )

@@ -3,7 +3,9 @@
 - ok: the task succeeds; its result is a short outcome line (`ok step=... 12.3 ms`).
 - failed and retried: `AttemptRetried` (a Celery `Retry` that publishes nothing itself: the next
   attempt is on_event's decision, already published); Flower shows the task as RETRY.
-- failed otherwise: `AttemptFailed`; Flower shows FAILURE with the error as exception text.
+- failed otherwise: `AttemptFailed`; Flower shows FAILURE with the error as exception text and,
+  as traceback, the playbook code's own (a python task) or the error line, never the engine's.
+  The worker logs it as one INFO line (run_task's `throws`): the playbook failed, not the engine.
 The message is acknowledged in every case (acks_late + task_acks_on_failure_or_timeout), so the
 decision, recorded once, is never taken twice.
 """
@@ -38,6 +40,12 @@ def _error_text(error: Any) -> str:
     else:
         text = str(error)
     return text if len(text) <= ERROR_TEXT_LIMIT else text[: ERROR_TEXT_LIMIT - 3] + "..."
+
+
+def _user_traceback(error: Any) -> str | None:
+    """The traceback of the playbook's code the outcome carries (python tasks; already masked)."""
+    found = error.get("traceback") if isinstance(error, dict) else None
+    return found if isinstance(found, str) and found else None
 
 
 def next_attempt(message: TaskMessage, dispatches: list[Dispatch] | None) -> Dispatch | None:
@@ -76,7 +84,7 @@ def conclude(payload: dict[str, Any], dispatches: list[Dispatch] | None, *, rais
         return f"failed {text}" + (f"; retried as attempt {message.attempt + 1}" if retry else "")
     if retry is not None:
         raise AttemptRetried(text, message.attempt + 1, retry.countdown)
-    raise AttemptFailed(text)
+    raise AttemptFailed(text, _user_traceback(outcome.get("error")))
 
 
 def _conclude_batch(events: list[dict[str, Any]], *, raise_failures: bool) -> str:

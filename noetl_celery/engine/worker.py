@@ -22,7 +22,7 @@ from noetl_celery.engine.cursor_claim import run_claim
 from noetl_celery.engine.messages import BATCH_EVENT, TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import to_jsonable
-from noetl_celery.store import repo
+from noetl_celery.store import repo, views
 from noetl_celery.store.db import transaction
 from noetl_celery.templating import as_step_result, plain, render_value, response_view
 from noetl_celery.tools import settings as tool_settings
@@ -30,6 +30,8 @@ from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, get_t
 
 CALL_OVERRIDES = ("params", "body", "payload", "json", "headers", "args", "data")  # merged by next_call
 STORE_KEY_LENGTH = 12  # hex characters of the store URL's digest in ToolCall.store_key
+INPUT_META = "input"  # Outcome.meta key of a failed attempt's rendered arguments
+INPUT_VALUE_BYTES = 4096  # JSON bytes kept of each rendered argument of a failed attempt
 
 
 def apply_call(config: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +111,21 @@ def _call(
     for value in found:  # values a tool read at run time (the secrets tool): masked from now on
         secret_registry.register(value)
     secrets |= found
+    if outcome.status != "ok":
+        outcome.meta[INPUT_META] = shown_input(rendered, raw, secrets)
     return outcome
+
+
+def shown_input(rendered: dict[str, Any], raw: frozenset[str], secrets: set[str]) -> dict[str, Any]:
+    """A failed attempt's rendered arguments as its event row keeps them: the fields the worker
+    rendered (not the raw ones, such as python's `code`, which are the playbook's text), with
+    secret-named keys, the credential's values and every configured secret masked (before the
+    cap, so that a truncated preview cannot cut a secret in two), each capped at INPUT_VALUE_BYTES."""
+    kept: Any = to_jsonable({k: v for k, v in rendered.items() if k not in raw})
+    if secrets:
+        kept = credentials.scrub(kept, secrets)
+    masked = cast(dict[str, Any], views.mask(kept))
+    return {k: limits.cap(v, INPUT_VALUE_BYTES) for k, v in masked.items()}
 
 
 def _run_sink(

@@ -25,6 +25,7 @@ from sqlalchemy import and_, select
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.engine.sweeper import lost_outcome
 from noetl_celery.engine.worker import already_done
+from noetl_celery.errors import AttemptFailed
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
 
@@ -97,6 +98,11 @@ class AttemptRequest(Request):
         if lost and message is not None and self._give_up(message, f"{type(exc).__name__}: {exc}"):
             self.acknowledge()
             return None
+        if isinstance(exc, AttemptFailed):
+            # the playbook failed, not the engine: Flower's traceback is the user's code's (or the
+            # error line), not the frames of the engine that raised AttemptFailed
+            shown = getattr(exc, "user_traceback", None) or f"{type(exc).__name__}: {exc}"
+            exc_info.traceback = shown
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:

@@ -12,7 +12,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, select
+from sqlalchemy import Connection, and_, func, or_, select
 
 from noetl_celery import credentials, secret_registry
 from noetl_celery.store.models import Event, Execution, Join, LoopState
@@ -29,6 +29,7 @@ FAILED_ATTEMPTS_SHOWN = 10  # attempts listed under a failed step
 STEP_EVENTS = ("step.started", "step.completed", "step.failed", "step.skipped")
 START_EVENTS = ("action.started", "iteration.started")  # rows whose context holds the input
 MASK = "***"
+ATTEMPT_OUTPUT = ("stdout", "stderr", "log")  # what a python attempt wrote, in its row's meta
 
 
 # --- executions -----------------------------------------------------------------------------
@@ -51,9 +52,13 @@ def list_executions(
     status: str | None = None,
     playbook: str | None = None,
     parent: int | None = None,
+    execution_id: int | None = None,
+    before: int | None = None,
     limit: int = EXECUTION_PAGE_SIZE,
 ) -> list[dict[str, Any]]:
-    """Newest first, with progress, duration and the parent/children links."""
+    """Newest first, with progress, duration and the parent/children links. `playbook` matches a
+    part of the name (case-insensitive); `execution_id` finds one execution; `before` (an
+    execution id, the last one of a page) gives the next, older page."""
     c = EXECUTIONS.c
     query = select(
         c.execution_id,
@@ -68,10 +73,17 @@ def list_executions(
     if status:
         query = query.where(c.status == status)
     if playbook:
-        query = query.where(c.playbook_name == playbook)
+        query = query.where(func.lower(c.playbook_name).contains(playbook.lower(), autoescape=True))
     if parent is not None:
         query = query.where(c.parent_execution_id == parent)
-    rows = [dict(r) for r in conn.execute(query.order_by(c.created_at.desc()).limit(limit)).mappings()]
+    if execution_id is not None:
+        query = query.where(c.execution_id == execution_id)
+    if before is not None:
+        mark = conn.execute(select(c.created_at).where(c.execution_id == before)).scalar()
+        if mark is not None:  # keyset paging on (created_at, execution_id), the list's order
+            query = query.where(or_(c.created_at < mark, and_(c.created_at == mark, c.execution_id < before)))
+    order = (c.created_at.desc(), c.execution_id.desc())
+    rows = [dict(r) for r in conn.execute(query.order_by(*order).limit(limit)).mappings()]
     ids = [r["execution_id"] for r in rows]
     progress = progress_of(conn, ids)
     children: dict[Any, Any] = (
@@ -261,8 +273,9 @@ def events_page(
 
 
 def failure(conn: Connection, execution: dict[str, Any]) -> dict[str, Any] | None:
-    """For a failed execution: the failed step, its error, the failing iteration and its input
-    (the rendered arguments of that attempt, secrets masked) and the step's last failed attempts."""
+    """For a failed execution: the failed step, its error, the failing iteration, its input (the
+    rendered arguments of that attempt, secrets masked), the loop element, what the attempt wrote
+    (stdout, stderr, log records) and the step's last failed attempts."""
     if execution.get("status") != "failed":
         return None
     e = EVENTS.c
@@ -298,12 +311,18 @@ def failure(conn: Connection, execution: dict[str, Any]) -> dict[str, Any] | Non
             .order_by(e.id)
             .limit(1)
         ).scalar()
+    meta = (first or {}).get("meta") or {}
+    started = mask(started) or {}
     return {
         "step": step,
         "error": mask(execution.get("error")),
         "iteration": first["iteration"] if first else None,
         "attempt": first["attempt"] if first else None,
-        "input": mask(started),
+        # the rendered arguments the worker recorded with the failed attempt; for an attempt that
+        # never rendered them (a template error, a sub-playbook) what its start row holds
+        "input": meta.get("input") if meta.get("input") is not None else (started or None),
+        "element": started.get("element"),
+        **{stream: meta.get(stream) for stream in ATTEMPT_OUTPUT},
         "attempts": failed,
     }
 

@@ -19,8 +19,11 @@ Two styles, both found in real playbooks:
 (see tools/script.py) gives the code from an inline source, a file or a URL instead of `code:`.
 
 The data is returned unchanged (a `{status, data}` dict is NOT unwrapped), made
-JSON-serialisable by `to_jsonable`. print() output is captured into `Outcome.meta["stdout"]`
-(truncated) and never reaches the worker's stdout. Compiled code is cached per source text.
+JSON-serialisable by `to_jsonable`. What the code writes to stdout and stderr is captured into
+`Outcome.meta["stdout"]` / `["stderr"]` (truncated; it never reaches the worker's own streams),
+and the logging records it emits (at the level its loggers let through) into `meta["log"]` (the
+first LOG_RECORDS_LIMIT lines; they still reach the worker's log). Compiled code is cached per
+source text.
 
 The code runs with the credential variables (NOETL_AUTH_*, NOETL_CREDENTIALS_FILE) and the
 store/broker URLs sealed out of os.environ (secret_registry.seal_environment); whatever it
@@ -43,10 +46,12 @@ import importlib
 import inspect
 import io
 import linecache
+import logging
 import sys
 import threading
 import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from functools import lru_cache
 from types import CodeType, TracebackType
 from typing import Any
@@ -62,12 +67,16 @@ from noetl_celery.tools.settings import ToolSettings
 __all__ = ["run_python", "to_jsonable"]
 
 STDOUT_LIMIT = 4000  # characters of captured print() output kept in Outcome.meta["stdout"]
+STDERR_LIMIT = 4000  # characters of captured stderr output kept in Outcome.meta["stderr"]
+LOG_RECORDS_LIMIT = 100  # logging records kept in Outcome.meta["log"] (the first ones)
+LOG_RECORD_CHARS = 1000  # characters of one record's line
 
 
-class _ThreadStdout(io.TextIOBase):
-    """Installed once as sys.stdout: a thread that is capturing writes to its own buffer, every
-    other thread to the stdout that was there before. (contextlib.redirect_stdout swaps the
-    process-wide sys.stdout, which concurrent tasks on a thread pool restore out of order.)"""
+class _ThreadStream(io.TextIOBase):
+    """Installed once as sys.stdout (and once as sys.stderr): a thread that is capturing writes to
+    its own buffer, every other thread to the stream that was there before.
+    (contextlib.redirect_stdout swaps the process-wide sys.stdout, which concurrent tasks on a
+    thread pool restore out of order.)"""
 
     def __init__(self, real: Any):
         super().__init__()
@@ -90,22 +99,90 @@ class _ThreadStdout(io.TextIOBase):
         return getattr(self.real, name)
 
 
+class _ThreadLogHandler(logging.Handler):
+    """Installed once on the root logger: the records a capturing thread emits (at the level its
+    loggers let through) are kept, as `LEVEL logger: message` lines, in that thread's list. The
+    other handlers (the worker's log) still get them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.local = threading.local()
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        records = getattr(self.local, "records", None)
+        if records is None:
+            return
+        if len(records) >= LOG_RECORDS_LIMIT:
+            self.local.dropped = getattr(self.local, "dropped", 0) + 1
+            return
+        try:
+            records.append(self.format(record)[:LOG_RECORD_CHARS])
+        except Exception:  # a record whose message cannot be formatted: as logging itself does
+            self.handleError(record)
+
+
 _install_lock = threading.Lock()
+_log_handler = _ThreadLogHandler()
+
+
+def _stream(name: str) -> _ThreadStream:
+    with _install_lock:
+        current = getattr(sys, name)
+        if not isinstance(current, _ThreadStream):
+            current = _ThreadStream(current)
+            setattr(sys, name, current)
+        return current
 
 
 @contextlib.contextmanager
-def capture_stdout(buffer: io.StringIO) -> Iterator[None]:
-    """print() of this thread goes to `buffer` while the block runs; other threads are untouched."""
-    with _install_lock:
-        if not isinstance(sys.stdout, _ThreadStdout):
-            sys.stdout = _ThreadStdout(sys.stdout)
-        proxy = sys.stdout
+def _capture_stream(name: str, buffer: io.StringIO) -> Iterator[None]:
+    proxy = _stream(name)
     previous = getattr(proxy.local, "buffer", None)
     proxy.local.buffer = buffer
     try:
         yield
     finally:
         proxy.local.buffer = previous
+
+
+@dataclass
+class Captured:
+    """What one run of the code wrote: stdout, stderr and its logging records."""
+
+    stdout: io.StringIO = field(default_factory=io.StringIO)
+    stderr: io.StringIO = field(default_factory=io.StringIO)
+    log: list[str] = field(default_factory=list)
+    log_dropped: int = 0
+
+    def into(self, meta: dict[str, Any]) -> None:
+        """Into an outcome's meta: `stdout`, `stderr` (bounded text) and `log` (a list of lines)."""
+        if printed := self.stdout.getvalue():
+            meta["stdout"] = printed[:STDOUT_LIMIT]
+        if errors := self.stderr.getvalue():
+            meta["stderr"] = errors[:STDERR_LIMIT]
+        if self.log:
+            more = [f"... {self.log_dropped} more records not kept"] if self.log_dropped else []
+            meta["log"] = self.log + more
+
+
+@contextlib.contextmanager
+def capture_output(captured: Captured) -> Iterator[None]:
+    """This thread's stdout, stderr and logging records go to `captured` while the block runs
+    (they no longer reach the worker's own stdout/stderr; log records still reach its log)."""
+    with _install_lock:
+        root = logging.getLogger()
+        if _log_handler not in root.handlers:
+            root.addHandler(_log_handler)
+    previous_records = getattr(_log_handler.local, "records", None)
+    previous_dropped = getattr(_log_handler.local, "dropped", 0)
+    _log_handler.local.records, _log_handler.local.dropped = captured.log, 0
+    try:
+        with _capture_stream("stdout", captured.stdout), _capture_stream("stderr", captured.stderr):
+            yield
+    finally:
+        captured.log_dropped = _log_handler.local.dropped
+        _log_handler.local.records, _log_handler.local.dropped = previous_records, previous_dropped
 
 
 class _ScriptReturn(BaseException):  # noqa: N818 - control flow, not an error; BaseException so `except Exception` in user code lets it through
@@ -306,9 +383,9 @@ def run_python(call: ToolCall) -> Outcome:
         **libs,
         **args,
     }
-    buffer = io.StringIO()
+    captured = Captured()
     try:
-        with capture_stdout(buffer):
+        with capture_output(captured):
             try:
                 pending = eval(compiled, namespace)  # noqa: S307 - running the playbook's code is the job
                 if inspect.isawaitable(pending):  # top-level await
@@ -333,7 +410,5 @@ def run_python(call: ToolCall) -> Outcome:
         )
     else:
         outcome = Outcome.ok(to_jsonable(data))
-    printed = buffer.getvalue()
-    if printed:
-        outcome.meta["stdout"] = printed[:STDOUT_LIMIT]
+    captured.into(outcome.meta)
     return outcome

@@ -54,8 +54,12 @@ class TaskEvents:
         return [e for e in self.events if e["type"] == kind]
 
 
+DASHBOARD = "http://dashboard.example:8080"  # NOETL_DASHBOARD_URL: each task's args link to its execution
+
+
 def test_flower_sees_failures_retries_and_outcome_lines(env, store_url, worker_factory):
-    worker_factory(env=env, concurrency=2, extra_args=["-E"])
+    env = {**env, "NOETL_DASHBOARD_URL": DASHBOARD + "/"}
+    worker = worker_factory(env=env, concurrency=2, extra_args=["-E"])
     with TaskEvents(env["NOETL_BROKER_URL"]) as events:
         execution_id = submit(env, PLAYBOOKS / "flower_truth.yaml")
         final = wait(store_url, execution_id, timeout=120)
@@ -76,6 +80,19 @@ def test_flower_sees_failures_retries_and_outcome_lines(env, store_url, worker_f
     assert "AttemptFailed" in failed[0]["exception"] and "bad record 99" in failed[0]["exception"]
     assert f"execution={execution_id}" in failed[0]["exception"]
     assert "step=explode" in mine[failed[0]["uuid"]]["args"]
+    # Flower's traceback is the playbook code's, not the engine's that raised AttemptFailed
+    shown = failed[0]["traceback"]
+    assert 'File "<code>", line 1' in shown and "ValueError: bad record 99" in shown, shown
+    assert "verdict.py" not in shown and "noetl_celery" not in shown, shown
+    # one click from the task to its execution's dashboard page
+    assert all(f"{DASHBOARD}/executions/{execution_id}" in e["args"] for e in mine.values()), mine
+    # the expected failure is one INFO line with execution, step and error; no traceback
+    log = worker.log_text()
+    assert "raised unexpected" not in log and "Traceback" not in log, log[-3000:]
+    expected = [line for line in log.splitlines() if "raised expected" in line]
+    assert len(expected) == 1 and "INFO" in expected[0], expected
+    assert f"execution={execution_id}" in expected[0] and "step=explode" in expected[0]
+    assert "bad record 99" in expected[0]
 
     retried = [e for e in events.by_type("task-retried") if e["uuid"] in mine]
     assert len(retried) == 1, retried

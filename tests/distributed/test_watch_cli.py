@@ -94,9 +94,10 @@ def test_status_of_a_failed_loop_names_the_iteration_its_error_and_input(env, st
     assert status.returncode == 1
     assert "failing attempt: step strict iteration 2 attempt 1" in status.stdout, status.stdout
     assert "error: ZeroDivisionError: integer division or modulo by zero" in status.stdout
-    assert 'input: {"element": 0}' in status.stdout
+    assert "element: 0" in status.stdout and 'input: {"args": {"d": 0}}' in status.stdout  # rendered args
     as_json = json.loads(cli(["status", str(execution_id), "--json"], env).stdout)
-    assert as_json["failure"]["iteration"] == 2 and as_json["failure"]["input"] == {"element": 0}
+    assert as_json["failure"]["iteration"] == 2 and as_json["failure"]["input"] == {"args": {"d": 0}}
+    assert as_json["failure"]["element"] == 0
     assert as_json["loops"][0]["done"] == 4 and as_json["status"] == "failed"
 
 
