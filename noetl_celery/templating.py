@@ -25,7 +25,7 @@ from typing import Any
 
 from jinja2 import StrictUndefined, TemplateAssertionError, TemplateSyntaxError, UndefinedError
 from jinja2.runtime import Undefined
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment, SandboxedFormatter
 from markupsafe import Markup
 
 from noetl_celery import limits, template_budget
@@ -232,7 +232,7 @@ def _refuse_truncated(obj: Mapping[str, Any], name: Any) -> None:
 class PlaybookEnvironment(SandboxedEnvironment):
     """Sandboxed, strict, key-first attribute lookup on mappings, within the template budget."""
 
-    intercepted_binops = frozenset({"**", "*", "%"})
+    intercepted_binops = frozenset({"**", "*", "%", "+", "//", "/"})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         template_budget.check_binop(operator, left, right)
@@ -248,9 +248,23 @@ class PlaybookEnvironment(SandboxedEnvironment):
 
     def wrap_str_format(self, value: Any) -> Any:
         wrapped = super().wrap_str_format(value)
-        if wrapped is not None and isinstance(getattr(value, "__self__", None), str):
-            template_budget.check_format_widths(value.__self__)
-        return wrapped
+        if wrapped is None or not isinstance(getattr(value, "__self__", None), str):
+            return wrapped
+        text: str = value.__self__
+        template_budget.check_format_widths(text)
+        is_format_map = value.__name__ == "format_map"
+        checker = _SpecChecker(self)
+
+        def bounded(*args: Any, **kwargs: Any) -> Any:
+            # a dry run fills in every field, nested widths (`{0:>{1}}`) included, and checks each
+            # spec before the real call pads anything
+            if not is_format_map:
+                checker.vformat(text, args, kwargs)
+            elif len(args) == 1 and not kwargs:
+                checker.vformat(text, (), args[0])
+            return wrapped(*args, **kwargs)
+
+        return bounded
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         if isinstance(obj, Mapping):
@@ -291,6 +305,15 @@ class PlaybookEnvironment(SandboxedEnvironment):
         return super().getitem(obj, argument)
 
 
+class _SpecChecker(SandboxedFormatter):
+    """Formats as the sandbox does, checking each filled-in spec against the size budget before
+    the field is padded (a nested field, `{1}` in `{0:>{1}}`, is formatted first)."""
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        template_budget.check_format_spec(format_spec)
+        return super().format_field(value, format_spec)
+
+
 def _b64encode(value: Any) -> str:
     raw = value if isinstance(value, bytes) else str(value).encode()
     return base64.b64encode(raw).decode()
@@ -320,7 +343,7 @@ def _build_environment() -> PlaybookEnvironment:
 def _bounded_format(run: Any) -> Any:
     def format_filter(value: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(value, str):
-            template_budget.check_format_widths(value)
+            template_budget.check_percent_format(value, kwargs or args)
         return run(value, *args, **kwargs)
 
     return format_filter
