@@ -100,6 +100,18 @@ class StepResult(dict):
         raise KeyError(name)
 
 
+class TruncatedResult(StepResult):
+    """A step result stored as its truncation marker (limits.cap): its own keys (`size`,
+    `sha256`, `preview`) read as usual, but iterating it (`{% for %}`, `| list`, a loop's
+    collection) is an error, not a walk over the marker's keys."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Any:
+        _refuse_truncated(self, None)
+        return super().__iter__()
+
+
 class LoopResult(StepResult):
     """A loop step's result ({results: [...], stats: {...}}): the legacy aliases `.data` and
     `.result` answer the per-iteration results, as NoETL's aggregated iterator result does."""
@@ -200,6 +212,8 @@ def as_step_result(value: Any, task_results: Mapping[str, Any] | None = None) ->
     if isinstance(value, (StepResult, _Aliased, bool)) or value is None:
         return value
     if isinstance(value, Mapping):
+        if value.get(limits.TRUNCATED) is True:
+            return TruncatedResult(value, task_results)
         return StepResult(value, task_results)
     if isinstance(value, list):
         return StepList(value)
@@ -220,13 +234,23 @@ def _unwrap(value: Any) -> Any:
 
 
 def _refuse_truncated(obj: Mapping[str, Any], name: Any) -> None:
-    """A clear error for reading into a value that was stored truncated (limits.cap)."""
+    """A clear error for reading into (or, `name` None, iterating) a value that was stored
+    truncated (limits.cap)."""
     if obj.get(limits.TRUNCATED) is True:
+        what = "iterate over it" if name is None else f"read {name!r}"
         raise TemplateError(
-            f"cannot read {name!r}: the value was truncated when stored ({obj.get('size')} bytes, limit "
+            f"cannot {what}: the value was truncated when stored ({obj.get('size')} bytes, limit "
             f"{obj.get('limit')} bytes, NOETL_MAX_RESULT_BYTES); move big data through a sink and pass a "
             "reference instead"
         )
+
+
+def _guard_truncated(value: Any) -> Any:
+    """A truncation marker found inside a value (an HTTP body, a field) answers as the result of
+    a truncated step does: its fields read, iterating it is an error."""
+    if type(value) is dict and value.get(limits.TRUNCATED) is True:
+        return TruncatedResult(value)
+    return value
 
 
 class PlaybookEnvironment(SandboxedEnvironment):
@@ -269,7 +293,7 @@ class PlaybookEnvironment(SandboxedEnvironment):
     def getattr(self, obj: Any, attribute: str) -> Any:
         if isinstance(obj, Mapping):
             if attribute in obj:
-                return obj[attribute]
+                return _guard_truncated(obj[attribute])
             _refuse_truncated(obj, attribute)
             if isinstance(obj, StepResult):
                 try:
@@ -297,6 +321,8 @@ class PlaybookEnvironment(SandboxedEnvironment):
             return obj
         if isinstance(obj, Mapping) and argument not in obj:
             _refuse_truncated(obj, argument)
+        if isinstance(obj, Mapping) and not isinstance(obj, StepResult) and argument in obj:
+            return _guard_truncated(obj[argument])
         if isinstance(obj, (StepResult, ResponseView)) and isinstance(argument, str) and argument not in obj:
             try:
                 return obj.alias(argument) if isinstance(obj, StepResult) else obj.fallback(argument)

@@ -311,6 +311,21 @@ def test_a_big_response_run_by_the_engine_is_stored_as_a_marker_and_the_store_st
     assert store.exists() and sizes < 5 * 1024 * 1024, f"store of {sizes / 1e6:.1f} MB after a 30 MB body"
 
 
+def test_a_loop_over_a_truncated_result_fails_its_step_instead_of_iterating_the_marker(tmp_path):
+    from tests.support.engines import cli
+
+    playbook = REPO_ROOT / "tests" / "playbooks" / "loop_many.yaml"
+    proc = cli(["run", str(playbook), "--json", "--set", "n=300000"], {"NOETL_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "failed" and out["failed_step"] == "work"
+    assert limits.is_truncated(out["results"]["start"])
+    assert out["error"]["kind"] == "loop"
+    assert "loop collection of step 'work' is a value that was truncated when stored" in out["error"]["message"]
+    assert "NOETL_MAX_RESULT_BYTES" in out["error"]["message"]
+    assert "work" not in out["results"]  # no iteration ran over the marker's keys
+
+
 def test_results_and_errors_past_the_cap_are_stored_as_markers():
     big = {"rows": ["y" * 1000] * 2000}
     body = bounded(
