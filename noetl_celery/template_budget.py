@@ -217,6 +217,17 @@ def bounded_lipsum(run: Callable[..., Any]) -> Callable[..., Any]:
     return lipsum
 
 
+def check_total(what: str, size: int) -> None:
+    """Refuse joining pieces of `size` bytes in all (`~`, the join and sum filters)."""
+    if size > limits.template_max_bytes():
+        raise _too_big(what, size)
+
+
+def sequence_bytes(value: Any) -> int:
+    """About how many bytes concatenating `value` adds (0 for what is not a sequence)."""
+    return _sequence_bytes(value) or 0
+
+
 def check_output(size: int) -> None:
     """Refuse rendered text past the size limit (checked while it is produced)."""
     if size > limits.template_max_bytes():

@@ -23,7 +23,10 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateAssertionError, TemplateSyntaxError, UndefinedError
+from jinja2 import StrictUndefined, TemplateAssertionError, TemplateSyntaxError, UndefinedError, pass_environment
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.filters import make_attrgetter
+from jinja2.nodes import Concat
 from jinja2.runtime import Undefined
 from jinja2.sandbox import SandboxedEnvironment, SandboxedFormatter
 from markupsafe import Markup
@@ -253,8 +256,27 @@ def _guard_truncated(value: Any) -> Any:
     return value
 
 
+class _BoundedCodeGenerator(CodeGenerator):
+    """Compiles `a ~ b` to the environment's bounded concatenation (Jinja's own `str_join` is
+    a plain function no sandbox hook sees)."""
+
+    def visit_Concat(self, node: Concat, frame: Frame) -> None:  # noqa: N802 - Jinja's visitor name
+        self.write("environment.bounded_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
 class PlaybookEnvironment(SandboxedEnvironment):
     """Sandboxed, strict, key-first attribute lookup on mappings, within the template budget."""
+
+    code_generator_class = _BoundedCodeGenerator
+
+    def bounded_concat(self, values: tuple[Any, ...]) -> str:
+        pieces = [str(v) for v in values]
+        template_budget.check_total("concatenating with ~", sum(len(p) for p in pieces))
+        return "".join(pieces)
 
     intercepted_binops = frozenset({"**", "*", "%", "+", "//", "/"})
 
@@ -363,7 +385,38 @@ def _build_environment() -> PlaybookEnvironment:
     for name, positions in BOUNDED_FILTERS.items():
         env.filters[name] = template_budget.bounded_filter(name, env.filters[name], *positions)
     env.filters["format"] = _bounded_format(env.filters["format"])
+    env.filters["join"] = _bounded_join
+    env.filters["sum"] = _bounded_sum(env.filters["sum"])
     return env
+
+
+@pass_environment
+def _bounded_join(environment: Any, value: Any, d: str = "", attribute: Any = None) -> str:
+    """Jinja's join (no autoescape here), refused before joining past NOETL_TEMPLATE_MAX_BYTES."""
+    if attribute is not None:
+        value = map(make_attrgetter(environment, attribute), value)
+    pieces = [str(v) for v in value]
+    separator = str(d)
+    template_budget.check_total(
+        "the filter join", sum(len(p) for p in pieces) + len(separator) * max(len(pieces) - 1, 0)
+    )
+    return separator.join(pieces)
+
+
+def _bounded_sum(run: Any) -> Any:
+    """Jinja's sum; summing sequences (`start=[]`) is refused past NOETL_TEMPLATE_MAX_BYTES before
+    it starts (each `+` copies all that came before)."""
+
+    @pass_environment
+    def sum_filter(environment: Any, iterable: Any, attribute: Any = None, start: Any = 0) -> Any:
+        if not isinstance(start, (str, bytes, list, tuple)):
+            return run(environment, iterable, attribute, start)
+        values = list(iterable if attribute is None else map(make_attrgetter(environment, attribute), iterable))
+        size = template_budget.sequence_bytes(start) + sum(template_budget.sequence_bytes(v) for v in values)
+        template_budget.check_total("the filter sum", size)
+        return run(environment, values, None, start)
+
+    return sum_filter
 
 
 def _bounded_format(run: Any) -> Any:

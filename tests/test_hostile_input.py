@@ -189,6 +189,10 @@ def test_size_bombs_fail_as_template_errors(template):
         ("{{ '%*s' | format(50000000, 'x') | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
         ("{{ (range(100000) | list + range(100000) | list) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
         ("{{ ('x' * 600000 + 'y' * 600000) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ ((['x' * 900000] * 50) | join) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ (([{'a': 'x' * 900000}] * 50) | join(',', attribute='a')) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ (([range(100000) | list] * 50) | sum(start=[])) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ (('x' * 900000) ~ ('y' * 900000)) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
         ("{{ ((7 ** 2000000) // (5 ** 1000000)) > 0 }}", "100000 bits"),
         ("{{ ((7 ** 30000) * (7 ** 30000)) > 0 }}", "100000 bits"),
     ],
@@ -199,6 +203,12 @@ def test_bounds_templates_used_to_bypass_fail_at_once(template, named):
         render_string(template, {})
     assert named in str(info.value) and "more than the template limit" in str(info.value)
     assert time.monotonic() - started < BOMB_REFUSED_WITHIN
+
+
+def test_a_loop_of_doubling_text_stops_at_the_size_limit():
+    grow = "{% set ns = namespace(s='x' * 1000) %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}"
+    with pytest.raises(TemplateError, match="concatenating with ~ would build about 1.02e\\+06 bytes"):
+        render_string(grow, {})
 
 
 def test_a_loop_of_concatenations_stops_at_the_size_limit():
@@ -237,6 +247,11 @@ def test_ordinary_templates_are_unchanged():
     assert render_string("{{ 1 + 2.5 }}", {}) == 3.5
     assert render_string("{{ (2 ** 64) // 3 }}", {}) == 2**64 // 3
     assert render_string("{{ 7 / 2 }}", {}) == 3.5
+    assert render_string("{{ 'a' ~ 1 ~ [2] }}", {}) == "a1[2]"
+    assert render_string("x{{ 'a' ~ 'b' }}y", {}) == "xaby"
+    assert render_string("{{ [{'v': 'a'}, {'v': 'b'}] | join('-', attribute='v') }}", {}) == "a-b"
+    assert render_string("{{ [[1], [2]] | sum(start=[]) }}", {}) == [1, 2]
+    assert render_string("{{ [{'v': 1}, {'v': 2}] | sum(attribute='v') }}", {}) == 3
 
 
 @pytest.mark.parametrize(
