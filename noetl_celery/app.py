@@ -29,6 +29,7 @@ from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, attempt_shadow, even
 from noetl_celery.engine import deadlines, eager, orchestrator, process, sweeper, verdict, worker
 from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
 from noetl_celery.errors import ConfigurationError
+from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
 
 log = logging.getLogger(__name__)
@@ -300,7 +301,7 @@ def decide(
 def refused_value(exc: DataError) -> str:
     """What the event store said when it refused a value of an event (PostgreSQL: invalid JSON
     such as NaN, a \\u0000 escape, a lone surrogate), first lines only."""
-    said = " ".join(str(exc.orig).strip().splitlines()[:2])
+    said = storable(" ".join(str(exc.orig).strip().splitlines()[:2]), 1)
     return f"the event store refused a value of this event (not an outage, not retried): {said}"
 
 

@@ -20,6 +20,7 @@ import base64
 import dataclasses
 import datetime as dt
 import enum
+import json
 import math
 import re
 import sys
@@ -139,8 +140,49 @@ def _path(node: _Node, root: str) -> str:
 
 def unstorable(value: Any, max_depth: int, root: str = "result") -> str | None:
     """The first thing in `value` that strict JSON or the event store cannot hold, with its path
-    from `root` (`NaN at result.rows[2].price`), or None. Walks without recursion, so any depth
-    is measured: containers nested more than `max_depth` levels are refused too."""
+    from `root` (`NaN at result.rows[2].price`), or None. Containers nested more than `max_depth`
+    levels are refused too. A fast screen (the depth of containers only, then strict JSON
+    encoding at C speed) clears most values; the walk that names the path runs only when the
+    screen finds something."""
+    if _depth_within(value, max_depth) and _encodes_strictly(value):
+        return None
+    return _first_unstorable(value, max_depth, root)
+
+
+_PLAIN_CONTAINERS = (dict, list, tuple, set, frozenset)
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+def _is_container(value: Any) -> bool:
+    return isinstance(value, (*_PLAIN_CONTAINERS, Mapping))
+
+
+def _depth_within(value: Any, max_depth: int) -> bool:
+    level = [value] if isinstance(value, (*_PLAIN_CONTAINERS, Mapping)) else []
+    depth = 0
+    while level:
+        if depth >= max_depth:
+            return False
+        depth += 1
+        children: list[Any] = []
+        for container in level:
+            items = container.values() if isinstance(container, Mapping) else container
+            children.extend(v for v in items if type(v) not in _SCALARS and _is_container(v))
+        level = children
+    return True
+
+
+def _encodes_strictly(value: Any) -> bool:
+    """Strict JSON (no NaN/Infinity) encodes it, as UTF-8 (no lone surrogate), with no NUL."""
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, default=to_jsonable)
+        text.encode("utf-8")
+    except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+        return False
+    return "\\u0000" not in text
+
+
+def _first_unstorable(value: Any, max_depth: int, root: str) -> str | None:
     int_bits = _max_int_bits()
     stack: list[tuple[Any, _Node, int]] = [(value, None, 0)]
     while stack:
