@@ -133,7 +133,7 @@ def test_storable_spells_values_and_cuts_deep_nesting():
     assert unstorable(10**5000, 10) == "an integer of about 5000 digits (longer than JSON text may hold) at result"
     assert unstorable({"a": "the text \\u0000 is six characters"}, 10) is None  # the screen's false alarm
     assert unstorable([[[]]], 2) == "nesting deeper than 2 levels (NOETL_MAX_RESULT_DEPTH) at result[0][0]"
-    assert unstorable({"rows": [{"id": i, "tags": ["a"], "price": 1.5} for i in range(1000)]}, 3) is None
+    assert unstorable({"rows": [{"id": i, "tags": ["a"], "price": 1.5} for i in range(1000)]}, 4) is None
 
 
 def test_a_value_postgresql_refuses_in_a_decision_fails_the_execution_at_once(fresh_postgres, tmp_path, monkeypatch):
