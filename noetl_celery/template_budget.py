@@ -4,7 +4,8 @@ Decides when a template has worked long enough or is about to build too big a va
 hostile or mistaken template (`9 ** (9 ** 9)`, `'x' * 10**10`, nested loops) fails its attempt
 with a TemplateError instead of hanging a worker or a decision's transaction.
 
-- Size: the sandbox's intercepted operators (`**`, `*`, `+`, `%`) and the filters and methods
+- Size: the sandbox's intercepted operators (`**`, `*`, `+`, `%`), `~` (compiled to the
+  environment's bounded concatenation), the join and sum filters, and the filters and methods
   that take a width (`str.format` and `%` widths and precisions too, also when they come from
   the arguments: `'{0:>{1}}'`, `'%*s'`) refuse to build a value larger than
   NOETL_TEMPLATE_MAX_BYTES (default 1 MB); Python's own limits already refuse giant int-to-text
