@@ -20,14 +20,16 @@ from typing import Any
 
 from celery import Celery, signals
 from celery.exceptions import Reject
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DataError, DBAPIError
 
+from noetl_celery import limits as noetl_limits
 from noetl_celery import publisher, redis_transport, secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, attempt_shadow, event_shadow, execution_kwargsrepr
 from noetl_celery.engine import deadlines, eager, orchestrator, process, sweeper, verdict, worker
 from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
 from noetl_celery.errors import AttemptFailed, ConfigurationError
+from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,8 @@ redis_transport.install()  # before the app makes its first connection
 app = Celery("noetl_celery")
 _settings, _settings_error = _settings_at_import()
 configure(app, _settings)
+if _settings_error is None:
+    noetl_limits.max_result_depth()  # the recursion limit that results of that depth need, from the start
 
 
 def current_settings() -> noetl_settings.Settings:
@@ -268,6 +272,11 @@ def decide(
     url = current_settings().database_url
     try:
         dispatches = orchestrator.handle_event(url, event)
+    except DataError as exc:  # the store refused a value: sending the event again cannot help
+        reason = refused_value(exc)
+        log.error("execution %s: %s", event.get("execution_id"), reason)
+        orchestrator.fail_internally(url, event, reason, kind="store_refused")
+        return None, None
     except DBAPIError as exc:
         tries = int(event.get("tries", 0)) + 1
         if tries > EVENT_DB_RETRIES:
@@ -290,6 +299,13 @@ def decide(
         log.error("publish failed after the decision was recorded (execution %s): %s", event.get("execution_id"), exc)
         raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
     return dispatches, taken
+
+
+def refused_value(exc: DataError) -> str:
+    """What the event store said when it refused a value of an event (PostgreSQL: invalid JSON
+    such as NaN, a \\u0000 escape, a lone surrogate), first lines only."""
+    said = storable(" ".join(str(exc.orig).strip().splitlines()[:2]), 1)
+    return f"the event store refused a value of this event (not an outage, not retried): {said}"
 
 
 def send_event(payload: dict[str, Any], countdown: float = 0.0, retry_policy: dict[str, Any] | None = None) -> None:

@@ -11,13 +11,17 @@ and the CLI agree, and `noetl-celery config` shows them with the other settings)
 - NOETL_MAX_YAML_NODES: YAML nodes built, aliases counted each time they are used (default 500000);
 - NOETL_TEMPLATE_TIMEOUT: seconds one template evaluation may take (default 5);
 - NOETL_TEMPLATE_MAX_BYTES: size of a string, list or number one template operation may build
-  (default 1 MB).
+  (default 1 MB);
+- NOETL_MAX_LOOP_ITEMS: elements of a loop's rendered collection (default 100000; a cursor loop
+  has no such bound);
+- NOETL_MAX_RESULT_DEPTH: nesting levels of a result (default 200; see `result_depth`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from typing import Any
 
 from noetl_celery import settings
@@ -49,6 +53,24 @@ def template_timeout() -> float:
 
 def template_max_bytes() -> int:
     return int(settings.limit(settings.TEMPLATE_MAX_BYTES_ENV))
+
+
+def max_loop_items() -> int:
+    return int(settings.limit(settings.MAX_LOOP_ITEMS_ENV))
+
+
+RECURSION_PER_LEVEL = 4  # Python frames one nesting level may take (conversion, masking, JSON)
+RECURSION_HEADROOM = 1000  # frames of the worker's own stack beside them
+
+
+def max_result_depth() -> int:
+    """NOETL_MAX_RESULT_DEPTH, with this process's recursion limit raised to fit: results are
+    converted, masked and encoded by recursive code, about RECURSION_PER_LEVEL frames a level."""
+    depth = int(settings.limit(settings.MAX_RESULT_DEPTH_ENV))
+    needed = depth * RECURSION_PER_LEVEL + RECURSION_HEADROOM
+    if sys.getrecursionlimit() < needed:
+        sys.setrecursionlimit(needed)
+    return depth
 
 
 def marker(size: int, sha256: str, preview: str, limit: int) -> dict[str, Any]:

@@ -62,12 +62,18 @@ TEMPLATE_TIMEOUT_ENV = "NOETL_TEMPLATE_TIMEOUT"  # one template evaluation
 DEFAULT_TEMPLATE_TIMEOUT = 5.0  # seconds
 TEMPLATE_MAX_BYTES_ENV = "NOETL_TEMPLATE_MAX_BYTES"  # a string, list or number one template operation builds
 DEFAULT_TEMPLATE_MAX_BYTES = 1_000_000  # bytes
+MAX_LOOP_ITEMS_ENV = "NOETL_MAX_LOOP_ITEMS"  # elements of a loop's rendered collection
+DEFAULT_MAX_LOOP_ITEMS = 100_000
+MAX_RESULT_DEPTH_ENV = "NOETL_MAX_RESULT_DEPTH"  # nesting levels of a stored result
+DEFAULT_MAX_RESULT_DEPTH = 200
 LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limit`)
     MAX_RESULT_BYTES_ENV: DEFAULT_MAX_RESULT_BYTES,
     MAX_PLAYBOOK_BYTES_ENV: DEFAULT_MAX_PLAYBOOK_BYTES,
     MAX_YAML_NODES_ENV: DEFAULT_MAX_YAML_NODES,
     TEMPLATE_TIMEOUT_ENV: DEFAULT_TEMPLATE_TIMEOUT,
     TEMPLATE_MAX_BYTES_ENV: DEFAULT_TEMPLATE_MAX_BYTES,
+    MAX_LOOP_ITEMS_ENV: DEFAULT_MAX_LOOP_ITEMS,
+    MAX_RESULT_DEPTH_ENV: DEFAULT_MAX_RESULT_DEPTH,
 }
 WHOLE_LIMITS = frozenset(LIMIT_DEFAULTS) - {TEMPLATE_TIMEOUT_ENV}  # counts of bytes or nodes
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) holding the package
@@ -111,6 +117,8 @@ class Settings:
     max_yaml_nodes: int = DEFAULT_MAX_YAML_NODES
     template_timeout: float = DEFAULT_TEMPLATE_TIMEOUT
     template_max_bytes: int = DEFAULT_TEMPLATE_MAX_BYTES
+    max_loop_items: int = DEFAULT_MAX_LOOP_ITEMS
+    max_result_depth: int = DEFAULT_MAX_RESULT_DEPTH
 
     @property
     def amqp_broker(self) -> bool:
@@ -153,6 +161,8 @@ class Settings:
             MAX_YAML_NODES_ENV: str(self.max_yaml_nodes),
             TEMPLATE_TIMEOUT_ENV: f"{self.template_timeout:g} s",
             TEMPLATE_MAX_BYTES_ENV: f"{self.template_max_bytes} bytes",
+            MAX_LOOP_ITEMS_ENV: str(self.max_loop_items),
+            MAX_RESULT_DEPTH_ENV: f"{self.max_result_depth} levels",
             DUCKDB_DIR_ENV: str(self.duckdb_dir),
             PLAYBOOK_PATH_ENV: os.pathsep.join(str(p) for p in self.playbook_path) or "(none)",
             CORPUS_DIR_ENV: str(self.corpus_dir),
@@ -223,6 +233,8 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_yaml_nodes=int(limit(MAX_YAML_NODES_ENV, env)),
             template_timeout=limit(TEMPLATE_TIMEOUT_ENV, env),
             template_max_bytes=int(limit(TEMPLATE_MAX_BYTES_ENV, env)),
+            max_loop_items=int(limit(MAX_LOOP_ITEMS_ENV, env)),
+            max_result_depth=int(limit(MAX_RESULT_DEPTH_ENV, env)),
         )
     )
 

@@ -23,9 +23,12 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateAssertionError, TemplateSyntaxError, UndefinedError
+from jinja2 import StrictUndefined, TemplateAssertionError, TemplateSyntaxError, UndefinedError, pass_environment
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.filters import make_attrgetter
+from jinja2.nodes import Concat
 from jinja2.runtime import Undefined
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment, SandboxedFormatter
 from markupsafe import Markup
 
 from noetl_celery import limits, template_budget
@@ -98,6 +101,18 @@ class StepResult(dict):
         if name in self.task_results:
             return self.task_results[name]
         raise KeyError(name)
+
+
+class TruncatedResult(StepResult):
+    """A step result stored as its truncation marker (limits.cap): its own keys (`size`,
+    `sha256`, `preview`) read as usual, but iterating it (`{% for %}`, `| list`, a loop's
+    collection) is an error, not a walk over the marker's keys."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Any:
+        _refuse_truncated(self, None)
+        return super().__iter__()
 
 
 class LoopResult(StepResult):
@@ -200,6 +215,8 @@ def as_step_result(value: Any, task_results: Mapping[str, Any] | None = None) ->
     if isinstance(value, (StepResult, _Aliased, bool)) or value is None:
         return value
     if isinstance(value, Mapping):
+        if value.get(limits.TRUNCATED) is True:
+            return TruncatedResult(value, task_results)
         return StepResult(value, task_results)
     if isinstance(value, list):
         return StepList(value)
@@ -220,19 +237,48 @@ def _unwrap(value: Any) -> Any:
 
 
 def _refuse_truncated(obj: Mapping[str, Any], name: Any) -> None:
-    """A clear error for reading into a value that was stored truncated (limits.cap)."""
+    """A clear error for reading into (or, `name` None, iterating) a value that was stored
+    truncated (limits.cap)."""
     if obj.get(limits.TRUNCATED) is True:
+        what = "iterate over it" if name is None else f"read {name!r}"
         raise TemplateError(
-            f"cannot read {name!r}: the value was truncated when stored ({obj.get('size')} bytes, limit "
+            f"cannot {what}: the value was truncated when stored ({obj.get('size')} bytes, limit "
             f"{obj.get('limit')} bytes, NOETL_MAX_RESULT_BYTES); move big data through a sink and pass a "
             "reference instead"
         )
 
 
+def _guard_truncated(value: Any) -> Any:
+    """A truncation marker found inside a value (an HTTP body, a field) answers as the result of
+    a truncated step does: its fields read, iterating it is an error."""
+    if type(value) is dict and value.get(limits.TRUNCATED) is True:
+        return TruncatedResult(value)
+    return value
+
+
+class _BoundedCodeGenerator(CodeGenerator):
+    """Compiles `a ~ b` to the environment's bounded concatenation (Jinja's own `str_join` is
+    a plain function no sandbox hook sees)."""
+
+    def visit_Concat(self, node: Concat, frame: Frame) -> None:  # noqa: N802 - Jinja's visitor name
+        self.write("environment.bounded_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
 class PlaybookEnvironment(SandboxedEnvironment):
     """Sandboxed, strict, key-first attribute lookup on mappings, within the template budget."""
 
-    intercepted_binops = frozenset({"**", "*", "%"})
+    code_generator_class = _BoundedCodeGenerator
+
+    def bounded_concat(self, values: tuple[Any, ...]) -> str:
+        pieces = [str(v) for v in values]
+        template_budget.check_total("concatenating with ~", sum(len(p) for p in pieces))
+        return "".join(pieces)
+
+    intercepted_binops = frozenset({"**", "*", "%", "+", "//", "/"})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         template_budget.check_binop(operator, left, right)
@@ -248,14 +294,28 @@ class PlaybookEnvironment(SandboxedEnvironment):
 
     def wrap_str_format(self, value: Any) -> Any:
         wrapped = super().wrap_str_format(value)
-        if wrapped is not None and isinstance(getattr(value, "__self__", None), str):
-            template_budget.check_format_widths(value.__self__)
-        return wrapped
+        if wrapped is None or not isinstance(getattr(value, "__self__", None), str):
+            return wrapped
+        text: str = value.__self__
+        template_budget.check_format_widths(text)
+        is_format_map = value.__name__ == "format_map"
+        checker = _SpecChecker(self)
+
+        def bounded(*args: Any, **kwargs: Any) -> Any:
+            # a dry run fills in every field, nested widths (`{0:>{1}}`) included, and checks each
+            # spec before the real call pads anything
+            if not is_format_map:
+                checker.vformat(text, args, kwargs)
+            elif len(args) == 1 and not kwargs:
+                checker.vformat(text, (), args[0])
+            return wrapped(*args, **kwargs)
+
+        return bounded
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         if isinstance(obj, Mapping):
             if attribute in obj:
-                return obj[attribute]
+                return _guard_truncated(obj[attribute])
             _refuse_truncated(obj, attribute)
             if isinstance(obj, StepResult):
                 try:
@@ -283,12 +343,23 @@ class PlaybookEnvironment(SandboxedEnvironment):
             return obj
         if isinstance(obj, Mapping) and argument not in obj:
             _refuse_truncated(obj, argument)
+        if isinstance(obj, Mapping) and not isinstance(obj, StepResult) and argument in obj:
+            return _guard_truncated(obj[argument])
         if isinstance(obj, (StepResult, ResponseView)) and isinstance(argument, str) and argument not in obj:
             try:
                 return obj.alias(argument) if isinstance(obj, StepResult) else obj.fallback(argument)
             except KeyError:
                 pass
         return super().getitem(obj, argument)
+
+
+class _SpecChecker(SandboxedFormatter):
+    """Formats as the sandbox does, checking each filled-in spec against the size budget before
+    the field is padded (a nested field, `{1}` in `{0:>{1}}`, is formatted first)."""
+
+    def format_field(self, value: Any, format_spec: str) -> Any:
+        template_budget.check_format_spec(format_spec)
+        return super().format_field(value, format_spec)
 
 
 def _b64encode(value: Any) -> str:
@@ -314,13 +385,44 @@ def _build_environment() -> PlaybookEnvironment:
     for name, positions in BOUNDED_FILTERS.items():
         env.filters[name] = template_budget.bounded_filter(name, env.filters[name], *positions)
     env.filters["format"] = _bounded_format(env.filters["format"])
+    env.filters["join"] = _bounded_join
+    env.filters["sum"] = _bounded_sum(env.filters["sum"])
     return env
+
+
+@pass_environment
+def _bounded_join(environment: Any, value: Any, d: str = "", attribute: Any = None) -> str:
+    """Jinja's join (no autoescape here), refused before joining past NOETL_TEMPLATE_MAX_BYTES."""
+    if attribute is not None:
+        value = map(make_attrgetter(environment, attribute), value)
+    pieces = [str(v) for v in value]
+    separator = str(d)
+    template_budget.check_total(
+        "the filter join", sum(len(p) for p in pieces) + len(separator) * max(len(pieces) - 1, 0)
+    )
+    return separator.join(pieces)
+
+
+def _bounded_sum(run: Any) -> Any:
+    """Jinja's sum; summing sequences (`start=[]`) is refused past NOETL_TEMPLATE_MAX_BYTES before
+    it starts (each `+` copies all that came before)."""
+
+    @pass_environment
+    def sum_filter(environment: Any, iterable: Any, attribute: Any = None, start: Any = 0) -> Any:
+        if not isinstance(start, (str, bytes, list, tuple)):
+            return run(environment, iterable, attribute, start)
+        values = list(iterable if attribute is None else map(make_attrgetter(environment, attribute), iterable))
+        size = template_budget.sequence_bytes(start) + sum(template_budget.sequence_bytes(v) for v in values)
+        template_budget.check_total("the filter sum", size)
+        return run(environment, values, None, start)
+
+    return sum_filter
 
 
 def _bounded_format(run: Any) -> Any:
     def format_filter(value: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(value, str):
-            template_budget.check_format_widths(value)
+            template_budget.check_percent_format(value, kwargs or args)
         return run(value, *args, **kwargs)
 
     return format_filter

@@ -174,7 +174,47 @@ workflow:
 def test_size_bombs_fail_as_template_errors(template):
     with pytest.raises(TemplateError) as info:
         render_value({"args": {"n": template}}, {})
-    assert "NOETL_TEMPLATE_MAX_BYTES" in str(info.value)
+    assert "more than the template limit of" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("template", "named"),
+    [
+        ("{{ '{0:>{1}}'.format('x', 50000000) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ '{0:{w}}'.format('x', w=2 ** 34) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ '{0:.{1}f}'.format(1.5, 50000000) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ '{x:>{w}}'.format_map({'x': 'y', 'w': 50000000}) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ ('%*s' % (50000000, 'x')) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ ('%.*f' % (50000000, 1.0)) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ '%*s' | format(50000000, 'x') | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ (range(100000) | list + range(100000) | list) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ ('x' * 600000 + 'y' * 600000) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ ((['x' * 900000] * 50) | join) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ (([{'a': 'x' * 900000}] * 50) | join(',', attribute='a')) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ (([range(100000) | list] * 50) | sum(start=[])) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ (('x' * 900000) ~ ('y' * 900000)) | length }}", "NOETL_TEMPLATE_MAX_BYTES"),
+        ("{{ ((7 ** 2000000) // (5 ** 1000000)) > 0 }}", "100000 bits"),
+        ("{{ ((7 ** 30000) * (7 ** 30000)) > 0 }}", "100000 bits"),
+    ],
+)
+def test_bounds_templates_used_to_bypass_fail_at_once(template, named):
+    started = time.monotonic()
+    with pytest.raises(TemplateError) as info:
+        render_string(template, {})
+    assert named in str(info.value) and "more than the template limit" in str(info.value)
+    assert time.monotonic() - started < BOMB_REFUSED_WITHIN
+
+
+def test_a_loop_of_doubling_text_stops_at_the_size_limit():
+    grow = "{% set ns = namespace(s='x' * 1000) %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}"
+    with pytest.raises(TemplateError, match="concatenating with ~ would build about 1.02e\\+06 bytes"):
+        render_string(grow, {})
+
+
+def test_a_loop_of_concatenations_stops_at_the_size_limit():
+    grow = "{% set ns = namespace(xs=[]) %}{% for i in range(50) %}{% set ns.xs = ns.xs + range(100000) | list %}{% endfor %}{{ ns.xs | length }}"
+    with pytest.raises(TemplateError, match="concatenating would build about 1.6e\\+06 bytes"):
+        render_string(grow, {})
 
 
 @pytest.mark.parametrize("template", [POWER_BOMB, REPEAT_BOMB])
@@ -199,6 +239,19 @@ def test_ordinary_templates_are_unchanged():
     assert render_string("{{ [1, 2, 3] | batch(2) | list }}", {}) == [[1, 2], [3]]
     assert render_string("{% for i in range(3) %}{{ i }}{% endfor %}", {}) == "012"
     assert render_string("order 123456789012 {{ '%s' % n }}", {"n": 7}) == "order 123456789012 7"
+    assert render_string("{{ '{0:>{1}}'.format('x', 4) }}", {}) == "   x"
+    assert render_string("{{ '%*s|%.*f' % (3, 'x', 2, 1.5) }}", {}) == "  x|1.50"
+    assert render_string("{{ '%*d' | format(4, 7) }}", {}) == "   7"
+    assert render_string("{{ [1, 2] + [3] }}", {}) == [1, 2, 3]
+    assert render_string("{{ 'ab' + 'c' }}", {}) == "abc"
+    assert render_string("{{ 1 + 2.5 }}", {}) == 3.5
+    assert render_string("{{ (2 ** 64) // 3 }}", {}) == 2**64 // 3
+    assert render_string("{{ 7 / 2 }}", {}) == 3.5
+    assert render_string("{{ 'a' ~ 1 ~ [2] }}", {}) == "a1[2]"
+    assert render_string("x{{ 'a' ~ 'b' }}y", {}) == "xaby"
+    assert render_string("{{ [{'v': 'a'}, {'v': 'b'}] | join('-', attribute='v') }}", {}) == "a-b"
+    assert render_string("{{ [[1], [2]] | sum(start=[]) }}", {}) == [1, 2]
+    assert render_string("{{ [{'v': 1}, {'v': 2}] | sum(attribute='v') }}", {}) == 3
 
 
 @pytest.mark.parametrize(
@@ -271,6 +324,21 @@ def test_a_big_response_run_by_the_engine_is_stored_as_a_marker_and_the_store_st
     store = home / "noetl.sqlite"
     sizes = sum(p.stat().st_size for p in home.iterdir() if p.name.startswith("noetl.sqlite"))
     assert store.exists() and sizes < 5 * 1024 * 1024, f"store of {sizes / 1e6:.1f} MB after a 30 MB body"
+
+
+def test_a_loop_over_a_truncated_result_fails_its_step_instead_of_iterating_the_marker(tmp_path):
+    from tests.support.engines import cli
+
+    playbook = REPO_ROOT / "tests" / "playbooks" / "loop_many.yaml"
+    proc = cli(["run", str(playbook), "--json", "--set", "n=300000"], {"NOETL_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "failed" and out["failed_step"] == "work"
+    assert limits.is_truncated(out["results"]["start"])
+    assert out["error"]["kind"] == "loop"
+    assert "loop collection of step 'work' is a value that was truncated when stored" in out["error"]["message"]
+    assert "NOETL_MAX_RESULT_BYTES" in out["error"]["message"]
+    assert "work" not in out["results"]  # no iteration ran over the marker's keys
 
 
 def test_results_and_errors_past_the_cap_are_stored_as_markers():

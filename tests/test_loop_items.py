@@ -32,3 +32,37 @@ def test_a_mapping_iterates_its_items():
 def test_a_collection_that_is_not_a_list_is_an_error_naming_the_step():
     with pytest.raises(TemplateError, match="loop collection of step 's' rendered to str, not a list"):
         items(collection="{{ text }}")
+
+
+def test_a_truncated_collection_is_an_error_naming_the_step_and_the_setting():
+    from noetl_celery import limits
+    from noetl_celery.templating import as_step_result
+
+    big = limits.cap([0] * 5_000_000)
+    assert limits.is_truncated(big)
+    step = Step(name="fanout", loop=Loop(collection="{{ start }}"))
+    with pytest.raises(TemplateError) as info:
+        build_items(step, {"start": as_step_result(big)})
+    message = str(info.value)
+    assert "loop collection of step 'fanout'" in message and "truncated when stored" in message
+    assert "NOETL_MAX_RESULT_BYTES" in message and "cursor loop" in message
+    with pytest.raises(TemplateError, match="truncated when stored"):  # the marker's keys are not the data
+        build_items(Step(name="fanout", loop=Loop(collection="{{ start.data }}")), {"start": {"data": big}})
+
+
+def test_a_collection_past_the_item_limit_is_refused_pointing_to_cursor_loops(monkeypatch):
+    monkeypatch.setenv("NOETL_MAX_LOOP_ITEMS", "1000")
+    assert len(items(collection="{{ range(1000) | list }}")) == 1000
+    with pytest.raises(TemplateError) as info:
+        items(collection="{{ range(1001) | list }}")
+    message = str(info.value)
+    assert "loop collection of step 's' has 1001 elements, more than NOETL_MAX_LOOP_ITEMS (1000)" in message
+    assert "cursor loop" in message
+
+
+def test_the_default_item_limit_refuses_five_million_elements_from_a_template():
+    from noetl_celery import settings
+
+    assert settings.DEFAULT_MAX_LOOP_ITEMS == 100_000
+    with pytest.raises(TemplateError, match="has 5000000 elements, more than NOETL_MAX_LOOP_ITEMS \\(100000\\)"):
+        build_items(Step(name="s", loop=Loop(collection="{{ big }}")), {"big": list(range(5_000_000))})

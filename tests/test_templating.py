@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from noetl_celery.errors import TemplateError
@@ -117,3 +119,28 @@ def test_a_duckdb_result_reads_as_its_rows_and_keeps_its_fields():
     assert render_string("{{ q.result | length }}", ctx) == 2
     failed = {"error": "boom"}
     assert render_string("{{ q.error }}", {"q": rows_result(failed)}) == "boom"
+
+
+def test_a_truncated_result_cannot_be_iterated_but_its_marker_fields_read():
+    from noetl_celery import limits
+    from noetl_celery.templating import as_step_result
+
+    big = as_step_result(limits.cap(list(range(300_000))))
+    context = {"start": big, "http": {"status_code": 200, "data": dict(big)}}
+    for template in (
+        "{% for k in start %}{{ k }}{% endfor %}",
+        "{{ start | list }}",
+        "{{ start | join(',') }}",
+        "{{ start.items }}",
+        "{% for k in http.data %}{{ k }}{% endfor %}",
+        "{{ http['data'] | list }}",
+    ):
+        with pytest.raises(TemplateError) as info:
+            render_string(template, context)
+        assert "truncated when stored" in str(info.value) and "NOETL_MAX_RESULT_BYTES" in str(info.value), template
+    assert render_string("{{ start.size }}", context) == big["size"]
+    assert render_string("{{ start.sha256 }}", context) == big["sha256"]
+    assert render_string("{{ start | length }}", context) == len(big)
+    assert render_string("{{ http.data.size }}", context) == big["size"]
+    assert render_string("{{ http.data }}", context) == dict(big)  # passed on whole, as the marker
+    assert json.loads(json.dumps(big)) == dict(big)  # stored and sent as the marker it is

@@ -25,6 +25,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Protocol
 
+from noetl_celery import limits, settings
 from noetl_celery.dsl.plan import Step
 from noetl_celery.engine import events as ev
 from noetl_celery.engine.ids import attempt_key
@@ -73,6 +74,19 @@ def build_items(step: Step, context: dict[str, Any]) -> list[Any]:
     loop = step.loop
     assert loop is not None
     value = render_value(loop.collection, context)
+    if limits.is_truncated(value):
+        raise TemplateError(
+            f"loop collection of step {step.name!r} is a value that was truncated when stored "
+            f"({value.get('size')} bytes, limit {value.get('limit')} bytes, {settings.MAX_RESULT_BYTES_ENV}): "
+            "it cannot be iterated; move big data through a sink and loop over a reference "
+            "(a cursor loop over a table), or raise the limit"
+        )
+    if isinstance(value, (dict, list)) and len(value) > limits.max_loop_items():
+        raise TemplateError(
+            f"loop collection of step {step.name!r} has {len(value)} elements, more than "
+            f"{settings.MAX_LOOP_ITEMS_ENV} ({limits.max_loop_items()}): iterate over big collections "
+            "with a cursor loop (`loop: {cursor: ...}`, rows claimed from a table), or raise the limit"
+        )
     if isinstance(value, dict):
         value = [{"key": k, "value": v} for k, v in value.items()]
     if not isinstance(value, list):

@@ -894,11 +894,11 @@ def start_new(conn: Connection, state: ExecutionState, create_row: Callable[[int
     return decider.flush(last=True)
 
 
-def fail_internally(url: str, payload: dict[str, Any], reason: str) -> None:
-    """An event could not be decided (a defect or a lasting outage): fail the execution, recorded,
-    rather than leave it running forever."""
+def fail_internally(url: str, payload: dict[str, Any], reason: str, *, kind: str = "internal") -> None:
+    """An event could not be decided (a defect, a lasting outage, a value the store refuses):
+    fail the execution, recorded, rather than leave it running forever."""
     execution_id = int(payload["execution_id"])
-    error = {"kind": "internal", "message": reason[:2000]}
+    error = {"kind": kind, "message": reason[:2000]}
     events: list[dict[str, Any]] = payload.get("events") or [{}]
     task = payload.get("task") or events[0].get("task") or {}
     step = task.get("step")

@@ -6,6 +6,7 @@ and the execution state (cached per process) and writes nothing to the event sto
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from datetime import UTC, datetime
@@ -21,12 +22,12 @@ from noetl_celery.engine.context import STATE, message_scope, render_context
 from noetl_celery.engine.cursor_claim import run_claim
 from noetl_celery.engine.messages import BATCH_EVENT, TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
-from noetl_celery.jsonable import to_jsonable
+from noetl_celery.jsonable import storable, to_jsonable, unstorable
 from noetl_celery.store import repo, views
 from noetl_celery.store.db import transaction
 from noetl_celery.templating import as_step_result, plain, render_value, response_view
 from noetl_celery.tools import settings as tool_settings
-from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, get_tool, run_tool
+from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, get_tool, refuse_unstorable, run_tool
 
 CALL_OVERRIDES = ("params", "body", "payload", "json", "headers", "args", "data")  # merged by next_call
 STORE_KEY_LENGTH = 12  # hex characters of the store URL's digest in ToolCall.store_key
@@ -155,6 +156,23 @@ def bounded(body: dict[str, Any]) -> dict[str, Any]:
     return capped
 
 
+def storable_outcome(kind: str, outcome: Outcome) -> dict[str, Any]:
+    """The outcome as JSON data the event store accepts. A result holding what it refuses (NaN,
+    Infinity, a NUL character, a lone surrogate, nesting past NOETL_MAX_RESULT_DEPTH) fails the
+    attempt once, kind `invalid_result`, naming the value and its path: recorded as any failure,
+    never taken for a store outage. In the engine's own fields (an error message, meta, an error
+    response's body) such values are spelled out as text instead."""
+    depth = limits.max_result_depth()
+    if outcome.status == "ok":
+        refused = refuse_unstorable(kind, outcome.data)
+        if refused is not None:
+            outcome = Outcome(status="error", error=refused.error, meta=outcome.meta)
+    elif unstorable(outcome.data, depth) is not None:
+        outcome = dataclasses.replace(outcome, data=None)  # a failure's data is not worth refusing it
+    body = cast(dict[str, Any], to_jsonable(outcome.to_dict()))
+    return {key: value if key == "data" else storable(value, depth) for key, value in body.items()}
+
+
 def already_done(url: str, message: TaskMessage) -> bool:
     key = message.outcome_key()
     with transaction(url) as conn:
@@ -243,7 +261,7 @@ def run_attempt(
             outcome = Outcome(
                 status="error", data=outcome.data, error=error, http=outcome.http, pg=sink_outcome.pg, meta=outcome.meta
             )
-    body = bounded(cast(dict[str, Any], to_jsonable(outcome.to_dict())))
+    body = bounded(storable_outcome(task.kind, outcome))
     if secrets:
         body = credentials.scrub(body, secrets)
     body = secret_registry.mask(body)

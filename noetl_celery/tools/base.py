@@ -18,6 +18,9 @@ from typing import Any, Literal
 from billiard.exceptions import SoftTimeLimitExceeded  # raised by the worker pool's time limit
 from pydantic import BaseModel
 
+from noetl_celery import limits
+from noetl_celery.jsonable import unstorable
+
 ERROR_TEXT_LIMIT = 4000  # characters of an error message or traceback kept in an outcome
 # Outcome.meta key under which a tool hands the worker secret values it read (the secrets tool):
 # the worker removes the key and masks those values in everything the outcome writes.
@@ -212,6 +215,16 @@ def get_tool(kind: str) -> ToolSpec | None:
 def known_kinds() -> list[str]:
     _ensure_loaded()
     return sorted(_REGISTRY)
+
+
+def refuse_unstorable(kind: str, data: Any) -> Outcome | None:
+    """An `invalid_result` failure (not retryable) when `data` holds what the event store cannot
+    hold (jsonable.unstorable: NaN/Infinity, NUL, a lone surrogate, too deep), naming the value
+    and its path; None when it can be stored."""
+    problem = unstorable(data, limits.max_result_depth())
+    if problem is None:
+        return None
+    return Outcome.fail("invalid_result", f"{kind}: the result cannot be stored: {problem}")
 
 
 def run_tool(call: ToolCall) -> Outcome:

@@ -61,7 +61,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from noetl_celery import secret_registry
 from noetl_celery.jsonable import to_jsonable
 from noetl_celery.tools import script as scripts
-from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, register
+from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, refuse_unstorable, register
 from noetl_celery.tools.settings import ToolSettings
 
 __all__ = ["run_python", "to_jsonable"]
@@ -408,7 +408,7 @@ def run_python(call: ToolCall) -> Outcome:
         outcome = Outcome.fail(
             "exception", f"{type(exc).__name__}: {exc}{where}", traceback=text[-ERROR_TEXT_LIMIT:], line=line
         )
-    else:
-        outcome = Outcome.ok(to_jsonable(data))
+    else:  # checked first: to_jsonable recurses, and the store refuses NaN, NUL, lone surrogates
+        outcome = refuse_unstorable("python", data) or Outcome.ok(to_jsonable(data))
     captured.into(outcome.meta)
     return outcome

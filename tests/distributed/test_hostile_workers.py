@@ -63,13 +63,46 @@ def test_template_bombs_fail_the_attempt_and_the_worker_serves_the_next_task(tmp
     for bomb_name, bomb in BOMBS.items():
         status = _submit(tmp_path, env, f"args_{bomb_name}", ARGS_BOMB.replace("BOMB", bomb))
         assert status["status"] == "failed", status
-        assert status["error"]["kind"] == "template" and "NOETL_TEMPLATE_MAX_BYTES" in status["error"]["message"]
+        assert status["error"]["kind"] == "template" and "more than the template limit of" in status["error"]["message"]
         status = _submit(tmp_path, env, f"when_{bomb_name}", WHEN_BOMB.replace("BOMB", bomb))
         assert status["status"] == "failed", status
-        assert "NOETL_TEMPLATE_MAX_BYTES" in json.dumps(status["error"])
+        assert "more than the template limit of" in json.dumps(status["error"])
         assert "after" not in status["results"]
     status = _submit(tmp_path, env, "fine", FINE)
     assert status["status"] == "completed" and status["results"]["start"] == 42
+
+
+UNSTORABLE = """apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: unstorable}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = {'values': [1.0, float('nan')], 'text': 'a' + chr(0)}"}
+    next: {arcs: [{step: after}]}
+  - step: after
+    tool: {kind: python, code: "result = 2"}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_result_postgresql_refuses_fails_one_attempt_at_once(tmp_path, env, worker_factory, store_url):
+    """NaN and NUL in a result: one `invalid_result` attempt naming the value, decided at once;
+    not a store outage re-sent with growing delays, nor re-published by the sweeper as lost."""
+    from noetl_celery.store import repo
+    from noetl_celery.store.db import transaction
+
+    worker_factory(env=env, concurrency=1)
+    status = _submit(tmp_path, env, "unstorable", UNSTORABLE)
+    assert status["status"] == "failed", status
+    assert status["error"]["kind"] == "invalid_result", status["error"]
+    assert "NaN (JSON has no NaN or Infinity) at result.values[1]" in status["error"]["message"]
+    assert "after" not in status["results"]
+    with transaction(store_url) as conn:
+        events = repo.list_events(conn, int(status["execution_id"]))
+    types = [e["event_type"] for e in events]
+    assert types.count("action.failed") == 1 and "attempt.republished" not in types, types
+    started = min(e["created_at"] for e in events)
+    assert (max(e["created_at"] for e in events) - started).total_seconds() < 10  # no outage delays
 
 
 @pytest.mark.parametrize("what", ["database", "role"])
