@@ -11,7 +11,8 @@ and the CLI agree, and `noetl-celery config` shows them with the other settings)
 - NOETL_MAX_YAML_NODES: YAML nodes built, aliases counted each time they are used (default 500000);
 - NOETL_TEMPLATE_TIMEOUT: seconds one template evaluation may take (default 5);
 - NOETL_TEMPLATE_MAX_BYTES: size of a string, list or number one template operation may build
-  (default 1 MB).
+  (default 1 MB);
+- NOETL_MAX_STEPS: step runs one execution may start (default 100000; engine/orchestrator.py).
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def template_timeout() -> float:
 
 def template_max_bytes() -> int:
     return int(settings.limit(settings.TEMPLATE_MAX_BYTES_ENV))
+
+
+def max_steps() -> int:
+    return int(settings.limit(settings.MAX_STEPS_ENV))
 
 
 def marker(size: int, sha256: str, preview: str, limit: int) -> dict[str, Any]:

@@ -62,12 +62,15 @@ TEMPLATE_TIMEOUT_ENV = "NOETL_TEMPLATE_TIMEOUT"  # one template evaluation
 DEFAULT_TEMPLATE_TIMEOUT = 5.0  # seconds
 TEMPLATE_MAX_BYTES_ENV = "NOETL_TEMPLATE_MAX_BYTES"  # a string, list or number one template operation builds
 DEFAULT_TEMPLATE_MAX_BYTES = 1_000_000  # bytes
+MAX_STEPS_ENV = "NOETL_MAX_STEPS"  # step runs one execution may start (an arc cycle without an end)
+DEFAULT_MAX_STEPS = 100_000
 LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limit`)
     MAX_RESULT_BYTES_ENV: DEFAULT_MAX_RESULT_BYTES,
     MAX_PLAYBOOK_BYTES_ENV: DEFAULT_MAX_PLAYBOOK_BYTES,
     MAX_YAML_NODES_ENV: DEFAULT_MAX_YAML_NODES,
     TEMPLATE_TIMEOUT_ENV: DEFAULT_TEMPLATE_TIMEOUT,
     TEMPLATE_MAX_BYTES_ENV: DEFAULT_TEMPLATE_MAX_BYTES,
+    MAX_STEPS_ENV: DEFAULT_MAX_STEPS,
 }
 WHOLE_LIMITS = frozenset(LIMIT_DEFAULTS) - {TEMPLATE_TIMEOUT_ENV}  # counts of bytes or nodes
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) holding the package
@@ -110,6 +113,7 @@ class Settings:
     max_yaml_nodes: int = DEFAULT_MAX_YAML_NODES
     template_timeout: float = DEFAULT_TEMPLATE_TIMEOUT
     template_max_bytes: int = DEFAULT_TEMPLATE_MAX_BYTES
+    max_steps: int = DEFAULT_MAX_STEPS
 
     @property
     def amqp_broker(self) -> bool:
@@ -151,6 +155,7 @@ class Settings:
             MAX_YAML_NODES_ENV: str(self.max_yaml_nodes),
             TEMPLATE_TIMEOUT_ENV: f"{self.template_timeout:g} s",
             TEMPLATE_MAX_BYTES_ENV: f"{self.template_max_bytes} bytes",
+            MAX_STEPS_ENV: str(self.max_steps),
             DUCKDB_DIR_ENV: str(self.duckdb_dir),
             PLAYBOOK_PATH_ENV: os.pathsep.join(str(p) for p in self.playbook_path) or "(none)",
             CORPUS_DIR_ENV: str(self.corpus_dir),
@@ -220,6 +225,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_yaml_nodes=int(limit(MAX_YAML_NODES_ENV, env)),
             template_timeout=limit(TEMPLATE_TIMEOUT_ENV, env),
             template_max_bytes=int(limit(TEMPLATE_MAX_BYTES_ENV, env)),
+            max_steps=int(limit(MAX_STEPS_ENV, env)),
         )
     )
 
