@@ -90,9 +90,17 @@ def defer_termination() -> None:
     _Termination.installed = True
 
 
-def termination_deferred() -> bool:
-    """Whether this process let a SIGTERM pass (its worker is being stopped)."""
-    return _Termination.deferred
+def pool_terminating() -> bool:
+    """Whether billiard's terminate handler already ran in this process: a SystemExit now is the
+    pool process being ended, not the running code's own (billiard >= 4.3 says so; older ones
+    keep the same flag unnamed)."""
+    from billiard import common
+
+    fired = getattr(common, "terminate_handler_fired", None)
+    if fired is not None:
+        return bool(fired())
+    flag = getattr(common, "_should_have_exited", None)
+    return bool(flag and flag[0])
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

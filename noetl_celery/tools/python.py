@@ -52,10 +52,10 @@ from functools import lru_cache
 from types import CodeType, TracebackType
 from typing import Any
 
-from billiard.common import terminate_handler_fired
 from billiard.exceptions import SoftTimeLimitExceeded
 
 from noetl_celery import secret_registry
+from noetl_celery.engine import process
 from noetl_celery.jsonable import to_jsonable
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, register
@@ -328,7 +328,7 @@ def run_python(call: ToolCall) -> Outcome:
     except SoftTimeLimitExceeded:
         raise  # the attempt's time limit: run_tool reports it as a timeout
     except (Exception, SystemExit) as exc:  # sys.exit() in user code must not stop the worker
-        if terminate_handler_fired():
+        if process.pool_terminating():
             # the pool process is being ended (billiard's SIGTERM handler raised SystemExit, or
             # the code's cleanup failed while it unwound): not the code's error. Let it through:
             # the attempt ends as interrupted (engine/worker_loss.py) and is delivered again.
