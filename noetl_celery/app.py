@@ -147,6 +147,7 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
     (engine/eager.py); Celery is still told about this message's own attempt.
     """
     started = time.monotonic()
+    process.defer_termination()  # a group-wide SIGTERM lets this attempt finish (engine/process.py)
     try:
         task_message = TaskMessage.from_dict(message)
     except MessageError as exc:
@@ -233,6 +234,7 @@ def on_event(self, execution_id: int, event: dict[str, Any]) -> None:  # type: i
     """Record one event and publish what it decides. If the publish fails after the decision was
     recorded, the event is not acknowledged: it goes back to the queue, and its redelivery
     re-publishes the stored messages."""
+    process.defer_termination()  # a group-wide SIGTERM lets this decision finish (engine/process.py)
     try:
         check_version(event, "on_event payload")
         if event.get("kind") == "wake":
@@ -390,6 +392,7 @@ def attempt_argsrepr(message: TaskMessage, dashboard_url: str | None) -> str:
 @signals.worker_process_init.connect
 def _fresh_process(**_: Any) -> None:
     process.reset_after_fork()  # a forked child never reuses the parent's connections or caches
+    process.mark_pool_child()  # its attempts let a supervisor's SIGTERM pass (engine/process.py)
 
 
 def sweep_once() -> sweeper.SweepResult:

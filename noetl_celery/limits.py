@@ -15,6 +15,7 @@ and the CLI agree, and `noetl-celery config` shows them with the other settings)
 - NOETL_MAX_LOOP_ITEMS: elements of a loop's rendered collection (default 100000; a cursor loop
   has no such bound);
 - NOETL_MAX_RESULT_DEPTH: nesting levels of a result (default 200; see `result_depth`).
+- NOETL_MAX_STEPS: step runs one execution may start (default 100000; engine/orchestrator.py).
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def max_result_depth() -> int:
     if sys.getrecursionlimit() < needed:
         sys.setrecursionlimit(needed)
     return depth
+
+
+def max_steps() -> int:
+    return int(settings.limit(settings.MAX_STEPS_ENV))
 
 
 def marker(size: int, sha256: str, preview: str, limit: int) -> dict[str, Any]:

@@ -66,6 +66,8 @@ MAX_LOOP_ITEMS_ENV = "NOETL_MAX_LOOP_ITEMS"  # elements of a loop's rendered col
 DEFAULT_MAX_LOOP_ITEMS = 100_000
 MAX_RESULT_DEPTH_ENV = "NOETL_MAX_RESULT_DEPTH"  # nesting levels of a stored result
 DEFAULT_MAX_RESULT_DEPTH = 200
+MAX_STEPS_ENV = "NOETL_MAX_STEPS"  # step runs one execution may start (an arc cycle without an end)
+DEFAULT_MAX_STEPS = 100_000
 LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limit`)
     MAX_RESULT_BYTES_ENV: DEFAULT_MAX_RESULT_BYTES,
     MAX_PLAYBOOK_BYTES_ENV: DEFAULT_MAX_PLAYBOOK_BYTES,
@@ -74,6 +76,7 @@ LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limi
     TEMPLATE_MAX_BYTES_ENV: DEFAULT_TEMPLATE_MAX_BYTES,
     MAX_LOOP_ITEMS_ENV: DEFAULT_MAX_LOOP_ITEMS,
     MAX_RESULT_DEPTH_ENV: DEFAULT_MAX_RESULT_DEPTH,
+    MAX_STEPS_ENV: DEFAULT_MAX_STEPS,
 }
 WHOLE_LIMITS = frozenset(LIMIT_DEFAULTS) - {TEMPLATE_TIMEOUT_ENV}  # counts of bytes or nodes
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) holding the package
@@ -119,6 +122,7 @@ class Settings:
     template_max_bytes: int = DEFAULT_TEMPLATE_MAX_BYTES
     max_loop_items: int = DEFAULT_MAX_LOOP_ITEMS
     max_result_depth: int = DEFAULT_MAX_RESULT_DEPTH
+    max_steps: int = DEFAULT_MAX_STEPS
 
     @property
     def amqp_broker(self) -> bool:
@@ -163,6 +167,7 @@ class Settings:
             TEMPLATE_MAX_BYTES_ENV: f"{self.template_max_bytes} bytes",
             MAX_LOOP_ITEMS_ENV: str(self.max_loop_items),
             MAX_RESULT_DEPTH_ENV: f"{self.max_result_depth} levels",
+            MAX_STEPS_ENV: str(self.max_steps),
             DUCKDB_DIR_ENV: str(self.duckdb_dir),
             PLAYBOOK_PATH_ENV: os.pathsep.join(str(p) for p in self.playbook_path) or "(none)",
             CORPUS_DIR_ENV: str(self.corpus_dir),
@@ -235,6 +240,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             template_max_bytes=int(limit(TEMPLATE_MAX_BYTES_ENV, env)),
             max_loop_items=int(limit(MAX_LOOP_ITEMS_ENV, env)),
             max_result_depth=int(limit(MAX_RESULT_DEPTH_ENV, env)),
+            max_steps=int(limit(MAX_STEPS_ENV, env)),
         )
     )
 

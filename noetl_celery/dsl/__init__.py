@@ -9,6 +9,7 @@ final steps) and `Plan.dialect`. Every problem is collected; `load_plan` raises 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -151,10 +152,20 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
         final_step=final if isinstance(final, str) else None,
         no_next_is_error=bool(executor.get("no_next_is_error")),
         steps=steps,
-        source_file=ctx.file,
+        source_file=source_path(ctx.file),
         timeout=_playbook_timeout(ctx, top, executor),
         tags=tags(ctx, metadata, "metadata"),
     )
+
+
+def source_path(file: str) -> str:
+    """The playbook's file as the plan keeps it: absolute when it names a file here, so that a
+    worker in another working directory finds what the playbook names relative to its file
+    (sub-playbooks beside it, `script: {source: {type: file}}`); any other name (`catalog:<path>`,
+    a name given to text) unchanged. Symbolic links are kept, as the submitter named them."""
+    if file.startswith("catalog:") or os.path.isabs(file):
+        return file
+    return os.path.abspath(file) if os.path.isfile(file) else file
 
 
 def _playbook_timeout(ctx: Context, top: LDict, executor: dict[str, Any]) -> float | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from noetl_celery import limits, settings
 from noetl_celery.compiler.names import shadow_label
 from noetl_celery.dsl.plan import Action, Step, Task
 from noetl_celery.engine import batching, cursor_loop, deadlines, loops, pagination, policy_eval, routing, subplaybooks
@@ -38,7 +40,9 @@ from noetl_celery.tools.base import get_tool
 
 log = logging.getLogger(__name__)
 
-MAX_INLINE_DEPTH = 200  # routing-only steps and inline tasks chained in one decision
+# step runs and inline loop iterations without work (routing-only: no tool, noop, end, router) one
+# decision may chain: beyond it the execution fails (a cycle of steps without work never ends)
+MAX_INLINE_DEPTH = 1000
 START_KEY = ev.START_KEY
 
 
@@ -85,6 +89,57 @@ class Decider:
     # may then be counted by that write (`count_iteration`, `later_count`)
     strict: bool = False
     later_count: repo.IterationCount | None = None
+    # step starts and routing-only tasks decided inline wait here while one runs (see `inline`)
+    inline_queue: deque[Callable[[], None]] | None = None
+    steps_run: int | None = None  # step runs recorded before this decision, once counted (`_too_many_steps`)
+
+    def inline(self, work: Callable[[], None]) -> None:
+        """Run `work` (a step start, a routing-only task) now, or after the one running, in order.
+
+        A chain of steps without work is decided in one decision; run one inside the other, each
+        step would nest a few Python frames deeper than the last, and a chain of 150 `noop` steps
+        ended in RecursionError. Queued, the chain runs in a loop, and `depth` counts its steps."""
+        if self.inline_queue is not None:
+            self.inline_queue.append(work)
+            return
+        self.inline_queue = deque([work])
+        try:
+            while self.inline_queue:
+                self.inline_queue.popleft()()
+        finally:
+            self.inline_queue = None
+
+    def _too_deep(self) -> bool:
+        """Count one step run (or inline loop iteration) without work; True past the bound, when
+        the decision stops starting more (the caller fails the execution)."""
+        self.depth += 1
+        if self.depth <= MAX_INLINE_DEPTH:
+            return False
+        if self.inline_queue is not None:
+            self.inline_queue.clear()
+        return True
+
+    def _too_many_steps(self) -> str | None:
+        """The error when this step run is past NOETL_MAX_STEPS (an arc cycle without an end, no
+        playbook `timeout:`), else None.
+
+        Free until the execution's state version (one per decision that stores a step's result or
+        variables) reaches the bound: then the step runs are counted (their `step.started` rows),
+        once per decision. So an execution fails at the first step start after both its step runs
+        and its state version passed the bound (a cycle deciding k steps per turn: at about k
+        times the bound)."""
+        bound = limits.max_steps()
+        if self.version + self.depth < bound:
+            return None
+        if self.steps_run is None:
+            self.steps_run = repo.count_events(self.conn, self.execution_id, ev.STEP_STARTED)
+        started = self.steps_run + sum(1 for row in self.rows if row["event_type"] == ev.STEP_STARTED)
+        if started <= bound:
+            return None
+        return (
+            f"the execution started more than {bound} step runs ({settings.MAX_STEPS_ENV}): an arc cycle "
+            "without an end? Give the playbook a `timeout:` or raise the bound"
+        )
 
     @property
     def conn(self) -> Connection:
@@ -470,8 +525,11 @@ class Decider:
 
     def run_inline(self, step: Step, task: Task, message: TaskMessage) -> None:
         """A routing-only task (noop/end/router) is decided here, without a worker round trip."""
-        self.depth += 1
-        if self.depth > MAX_INLINE_DEPTH:
+        self.inline(lambda: self._run_inline(step, task, message))
+
+    def _run_inline(self, step: Step, task: Task, message: TaskMessage) -> None:
+        # a step's own task was counted with the step's start; a loop's iterations count each
+        if message.iteration is not None and self._too_deep():
             self.unit_done(
                 step,
                 message,
@@ -480,8 +538,9 @@ class Decider:
                     parent=message.parent_event_id,
                     error={
                         "kind": "routing",
-                        "message": f"more than {MAX_INLINE_DEPTH} routing-only "
-                        "tasks in a row: a cycle of steps without work?",
+                        "message": f"more than {MAX_INLINE_DEPTH} steps or loop iterations without "
+                        "work in a row (routing-only: no tool, noop, end, router): a cycle of steps "
+                        "without work?",
                     },
                 ),
                 {"event_id": message.parent_event_id},
@@ -619,6 +678,11 @@ class Decider:
         self, name: str, parent: str, frames: list[list[str]], args: dict[str, Any], came_from: str | None = None
     ) -> None:
         """Start a run of step `name`; `came_from` is the step whose arc chose it (none after a join)."""
+        self.inline(lambda: self._start_step(name, parent, frames, args, came_from))
+
+    def _start_step(
+        self, name: str, parent: str, frames: list[list[str]], args: dict[str, Any], came_from: str | None
+    ) -> None:
         step = self.plan.steps[name]
         run_id = run_id_for(self.execution_id, parent, name)
         start_key = self.record(
@@ -630,10 +694,17 @@ class Decider:
             parent_event_id=parent,
             context=sanitize({"args": args}) if args else None,
         )
-        self.depth += 1
-        if self.depth > MAX_INLINE_DEPTH:
-            err = {"kind": "routing", "message": f"more than {MAX_INLINE_DEPTH} steps without work in a row"}
+        if self._too_deep():
+            err = {
+                "kind": "routing",
+                "message": f"more than {MAX_INLINE_DEPTH} steps without work in a row (routing-only: no "
+                "tool, noop, end, router): a cycle of steps without work?",
+            }
             self.fail_execution(name, err, start_key)
+            return
+        too_many = self._too_many_steps()
+        if too_many is not None:
+            self.fail_execution(name, {"kind": "limit", "message": too_many}, start_key)
             return
         context = render_context(self.state, Scope(args=args, step=name))
         try:

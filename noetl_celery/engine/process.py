@@ -1,15 +1,30 @@
-"""What belongs to one worker process: its identity in event rows, and the caches a forked
-child must not inherit from its parent.
+"""What belongs to one worker process: its identity in event rows, the caches a forked child
+must not inherit from its parent, and how a pool child takes a SIGTERM.
 
-Both are taken per attempt or reset in `worker_process_init`, never at import: a prefork pool
-imports the app once in the parent and forks its children from it.
+Identity is taken per attempt and caches are reset in `worker_process_init`, never at import: a
+prefork pool imports the app once in the parent and forks its children from it.
+
+SIGTERM in a pool child (`defer_termination`): a supervisor that stops a worker by signalling
+its whole process group or cgroup (systemd's default `KillMode=control-group`, supervisord
+`stopasgroup`, `tini -g`, `kill -TERM -- -<pgid>`) sends SIGTERM to the pool children as well as
+to the main process. The main process answers with Celery's warm shutdown (running tasks finish,
+then the pool closes), but billiard's handler in each child raises SystemExit in the middle of
+the running attempt. A child therefore lets the first SIGTERM pass while it runs attempts, and the
+warm shutdown of its main process ends it once they are done; a second SIGTERM (Celery's cold
+shutdown sends one per running task and one per process; a hard time limit sends one before its
+SIGKILL) ends it at once, the billiard way. SIGKILL is never deferred.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import socket
+from types import FrameType
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 DEFAULT_NODE_PREFIX = "celery"  # Celery's node name without -n: celery@<host>
 
@@ -37,3 +52,69 @@ def reset_after_fork() -> None:
     STATE.clear()
     loops.forget_collections()
     credentials.forget_cached_files()
+
+
+class _Termination:
+    """This pool child's SIGTERM state (see the module docstring)."""
+
+    pool_child = False  # set by mark_pool_child in worker_process_init
+    installed = False
+    deferred = False  # a SIGTERM was let pass
+    previous: Any = None  # billiard's handler, called for the second SIGTERM
+
+
+def mark_pool_child() -> None:
+    """This process is a prefork pool child: its attempts may defer SIGTERM."""
+    _Termination.pool_child = True
+    _Termination.installed = False
+    _Termination.deferred = False
+
+
+def defer_termination() -> None:
+    """Called as an attempt starts: from now on the first SIGTERM to this pool child is let pass.
+
+    Installed at the first attempt rather than in `worker_process_init`, because billiard replaces
+    any handler set there (except SIG_IGN) once the initializer returns; an idle child that has
+    run no attempt has nothing to lose and keeps billiard's handler. A no-op outside a prefork
+    pool child (an embedded worker, a thread pool, the main process)."""
+    if not _Termination.pool_child or _Termination.installed:
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous == signal.SIG_IGN:  # already ignored (billiard's REMAP_SIGTERM)
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: nothing to defer
+        return
+    _Termination.previous = previous
+    _Termination.installed = True
+
+
+def pool_terminating() -> bool:
+    """Whether billiard's terminate handler already ran in this process: a SystemExit now is the
+    pool process being ended, not the running code's own (billiard >= 4.3 says so; older ones
+    keep the same flag unnamed)."""
+    from billiard import common
+
+    fired = getattr(common, "terminate_handler_fired", None)
+    if fired is not None:
+        return bool(fired())
+    flag = getattr(common, "_should_have_exited", None)
+    return bool(flag and flag[0])
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if not _Termination.deferred:
+        _Termination.deferred = True
+        log.warning(
+            "pool process %d: SIGTERM received; its running attempt finishes first (the worker's warm "
+            "shutdown ends the process); a second SIGTERM ends it now",
+            os.getpid(),
+        )
+        return
+    previous = _Termination.previous
+    if callable(previous):
+        previous(signum, frame)
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # no handler of billiard's: the default action
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -7,7 +7,10 @@ Decides, for a run_task message:
   below NOETL_MAX_DELIVERIES the message goes back to the queue (a killed process must not lose
   the task), at the limit it is acknowledged and the attempt gets the outcome `worker_lost` (an
   ordinary failed attempt: the retry policy applies);
-- its hard time limit killed the pool process: the attempt gets the outcome `timeout`.
+- its hard time limit killed the pool process: the attempt gets the outcome `timeout`;
+- the worker's cold shutdown ended the pool process in the middle of the attempt (a second
+  SIGTERM, engine/process.py): counted and requeued as a lost delivery, its reason says so. The
+  tool never reports that interruption as the attempt's own error (tools/python.py).
 If the event store cannot be reached here, Celery's own handling applies (requeue on loss); the
 sweeper ends what stays without an outcome.
 """
@@ -79,6 +82,14 @@ def _batch_of(attempt: TaskMessage) -> dict[str, Any]:
     return {"batch": [member.iteration for member in attempt.members()]}
 
 
+def _shutting_down() -> bool:
+    """Whether this worker is in its warm or cold shutdown (its pool processes are being ended)."""
+    from celery.worker import state
+
+    # each holds the exit code once set (0 for a warm shutdown)
+    return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
+
+
 class AttemptRequest(Request):
     """run_task's request in the worker's main process (see the module docstring)."""
 
@@ -95,7 +106,10 @@ class AttemptRequest(Request):
             isinstance(exc, (SystemExit, KeyboardInterrupt)) and not (self._already_cancelled or self._already_revoked)
         )
         message = self._attempt_message()
-        if lost and message is not None and self._give_up(message, f"{type(exc).__name__}: {exc}"):
+        reason = f"{type(exc).__name__}: {exc}"
+        if _shutting_down():
+            reason = f"the worker was shutting down ({reason})"
+        if lost and message is not None and self._give_up(message, reason):
             self.acknowledge()
             return None
         if isinstance(exc, AttemptFailed):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Connection, Table, and_, select, update
+from sqlalchemy import Connection, Table, and_, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
@@ -197,6 +197,13 @@ def delete_unpublished_execution(conn: Connection, execution_id: int) -> None:
 def get_execution(conn: Connection, execution_id: int) -> dict[str, Any] | None:
     row = conn.execute(select(EXECUTIONS).where(EXECUTIONS.c.execution_id == execution_id)).mappings().first()
     return dict(row) if row else None
+
+
+def count_events(conn: Connection, execution_id: int, event_type: str) -> int:
+    """How many rows of `event_type` the execution has."""
+    e = EVENTS.c
+    query = select(func.count()).where(and_(e.execution_id == execution_id, e.event_type == event_type))
+    return int(conn.execute(query).scalar_one())
 
 
 def execution_head(conn: Connection, execution_id: int, *, deciding: bool = False) -> dict[str, Any] | None:

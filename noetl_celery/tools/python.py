@@ -31,7 +31,8 @@ returns, prints or raises is masked by the worker.
 
 This module does not sandbox the code (playbook authors are trusted, as in NoETL), does not
 enforce the timeout (Celery's time limits do: their exception is let through, never reported as
-the code's own) and does no I/O of its own.
+the code's own) and does no I/O of its own. The SystemExit with which billiard ends a pool
+process on SIGTERM is let through too: the attempt was interrupted, it did not fail.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from typing import Any
 from billiard.exceptions import SoftTimeLimitExceeded
 
 from noetl_celery import secret_registry
+from noetl_celery.engine import process
 from noetl_celery.jsonable import to_jsonable
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, refuse_unstorable, register
@@ -403,6 +405,11 @@ def run_python(call: ToolCall) -> Outcome:
     except SoftTimeLimitExceeded:
         raise  # the attempt's time limit: run_tool reports it as a timeout
     except (Exception, SystemExit) as exc:  # sys.exit() in user code must not stop the worker
+        if process.pool_terminating():
+            # the pool process is being ended (billiard's SIGTERM handler raised SystemExit, or
+            # the code's cleanup failed while it unwound): not the code's error. Let it through:
+            # the attempt ends as interrupted (engine/worker_loss.py) and is delivered again.
+            raise
         text, line = _user_traceback(exc, filename)
         where = f" (line {line} of the code)" if line is not None else ""
         outcome = Outcome.fail(
