@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 
 from tests.support import services as svc
-from tests.support.corpus import ConformanceTally, uses_corpus
+from tests.support.corpus import CONFORMANCE_MARK, ConformanceTally, uses_corpus
 from tests.support.loopback import serve
 from tests.support.workers import WorkerGroup
 
 MARKERS = {
     "services": "needs a real Redis or RabbitMQ and PostgreSQL (found or started by the test session)",
     "slow": "long-running correctness runs",
+    CONFORMANCE_MARK: "a conformance case: runs a file of the NoETL corpus (given by collection)",
     "smoke": "an end-to-end test that also runs as a subprocess on the embedded and distributed deployments",
     "real_workers": "needs real time or parallel workers: never runs on the in-process harness",
 }
@@ -61,15 +62,11 @@ def pytest_collection_modifyitems(config, items):
     skip_slow = pytest.mark.skip(reason="slow: give --run-slow (or CI=true) to run")
     for item in items:
         if uses_corpus(item):
-            _conformance.nodeids.add(item.nodeid)
+            item.add_marker(CONFORMANCE_MARK)
         if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker("services")
         if "slow" in item.keywords and not run_slow:
             item.add_marker(skip_slow)
-
-
-def pytest_deselected(items):
-    _conformance.nodeids.difference_update(item.nodeid for item in items)
 
 
 def pytest_runtest_logreport(report):

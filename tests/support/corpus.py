@@ -43,6 +43,9 @@ def uses_corpus(item: Any) -> bool:
     return bool(_USES_CORPUS.search(source))
 
 
+CONFORMANCE_MARK = "conformance"  # the marker collection gives each case (see uses_corpus)
+
+
 class ConformanceTally:
     """Outcomes of the conformance cases of one session, for the terminal summary."""
 
@@ -52,8 +55,11 @@ class ConformanceTally:
         self.skip_reasons: Counter[str] = Counter()
 
     def add(self, report: Any) -> None:
-        if report.nodeid not in self.nodeids:
+        """Count a test report of a case marked `conformance` (also one from a pytest-xdist worker:
+        reports carry their item's keywords)."""
+        if CONFORMANCE_MARK not in report.keywords:
             return
+        self.nodeids.add(report.nodeid)
         if report.when == "call" or (report.when == "setup" and not report.passed):
             if report.skipped:
                 self.outcomes["skipped"] += 1
