@@ -24,7 +24,8 @@ JSON-serialisable by `to_jsonable`. print() output is captured into `Outcome.met
 
 The code runs with the credential variables (NOETL_AUTH_*, NOETL_CREDENTIALS_FILE) and the
 store/broker URLs sealed out of os.environ (secret_registry.seal_environment); whatever it
-returns, prints or raises is masked by the worker.
+returns, prints or raises is masked by the worker, and what it (or a subprocess it starts) writes
+to file descriptors 1 and 2 directly is masked on its way to the worker's log (fd_masking.py).
 
 This module does not sandbox the code (playbook authors are trusted, as in NoETL), does not
 enforce the timeout (Celery's time limits do: their exception is let through, never reported as
@@ -54,6 +55,7 @@ from typing import Any
 from billiard.exceptions import SoftTimeLimitExceeded
 
 from noetl_celery import secret_registry
+from noetl_celery.fd_masking import masking_file_descriptors
 from noetl_celery.jsonable import to_jsonable
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, register
@@ -267,6 +269,7 @@ def import_libs(libs: Any) -> dict[str, Any]:
     raw_fields={"code"},
     settings=PythonSettings,
 )
+@masking_file_descriptors  # what the code writes to fd 1/2 itself (os.write, subprocesses) is masked
 def run_python(call: ToolCall) -> Outcome:
     """Run the call's code (see the module docstring) and return its value as the data."""
     code = call.config.get("code")
