@@ -298,40 +298,53 @@ def test_a_cancelled_loop_of_sub_playbooks_runs_its_cancelled_children_again_and
 TIMED_PLAYBOOK = PLAYBOOK.replace("workflow:", "timeout: 60\nworkflow:", 1)
 
 
-def test_a_resumed_execution_gets_its_playbook_timeout_again_from_the_resume(tmp_path):
+def _age(url: str, execution_id: int, seconds: float) -> None:
+    """The execution's clock, as the sweeper sees it, `seconds` later."""
     from datetime import timedelta
 
     from sqlalchemy import update
 
+    with transaction(url) as conn:
+        row = repo.get_execution(conn, execution_id) or {}
+        conn.execute(
+            update(repo.EXECUTIONS)
+            .where(repo.EXECUTIONS.c.execution_id == execution_id)
+            .values(
+                created_at=row["created_at"] - timedelta(seconds=seconds),
+                deadline_at=row["deadline_at"] - timedelta(seconds=seconds),
+            )
+        )
+
+
+def _seconds_left(url: str, execution_id: int) -> float:
+    with transaction(url) as conn:
+        deadline = (repo.get_execution(conn, execution_id) or {})["deadline_at"]
+    return (deadline.replace(tzinfo=None) - repo.utcnow().replace(tzinfo=None)).total_seconds()
+
+
+def test_a_resumed_execution_gets_its_playbook_timeout_again_from_the_resume(tmp_path):
     from noetl_celery.engine.sweeper import sweep
 
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     path = tmp_path / "timed.yaml"
     path.write_text(TIMED_PLAYBOOK)
     execution_id = create_execution(compile_playbook(str(path)), url)
-    [first] = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
-    with transaction(url) as conn:  # 61 seconds later, as the sweeper sees it
-        x = repo.EXECUTIONS.c
-        row = repo.get_execution(conn, execution_id) or {}
-        conn.execute(
-            update(repo.EXECUTIONS)
-            .where(x.execution_id == execution_id)
-            .values(
-                created_at=row["created_at"] - timedelta(seconds=61),
-                deadline_at=row["deadline_at"] - timedelta(seconds=61),
-            )
-        )
-    assert sweep(url).timed_out == [execution_id]
-    status = execution_status(url, execution_id)
-    assert (status["status"], status["error"]["kind"]) == ("failed", "timeout"), status
-    _, [again] = resume(url, execution_id)
-    assert again.message["replay"] is True  # its attempt had no outcome
-    with transaction(url) as conn:
-        deadline = (repo.get_execution(conn, execution_id) or {})["deadline_at"]
-    left = (deadline.replace(tzinfo=None) - repo.utcnow().replace(tzinfo=None)).total_seconds()
-    assert 55 < left <= 60, left  # the playbook's 60 s, counted from the resume
-    assert sweep(url).timed_out == []
-    assert execution_status(url, execution_id)["status"] == "running"
+    orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    for epoch in (1, 2):  # timed out, resumed, timed out again, resumed again
+        _age(url, execution_id, 61)
+        assert sweep(url).timed_out == [execution_id]
+        status = execution_status(url, execution_id)
+        assert (status["status"], status["error"]["kind"]) == ("failed", "timeout"), status
+        assert resume(url, execution_id)[0] == epoch
+        assert 55 < _seconds_left(url, execution_id) <= 60  # the playbook's 60 s, counted from this resume
+        assert sweep(url).timed_out == []
+        assert execution_status(url, execution_id)["status"] == "running"
+    _, [again] = resume_after_cancel(url, execution_id)
     [second] = orchestrator.handle_event(url, outcome(again, ok=True, data=1))
     orchestrator.handle_event(url, outcome(second, ok=True, data=2))
     assert execution_status(url, execution_id)["status"] == "completed"
+
+
+def resume_after_cancel(url: str, execution_id: int):
+    cancel(url, execution_id, "pause")
+    return resume(url, execution_id)

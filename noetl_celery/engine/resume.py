@@ -23,7 +23,7 @@ an attempt (nothing would run).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection, and_, select, update
@@ -60,8 +60,12 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
         state = STATE.get(url, execution_id, conn=conn)
         head = repo.execution_head(conn, execution_id) or {}
         decider = Decider(connection=conn, state=state, running=True, version=head.get("state_version", 0))
+        timeout = _timeout(execution, {e["event_id"]: e for e in events}, epoch)
         decider.record(
-            "execution.resumed", f"execution.resumed.e{epoch}", status="running", meta={"epoch": epoch, "from": status}
+            "execution.resumed",
+            f"execution.resumed.e{epoch}",
+            status="running",
+            meta={"epoch": epoch, "from": status, **({"timeout": timeout} if timeout is not None else {})},
         )
         redo = _plan_redo(
             decider, events, epoch, failed_step=execution.get("failed_step") if status == "failed" else None
@@ -86,7 +90,7 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
                 finished_at=None,
                 epoch=epoch,
                 updated_at=repo.utcnow(),
-                deadline_at=_fresh_deadline(execution),
+                deadline_at=repo.utcnow() + timedelta(seconds=timeout) if timeout is not None else None,
             )
         )
         for message, outcome, row in redo["decide"]:
@@ -196,12 +200,17 @@ def _plan_children(
     return out
 
 
-def _fresh_deadline(execution: dict[str, Any]) -> datetime | None:
-    """The execution's deadline counted from now: as long as it was given when it was created."""
-    deadline, created = execution.get("deadline_at"), execution.get("created_at")
-    if deadline is None or created is None:
+def _timeout(execution: dict[str, Any], by_key: dict[str, dict[str, Any]], epoch: int) -> float | None:
+    """The seconds the execution may run (None: no limit): the span its deadline was given at its
+    creation (the playbook's or the task's `timeout`), kept in each resume's row for the next."""
+    if execution.get("deadline_at") is None:
         return None
-    return repo.utcnow() + (deadline - created)
+    previous = by_key.get(f"execution.resumed.e{epoch - 1}") if epoch > 1 else None
+    kept = ((previous or {}).get("meta") or {}).get("timeout")
+    if kept is not None:
+        return float(kept)
+    created = execution.get("created_at")
+    return (execution["deadline_at"] - created).total_seconds() if created is not None else None
 
 
 def _failing_attempt(
