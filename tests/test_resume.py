@@ -348,3 +348,35 @@ def test_a_resumed_execution_gets_its_playbook_timeout_again_from_the_resume(tmp
 def resume_after_cancel(url: str, execution_id: int):
     cancel(url, execution_id, "pause")
     return resume(url, execution_id)
+
+
+SINGLE_PARENT = """
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: single}
+workflow:
+  - step: start
+    tool: {kind: playbook, path: t/child, return_step: start}
+"""
+
+
+def test_a_cancelled_sub_playbook_step_starts_a_new_child_and_a_child_ending_meanwhile_is_awaited(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    (tmp_path / "child.yaml").write_text(CHILD_PLAYBOOK)
+    path = tmp_path / "single.yaml"
+    path.write_text(SINGLE_PARENT)
+    execution_id = create_execution(compile_playbook(str(path)), url)
+    [start] = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    orchestrator.handle_event(url, start.message)  # the child runs
+    assert len(cancel(url, execution_id, "pause")) == 2  # the parent and its running child
+    _, [again] = resume(url, execution_id)  # the child ended with its parent: a new child
+    assert again.message["kind"] == "start" and again.message["execution_id"] != start.message["execution_id"]
+    [run_again] = orchestrator.handle_event(url, again.message)
+    [end] = orchestrator.handle_event(url, outcome(run_again, ok=True, data="child"))  # its end, on its way
+    cancel(url, execution_id, "again")  # the child had completed: it did not end with its parent
+    assert resume(url, execution_id)[1] == []  # nothing to send: the child's end is awaited
+    answer(url, [end])
+    status = execution_status(url, execution_id)
+    assert status["status"] == "completed", status
+    assert status["results"]["start"] == "child"
+    assert sorted(c["status"] for c in status["children"]) == ["cancelled", "completed"]

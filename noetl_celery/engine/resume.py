@@ -101,7 +101,7 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
         decider.dispatches.extend(redo["dispatch"])
         for message in children["again"]:  # a new child for each task whose child ended with this execution
             decider.dispatch_task(decider.plan.steps[message.step], message)
-        if not decider.dispatches and not decider.pending and not redo["decide"]:
+        if not decider.dispatches and not decider.pending and not redo["decide"] and not children["in_flight"]:
             raise ResumeRefused(
                 f"execution {execution_id}: nothing to resume (no attempt was left without an "
                 "outcome, and its failure was not an attempt's)"
