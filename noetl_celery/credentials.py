@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -248,27 +249,26 @@ def secret_values(credential: Any) -> set[str]:
 
 
 def scrub(obj: Any, secrets: set[str] | frozenset[str] | list[str]) -> Any:
-    """A deep copy of a JSON-like value with each secret (len >= 4) replaced by "***"."""
-    every_form: set[str] = set()
-    for secret in secrets:
-        if isinstance(secret, str) and len(secret) >= MIN_SECRET_LENGTH:
-            every_form |= secret_registry.forms(secret)
-    usable = sorted(every_form, key=len, reverse=True)
-    return _scrub(obj, usable)
+    """A deep copy of a JSON-like value with each secret (len >= 4), in every form
+    secret_registry masks, replaced by "***"."""
+    pattern = _masks_for(frozenset(s for s in secrets if isinstance(s, str)))
+    return obj if pattern is None else _scrub(obj, pattern)
 
 
-def _scrub(obj: Any, secrets: list[str]) -> Any:
+@lru_cache(maxsize=64)
+def _masks_for(secrets: frozenset[str]) -> re.Pattern[str] | None:
+    return secret_registry.compile_masks(secrets)
+
+
+def _scrub(obj: Any, pattern: re.Pattern[str]) -> Any:
     if isinstance(obj, str):
-        for secret in secrets:
-            if secret in obj:
-                obj = obj.replace(secret, "***")
-        return obj
+        return pattern.sub("***", obj)
     if isinstance(obj, dict):
-        return {_scrub(k, secrets) if isinstance(k, str) else k: _scrub(v, secrets) for k, v in obj.items()}
+        return {_scrub(k, pattern) if isinstance(k, str) else k: _scrub(v, pattern) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_scrub(v, secrets) for v in obj]
+        return [_scrub(v, pattern) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_scrub(v, secrets) for v in obj)
+        return tuple(_scrub(v, pattern) for v in obj)
     if isinstance(obj, (set, frozenset)):
-        return type(obj)(_scrub(v, secrets) for v in obj)
+        return type(obj)(_scrub(v, pattern) for v in obj)
     return obj

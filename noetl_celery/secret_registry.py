@@ -12,9 +12,12 @@ Which values:
   (NOETL_DATABASE_URL, NOETL_BROKER_URL, NOETL_RESULT_BACKEND, NOETL_POSTGRES_DSN);
 - any value given to `register()` (a tool that reads a secret at run time registers it).
 
-In which forms each value is hidden: as is, percent-encoded (with and without `/` kept, and
-form-encoded), JSON-escaped, and base64 (standard and URL-safe, at each of the three byte
-alignments, so a secret inside a longer base64 text is found too).
+In which forms each value is hidden: as is; percent-encoded (any characters of it, upper- or
+lower-case hex, once or twice: `%2F`, `%2f`, `%252F`), form-encoded (`+`); JSON-escaped (`\\"`,
+`\\/`, `\\uXXXX` in either case, for any of its characters); hex of its UTF-8 bytes (either case);
+base64 (standard and URL-safe, at each of the three byte alignments, so a secret inside a longer
+base64 text is found too). All of them are one regex, compiled once per set of secrets.
+What code writes to file descriptors 1 and 2 itself is masked by noetl_celery/fd_masking.py.
 
 `seal_environment()` moves the credential variables out of os.environ into this module, so code
 run by the python tool cannot read them; `environ()` is the environment as the engine reads it.
@@ -165,17 +168,42 @@ def _fingerprint() -> tuple[Any, ...]:
     return relevant, mtime, len(_registered)
 
 
+def _lower_hex(text: str) -> str:
+    """Percent-encoding with lower-case hex digits (`%2f`: as valid as `%2F`, RFC 3986)."""
+    return _PERCENT.sub(lambda m: m.group(0).lower(), text)
+
+
+_PERCENT = re.compile(r"%[0-9A-F]{2}")
+_HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"}  # JSON as Go and some JS encoders write it
+
+
 def forms(secret: str) -> set[str]:
-    """The forms of one secret that are masked: as is, percent-encoded, JSON-escaped, base64."""
+    """The spellings of one secret that are masked (every one generated here, once per secret).
+
+    As is; percent-encoded (everything reserved, or `/` kept, or form-encoded, or as
+    JavaScript's encodeURIComponent leaves it), each with upper- and lower-case hex, once and
+    twice (`%2F`, `%2f`, `%252F`, `%252f`); JSON-escaped (with non-ASCII kept or `\\u`-escaped,
+    with `/` as `\\/`, with `<>&` as `\\u003c`..., and every character as `\\uXXXX` in lower- and
+    upper-case hex); hex of its UTF-8 bytes (both cases); base64 (standard and URL-safe, on its
+    own and inside a longer base64 text at each of the three byte alignments)."""
+    percent = {quote(secret, safe=""), quote(secret), quote_plus(secret), quote(secret, safe="!'()*~")}
+    percent |= {_lower_hex(once) for once in percent}
+    percent |= {quote(once, safe="") for once in percent}  # `%` itself encoded: `%252F`, `%252f`
+    escaped = json.dumps(secret)[1:-1]
+    every = "".join(f"\\u{unit:04x}" for unit in _utf16_units(secret))
     out = {
         secret,
-        quote(secret, safe=""),
-        quote(secret),
-        quote_plus(secret),
-        json.dumps(secret)[1:-1],
+        *percent,
+        escaped,
         json.dumps(secret, ensure_ascii=False)[1:-1],
+        escaped.replace("/", "\\/"),
+        "".join(_HTML_ESCAPES.get(c, c) for c in escaped),
+        "".join(_HTML_ESCAPES[c].upper().replace("\\U", "\\u") if c in _HTML_ESCAPES else c for c in escaped),
+        every,
+        every.upper().replace("\\U", "\\u"),
     }
     raw = secret.encode("utf-8")
+    out |= {raw.hex(), raw.hex().upper()}
     for encode in (base64.b64encode, base64.urlsafe_b64encode):
         whole = encode(raw).decode("ascii")
         out |= {whole, whole.rstrip("=")}  # the secret encoded on its own: every character masked
@@ -189,18 +217,51 @@ def forms(secret: str) -> set[str]:
     return {f for f in out if len(f) >= MIN_SECRET_LENGTH}
 
 
+def _utf16_units(text: str) -> list[int]:
+    data = text.encode("utf-16-be")
+    return [int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 2)]
+
+
+def compile_masks(values: Any) -> re.Pattern[str] | None:
+    """One regex matching every form of each of `values` (strings shorter than MIN_SECRET_LENGTH
+    are left out), longest first; None when there is none. The forms are merged into a prefix
+    tree, so a text is scanned about as fast as for one alternative whatever their number."""
+    words: set[str] = set()
+    for value in values:
+        if isinstance(value, str) and len(value) >= MIN_SECRET_LENGTH:
+            words |= forms(value)
+    return re.compile(_tree_regex(words)) if words else None
+
+
+def _tree_regex(words: set[str]) -> str:
+    """A regex matching exactly `words`, the longest at a position first, shared prefixes merged."""
+    root: dict[str, Any] = {}
+    for word in words:
+        node = root
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a word ends here
+
+    def build(node: dict[str, Any]) -> str:
+        chain: list[str] = []  # a run of single characters is one literal (no recursion per character)
+        while len(node) == 1 and "" not in node:
+            [(char, node)] = node.items()
+            chain.append(re.escape(char))
+        branches = [re.escape(char) + build(child) for char, child in sorted(node.items()) if char]
+        if not branches:
+            return "".join(chain)
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return "".join(chain) + (f"(?:{body})?" if "" in node else body)
+
+    return build(root)
+
+
 def _pattern() -> re.Pattern[str] | None:
     with _lock:
         key = _fingerprint()
         if _cache["key"] == key:
             return _cache["pattern"]
-        values = _configured_values() | _registered
-        all_forms: set[str] = set()
-        for value in values:
-            if isinstance(value, str) and len(value) >= MIN_SECRET_LENGTH:
-                all_forms |= forms(value)
-        ordered = sorted(all_forms, key=len, reverse=True)
-        pattern = re.compile("|".join(re.escape(f) for f in ordered)) if ordered else None
+        pattern = compile_masks(_configured_values() | _registered)
         _cache["key"], _cache["pattern"] = key, pattern
         return pattern
 

@@ -118,3 +118,57 @@ def test_scrub_deep_copy() -> None:
     assert out == {"msg": "token *** and ***", "list": ["***", 5, ("***",)], "k": None}
     assert value["msg"] == "token tok-123 and pw-secret"  # the input is untouched
     assert scrub("ab abc", {"ab"}) == "ab abc"  # secrets shorter than 4 characters are not scrubbed
+
+
+def _encodings(secret: str) -> dict[str, str]:
+    """The spellings an encoder gives a secret (written independently of the engine)."""
+    import base64
+    import re
+    from urllib.parse import quote
+
+    def lower_hex(text: str) -> str:
+        return re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), text)
+
+    lower = lower_hex(quote(secret, safe=""))
+    utf16 = secret.encode("utf-16-be")
+    units = [int.from_bytes(utf16[i : i + 2], "big") for i in range(0, len(utf16), 2)]
+    return {
+        "raw": secret,
+        "percent": quote(secret, safe=""),
+        "percent lower-case": lower,
+        "percent twice": quote(quote(secret, safe=""), safe=""),
+        "percent twice, lower-case": lower_hex(quote(lower, safe="")),
+        "hex": secret.encode().hex(),
+        "HEX": secret.encode().hex().upper(),
+        "json \\/": json.dumps(secret).replace("/", "\\/")[1:-1],
+        "json \\u all": "".join(f"\\u{u:04x}" for u in units),
+        "json \\U all": "".join(f"\\u{u:04X}" for u in units),
+        "json as Go writes it": json.dumps(secret)[1:-1]
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026"),
+        "base64": base64.b64encode(secret.encode()).decode(),
+    }
+
+
+@pytest.mark.parametrize("secret", ["Tok/rel+0042==#@%canary", "Pw<x>&y/é€😀z"])
+def test_every_encoding_of_a_secret_is_masked_and_ordinary_text_is_not(secret: str) -> None:
+    from noetl_celery import secret_registry
+
+    pattern = secret_registry.compile_masks({secret})
+    for name, spelled in _encodings(secret).items():
+        text = f'{{"a": "before {spelled} after"}}'
+        assert secret_registry.mask_text(text, pattern) == '{"a": "before *** after"}', name
+        assert scrub({"k": [text]}, {secret}) == {"k": ['{"a": "before *** after"}']}, name
+    ordinary = "GET /a%2Fb?x=%41 \\u0041 \\/ deadbeef " + json.dumps({"t": "ordinary"})
+    assert secret_registry.mask_text(ordinary, pattern) == ordinary
+
+
+def test_a_long_secret_compiles_into_one_pattern() -> None:
+    from noetl_celery import secret_registry
+
+    key = "-----BEGIN KEY-----\n" + "QUJD/+" * 700 + "\n-----END KEY-----"  # 4,200 characters
+    pattern = secret_registry.compile_masks({key, "other-secret"})
+    assert pattern is not None
+    assert secret_registry.mask_text(f"x{json.dumps(key)}y", pattern) == 'x"***"y'
+    assert secret_registry.mask_text(f"x{key.encode().hex()}y", pattern) == "x***y"

@@ -213,3 +213,170 @@ def test_a_failed_pipeline_iteration_runs_again_from_its_failed_task_with_the_ea
     assert status["status"] == "completed", status
     assert status["results"]["start"]["results"] == [1, 11, 21]
     assert sorted(ran) == [(i, t, 1) for i in range(3) for t in range(2)]  # task a of index 1 ran once
+
+
+PARENT_PLAYBOOK = """
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: parent}
+workflow:
+  - step: start
+    loop: {in: "{{ [0, 1, 2, 3, 4, 5] }}", iterator: n, mode: parallel, max_in_flight: 2}
+    tool: {kind: playbook, path: t/child, return_step: start, input: {x: "{{ iter.n }}"}}
+    next:
+      arcs: [{step: after}]
+  - step: after
+    tool: {kind: python, code: "result = 'after'"}
+"""
+
+CHILD_PLAYBOOK = """
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: child, path: t/child}
+workload: {x: 0}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = 'child'"}
+"""
+
+
+def answer(url: str, dispatches: list) -> None:
+    """Deliver events to on_event and answer attempts as a worker would, until none is left."""
+    queue = list(dispatches)
+    while queue:
+        d = queue.pop(0)
+        if d.kind == "event":
+            queue += orchestrator.handle_event(url, d.message)
+        else:
+            queue += orchestrator.handle_event(url, outcome(d, ok=True, data="child"))
+
+
+def parent_rows(url: str, execution_id: int, event_type: str) -> list[dict]:
+    with transaction(url) as conn:
+        return [r for r in repo.list_events(conn, execution_id) if r["event_type"] == event_type]
+
+
+def test_a_cancelled_loop_of_sub_playbooks_runs_its_cancelled_children_again_and_completes_once(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    (tmp_path / "child.yaml").write_text(CHILD_PLAYBOOK)
+    path = tmp_path / "parent.yaml"
+    path.write_text(PARENT_PLAYBOOK)
+    execution_id = create_execution(compile_playbook(str(path)), url)
+    start_zero, start_one = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    [run_zero] = orchestrator.handle_event(url, start_zero.message)  # child 0 runs
+    [end_zero] = orchestrator.handle_event(url, outcome(run_zero, ok=True, data="child"))  # ... and ends
+    [run_one] = orchestrator.handle_event(url, start_one.message)  # child 1 runs
+    cancelled = cancel(url, execution_id, "pause")
+    assert len(cancelled) == 2 and cancelled[0] == execution_id  # the parent and child 1 (child 0 had ended)
+    child_one = cancelled[1]
+    assert execution_status(url, child_one)["error"] == {
+        "kind": "cancelled",
+        "message": "pause",
+        "ended_with": execution_id,
+    }
+    assert orchestrator.handle_event(url, end_zero.message) == []  # child 0's end: recorded, not acted on
+    assert orchestrator.handle_event(url, outcome(run_one, ok=True, data="child")) == []  # child 1 is cancelled
+
+    _, again = resume(url, execution_id)
+    # child 0's end is decided now (index 2 goes), index 1 runs again as its next attempt: a new child
+    assert sorted((d.message["kind"], d.label) for d in again) == [("start", "start:playbook")] * 2
+    answer(url, again)
+    status = execution_status(url, execution_id)
+    assert status["status"] == "completed", status
+    assert status["results"]["start"]["results"] == ["child"] * 6
+    assert status["results"]["start"]["stats"] == {"total": 6, "success": 6, "failed": 0}
+    completed = [r["iteration"] for r in parent_rows(url, execution_id, "iteration.completed")]
+    assert sorted(completed) == list(range(6))  # every index counted once
+    assert [r["attempt"] for r in parent_rows(url, execution_id, "iteration.completed") if r["iteration"] == 1] == [2]
+    assert len(parent_rows(url, execution_id, "iterator.completed")) == 1
+    assert len(parent_rows(url, execution_id, "execution.completed")) == 1
+    children = execution_status(url, execution_id)["children"]
+    assert sorted(c["status"] for c in children) == ["cancelled"] + ["completed"] * 6
+    assert execution_status(url, child_one)["status"] == "cancelled"  # not run again itself
+
+
+TIMED_PLAYBOOK = PLAYBOOK.replace("workflow:", "timeout: 60\nworkflow:", 1)
+
+
+def _age(url: str, execution_id: int, seconds: float) -> None:
+    """The execution's clock, as the sweeper sees it, `seconds` later."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    with transaction(url) as conn:
+        row = repo.get_execution(conn, execution_id) or {}
+        conn.execute(
+            update(repo.EXECUTIONS)
+            .where(repo.EXECUTIONS.c.execution_id == execution_id)
+            .values(
+                created_at=row["created_at"] - timedelta(seconds=seconds),
+                deadline_at=row["deadline_at"] - timedelta(seconds=seconds),
+            )
+        )
+
+
+def _seconds_left(url: str, execution_id: int) -> float:
+    with transaction(url) as conn:
+        deadline = (repo.get_execution(conn, execution_id) or {})["deadline_at"]
+    return (deadline.replace(tzinfo=None) - repo.utcnow().replace(tzinfo=None)).total_seconds()
+
+
+def test_a_resumed_execution_gets_its_playbook_timeout_again_from_the_resume(tmp_path):
+    from noetl_celery.engine.sweeper import sweep
+
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    path = tmp_path / "timed.yaml"
+    path.write_text(TIMED_PLAYBOOK)
+    execution_id = create_execution(compile_playbook(str(path)), url)
+    orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    for epoch in (1, 2):  # timed out, resumed, timed out again, resumed again
+        _age(url, execution_id, 61)
+        assert sweep(url).timed_out == [execution_id]
+        status = execution_status(url, execution_id)
+        assert (status["status"], status["error"]["kind"]) == ("failed", "timeout"), status
+        assert resume(url, execution_id)[0] == epoch
+        assert 55 < _seconds_left(url, execution_id) <= 60  # the playbook's 60 s, counted from this resume
+        assert sweep(url).timed_out == []
+        assert execution_status(url, execution_id)["status"] == "running"
+    _, [again] = resume_after_cancel(url, execution_id)
+    [second] = orchestrator.handle_event(url, outcome(again, ok=True, data=1))
+    orchestrator.handle_event(url, outcome(second, ok=True, data=2))
+    assert execution_status(url, execution_id)["status"] == "completed"
+
+
+def resume_after_cancel(url: str, execution_id: int):
+    cancel(url, execution_id, "pause")
+    return resume(url, execution_id)
+
+
+SINGLE_PARENT = """
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: single}
+workflow:
+  - step: start
+    tool: {kind: playbook, path: t/child, return_step: start}
+"""
+
+
+def test_a_cancelled_sub_playbook_step_starts_a_new_child_and_a_child_ending_meanwhile_is_awaited(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    (tmp_path / "child.yaml").write_text(CHILD_PLAYBOOK)
+    path = tmp_path / "single.yaml"
+    path.write_text(SINGLE_PARENT)
+    execution_id = create_execution(compile_playbook(str(path)), url)
+    [start] = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
+    orchestrator.handle_event(url, start.message)  # the child runs
+    assert len(cancel(url, execution_id, "pause")) == 2  # the parent and its running child
+    _, [again] = resume(url, execution_id)  # the child ended with its parent: a new child
+    assert again.message["kind"] == "start" and again.message["execution_id"] != start.message["execution_id"]
+    [run_again] = orchestrator.handle_event(url, again.message)
+    [end] = orchestrator.handle_event(url, outcome(run_again, ok=True, data="child"))  # its end, on its way
+    cancel(url, execution_id, "again")  # the child had completed: it did not end with its parent
+    assert resume(url, execution_id)[1] == []  # nothing to send: the child's end is awaited
+    answer(url, [end])
+    status = execution_status(url, execution_id)
+    assert status["status"] == "completed", status
+    assert status["results"]["start"] == "child"
+    assert sorted(c["status"] for c in status["children"]) == ["cancelled", "completed"]

@@ -1,8 +1,9 @@
 """How an execution ends from outside its own decisions: cancelled, or out of time.
 
 Decides: the status and the row that record it, and that child executions (parent_execution_id)
-end with their parent. A decision arriving afterwards sees a non-running execution: its outcome
-row is recorded, nothing new is dispatched.
+end with their parent (their error names it: `ended_with`, the id this call ended; a resume of
+that execution runs their tasks again: engine/resume.py). A decision arriving afterwards sees a
+non-running execution: its outcome row is recorded, nothing new is dispatched.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ def end_tree(conn: Connection, execution_id: int, status: str, event_type: str, 
             break
         for eid in level:
             repo.lock_execution(conn, eid)  # decisions in flight commit first
-            if repo.finish_execution(conn, eid, status, error=error):
+            own = error if eid == execution_id else {**error, "ended_with": execution_id}
+            if repo.finish_execution(conn, eid, status, error=own):
                 row: dict[str, Any] = {
                     "execution_id": eid,
                     "event_id": event_type,
                     "event_type": event_type,
                     "status": status,
-                    "error": error,
+                    "error": own,
                 }
                 if eid == execution_id:
                     row.update(_parent_notice(conn, eid, status, error))

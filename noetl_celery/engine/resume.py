@@ -12,21 +12,27 @@ every key already recorded keeps deduplicating redeliveries of the old epoch. In
   outcome of the old epoch still wins);
 - the attempt whose failure failed a (non-loop) step runs again as its next attempt;
 - a collection loop that was stopped (still running, or the loop that failed its step) continues:
-  completed iterations keep their results, failed and never-dispatched ones run (engine/resume_loops.py).
+  completed iterations keep their results, failed and never-dispatched ones run (engine/resume_loops.py);
+- a sub-playbook task whose child ended with this execution (cancelled or timed out with it,
+  error `ended_with`) runs again as its next attempt: a new child; a child that is still running,
+  or whose end is on its way, is in flight; a child's end recorded but not acted on is decided now;
+- a playbook `timeout:` counts again from the resume (deadline_at: now + the execution's timeout).
 Refused: an execution that is running or completed, and a failure that was a decision rather than
 an attempt (nothing would run).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, update
+from sqlalchemy import Connection, and_, select, update
 
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.engine.orchestrator import Decider
 from noetl_celery.engine.resume_loops import reopen_loops
+from noetl_celery.engine.subplaybooks import EVENT_DISPATCH
 from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
@@ -54,16 +60,22 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
         state = STATE.get(url, execution_id, conn=conn)
         head = repo.execution_head(conn, execution_id) or {}
         decider = Decider(connection=conn, state=state, running=True, version=head.get("state_version", 0))
+        timeout = _timeout(execution, {e["event_id"]: e for e in events}, epoch)
         decider.record(
-            "execution.resumed", f"execution.resumed.e{epoch}", status="running", meta={"epoch": epoch, "from": status}
+            "execution.resumed",
+            f"execution.resumed.e{epoch}",
+            status="running",
+            meta={"epoch": epoch, "from": status, **({"timeout": timeout} if timeout is not None else {})},
         )
         redo = _plan_redo(
             decider, events, epoch, failed_step=execution.get("failed_step") if status == "failed" else None
         )
+        children = _plan_children(conn, execution_id, {e["event_id"]: e for e in events}, redo["dispatched"], epoch)
+        redo["decide"] += children["decide"]
         loops = reopen_loops(
             decider,
             events,
-            redo["dispatched"],
+            {**redo["dispatched"], **children["in_flight"]},
             f"execution.resumed.e{epoch}",
             execution.get("failed_step") if status == "failed" else None,
         )
@@ -72,7 +84,13 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
             update(repo.EXECUTIONS)
             .where(repo.EXECUTIONS.c.execution_id == execution_id)
             .values(
-                status="running", error=None, failed_step=None, finished_at=None, epoch=epoch, updated_at=repo.utcnow()
+                status="running",
+                error=None,
+                failed_step=None,
+                finished_at=None,
+                epoch=epoch,
+                updated_at=repo.utcnow(),
+                deadline_at=repo.utcnow() + timedelta(seconds=timeout) if timeout is not None else None,
             )
         )
         for message, outcome, row in redo["decide"]:
@@ -81,7 +99,9 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
             _rewrite(conn, execution_id, row)
         decider.pending += redo["pending"] + loops["pending"]
         decider.dispatches.extend(redo["dispatch"])
-        if not decider.dispatches and not decider.pending and not redo["decide"]:
+        for message in children["again"]:  # a new child for each task whose child ended with this execution
+            decider.dispatch_task(decider.plan.steps[message.step], message)
+        if not decider.dispatches and not decider.pending and not redo["decide"] and not children["in_flight"]:
             raise ResumeRefused(
                 f"execution {execution_id}: nothing to resume (no attempt was left without an "
                 "outcome, and its failure was not an attempt's)"
@@ -134,6 +154,63 @@ def _plan_redo(decider: Decider, events: list[dict[str, Any]], epoch: int, faile
             again.append(Dispatch(kind="run", message=retry.to_dict(), label=dispatch.label, timeout=dispatch.timeout))
             pending += 1
     return {"archive": archive, "decide": decide, "dispatch": again, "pending": pending, "dispatched": dispatched}
+
+
+def _plan_children(
+    conn: Connection, execution_id: int, by_key: dict[str, dict[str, Any]], dispatched: dict[str, Dispatch], epoch: int
+) -> dict[str, Any]:
+    """What becomes of the sub-playbook tasks of the execution: {"decide": outcomes recorded but
+    not acted on, "again": the next attempts of tasks whose child ended with the execution,
+    "in_flight": attempt key -> Dispatch of every task not settled (for engine/resume_loops.py)}.
+    Only the last attempt of each task position counts (an earlier one was retried already); a
+    task sent to a worker with its child's outcome (to run its sink) is an attempt like any other."""
+    c = repo.EXECUTIONS.c
+    latest: dict[tuple[Any, ...], tuple[TaskMessage, str, Any]] = {}
+    for status, error, parent_task in conn.execute(
+        select(c.status, c.error, c.parent_task).where(c.parent_execution_id == execution_id)
+    ):
+        raw = (parent_task or {}).get("message")
+        if not raw:
+            continue
+        message = TaskMessage.from_dict(raw)
+        position = (message.step, message.run_id, message.iteration, message.task_index, message.seq)
+        if position not in latest or latest[position][0].attempt < message.attempt:
+            latest[position] = (message, status, error)
+    out: dict[str, Any] = {"decide": [], "again": [], "in_flight": {}}
+    for message, status, error in latest.values():
+        key = message.outcome_key()
+        done = by_key.get(key)
+        if key.removesuffix(".done") in dispatched:
+            continue  # its sink runs on a worker: _plan_redo replays or decides it
+        if done is not None and not (done.get("meta") or {}).get("ignored"):
+            continue  # decided
+        out["in_flight"][key.removesuffix(".done")] = Dispatch(kind=EVENT_DISPATCH, message=message.to_dict())
+        if done is not None:
+            out["decide"].append((message, _outcome(done), dict(done)))
+        elif status in ("failed", "cancelled") and isinstance(error, dict) and error.get("ended_with") is not None:
+            out["again"].append(
+                message.evolve(
+                    attempt=message.attempt + 1,
+                    replay=False,
+                    delayed=False,
+                    parent_event_id=f"execution.resumed.e{epoch}",
+                )
+            )
+        # else: the child runs, or its end is on its way (the sweeper delivers it)
+    return out
+
+
+def _timeout(execution: dict[str, Any], by_key: dict[str, dict[str, Any]], epoch: int) -> float | None:
+    """The seconds the execution may run (None: no limit): the span its deadline was given at its
+    creation (the playbook's or the task's `timeout`), kept in each resume's row for the next."""
+    if execution.get("deadline_at") is None:
+        return None
+    previous = by_key.get(f"execution.resumed.e{epoch - 1}") if epoch > 1 else None
+    kept = ((previous or {}).get("meta") or {}).get("timeout")
+    if kept is not None:
+        return float(kept)
+    created = execution.get("created_at")
+    return (execution["deadline_at"] - created).total_seconds() if created is not None else None
 
 
 def _failing_attempt(

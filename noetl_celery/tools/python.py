@@ -27,7 +27,8 @@ source text.
 
 The code runs with the credential variables (NOETL_AUTH_*, NOETL_CREDENTIALS_FILE) and the
 store/broker URLs sealed out of os.environ (secret_registry.seal_environment); whatever it
-returns, prints or raises is masked by the worker.
+returns, prints or raises is masked by the worker, and what it (or a subprocess it starts) writes
+to file descriptors 1 and 2 directly is masked on its way to the worker's log (fd_masking.py).
 
 This module does not sandbox the code (playbook authors are trusted, as in NoETL), does not
 enforce the timeout (Celery's time limits do: their exception is let through, never reported as
@@ -61,6 +62,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 
 from noetl_celery import secret_registry
 from noetl_celery.engine import process
+from noetl_celery.fd_masking import masking_file_descriptors
 from noetl_celery.jsonable import to_jsonable
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, refuse_unstorable, register
@@ -346,6 +348,7 @@ def import_libs(libs: Any) -> dict[str, Any]:
     raw_fields={"code"},
     settings=PythonSettings,
 )
+@masking_file_descriptors  # what the code writes to fd 1/2 itself (os.write, subprocesses) is masked
 def run_python(call: ToolCall) -> Outcome:
     """Run the call's code (see the module docstring) and return its value as the data."""
     code = call.config.get("code")

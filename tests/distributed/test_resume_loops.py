@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from noetl_celery.runner import wait
+from noetl_celery.runner import cancel, wait
 from noetl_celery.store.db import get_engine
 from tests.support.engines import cli, submit
 
@@ -89,3 +89,36 @@ def test_resume_after_cancel_runs_the_rest_of_the_loop_once(env, store_url, work
     assert set(completed) == set(range(n)) and max(completed.values()) == 1, completed
     assert len(rows(store_url, execution_id, "step = 'work' AND event_type = 'iterator.completed'")) == 1
     assert len(rows(store_url, execution_id, "step = 'after' AND event_type = 'step.completed'")) == 1
+
+
+def test_resume_after_cancel_runs_the_cancelled_sub_playbooks_again_and_completes_once(env, store_url, worker_factory):
+    worker_factory(env=env, concurrency=2, name="resume-sub@%h")
+    n = 12
+    execution_id = submit(env, PLAYBOOKS / "sub" / "resume_parent.yaml", n=n, seconds=1.5)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if rows(store_url, execution_id, "event_type = 'iteration.completed'"):
+            break
+        time.sleep(0.1)
+    assert execution_id in cancel(store_url, execution_id, "pause")
+    status = wait(store_url, execution_id, timeout=30)
+    assert status["status"] == "cancelled", status
+    cancelled = [c for c in status["children"] if c["status"] == "cancelled"]
+    assert cancelled, status["children"]  # children were running: they ended with their parent
+    started = {r["iteration"] for r in rows(store_url, execution_id, "event_type = 'iteration.started'")}
+    assert len(started) < n  # the cancel stopped the loop part way
+
+    proc = cli(["resume", str(execution_id)], env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    status = wait(store_url, execution_id, timeout=120)
+    assert status["status"] == "completed", status
+    assert status["results"]["done"] == {"count": n}
+    completed = Counter(r["iteration"] for r in rows(store_url, execution_id, "event_type = 'iteration.completed'"))
+    assert set(completed) == set(range(n)) and max(completed.values()) == 1, completed
+    again = rows(store_url, execution_id, "event_type = 'iteration.completed' AND attempt = 2")
+    assert len(again) == len(cancelled)  # each cancelled child's iteration ran once more, as a new child
+    children = Counter(c["status"] for c in wait(store_url, execution_id, timeout=5)["children"])
+    assert children == {"completed": n, "cancelled": len(cancelled)}, children
+    assert len(rows(store_url, execution_id, "step = 'start' AND event_type = 'iterator.completed'")) == 1
+    assert len(rows(store_url, execution_id, "step = 'done' AND event_type = 'step.completed'")) == 1
+    assert len(rows(store_url, execution_id, "event_type = 'execution.completed'")) == 1

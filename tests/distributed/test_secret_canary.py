@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -22,6 +23,7 @@ import redis
 from noetl_celery.store.db import migrate
 from tests.support.engines import cli
 from tests.support.hostile_http import hostile_server
+from tests.test_dashboard import Dashboard
 
 TOKEN = "Tok/rel+0042==#@%canary"
 DSN_PASSWORD = "Pw#rel-777/x@%y"
@@ -70,6 +72,41 @@ workflow:
         token = json.load(open(path))["canary"]["token"]
         raise ValueError("bad token " + token + " / " + quote(token, safe="") + " / " + json.dumps(token))
 """
+ENCODED = """apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: canary_encoded}
+workflow:
+  - step: start
+    tool:
+      kind: python
+      args: {path: "{{ creds_file }}"}
+      code: |
+        import json, os, re, subprocess
+        from urllib.parse import quote
+        token = json.load(open(path))["canary"]["token"]
+        lower = re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), quote(token, safe=""))
+        spelled = {"lower": lower, "twice": quote(quote(token, safe=""), safe=""), "hex": token.encode().hex(),
+                   "HEX": token.encode().hex().upper(), "slashed": json.dumps(token).replace("/", "\\\\/"),
+                   "uescaped": "".join("\\\\u%04x" % ord(c) for c in token)}
+        print("printed", *spelled.values())
+        os.write(1, ("fd1-write " + " ".join(spelled.values()) + "\\n").encode())
+        os.write(2, ("fd2-write " + token + " " + spelled["hex"] + "\\n").encode())
+        subprocess.run(["sh", "-c", 'echo "subprocess-out $T $H"; echo "subprocess-err $T $L" >&2'],
+                       env={"T": token, "H": spelled["hex"], "L": lower}, check=True)
+        result = spelled
+    next: [{step: fail}]
+  - step: fail
+    tool:
+      kind: python
+      args: {path: "{{ creds_file }}"}
+      code: |
+        import json, re
+        from urllib.parse import quote
+        token = json.load(open(path))["canary"]["token"]
+        lower = re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), quote(token, safe=""))
+        raise ValueError("hex " + token.encode().hex() + " lower " + lower
+                         + " json " + json.dumps(token).replace("/", "\\\\/"))
+"""
 CONNECT = """apiVersion: noetl.io/v2
 kind: Playbook
 metadata: {name: canary_connect}
@@ -79,9 +116,18 @@ workflow:
 """
 
 
+def lower_hex(text: str) -> str:
+    return re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), text)
+
+
 def forms(secret: str) -> set[str]:
     """Every spelling of `secret` that must not appear (written independently of the engine)."""
     out = {secret, quote(secret, safe=""), quote(secret), quote_plus(secret), json.dumps(secret)[1:-1]}
+    out |= {lower_hex(quote(secret, safe="")), quote(quote(secret, safe=""), safe="")}  # %2f, %252F
+    out |= {quote(lower_hex(quote(secret, safe="")), safe="")}  # %252f
+    out |= {secret.encode().hex(), secret.encode().hex().upper()}
+    out |= {json.dumps(secret)[1:-1].replace("/", "\\/")}
+    out |= {"".join(f"\\u{ord(c):04x}" for c in secret), "".join(f"\\u{ord(c):04X}" for c in secret)}
     raw = secret.encode()
     for pad in range(3):
         for encode in (base64.b64encode, base64.urlsafe_b64encode):
@@ -135,7 +181,13 @@ def test_canary_appears_nowhere(tmp_path: Path, fresh_postgres, redis_url, worke
     outputs: list[str] = []
     statuses: dict[str, dict] = {}
     with hostile_server() as api, RedisRecorder(redis_url) as recorder:
-        for name, text in (("echo", ECHO), ("reject", REJECT), ("raise", RAISE), ("connect", CONNECT)):
+        for name, text in (
+            ("echo", ECHO),
+            ("reject", REJECT),
+            ("raise", RAISE),
+            ("connect", CONNECT),
+            ("encoded", ENCODED),
+        ):
             playbook = tmp_path / f"{name}.yaml"
             playbook.write_text(text)
             proc = cli(
@@ -164,6 +216,17 @@ def test_canary_appears_nowhere(tmp_path: Path, fresh_postgres, redis_url, worke
                 shown = cli(args, store_env)
                 outputs += [shown.stdout, shown.stderr]
         redis_text = "\n".join(recorder.lines)
+    dashboard = Dashboard(store_env, tmp_path / "dashboard.log")
+    try:
+        pages = ["/"]
+        for status in statuses.values():
+            x = status["execution_id"]
+            pages += [f"/executions/{x}", f"/executions/{x}/live", f"/api/executions/{x}"]
+        shown = [dashboard.get(page) for page in pages]
+    finally:
+        dashboard.stop()
+    assert all(r.status_code == 200 for r in shown), [(r.url, r.status_code) for r in shown]
+    assert "canary_encoded" in shown[0].text
 
     # the playbooks did what a leak needs: the token was sent, echoed, read, printed and raised
     assert statuses["echo"]["status"] == "completed", statuses["echo"]
@@ -179,6 +242,22 @@ def test_canary_appears_nowhere(tmp_path: Path, fresh_postgres, redis_url, worke
     assert statuses["reject"]["status"] == "failed" and statuses["reject"]["error"]["kind"] == "auth"
     assert statuses["raise"]["status"] == "failed" and "bad token ***" in statuses["raise"]["error"]["message"]
     assert statuses["connect"]["status"] == "failed"
+    encoded = statuses["encoded"]
+    assert encoded["status"] == "failed" and encoded["failed_step"] == "fail", encoded
+    spelled = encoded["results"]["start"]
+    assert spelled == {
+        "lower": "***",
+        "twice": "***",
+        "hex": "***",
+        "HEX": "***",
+        "slashed": '"***"',
+        "uescaped": "***",
+    }
+    assert 'hex *** lower *** json "***"' in encoded["error"]["message"], encoded["error"]
+    log = worker.log_text()
+    for written in ('fd1-write *** *** *** *** "***" ***', "fd2-write *** ***", "subprocess-out *** ***"):
+        assert written in log, written  # what the code wrote to fd 1/2 itself reached the log, masked
+    assert "subprocess-err *** ***" in log
     assert redis_text, "MONITOR recorded nothing"
 
     dump = subprocess.run(
@@ -186,6 +265,7 @@ def test_canary_appears_nowhere(tmp_path: Path, fresh_postgres, redis_url, worke
     ).stdout
     assert "canary_echo" in dump and "***" in dump  # the dump holds the executions, masked
     assert leaks(dump) == [], "in the store"
-    assert leaks(worker.log_text()) == [], "in the worker log"
+    assert leaks(log) == [], "in the worker log"
     assert leaks(redis_text) == [], "in a Redis command"
     assert leaks("\n".join(outputs)) == [], "in the command line's output"
+    assert leaks("\n".join(r.text for r in shown)) == [], "on the dashboard"
