@@ -20,7 +20,7 @@ import yaml
 
 from noetl_celery import secret_registry
 from noetl_celery import settings as noetl_settings
-from noetl_celery.compiler import describe
+from noetl_celery.compiler import compile_source, describe
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.errors import BrokerUnavailable, ConfigurationError, ExecutionNotFound, PlaybookError
 from noetl_celery.lazy import lazy_module
@@ -66,7 +66,7 @@ def _catalog_lookup(path: str) -> Any:
 def _compile(path: str, sets: tuple[str, ...] = ()) -> Plan:
     """A playbook file, or the catalog path of a registered playbook (`noetl-celery register`)."""
     try:
-        return runner.compile_source(path, _parse_sets(sets), _catalog_lookup)
+        return compile_source(path, _parse_sets(sets), _catalog_lookup)
     except PlaybookError as exc:
         for problem in exc.problems:
             echo(str(problem), err=True)

@@ -268,16 +268,6 @@ def catalog(database_url: str) -> resolve.Catalog:
     return lookup
 
 
-def compile_source(path: str, overrides: dict[str, Any] | None = None, lookup: resolve.Catalog | None = None) -> Plan:
-    """The plan of a playbook file, or of the catalog path of a registered playbook when no such
-    file exists (`noetl-celery register`). `lookup`: the catalog (children are found in it too)."""
-    if lookup is not None and not Path(path).exists():
-        found = lookup(path)
-        if found is not None:
-            return compile_playbook(found.source, text=found.text, overrides=overrides, catalog=lookup)
-    return compile_playbook(path, overrides=overrides, catalog=lookup)
-
-
 def register(files: list[str], database_url: str) -> list[Plan]:
     """Validate each file and store it in the catalog under its metadata.path."""
     plans = []

@@ -39,6 +39,16 @@ def compile_playbook(
     return annotate_joins(plan)
 
 
+def compile_source(path: str, overrides: dict[str, Any] | None = None, catalog: resolve.Catalog | None = None) -> Plan:
+    """The plan of a playbook file, or of the catalog path of a registered playbook when no such
+    file exists (`noetl-celery register`). `catalog`: the lookup (children are found in it too)."""
+    if catalog is not None and not Path(path).exists():
+        found = catalog(path)
+        if found is not None:
+            return compile_playbook(found.source, text=found.text, overrides=overrides, catalog=catalog)
+    return compile_playbook(path, overrides=overrides, catalog=catalog)
+
+
 def child_problems(plan: Plan, catalog: resolve.Catalog | None, seen: frozenset[str]) -> list[Problem]:
     problems = []
     file = plan.source_file or plan.name

@@ -24,6 +24,7 @@ from typing import Any
 
 from noetl_celery import runner, secret_registry
 from noetl_celery.cli import _exit_for, _parse_sets
+from noetl_celery.compiler import compile_source
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.engine import orchestrator, worker
 from noetl_celery.engine.messages import Dispatch, TaskMessage
@@ -123,7 +124,7 @@ def run_playbook(
     """Compile and run a playbook file to its end in-process, as `noetl-celery run --json` would:
     returns its exit code and its status, secrets masked as the command prints them."""
     with environment(env or {}):
-        plan = runner.compile_source(str(playbook), cli_sets(sets or {}), runner.catalog(database_url))
+        plan = compile_source(str(playbook), cli_sets(sets or {}), runner.catalog(database_url))
         status = Harness(database_url).run(plan)
         masked = json.loads(secret_registry.mask_text(json.dumps(status, default=str)))
     return _exit_for(masked), masked
