@@ -450,6 +450,41 @@ def migrate(revision: str) -> None:
         echo(f"event store at {where} is at revision {after} (was {before or 'empty'})")
 
 
+@cli.command()
+@click.argument("directory", default="playbooks", type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Overwrite files of the same name that differ.")
+def examples(directory: str, force: bool) -> None:
+    """Write the example playbooks the package ships into DIRECTORY (default ./playbooks), so
+    that `noetl-celery run playbooks/hello_world.yaml` works from a wheel install too."""
+    from importlib.resources import files
+
+    shipped = sorted(
+        (entry for entry in files("noetl_celery").joinpath("examples").iterdir() if entry.name.endswith(".yaml")),
+        key=lambda entry: entry.name,
+    )
+    target = Path(directory)
+    texts = {entry.name: entry.read_text(encoding="utf-8") for entry in shipped}
+    differing = [
+        name for name, text in texts.items() if (target / name).exists() and (target / name).read_text("utf-8") != text
+    ]
+    if differing and not force:
+        echo(
+            f"error: {target} already has {', '.join(differing)} with other contents; nothing written "
+            "(--force overwrites them, or name another directory)",
+            err=True,
+        )
+        sys.exit(EXIT_INVALID)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            (target / name).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        echo(f"error: cannot write to {target}: {exc.strerror or exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    echo(f"wrote {len(texts)} example playbooks to {target}/: {', '.join(texts)}")
+    echo(f"try: noetl-celery run {target / 'hello_world.yaml'}")
+
+
 @cli.command(name="config")
 def config_cmd() -> None:
     """The effective settings (every NOETL_* variable or its default); passwords in URLs and

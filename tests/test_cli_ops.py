@@ -236,3 +236,45 @@ def test_a_batched_loop_off_a_terminal_prints_its_end_lines(tmp_path):
     lines = proc.stderr.splitlines()
     tail = ["loop      square: done, 1500 ok, 0 failed", "completed square", "completed summary", "completed execution"]
     assert lines[-4:] == tail, lines
+
+
+# --------------------------------------------------------------------------- examples
+
+
+def test_examples_writes_the_shipped_playbooks_and_refuses_to_overwrite_changed_ones(tmp_path):
+    shipped = sorted(p.name for p in PLAYBOOKS.glob("*.yaml"))
+    proc = cli(["examples", str(tmp_path / "ex")], home_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "ex").iterdir()) == shipped
+    for name in shipped:
+        assert (tmp_path / "ex" / name).read_text() == (PLAYBOOKS / name).read_text(), name
+    (tmp_path / "ex" / "hello_world.yaml").write_text("# mine\n")
+    again = cli(["examples", str(tmp_path / "ex")], home_env(tmp_path))
+    assert again.returncode == 2 and "hello_world.yaml with other contents" in again.stderr
+    assert (tmp_path / "ex" / "hello_world.yaml").read_text() == "# mine\n"
+    forced = cli(["examples", "--force", str(tmp_path / "ex")], home_env(tmp_path))
+    assert forced.returncode == 0 and (tmp_path / "ex" / "hello_world.yaml").read_text() == HELLO.read_text()
+
+
+@pytest.mark.slow
+def test_the_wheel_carries_the_example_playbooks(tmp_path):
+    import shutil
+    import zipfile
+
+    source = tmp_path / "src"
+    shutil.copytree(
+        REPO_ROOT,
+        source,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(".git", "tests", "bench", "build", "*.egg-info", "__pycache__", ".*cache"),
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), "."],
+        cwd=source,
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("noetl_celery-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for playbook in PLAYBOOKS.glob("*.yaml"):
+        assert f"noetl_celery/examples/{playbook.name}" in names, playbook.name
