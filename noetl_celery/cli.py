@@ -414,17 +414,24 @@ def resume(execution_id: int, as_json: bool, timeout: float | None, quiet: bool)
 
     settings = noetl_settings.load()
     if settings.broker_url is None:
+        from noetl_celery.store.db import ensure_schema
+
+        ensure_schema(settings.database_url)
         progress = _progress(settings.database_url, quiet, as_json)
+        if progress:
+            progress.skip_history(execution_id)
         try:
-            epoch, status = runner.resume_embedded(
-                execution_id, timeout=timeout, on_poll=progress.poll if progress else None
+            status = runner.resume_embedded(
+                execution_id,
+                timeout=timeout,
+                on_poll=progress.poll if progress else None,
+                on_resumed=lambda epoch: echo(f"execution {execution_id}: resumed (epoch {epoch})", err=True),
             )
         except (ExecutionNotFound, ResumeRefused) as exc:
             echo(f"error: {exc}", err=True)
             sys.exit(EXIT_INVALID)
         except (KeyboardInterrupt, Interrupted) as exc:
             _interrupted(getattr(exc, "execution_id", None))
-        echo(f"execution {execution_id}: resumed (epoch {epoch})", err=True)
         _end_of_run(status, progress, as_json, timeout)
     try:
         epoch = runner.resume(settings, execution_id)

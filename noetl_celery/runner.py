@@ -249,20 +249,24 @@ def run_embedded(
 
 
 def resume_embedded(
-    execution_id: int, timeout: float | None = None, on_poll: Callable[[int], None] | None = None
-) -> tuple[int, dict[str, Any]]:
+    execution_id: int,
+    timeout: float | None = None,
+    on_poll: Callable[[int], None] | None = None,
+    on_resumed: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """`resume` without a broker: resume the execution with an embedded worker, as `run` runs
-    one, and follow it to its end; returns (the new epoch, the final status)."""
+    one, and follow it to its end (`on_resumed` is told the new epoch once it is recorded);
+    returns the final status. Ctrl-C and `timeout` cancel it, as in `run_embedded`."""
     settings = noetl_settings.load()
     ensure_schema(settings.database_url)
-    epochs: list[int] = []
 
     def start() -> int:
-        epochs.append(resume(settings, execution_id))
+        epoch = resume(settings, execution_id)
+        if on_resumed is not None:
+            on_resumed(epoch)
         return execution_id
 
-    status = _run_here(settings, start, timeout, on_poll)
-    return epochs[0], status
+    return _run_here(settings, start, timeout, on_poll)
 
 
 def _run_here(

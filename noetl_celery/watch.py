@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, func, select
 
 from noetl_celery import secret_registry
 from noetl_celery.store import views
@@ -99,6 +99,13 @@ class Progress:
         self.last_id = 0
         self.drawn = 0  # lines of the block drawn last (terminal)
         self.loop_marks: dict[str, int] = {}
+
+    def skip_history(self, execution_id: int) -> None:
+        """Print only what happens from now on (a resumed execution's earlier rows are not news)."""
+        e = views.EVENTS.c
+        with transaction(self.url) as conn:
+            last = conn.execute(select(func.max(e.id)).where(e.execution_id == execution_id)).scalar()
+        self.last_id = int(last or 0)
 
     def _write(self, text: str) -> None:
         self.out.write(secret_registry.mask_text(text))  # nothing printed shows a configured secret
