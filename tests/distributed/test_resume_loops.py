@@ -67,7 +67,7 @@ def test_resume_after_cancel_runs_the_rest_of_the_loop_once(env, store_url, work
     gate = tmp_path / "gate"
     gate.write_text("open")
     n = 40
-    execution_id = submit(env, PLAYBOOKS / "loop_resume.yaml", n=n, gate=str(gate), pause=0.2)
+    execution_id = submit(env, PLAYBOOKS / "loop_resume.yaml", n=n, gate=str(gate), pause=0.5)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if len(rows(store_url, execution_id, "event_type = 'iteration.completed'")) >= 5:
