@@ -210,6 +210,9 @@ def run(playbook: str, sets: tuple[str, ...], as_json: bool, timeout: float | No
 
 def _interrupted(execution_id: int | None) -> NoReturn:
     """Ctrl-C on `run` or an embedded `resume`: the execution was cancelled (exit 130)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command is ending: more Ctrl-C change nothing
     if execution_id is None:
         echo("\ninterrupted before the execution started", err=True)
     else:

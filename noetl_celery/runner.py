@@ -280,34 +280,40 @@ def _run_here(
     recorded, nothing further is sent)."""
     url = settings.database_url
     execution_id: int | None = None
-    with embedded_worker():
-        try:
-            execution_id = start()
-            status = wait(url, execution_id, timeout, on_poll=on_poll)
-        except KeyboardInterrupt:
-            with _sigint_ignored():  # a second Ctrl-C does not leave it half cancelled
+    restore: Callable[[], None] | None = None
+    try:
+        with embedded_worker():
+            try:
+                execution_id = start()
+                status = wait(url, execution_id, timeout, on_poll=on_poll)
+            except KeyboardInterrupt:
+                restore = _ignore_sigint()  # a second Ctrl-C leaves it neither half cancelled nor half stopped
                 if execution_id is not None:
                     cancel(url, execution_id, INTERRUPTED_REASON)
-            raise Interrupted(execution_id) from None
-        if status["status"] == "running":
-            cancel(url, execution_id, TIMED_OUT_REASON.format(timeout=timeout or 0))
-            status = {**execution_status(url, execution_id), "timed_out": True}
-        return status
+            else:
+                if status["status"] == "running":
+                    cancel(url, execution_id, TIMED_OUT_REASON.format(timeout=timeout or 0))
+                    status = {**execution_status(url, execution_id), "timed_out": True}
+                return status
+    finally:
+        if restore is not None:
+            restore()
+    raise Interrupted(execution_id)
 
 
-@contextmanager
-def _sigint_ignored() -> Iterator[None]:
+def _ignore_sigint() -> Callable[[], None]:
+    """Ignore SIGINT from now on; returns what puts the previous handler back."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+        return lambda: None
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
+
+    def restore() -> None:
         signal.signal(signal.SIGINT, previous)
+
+    return restore
 
 
 def _safe_url(url: str) -> str:

@@ -135,6 +135,12 @@ def test_ctrl_c_on_run_cancels_the_execution_and_an_embedded_resume_finishes_it(
     first = proc.stderr.readline()  # the loop has started: the execution is running
     assert first.startswith("loop      start: 200 iterations"), first
     proc.send_signal(signal.SIGINT)
+    for _ in range(20):  # an impatient user presses it again while the command cancels and stops
+        try:
+            proc.wait(timeout=0.05)
+            break
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (out, err)
     assert "Aborted" not in err and "Traceback" not in err, err
