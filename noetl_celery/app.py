@@ -485,10 +485,13 @@ def _require_broker(sender: Any = None, **_: Any) -> None:
     secret_registry.seal_environment()
     if app.conf.noetl_embedded:
         return
+    from noetl_celery.store.db import ensure_schema
+
     try:
         settings = current_settings()
         noetl_settings.require_broker(settings)
         store_check.check_store(settings.database_url)
+        ensure_schema(settings.database_url)  # a schema behind this version: refused, as the CLI does
     except (ConfigurationError, store_check.StoreUnusable) as exc:
         message = secret_registry.mask_text(str(exc))
         log.error("%s", message)

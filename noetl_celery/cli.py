@@ -2,8 +2,10 @@
 
 Exit codes: 0 completed (or valid), 1 the execution failed, 2 the playbook, the arguments or the
 environment are invalid, or the event store or the broker cannot be used (one line saying what
-and where; the traceback only with --debug), 3 still running when --timeout ran out, 4 the
-execution was cancelled, 5 detached (Ctrl-C on `submit --wait`: the execution goes on).
+and where; the traceback only with --debug), 3 still running when --timeout ran out (`run` and
+an embedded `resume` then cancel it), 4 the execution was cancelled (`status`, `run`, `submit
+--wait`; `cancel` itself exits 0), 5 detached (Ctrl-C on `submit --wait`: the execution goes on),
+130 interrupted (Ctrl-C on `run` or an embedded `resume`: the execution was cancelled).
 Everything printed passes through the secret registry's mask.
 """
 
@@ -13,7 +15,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import yaml
@@ -22,7 +24,13 @@ from noetl_celery import secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler import compile_source, describe
 from noetl_celery.dsl.plan import Plan
-from noetl_celery.errors import BrokerUnavailable, ConfigurationError, ExecutionNotFound, PlaybookError
+from noetl_celery.errors import (
+    BrokerUnavailable,
+    ConfigurationError,
+    ExecutionNotFound,
+    Interrupted,
+    PlaybookError,
+)
 from noetl_celery.lazy import lazy_module
 from noetl_celery.store.check import check_broker_url, describe_infrastructure_error
 
@@ -33,6 +41,7 @@ else:
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_RUNNING, EXIT_CANCELLED = 0, 1, 2, 3, 4
 EXIT_DETACHED = 5  # Ctrl-C on submit --wait: stopped following, the execution goes on
+EXIT_INTERRUPTED = 130  # Ctrl-C on run (or an embedded resume): the execution was cancelled
 SUMMARY_WIDTH = 70  # characters of a result/error shown per event row in the table
 
 
@@ -96,7 +105,9 @@ def _print_outcome(status: dict[str, Any], as_json: bool) -> None:
         _print_json(status)
         return
     echo(f"execution {status['execution_id']} ({status['playbook']}): {status['status']}")
-    if status.get("error"):
+    if status["status"] == "cancelled":
+        echo(f"  cancelled: {_error_message(status.get('error') or 'cancelled')}")
+    elif status.get("error"):
         echo(f"  failed step: {status.get('failed_step')}")
         echo(f"  error: {json.dumps(status['error'], default=str)[:500]}")
     for step, result in status.get("results", {}).items():
@@ -185,10 +196,41 @@ def run(playbook: str, sets: tuple[str, ...], as_json: bool, timeout: float | No
     """Run a playbook to completion with an in-process worker (embedded default)."""
     plan = _compile(playbook, sets)
     progress = _progress(noetl_settings.load().database_url, quiet, as_json)
-    status = runner.run_embedded(plan, timeout=timeout, on_poll=progress.poll if progress else None)
+    try:
+        status = runner.run_embedded(plan, timeout=timeout, on_poll=progress.poll if progress else None)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        _interrupted(getattr(exc, "execution_id", None))
+    _end_of_run(status, progress, as_json, timeout)
+
+
+def _interrupted(execution_id: int | None) -> NoReturn:
+    """Ctrl-C on `run` or an embedded `resume`: the execution was cancelled (exit 130)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command is ending: more Ctrl-C change nothing
+    if execution_id is None:
+        echo("\ninterrupted before the execution started", err=True)
+    else:
+        echo(
+            f"\ninterrupted: execution {execution_id} cancelled; `noetl-celery resume {execution_id}` "
+            "continues it from the steps that did not complete",
+            err=True,
+        )
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _end_of_run(status: dict[str, Any], progress: Any, as_json: bool, timeout: float | None) -> NoReturn:
+    """The outcome of an execution this process ran; a timed out one was cancelled (exit 3)."""
     if progress:
         progress.close(status["execution_id"])
     _print_outcome(status, as_json)
+    if status.get("timed_out"):
+        echo(
+            f"timed out after {timeout:g} s: execution {status['execution_id']} cancelled; "
+            f"`noetl-celery resume {status['execution_id']}` continues it",
+            err=True,
+        )
+        sys.exit(EXIT_RUNNING)
     sys.exit(_exit_for(status))
 
 
@@ -271,10 +313,12 @@ def status(execution_id: int, as_json: bool) -> None:
     _print_outcome(result, as_json)
     progress = extras["progress"]
     echo(f"  progress: {progress['done']}/{progress['total']} units")
+    from noetl_celery.store.views import loop_count
+
     for loop in extras["loops"]:
         rate = f", {loop['rate']}/s" if loop["rate"] else ""
         echo(
-            f"  loop {loop['step']}: {loop['status']} {loop['done']}/{loop['total']} "
+            f"  loop {loop['step']}: {loop['status']} {loop_count(loop)} "
             f"({loop['succeeded']} ok, {loop['failed']} failed, {loop['in_flight']} in flight{rate})"
         )
     failure = extras["failure"]
@@ -466,7 +510,8 @@ def _event_line(row: dict[str, Any]) -> str:
 @click.argument("execution_id", type=int)
 @click.option("--reason", default=None, help="Recorded in the execution.cancelled row.")
 def cancel(execution_id: int, reason: str | None) -> None:
-    """Cancel a running execution and its child executions (exit 4 once cancelled)."""
+    """Cancel a running execution and its child executions (exit 0, also when it had already
+    ended; 2 when there is no such execution)."""
     cancelled = _execution_or_exit(lambda url, eid: runner.cancel(url, eid, reason), execution_id)
     status = _execution_or_exit(runner.execution_status, execution_id)
     if cancelled:
@@ -474,19 +519,42 @@ def cancel(execution_id: int, reason: str | None) -> None:
         echo(f"execution {execution_id}: cancelled" + (f" (and {len(children)} child executions)" if children else ""))
     else:
         echo(f"execution {execution_id}: already {status['status']}, nothing to cancel")
-    sys.exit(_exit_for(status))
+    sys.exit(EXIT_OK)
 
 
 @cli.command()
 @click.argument("execution_id", type=int)
-def resume(execution_id: int) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Embedded: print the outcome as one JSON object.")
+@click.option("--timeout", type=float, default=None, help="Embedded: give up (and cancel) after this many seconds.")
+@click.option("--quiet", "-q", is_flag=True, help="Embedded: no progress while it runs.")
+def resume(execution_id: int, as_json: bool, timeout: float | None, quiet: bool) -> None:
     """Continue a failed or cancelled execution from the steps that did not complete (the same
-    execution, in its next epoch)."""
+    execution, in its next epoch). With a broker, its workers run it and this returns at once;
+    on the embedded default (no NOETL_BROKER_URL) it runs here to its end, as `run` does."""
     from noetl_celery.engine.resume import ResumeRefused
 
     settings = noetl_settings.load()
+    if settings.broker_url is None:
+        from noetl_celery.store.db import ensure_schema
+
+        ensure_schema(settings.database_url)
+        progress = _progress(settings.database_url, quiet, as_json)
+        if progress:
+            progress.skip_history(execution_id)
+        try:
+            status = runner.resume_embedded(
+                execution_id,
+                timeout=timeout,
+                on_poll=progress.poll if progress else None,
+                on_resumed=lambda epoch: echo(f"execution {execution_id}: resumed (epoch {epoch})", err=True),
+            )
+        except (ExecutionNotFound, ResumeRefused) as exc:
+            echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_INVALID)
+        except (KeyboardInterrupt, Interrupted) as exc:
+            _interrupted(getattr(exc, "execution_id", None))
+        _end_of_run(status, progress, as_json, timeout)
     try:
-        noetl_settings.require_broker(settings)
         epoch = runner.resume(settings, execution_id)
     except (ExecutionNotFound, ConfigurationError, BrokerUnavailable, ResumeRefused) as exc:
         echo(f"error: {exc}", err=True)
@@ -497,12 +565,52 @@ def resume(execution_id: int) -> None:
 @cli.command()
 @click.option("--revision", default="head", show_default=True)
 def migrate(revision: str) -> None:
-    """Create or upgrade the event store schema (alembic upgrade) on NOETL_DATABASE_URL."""
-    from noetl_celery.store.db import migrate as run_migrations
+    """Create or upgrade the event store schema (alembic upgrade) on NOETL_DATABASE_URL; R is a
+    revision (0002), its file name or head. Only upgrades: a store past R is refused (exit 2)."""
+    from noetl_celery.store.db import upgrade
 
     settings = noetl_settings.load()
-    run_migrations(settings.database_url, revision)
-    echo(f"event store at {runner._safe_url(settings.database_url)} is at revision {revision}")
+    before, after = upgrade(settings.database_url, revision)
+    where = runner._safe_url(settings.database_url)
+    if before == after:
+        echo(f"event store at {where} is at revision {after}: nothing to do")
+    else:
+        echo(f"event store at {where} is at revision {after} (was {before or 'empty'})")
+
+
+@cli.command()
+@click.argument("directory", default="playbooks", type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Overwrite files of the same name that differ.")
+def examples(directory: str, force: bool) -> None:
+    """Write the example playbooks the package ships into DIRECTORY (default ./playbooks), so
+    that `noetl-celery run playbooks/hello_world.yaml` works from a wheel install too."""
+    from importlib.resources import files
+
+    shipped = sorted(
+        (entry for entry in files("noetl_celery").joinpath("examples").iterdir() if entry.name.endswith(".yaml")),
+        key=lambda entry: entry.name,
+    )
+    target = Path(directory)
+    texts = {entry.name: entry.read_text(encoding="utf-8") for entry in shipped}
+    differing = [
+        name for name, text in texts.items() if (target / name).exists() and (target / name).read_text("utf-8") != text
+    ]
+    if differing and not force:
+        echo(
+            f"error: {target} already has {', '.join(differing)} with other contents; nothing written "
+            "(--force overwrites them, or name another directory)",
+            err=True,
+        )
+        sys.exit(EXIT_INVALID)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            (target / name).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        echo(f"error: cannot write to {target}: {exc.strerror or exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    echo(f"wrote {len(texts)} example playbooks to {target}/: {', '.join(texts)}")
+    echo(f"try: noetl-celery run {target / 'hello_world.yaml'}")
 
 
 @cli.command(name="config")

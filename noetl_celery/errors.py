@@ -62,3 +62,12 @@ class AttemptFailed(NoetlError):
 
 class BrokerUnavailable(NoetlError):
     """The broker could not be reached to enqueue work."""
+
+
+class Interrupted(NoetlError):
+    """Ctrl-C on a command that runs an execution in its own process (`run`, embedded `resume`):
+    the execution was cancelled (`execution_id` None when it had not started)."""
+
+    def __init__(self, execution_id: int | None):
+        super().__init__(f"interrupted; execution {execution_id} cancelled" if execution_id else "interrupted")
+        self.execution_id = execution_id

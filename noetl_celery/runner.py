@@ -20,7 +20,7 @@ from noetl_celery.engine.context import new_state
 from noetl_celery.engine.ids import new_execution_id
 from noetl_celery.engine.lifecycle import end_tree
 from noetl_celery.engine.orchestrator import start_new
-from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, PlaybookError, Problem
+from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
 from noetl_celery.store import repo
 from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
 
@@ -231,21 +231,95 @@ def _wake_for_shutdown(app: Any, worker: Any) -> None:
         app.control.broadcast("ping", destination=[worker.hostname], reply=False)
 
 
+INTERRUPTED_REASON = "interrupted: Ctrl-C on the command that ran it"
+TIMED_OUT_REASON = "timed out: still running after --timeout {timeout:g} s"
+
+
 def run_embedded(
     plan: Plan, timeout: float | None = None, on_poll: Callable[[int], None] | None = None
 ) -> dict[str, Any]:
-    """Run a playbook to completion with an embedded worker; returns the final status."""
+    """Run a playbook to completion with an embedded worker; returns the final status.
+
+    The execution lives only as long as this process runs it: on Ctrl-C it is cancelled and
+    Interrupted is raised; when `timeout` runs out it is cancelled too, and the status returned
+    carries `"timed_out": True`."""
     settings = noetl_settings.load()
     ensure_schema(settings.database_url)
-    with embedded_worker():
-        execution_id = submit(plan, settings)
-        return wait(settings.database_url, execution_id, timeout, on_poll=on_poll)
+    return _run_here(settings, lambda: submit(plan, settings), timeout, on_poll)
+
+
+def resume_embedded(
+    execution_id: int,
+    timeout: float | None = None,
+    on_poll: Callable[[int], None] | None = None,
+    on_resumed: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """`resume` without a broker: resume the execution with an embedded worker, as `run` runs
+    one, and follow it to its end (`on_resumed` is told the new epoch once it is recorded);
+    returns the final status. Ctrl-C and `timeout` cancel it, as in `run_embedded`."""
+    settings = noetl_settings.load()
+    ensure_schema(settings.database_url)
+
+    def start() -> int:
+        epoch = resume(settings, execution_id)
+        if on_resumed is not None:
+            on_resumed(epoch)
+        return execution_id
+
+    return _run_here(settings, start, timeout, on_poll)
+
+
+def _run_here(
+    settings: noetl_settings.Settings,
+    start: Callable[[], int],
+    timeout: float | None,
+    on_poll: Callable[[int], None] | None,
+) -> dict[str, Any]:
+    """Start an execution (`start()` returns its id) on an embedded worker and wait for its end;
+    on Ctrl-C or a timeout, cancel it before the worker stops (its attempts in flight are then
+    recorded, nothing further is sent)."""
+    url = settings.database_url
+    execution_id: int | None = None
+    restore: Callable[[], None] | None = None
+    try:
+        with embedded_worker():
+            try:
+                execution_id = start()
+                status = wait(url, execution_id, timeout, on_poll=on_poll)
+            except KeyboardInterrupt:
+                restore = _ignore_sigint()  # a second Ctrl-C leaves it neither half cancelled nor half stopped
+                if execution_id is not None:
+                    cancel(url, execution_id, INTERRUPTED_REASON)
+            else:
+                if status["status"] == "running":
+                    cancel(url, execution_id, TIMED_OUT_REASON.format(timeout=timeout or 0))
+                    status = {**execution_status(url, execution_id), "timed_out": True}
+                return status
+    finally:
+        if restore is not None:
+            restore()
+    raise Interrupted(execution_id)
+
+
+def _ignore_sigint() -> Callable[[], None]:
+    """Ignore SIGINT from now on; returns what puts the previous handler back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, previous)
+
+    return restore
 
 
 def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
+    from noetl_celery.store.check import safe_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    return safe_url(url)
 
 
 # --- the playbook catalog ------------------------------------------------------------------

@@ -309,6 +309,9 @@ def mask_url(url: str) -> str:
     when it carries a password."""
     if "://" not in url:
         return MASK if "password" in url.lower() else url
+    if unencoded_at(url):  # where the password ends is a guess: none of the user-info part is shown
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://{MASK}@{rest.split('/', 1)[0].rsplit('@', 1)[1]}{_path_of(rest)}"
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -317,6 +320,18 @@ def mask_url(url: str) -> str:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     return urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{host}"))
+
+
+def unencoded_at(url: str) -> bool:
+    """True when the user-info part of `url` holds an '@' that is not percent-encoded (its
+    password cannot be told from its host)."""
+    _, sep, rest = url.partition("://")
+    return bool(sep) and rest.split("/", 1)[0].count("@") > 1
+
+
+def _path_of(rest: str) -> str:
+    _, slash, path = rest.partition("/")
+    return slash + path
 
 
 def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str) -> str:
@@ -333,6 +348,12 @@ def is_amqp(broker_url: str | None) -> bool:
 
 def check(settings: Settings) -> Settings:
     """Settings that contradict each other are refused with what to change."""
+    for name, url in (("NOETL_DATABASE_URL", settings.database_url), ("NOETL_RESULT_BACKEND", settings.result_backend)):
+        if url and unencoded_at(url):
+            raise ConfigurationError(
+                f"{name} {mask_url(url)} has an '@' in its user or password: percent-encode @ in "
+                "passwords (@ -> %40), and / and # likewise (%2F, %23)"
+            )
     if not 0 <= settings.eager_window <= MAX_EAGER_WINDOW:
         raise ConfigurationError(
             f"NOETL_EAGER_WINDOW must be between 0 (off) and {MAX_EAGER_WINDOW:g} seconds, got "

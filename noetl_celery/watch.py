@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, func, select
 
 from noetl_celery import secret_registry
 from noetl_celery.store import views
@@ -61,8 +61,13 @@ def describe_event(row: dict[str, Any]) -> str:
         )
     if kind == "retry.exhausted":
         return f"gave up   {step}: {meta.get('limit')} {meta.get('kind', 'attempts')} used"
+    if kind == "iterator.started" and meta.get("mode") == "cursor":
+        return f"loop      {step}: cursor, {meta.get('slots')} slots pulling rows"
     if kind == "iterator.started":
         return f"loop      {step}: {meta.get('total')} iterations, {meta.get('cap')} at a time"
+    if kind == "iterator.completed" and "processed" in meta:  # a cursor loop: rows, not a known total
+        ok = (meta.get("processed") or 0) - (meta.get("failed") or 0)
+        return f"loop      {step}: done, {meta.get('processed')} rows, {ok} ok, {meta.get('failed')} failed"
     if kind == "iterator.completed":
         return f"loop      {step}: done, {meta.get('success')} ok, {meta.get('failed')} failed"
     if kind == "step.failed":
@@ -96,6 +101,13 @@ class Progress:
         self.drawn = 0  # lines of the block drawn last (terminal)
         self.loop_marks: dict[str, int] = {}
 
+    def skip_history(self, execution_id: int) -> None:
+        """Print only what happens from now on (a resumed execution's earlier rows are not news)."""
+        e = views.EVENTS.c
+        with transaction(self.url) as conn:
+            last = conn.execute(select(func.max(e.id)).where(e.execution_id == execution_id)).scalar()
+        self.last_id = int(last or 0)
+
     def _write(self, text: str) -> None:
         self.out.write(secret_registry.mask_text(text))  # nothing printed shows a configured secret
 
@@ -104,11 +116,15 @@ class Progress:
         if not force and now - self.last_read < self.interval:
             return
         self.last_read = now
+        noticed: list[dict[str, Any]] = []
         with transaction(self.url) as conn:
-            rows = new_events(conn, execution_id, self.last_id)
-            if rows:
-                self.last_id = rows[-1]["id"]
-            noticed = [r for r in rows if r["event_type"] in NOTICED]
+            while True:  # only the rows it prints, and all of them: a batched loop writes thousands a second
+                rows = new_events(conn, execution_id, self.last_id, NOTICED)
+                if rows:
+                    self.last_id = rows[-1]["id"]
+                noticed += rows
+                if len(rows) < NEW_EVENTS_LIMIT:
+                    break
             loops = views.loops(conn, execution_id)
             done, total = views.progress_of(conn, [execution_id])[execution_id]
             steps = views.step_states(conn, execution_id)
@@ -130,9 +146,9 @@ class Progress:
         for loop in loops:
             if loop["status"] == "running":
                 rate = f"{loop['rate']:.1f}/s" if loop["rate"] else ""
+                shown = f"[{bar(loop['done'], loop['total'])}] " if loop["total"] is not None else ""
                 block.append(
-                    f"  {loop['step'][:20]:20} [{bar(loop['done'], loop['total'])}] "
-                    f"{loop['done']}/{loop['total']} {rate} ({loop['in_flight']} in flight)"
+                    f"  {loop['step'][:20]:20} {shown}{views.loop_count(loop)} {rate} ({loop['in_flight']} in flight)"
                 )
         self._write("\n".join(block) + "\n")
         self.out.flush()

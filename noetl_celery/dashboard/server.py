@@ -50,6 +50,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["json"] = views.to_json
     env.filters["seconds"] = lambda s: "" if s is None else (f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min")
+    env.filters["loop_count"] = views.loop_count  # done/total, or "N rows so far" for a cursor loop
     env.filters["stamp"] = lambda d: "" if d is None else d.strftime("%Y-%m-%d %H:%M:%S")
     return env
 

@@ -49,7 +49,12 @@ class StoreUnusable(Exception):
 
 
 def safe_url(url: str) -> str:
-    """`url` with its password replaced by ***, also when the URL does not parse."""
+    """`url` with its password replaced by ***, also when the URL does not parse (the whole
+    user-info part when a password holds an unencoded '@')."""
+    from noetl_celery.settings import mask_url, unencoded_at
+
+    if unencoded_at(url):
+        return mask_url(url)
     try:
         from sqlalchemy.engine import make_url
 

@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DisconnectionError
 
 from noetl_celery.errors import ConfigurationError
+from noetl_celery.store.check import safe_url
 
 SQLITE_BUSY_TIMEOUT = 60  # seconds a SQLite writer waits for the lock
 POOL_RECYCLE = 1800  # seconds before a pooled server connection is replaced
@@ -247,6 +248,43 @@ def migrate(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
+def current_revision(url: str) -> str | None:
+    """The schema revision the store at `url` is at (None: no schema)."""
+    from alembic.runtime.migration import MigrationContext
+
+    with get_engine(url).connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(url: str, revision: str = "head") -> tuple[str | None, str]:
+    """`noetl-celery migrate --revision R`: upgrade the store at `url` to R; returns the revisions
+    (before, after) as read from the store. R is `head`, a revision (`0002`) or its file name
+    (`0002_durability.py`). Only upgrades: a store already past R is refused (SchemaOutOfDate
+    names both revisions; a downgrade is `alembic downgrade`, by hand, with a backup), and so is a
+    revision this release does not ship."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config(url))
+    order = [rev.revision for rev in reversed(list(script.walk_revisions()))]  # oldest first
+    name = Path(revision).name.removesuffix(".py")
+    target = order[-1] if name == "head" else name if name in order else name.split("_", 1)[0]
+    where = safe_url(url)
+    if target not in order:
+        raise ConfigurationError(
+            f"--revision {revision!r} is not a schema revision of this release (it has {', '.join(order)} and head)"
+        )
+    before = current_revision(url)
+    if before in order and order.index(before) > order.index(target):
+        raise SchemaOutOfDate(
+            f"the event store at {where} is at revision {before}, past {target}: `noetl-celery migrate` only "
+            f"upgrades; to go back, back the store up and run `alembic downgrade {target}` on it by hand"
+        )
+    migrate(url, target)
+    after = current_revision(url)
+    assert after is not None
+    return before, after
+
+
 def downgrade(url: str, revision: str = "base") -> None:
     from alembic import command
 
@@ -281,7 +319,7 @@ def check_revision(url: str) -> None:
     head = script.get_current_head()
     with get_engine(url).connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-    where = make_url(url).render_as_string(hide_password=True)
+    where = safe_url(url)
     if current is None:
         raise SchemaOutOfDate(f"the event store at {where} has no schema: run `noetl-celery migrate`")
     known = {rev.revision for rev in script.walk_revisions()}

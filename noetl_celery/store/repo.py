@@ -942,6 +942,8 @@ def child_executions(conn: Connection, execution_id: int) -> list[dict[str, Any]
             c.status,
             c.parent_event_id,
             c.created_at,
+            c.finished_at,
+            c.failed_step,
             c.parent_execution_id,
         )
         .where(c.parent_execution_id == execution_id)

@@ -169,7 +169,12 @@ def step_states(conn: Connection, execution_id: int) -> dict[str, dict[str, Any]
 
 
 def loops(conn: Connection, execution_id: int) -> list[dict[str, Any]]:
-    """Each loop instance: step, mode, done/total, succeeded, failed, in flight, status, rate."""
+    """Each loop instance: step, mode, done/total, succeeded, failed, in flight, status, rate.
+
+    A cursor loop has no total while it runs (None: it pulls rows until the claim finds none),
+    and its in-flight count is its slots. A loop of an execution that has ended (cancelled, or
+    failed elsewhere) shows the execution's status and nothing in flight: nothing more is sent."""
+    ended = conn.execute(select(EXECUTIONS.c.status).where(EXECUTIONS.c.execution_id == execution_id)).scalar()
     lp = LOOPS.c
     rows = conn.execute(
         select(
@@ -192,12 +197,25 @@ def loops(conn: Connection, execution_id: int) -> list[dict[str, Any]]:
     out = []
     for row in rows:
         item = dict(row)
+        if item["status"] == "running" and ended not in (None, "running"):
+            item["status"] = ended
         running = item["status"] == "running"
-        item["in_flight"] = min(item["cap"], item["total"] - item["done"]) if running else 0
+        if item["mode"] == "cursor":
+            item["total"] = None if running else item["done"]
+            item["in_flight"] = item["cap"] if running else 0
+        else:
+            item["in_flight"] = min(item["cap"], item["total"] - item["done"]) if running else 0
         elapsed = duration_s(item["created_at"], item["updated_at"])
         item["rate"] = round(item["done"] / elapsed, 2) if elapsed else None  # iterations per second
         out.append(item)
     return out
+
+
+def loop_count(loop: dict[str, Any]) -> str:
+    """`done/total` of a loop; `N rows so far` for a running cursor loop, whose total is not known."""
+    if loop["total"] is None:
+        return f"{loop['done']} rows so far"
+    return f"{loop['done']}/{loop['total']}"
 
 
 def joins(conn: Connection, execution_id: int) -> list[dict[str, Any]]:

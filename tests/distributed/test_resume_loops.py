@@ -67,14 +67,14 @@ def test_resume_after_cancel_runs_the_rest_of_the_loop_once(env, store_url, work
     gate = tmp_path / "gate"
     gate.write_text("open")
     n = 40
-    execution_id = submit(env, PLAYBOOKS / "loop_resume.yaml", n=n, gate=str(gate), pause=0.2)
+    execution_id = submit(env, PLAYBOOKS / "loop_resume.yaml", n=n, gate=str(gate), pause=0.5)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if len(rows(store_url, execution_id, "event_type = 'iteration.completed'")) >= 5:
             break
         time.sleep(0.1)
     proc = cli(["cancel", str(execution_id), "--reason", "pause"], env)
-    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert wait(store_url, execution_id, timeout=30)["status"] == "cancelled"
     time.sleep(2)  # the attempts in flight report (recorded, not acted on)
     started = {r["iteration"] for r in rows(store_url, execution_id, "event_type = 'iteration.started'")}
