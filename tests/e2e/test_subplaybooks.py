@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,6 @@ from tests.support.engines import cli
 SUB = Path(__file__).resolve().parents[1] / "playbooks" / "sub"
 
 
-def status_of(engine, execution_id: int) -> dict:
-    proc = cli(["status", str(execution_id), "--json"], engine.env)
-    return json.loads(proc.stdout)
-
-
 @pytest.mark.smoke
 def test_a_loop_of_sub_playbooks_returns_each_childs_return_step(engine):
     run = engine.run(SUB / "parent.yaml", {"n": 5})
@@ -25,7 +19,7 @@ def test_a_loop_of_sub_playbooks_returns_each_childs_return_step(engine):
     assert run.results["done"] == {"values": [0, 2, 4, 6, 8]}
     children = run.status["children"]
     assert len(children) == 5 and {c["status"] for c in children} == {"completed"}
-    child = status_of(engine, children[0]["execution_id"])
+    child = engine.status(children[0]["execution_id"])
     assert child["parent_execution_id"] == run.execution_id
     assert child["results"]["end"]["value"] in {0, 2, 4, 6, 8}
     # the parent's task row names its child; the child's rows carry the parent's id
@@ -57,7 +51,7 @@ def test_a_playbook_calling_itself_stops_at_the_nesting_limit(engine):
     assert "nesting limit (16)" in run.status["error"]["message"]
     depth, execution_id = 0, run.execution_id
     while True:
-        children = status_of(engine, execution_id)["children"]
+        children = engine.status(execution_id)["children"]
         if not children:
             break
         assert len(children) == 1
@@ -128,7 +122,7 @@ def test_a_child_past_its_timeout_fails_and_fails_the_parents_task(engine):
     assert "ran past its playbook timeout" in error["message"]
     [child] = run.status["children"]
     assert child["status"] == "failed" and child["execution_id"] == error["child_execution_id"]
-    assert status_of(engine, child["execution_id"])["error"]["kind"] == "timeout"
+    assert engine.status(child["execution_id"])["error"]["kind"] == "timeout"
 
 
 def test_a_child_within_its_timeout_completes(engine):

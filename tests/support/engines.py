@@ -97,6 +97,11 @@ class Engine:
         with transaction(self.database_url) as conn:
             return repo.list_events(conn, execution_id)
 
+    def status(self, execution_id: int) -> dict[str, Any]:
+        """What `noetl-celery status ID --json` prints."""
+        proc = cli(["status", str(execution_id), "--json"], self.env)
+        return json.loads(proc.stdout)
+
 
 class EmbeddedEngine(Engine):
     mode = "embedded"
@@ -123,6 +128,15 @@ class InProcessEngine(Engine):
 
         returncode, status = run_playbook(self.database_url, playbook, sets, self.env)
         return RunResult(returncode, status, "")
+
+    def status(self, execution_id: int) -> dict[str, Any]:
+        """The `status ID --json` command run in this process (click's test runner)."""
+        from click.testing import CliRunner
+
+        from noetl_celery.cli import cli as command
+
+        result = CliRunner().invoke(command, ["status", str(execution_id), "--json"], env=self.env)
+        return json.loads(result.stdout)
 
 
 class DistributedEngine(Engine):
