@@ -295,13 +295,12 @@ def _overdue(
         if ends and _resend_ends(ends, seen, running, result, records, max_republishes=max_republishes):
             postpone.setdefault(interval, []).append(row_id)  # its own attempts are looked at next time
             continue
-        missing = [d for d in runs if (execution_id, d.attempt_key() + ".done") not in seen]
+        missing = {d.attempt_key(): d for d in runs if (execution_id, d.attempt_key() + ".done") not in seen}
         if not missing:
             clear.append(row_id)
             continue
         wait = 0.0
-        for dispatch in missing:
-            key = dispatch.attempt_key()
+        for key, dispatch in missing.items():
             count = sum(1 for n in counts if (execution_id, f"{key}.republished.{n}") in seen)
             if count and queue_busy:  # re-published once already: the rest waits for the queues to drain
                 wait = max(wait, interval)
