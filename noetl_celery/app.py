@@ -161,6 +161,8 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
             key = task_message.outcome_key()
             publish(orchestrator.replay(url, task_message.execution_id, key, ran_by=self.request.id))
             return "redelivered: this attempt was already recorded; its decision was sent again"
+        if _late(self.request) and not task_message.replay and worker.already_done(url, task_message):
+            return "late: this attempt waited in line past its lease; its re-published copy recorded it"
         payload = run(url, task_message, queue_id=self.request.id, node=self.request.hostname)
     except DBAPIError as exc:
         _store_delay(task_message, exc, _timeout_of(self.request))
@@ -199,6 +201,17 @@ def _redelivered(request: Any) -> bool:
     sets it on the messages it restores). A worker that died between an attempt's recorded
     decision and the acknowledgement leaves such a message: its tool must not run again."""
     return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
+
+
+def _late(request: Any) -> bool:
+    """Whether this message waited in line long enough that the sweeper may have re-published
+    its attempt (half its lease; the copy goes through the event queue and may run first). Such a
+    message checks the attempt's outcome row before running (one read, only for those). Messages
+    carry their publish time in the `noetl_sent` header (publisher.send_task)."""
+    sent = getattr(request, publisher.SENT_HEADER, None)
+    if not isinstance(sent, int | float):
+        return False
+    return time.time() - sent > deadlines.lease(0, _timeout_of(request)) / 2
 
 
 def _timeout_of(request: Any) -> float:
@@ -324,12 +337,20 @@ def send_event(payload: dict[str, Any], countdown: float = 0.0, retry_policy: di
     )
 
 
-def publish(dispatches: list[Dispatch], due: float | None = None, retry_policy: dict[str, Any] | None = None) -> None:
+def publish(
+    dispatches: list[Dispatch],
+    due: float | None = None,
+    retry_policy: dict[str, Any] | None = None,
+    queue: str | None = None,
+) -> None:
     """Send the decided task messages. A wait longer than the broker can safely hold (Redis
     counts it toward the visibility timeout) is split: a `wake` event re-checks the due time.
     Messages go out in their wire form (defaults left out) through this process's producer.
-    `retry_policy`: how long to keep trying an unreachable broker (default PUBLISH_RETRY_POLICY)."""
+    `retry_policy`: how long to keep trying an unreachable broker (default PUBLISH_RETRY_POLICY).
+    `queue`: where task messages go (default NOETL_TASK_QUEUE; the sweeper's re-publishes go to
+    the event queue)."""
     settings = current_settings()
+    task_queue = queue or settings.task_queue
     now = time.time()
     options: dict[str, Any] = {"retry_policy": retry_policy} if retry_policy else {}
     for dispatch in dispatches:
@@ -359,7 +380,7 @@ def publish(dispatches: list[Dispatch], due: float | None = None, retry_policy: 
                 app,
                 RUN_TASK,
                 kwargs,
-                queue=settings.task_queue,
+                queue=task_queue,
                 shadow=shadow,
                 argsrepr=attempt_argsrepr(message, settings.dashboard_url),
                 kwargsrepr=execution_kwargsrepr(message.execution_id),
@@ -370,7 +391,7 @@ def publish(dispatches: list[Dispatch], due: float | None = None, retry_policy: 
             continue
         run_task.apply_async(
             kwargs=kwargs,
-            queue=settings.task_queue,
+            queue=task_queue,
             countdown=wait,
             shadow=shadow,
             argsrepr=attempt_argsrepr(message, settings.dashboard_url),
@@ -396,23 +417,31 @@ def _fresh_process(**_: Any) -> None:
 
 
 def sweep_once() -> sweeper.SweepResult:
-    """One sweep of the event store, and the publishing and deciding it calls for."""
+    """One sweep of the event store, and the publishing and deciding it calls for (after each of
+    the sweep's transactions commits)."""
     settings = current_settings()
-    result = sweeper.sweep(
+    return sweeper.sweep(
         settings.database_url,
         queue_busy=_queues_busy(settings),
         max_republishes=settings.max_republishes,
         interval=settings.sweep_interval,
+        timeout=settings.sweep_timeout,
+        committed=_act_on_sweep,
     )
+
+
+def _act_on_sweep(result: sweeper.SweepResult) -> None:
+    """Publish and decide what one transaction of a sweep recorded. Re-published attempts go to
+    the event queue: a backlog in the task queue must not hold back the attempts that were lost."""
+    settings = current_settings()
     if result.republished:
         log.warning("sweeper: re-publishing %d overdue attempt(s)", len(result.republished))
-        publish(result.republished)
+        publish(result.republished, queue=settings.event_queue)
     for execution_id in result.starts:
         send_event(orchestrator.start_payload(execution_id))
     for payload in result.lost:
         log.warning("sweeper: attempt of execution %s lost", payload["execution_id"])
         process_event(payload)
-    return result
 
 
 def _queues_busy(settings: noetl_settings.Settings, celery_app: Celery | None = None) -> bool:

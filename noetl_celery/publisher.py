@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+SENT_HEADER = "noetl_sent"  # a task message's publish time (epoch seconds): a worker that takes it
+# late checks whether its attempt was recorded meanwhile (app._late)
 
 _local = threading.local()
 _generation = 0  # bumped by forget(): every thread's publisher is then rebuilt
@@ -149,6 +153,7 @@ def send_task(
         argsrepr=argsrepr,
         kwargsrepr=kwargsrepr,
     )
+    message.headers[SENT_HEADER] = round(time.time(), 3)
     publisher = _publisher(app)
     sender = publisher.ready()
     options = publisher.publish_options(queue)

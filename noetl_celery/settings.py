@@ -41,6 +41,7 @@ DEFAULT_CONSUMER_TIMEOUT = 1800  # seconds; RabbitMQ's default consumer_timeout 
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")  # broker URL schemes of RabbitMQ
 DEFAULT_RESTORE_INTERVAL = 10  # seconds between sweeps that hand out messages of dead consumers
 DEFAULT_SWEEP_INTERVAL = 5.0  # seconds between sweeps for overdue attempts (0: no sweeper)
+DEFAULT_SWEEP_TIMEOUT = 10.0  # seconds: PostgreSQL ends a sweep transaction stuck longer (a frozen sweeper)
 DEFAULT_MAX_REPUBLISHES = 3  # times an overdue attempt is published again before it is `lost`
 DEFAULT_MAX_DELIVERIES = 3  # deliveries of a task that kill its worker process before `worker_lost`
 EMBEDDED_BROKER = "memory://localhost/"
@@ -101,6 +102,7 @@ class Settings:
     task_events: bool
     event_dispatch: str  # inline: run_task calls on_event in its own job; queue: via the on_event queue
     sweep_interval: float = DEFAULT_SWEEP_INTERVAL
+    sweep_timeout: float = DEFAULT_SWEEP_TIMEOUT
     max_republishes: int = DEFAULT_MAX_REPUBLISHES
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     eager_window: float = 0.0  # seconds a message may go on running the attempts it decides (0: off)
@@ -154,6 +156,7 @@ class Settings:
             "NOETL_PREFETCH_MULTIPLIER": str(self.prefetch_multiplier),
             "NOETL_TASK_EVENTS": "on" if self.task_events else "off",
             "NOETL_SWEEP_INTERVAL": f"{self.sweep_interval} s",
+            "NOETL_SWEEP_TIMEOUT": f"{self.sweep_timeout:g} s",
             "NOETL_MAX_REPUBLISHES": str(self.max_republishes),
             "NOETL_MAX_DELIVERIES": str(self.max_deliveries),
             "NOETL_EAGER_WINDOW": f"{self.eager_window:g} s" if self.eager_window else "off",
@@ -220,6 +223,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             task_events=env.get("NOETL_TASK_EVENTS", "1") not in ("0", "false", "no"),
             event_dispatch=_choice(env, "NOETL_EVENT_DISPATCH", ("inline", "queue"), "inline"),
             sweep_interval=_float(env, "NOETL_SWEEP_INTERVAL", DEFAULT_SWEEP_INTERVAL),
+            sweep_timeout=_positive(env, "NOETL_SWEEP_TIMEOUT", DEFAULT_SWEEP_TIMEOUT),
             max_republishes=_int(env, "NOETL_MAX_REPUBLISHES", DEFAULT_MAX_REPUBLISHES),
             max_deliveries=_int(env, "NOETL_MAX_DELIVERIES", DEFAULT_MAX_DELIVERIES),
             eager_window=_float(env, "NOETL_EAGER_WINDOW", 0.0),
@@ -295,6 +299,13 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         return float(raw)
     except ValueError as exc:
         raise ConfigurationError(f"{name} must be a number of seconds, got {raw!r}") from exc
+
+
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _float(env, name, default)
+    if value <= 0:
+        raise ConfigurationError(f"{name} must be a positive number of seconds, got {env.get(name)!r}")
+    return value
 
 
 def _corpus_dir(env: Mapping[str, str]) -> Path:

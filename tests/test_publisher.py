@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from celery import Celery
 
@@ -84,6 +85,8 @@ def test_send_task_sends_the_message_apply_async_sends(redis_url):
     # workers read them from the headers
     copied = {"argsrepr", "kwargsrepr"}
     assert {k: celery_sent["properties"][k] for k in copied} == {k: options[k] for k in copied}
+    # ours also carries its publish time (a worker that takes it late checks for its outcome row)
+    assert abs(ours["headers"].pop(publisher.SENT_HEADER) - time.time()) < 60
     for part, left_out in (("headers", per_message), ("properties", per_message | copied)):
         theirs = {k: v for k, v in celery_sent[part].items() if k not in left_out}
         assert {k: v for k, v in ours[part].items() if k not in left_out} == theirs

@@ -1,7 +1,7 @@
 """The sweeper: notices what time alone reveals, so every execution moves again or ends.
 
 Decides, on each sweep (one sweeper at a time per deployment: a PostgreSQL advisory lock held for
-the sweep's transaction; on SQLite the write lock of that transaction serialises sweeps):
+each of the sweep's transactions; on SQLite the write lock of that transaction serialises sweeps):
 - an execution past its playbook `timeout` fails (kind `timeout`), with its children;
 - an execution that never recorded its start (the start message was lost) gets its start again;
 - a decision row past its deadline (engine/deadlines.py) whose dispatched attempts have no
@@ -13,21 +13,35 @@ the sweep's transaction; on SQLite the write lock of that transaction serialises
   parent never recorded is sent again (an `attempt.republished` row in the parent each time, up to
   MAX_REPUBLISHES; the parent's on_event dedupes a late duplicate). A lost child start is covered
   by the missing-start check.
-While the task queue still holds messages an overdue attempt may just be waiting in line, so
-re-publishing waits until the queue has drained (the deadline moves on by one period).
+Re-published attempts travel on the event queue, so a backlog in the task queue does not delay
+them. While the queues still hold messages an overdue attempt may just be waiting in line: it is
+re-published once (a worker that takes the original late finds its outcome recorded and skips
+it), and its later re-publishes and the `lost` verdict wait until the queues have drained.
+
+A sweep is short transactions, never one long one: the executions' checks, then the overdue
+decision rows in batches of BATCH, each batch its own transaction (a fixed number of set-based
+statements whatever the batch holds) and its messages published after its commit. On PostgreSQL
+each transaction is bounded by the server (`SET LOCAL` statement_timeout, lock_timeout and
+idle_in_transaction_session_timeout, NOETL_SWEEP_TIMEOUT): a sweeper frozen inside a sweep (a
+paused VM or container, a stopped process, a network partition) has its session ended by
+PostgreSQL, which releases the lock, instead of stopping every other sweep until TCP keepalive
+notices. The lock is a transaction-level advisory lock, so it never outlives a transaction (and
+works behind a transaction-pooling PgBouncer).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, select, text, update
+from sqlalchemy import Connection, and_, select, text, tuple_, update
 
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.lifecycle import end_tree
@@ -40,7 +54,10 @@ log = logging.getLogger(__name__)
 SWEEP_INTERVAL = 5.0  # seconds between sweeps (NOETL_SWEEP_INTERVAL)
 MAX_REPUBLISHES = 3  # times an overdue attempt is published again before it is `lost`
 START_GRACE = 30.0  # seconds an execution may wait for its start to be recorded
-BATCH = 2000  # decision rows examined per sweep
+BATCH = 500  # overdue decision rows examined per transaction
+MAX_BATCHES = 8  # transactions of overdue rows per sweep (the next sweep goes on)
+SWEEP_TIMEOUT = 10.0  # seconds: bounds each sweep transaction on PostgreSQL (NOETL_SWEEP_TIMEOUT)
+LOCK_WARN_AFTER = 30.0  # seconds without taking the sweep lock before a sweeper warns
 ADVISORY_LOCK_KEY = zlib.crc32(b"noetl_celery.sweeper")  # one sweeper per PostgreSQL database
 REPUBLISHED = "attempt.republished"
 RUN = "run"  # Dispatch.kind of a task attempt
@@ -55,6 +72,17 @@ class SweepResult:
     timed_out: list[int] = field(default_factory=list)
     cleared: int = 0
     skipped: bool = False  # another sweeper holds the lock
+    rows: int = 0  # overdue decision rows examined
+    transactions: int = 0  # transactions that held the lock
+
+    def add(self, other: SweepResult) -> None:
+        self.republished += other.republished
+        self.lost += other.lost
+        self.starts += other.starts
+        self.timed_out += other.timed_out
+        self.cleared += other.cleared
+        self.rows += other.rows
+        self.transactions += other.transactions
 
 
 def lost_outcome(message: dict[str, Any], kind: str, reason: str, worker: str) -> dict[str, Any]:
@@ -69,25 +97,131 @@ def lost_outcome(message: dict[str, Any], kind: str, reason: str, worker: str) -
     }
 
 
-def _locked(conn: Connection) -> bool:
-    if conn.dialect.name != "postgresql":
-        return True
-    return bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": ADVISORY_LOCK_KEY}).scalar())
+@contextmanager
+def sweep_transaction(url: str, timeout: float = SWEEP_TIMEOUT) -> Iterator[Connection | None]:
+    """One transaction of a sweep, holding the sweep lock; None when another sweeper holds it.
+
+    On PostgreSQL the lock is `pg_try_advisory_xact_lock` (released with the transaction) and the
+    transaction is bounded by the server, in the same statement: no statement runs longer than
+    `timeout` (statement_timeout), waits longer for a row lock (lock_timeout), and the session
+    idle inside the transaction longer is ended by PostgreSQL (idle_in_transaction_session_timeout),
+    which rolls back and releases the lock. A frozen sweeper then blocks the others for `timeout`
+    at most. On SQLite the transaction's write lock serialises sweeps."""
+    with transaction(url) as conn:
+        if conn.dialect.name != "postgresql":
+            yield conn
+            return
+        limit = f"{max(int(timeout * 1000), 1)}ms"
+        locked = conn.execute(
+            text(
+                "SELECT set_config('statement_timeout', :t, true), set_config('lock_timeout', :t, true),"
+                " set_config('idle_in_transaction_session_timeout', :t, true), pg_try_advisory_xact_lock(:k)"
+            ),
+            {"t": limit, "k": ADVISORY_LOCK_KEY},
+        ).one()[3]
+        yield conn if locked else None
+
+
+class _LockWatch:
+    """How long this process's sweeper has not been able to take the sweep lock: a skipped sweep
+    is normal (another sweeper is at work) and logged at debug; skipping for longer than
+    LOCK_WARN_AFTER is not (a sweeper holds the lock too long, or is frozen holding it) and is
+    logged at warning, naming the holder's session, once per LOCK_WARN_AFTER."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None  # monotonic time of the first skip in a row
+        self.warned: float | None = None
+        self.lock = threading.Lock()
+
+    def skipped(self, url: str) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.since = self.since if self.since is not None else now
+            waited = now - self.since
+            due = waited > LOCK_WARN_AFTER and (self.warned is None or now - self.warned > LOCK_WARN_AFTER)
+            if due:
+                self.warned = now
+        if not due:
+            log.debug("sweep skipped: another sweeper holds the lock (for %.0f s in a row)", waited)
+            return
+        log.warning(
+            "sweeper: could not take the sweep lock for %.0f s; held by %s. PostgreSQL ends a sweep"
+            " transaction idle longer than NOETL_SWEEP_TIMEOUT",
+            waited,
+            _holder(url),
+        )
+
+    def taken(self) -> None:
+        with self.lock:
+            since, self.since, self.warned = self.since, None, None
+        if since is not None and time.monotonic() - since > LOCK_WARN_AFTER:
+            log.warning("sweeper: took the sweep lock again after %.0f s", time.monotonic() - since)
+
+
+_watch = _LockWatch()
+
+
+def _holder(url: str) -> str:
+    """The session holding the sweep lock, as pg_stat_activity tells it (for a warning)."""
+    try:
+        with transaction(url) as conn:
+            row = conn.execute(
+                text(
+                    "SELECT a.pid, a.state, a.client_addr, a.application_name,"
+                    " extract(epoch FROM now() - a.xact_start), extract(epoch FROM now() - a.state_change)"
+                    " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0"
+                    " AND l.objid::bigint = :k AND l.objsubid = 1"
+                ),
+                {"k": ADVISORY_LOCK_KEY},
+            ).first()
+    except Exception as exc:  # a warning must not fail the sweep
+        return f"(unknown: {type(exc).__name__})"
+    if row is None:
+        return "(nobody now)"
+    pid, state, addr, app, xact, idle = row
+    return (
+        f"backend pid {pid} ({state}, client {addr or 'local'}{f', {app}' if app else ''},"
+        f" transaction open {float(xact or 0):.0f} s, in this state {float(idle or 0):.0f} s)"
+    )
 
 
 def sweep(
-    url: str, *, queue_busy: bool = False, max_republishes: int = MAX_REPUBLISHES, interval: float = SWEEP_INTERVAL
+    url: str,
+    *,
+    queue_busy: bool = False,
+    max_republishes: int = MAX_REPUBLISHES,
+    interval: float = SWEEP_INTERVAL,
+    timeout: float = SWEEP_TIMEOUT,
+    committed: Callable[[SweepResult], None] | None = None,
 ) -> SweepResult:
-    """One sweep; records its rows and returns what to publish and decide (after the commit)."""
+    """One sweep: short transactions, each recording its rows; `committed` is called with what
+    each one decided (to publish and decide) right after its commit. Returns the whole."""
     result = SweepResult()
     now = repo.utcnow()
-    with transaction(url) as conn:
-        if not _locked(conn):
+    part = SweepResult(transactions=1)
+    with sweep_transaction(url, timeout) as conn:
+        if conn is None:
             result.skipped = True
+            _watch.skipped(url)
             return result
-        _timeouts(conn, now, result)
-        _missing_starts(conn, now, result)
-        _overdue(conn, now, result, queue_busy=queue_busy, max_republishes=max_republishes, interval=interval)
+        _timeouts(conn, now, part)
+        _missing_starts(conn, now, part)
+    _watch.taken()
+    result.add(part)
+    if committed is not None:
+        committed(part)
+    for _ in range(MAX_BATCHES):
+        part = SweepResult(transactions=1)
+        with sweep_transaction(url, timeout) as conn:
+            if conn is None:  # another sweeper took over between two batches
+                break
+            _overdue(conn, now, part, queue_busy=queue_busy, max_republishes=max_republishes, interval=interval)
+        result.add(part)
+        if committed is not None:
+            committed(part)
+        if part.rows < BATCH:
+            break
     return result
 
 
@@ -113,8 +247,12 @@ def _missing_starts(conn: Connection, now: Any, result: SweepResult) -> None:
 
 
 def _overdue(
-    conn: Connection, now: Any, result: SweepResult, *, queue_busy: bool, max_republishes: int, interval: float
+    conn: Connection, now: datetime, result: SweepResult, *, queue_busy: bool, max_republishes: int, interval: float
 ) -> None:
+    """One batch of overdue decision rows, in a fixed number of statements: the rows (with their
+    executions' status), the existing rows among every key they could need (outcomes and earlier
+    re-publishes), the parents' status for sub-playbook ends, one insert of the re-publish rows
+    (per 500), one update clearing deadlines and one per distinct postponement."""
     e, x = repo.EVENTS.c, repo.EXECUTIONS.c
     rows = conn.execute(
         select(e.id, e.execution_id, e.meta, x.status)
@@ -123,33 +261,50 @@ def _overdue(
         .order_by(e.deadline_at)
         .limit(BATCH)
     ).all()
-    clear: list[int] = []
-    postpone: dict[int, float] = {}
+    result.rows = len(rows)
+    if not rows:
+        return
+    counts = range(1, max_republishes + 1)
+    decisions: list[tuple[int, int, str, list[Dispatch], list[tuple[int, str, str, Dispatch]]]] = []
+    wanted: set[tuple[int, str]] = set()
+    parents: set[int] = set()
     for row_id, execution_id, meta, status in rows:
         stored = [Dispatch.from_dict(d) for d in ((meta or {}).get("dispatch") or [])]
-        ends = [d for d in stored if d.kind == EVENT and d.message.get("kind") == "outcome"]
-        if ends and _resend_ends(conn, ends, result, max_republishes=max_republishes):
-            postpone[row_id] = interval  # the decision's own attempts are looked at next time
+        ends = []
+        for d in stored:
+            if d.kind == EVENT and d.message.get("kind") == "outcome":
+                parent_id = int(d.message["execution_id"])
+                key = TaskMessage.from_dict(d.message["task"]).outcome_key()
+                base = key.removesuffix(".done")
+                ends.append((parent_id, key, base, d))
+                parents.add(parent_id)
+                wanted.add((parent_id, key))
+                wanted.update((parent_id, f"{base}.end.republished.{n}") for n in counts)
+        runs = [d for d in stored if d.kind == RUN] if status == "running" else []
+        for d in runs:
+            key = d.attempt_key()
+            wanted.add((int(execution_id), key + ".done"))
+            wanted.update((int(execution_id), f"{key}.republished.{n}") for n in counts)
+        decisions.append((row_id, int(execution_id), status, runs, ends))
+    seen = _existing_pairs(conn, wanted)
+    running = _running(conn, parents)
+    clear: list[int] = []
+    postpone: dict[float, list[int]] = {}
+    records: list[dict[str, Any]] = []
+    for row_id, execution_id, _status, runs, ends in decisions:
+        if ends and _resend_ends(ends, seen, running, result, records, max_republishes=max_republishes):
+            postpone.setdefault(interval, []).append(row_id)  # its own attempts are looked at next time
             continue
-        # task attempts (an event dispatch has no attempt key of its own execution)
-        dispatches = [d for d in stored if d.kind == RUN]
-        if status != "running" or not dispatches:
-            clear.append(row_id)
-            continue
-        keys = {d.attempt_key(): d for d in dispatches}
-        done = _existing(conn, execution_id, [k + ".done" for k in keys])
-        missing = {k: d for k, d in keys.items() if k + ".done" not in done}
+        missing = {d.attempt_key(): d for d in runs if (execution_id, d.attempt_key() + ".done") not in seen}
         if not missing:
             clear.append(row_id)
             continue
-        if queue_busy:
-            postpone[row_id] = interval
-            continue
-        candidates = [f"{k}.republished.{n}" for k in missing for n in range(1, max_republishes + 1)]
-        seen = _existing(conn, execution_id, candidates)
         wait = 0.0
         for key, dispatch in missing.items():
-            count = sum(1 for n in range(1, max_republishes + 1) if f"{key}.republished.{n}" in seen)
+            count = sum(1 for n in counts if (execution_id, f"{key}.republished.{n}") in seen)
+            if count and queue_busy:  # re-published once already: the rest waits for the queues to drain
+                wait = max(wait, interval)
+                continue
             if count >= max_republishes:
                 reason = (
                     f"no outcome after {count} re-publishes (each waited {deadlines.lease(0, dispatch.timeout):g} s)"
@@ -157,56 +312,51 @@ def _overdue(
                 result.lost.append(lost_outcome(dispatch.message, "lost", reason, "sweeper"))
                 wait = max(wait, interval)
                 continue
-            _record_republish(
-                conn,
-                execution_id,
-                f"{key}.republished.{count + 1}",
-                dispatch.message,
-                {"count": count + 1, "limit": max_republishes},
-            )
+            meta = {"count": count + 1, "limit": max_republishes}
+            records.append(_republish_row(execution_id, f"{key}.republished.{count + 1}", dispatch.message, meta))
             result.republished.append(dispatch.as_replay())
             wait = max(wait, deadlines.lease(0, dispatch.timeout))
-        postpone[row_id] = wait
+        postpone.setdefault(wait, []).append(row_id)
+    if records:
+        repo.insert_events(conn, records)
     if clear:
         conn.execute(update(repo.EVENTS).where(e.id.in_(clear)).values(deadline_at=None))
         result.cleared = len(clear)
-    for row_id, seconds in postpone.items():
-        conn.execute(update(repo.EVENTS).where(e.id == row_id).values(deadline_at=now + timedelta(seconds=seconds)))
+    for seconds, ids in postpone.items():
+        conn.execute(update(repo.EVENTS).where(e.id.in_(ids)).values(deadline_at=now + timedelta(seconds=seconds)))
 
 
-def _resend_ends(conn: Connection, ends: list[Dispatch], result: SweepResult, *, max_republishes: int) -> bool:
+def _resend_ends(
+    ends: list[tuple[int, str, str, Dispatch]],
+    seen: set[tuple[int, str]],
+    running: set[int],
+    result: SweepResult,
+    records: list[dict[str, Any]],
+    *,
+    max_republishes: int,
+) -> bool:
     """Send again each child end event whose outcome row the (running) parent lacks; True if any
     is still undelivered and may be sent again later."""
     waiting = False
-    for dispatch in ends:
-        parent_id = int(dispatch.message["execution_id"])
-        head = repo.execution_head(conn, parent_id)
-        if head is None or head["status"] != "running":
+    for parent_id, key, base, dispatch in ends:
+        if parent_id not in running or (parent_id, key) in seen:
             continue
-        key = TaskMessage.from_dict(dispatch.message["task"]).outcome_key()
-        base = key.removesuffix(".done")
-        candidates = [key] + [f"{base}.end.republished.{n}" for n in range(1, max_republishes + 1)]
-        seen = _existing(conn, parent_id, candidates)
-        if key in seen:
-            continue
-        count = len(seen)
+        count = sum(1 for n in range(1, max_republishes + 1) if (parent_id, f"{base}.end.republished.{n}") in seen)
         if count >= max_republishes:
             log.error(
                 "the end of a sub-playbook for execution %s was sent %d times and never recorded", parent_id, count
             )
             continue
         meta = {"count": count + 1, "limit": max_republishes, "child_end": True}
-        _record_republish(conn, parent_id, f"{base}.end.republished.{count + 1}", dispatch.message["task"], meta)
+        records.append(_republish_row(parent_id, f"{base}.end.republished.{count + 1}", dispatch.message["task"], meta))
         result.republished.append(dispatch)
         waiting = True
     return waiting
 
 
-def _record_republish(
-    conn: Connection, execution_id: int, event_id: str, message: dict[str, Any], meta: dict[str, Any]
-) -> None:
+def _republish_row(execution_id: int, event_id: str, message: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     """The `attempt.republished` row of one re-sent message (`message`: the attempt's task message)."""
-    row = {
+    return {
         "execution_id": execution_id,
         "event_id": event_id,
         "event_type": REPUBLISHED,
@@ -214,21 +364,41 @@ def _record_republish(
         "meta": meta,
         **{k: message.get(k) for k in ("step", "run_id", "attempt", "iteration", "page", "parent_event_id")},
     }
-    repo.insert_events(conn, [row])
 
 
-def _existing(conn: Connection, execution_id: int, keys: list[str]) -> set[str]:
-    if not keys:
+PAIRS_PER_STATEMENT = 400  # (execution_id, event_id) pairs per statement where arrays are not at hand
+
+
+def _existing_pairs(conn: Connection, pairs: set[tuple[int, str]]) -> set[tuple[int, str]]:
+    """Which (execution_id, event_id) keys exist: one statement on PostgreSQL (two arrays joined
+    to the unique key's index), chunks of row values elsewhere."""
+    if not pairs:
         return set()
+    ordered = sorted(pairs)
+    if conn.dialect.name == "postgresql":
+        found = conn.execute(
+            text(
+                "SELECT e.execution_id, e.event_id FROM unnest(CAST(:x AS bigint[]), CAST(:k AS text[])) AS t(x, k)"
+                " JOIN noetl_event e ON e.execution_id = t.x AND e.event_id = t.k"
+            ),
+            {"x": [p[0] for p in ordered], "k": [p[1] for p in ordered]},
+        )
+        return {(int(r[0]), r[1]) for r in found}
     e = repo.EVENTS.c
-    found: set[str] = set()
-    for start in range(0, len(keys), 500):
-        chunk = keys[start : start + 500]
-        found |= {
-            r[0]
-            for r in conn.execute(select(e.event_id).where(and_(e.execution_id == execution_id, e.event_id.in_(chunk))))
-        }
-    return found
+    result: set[tuple[int, str]] = set()
+    for start in range(0, len(ordered), PAIRS_PER_STATEMENT):
+        chunk = ordered[start : start + PAIRS_PER_STATEMENT]
+        query = select(e.execution_id, e.event_id).where(tuple_(e.execution_id, e.event_id).in_(chunk))
+        result |= {(int(r[0]), r[1]) for r in conn.execute(query)}
+    return result
+
+
+def _running(conn: Connection, execution_ids: set[int]) -> set[int]:
+    if not execution_ids:
+        return set()
+    c = repo.EXECUTIONS.c
+    query = select(c.execution_id).where(and_(c.execution_id.in_(sorted(execution_ids)), c.status == "running"))
+    return {int(r[0]) for r in conn.execute(query)}
 
 
 class SweeperThread(threading.Thread):
