@@ -285,5 +285,6 @@ def test_database_connections_dropped_before_the_first_read_and_in_a_loop(playbo
     finally:
         stop.set()
         killer.join()
+    get_engine(store_url).dispose()  # this process's own pooled connections were cut as well
     assert sum(terminated) > 0
     assert_every_index_once(store_url, execution_id, 300, timeout=180)
