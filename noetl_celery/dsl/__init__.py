@@ -48,7 +48,9 @@ TOP_KEYS = frozenset(
 )
 METADATA_KEYS = frozenset({"name", "path", "description", "version", "labels", "tags"})
 EXECUTOR_KEYS = frozenset({"profile", "version", "requires", "spec"})
-EXECUTOR_SPEC_KEYS = frozenset({"entry_step", "final_step", "no_next_is_error", "policy", "timeout"})
+EXECUTOR_SPEC_KEYS = frozenset(
+    {"entry_step", "final_step", "no_next_is_error", "policy", "timeout", "strict_templates"}
+)
 CANONICAL_WORKBOOK_KEYS = frozenset({"name", "desc", "tool", "assert"})
 DEFAULT_ENTRY_STEP = "start"
 SET_TARGETS = {"ctx": "set_ctx", "vars": "vars"}  # step-level `set: {ctx.x: ..., vars.y: ...}`
@@ -151,6 +153,7 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
         entry_step=entry,
         final_step=final if isinstance(final, str) else None,
         no_next_is_error=bool(executor.get("no_next_is_error")),
+        strict_templates=bool(executor.get("strict_templates")),
         steps=steps,
         source_file=source_path(ctx.file),
         timeout=_playbook_timeout(ctx, top, executor),
@@ -214,6 +217,7 @@ def _executor(ctx: Context, top: LDict) -> dict[str, Any]:
         if key in spec:
             expect_str(ctx, spec[key], line_of(spec, key), f"executor.spec.{key}")
     boolean(ctx, spec, "no_next_is_error", "executor.spec")
+    boolean(ctx, spec, "strict_templates", "executor.spec")
     return spec
 
 

@@ -190,6 +190,9 @@ class Plan(_Model):
     entry_step: str
     final_step: str | None = None
     no_next_is_error: bool = False
+    # `executor.spec.strict_templates`: an undefined name fails wherever it is rendered (by default
+    # tool args, sinks, set/vars and arcs render leniently, as NoETL renders them)
+    strict_templates: bool = False
     steps: dict[str, Step]
     source_file: str | None = None
     timeout: float | None = None  # seconds the whole execution may take (None: no limit)
