@@ -27,6 +27,7 @@ from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
     Context,
+    assignments,
     boolean,
     build_sink,
     check_fields,
@@ -55,7 +56,9 @@ ROUTE_MODES: dict[str, Literal["exclusive", "inclusive"]] = {
     "parallel": "inclusive",
 }
 NO_MATCH_ACTIONS = (None, "quiet", "error")
-ARC_KEYS = frozenset({"step", "when", "args"})
+ARC_KEYS = frozenset({"step", "when", "args", "set"})
+# `next.arcs[].set` (NoETL's Arc.set): assigned when the arc is taken; a bare key is a ctx variable
+ARC_SET_SCOPES = {"ctx": "set_ctx", "vars": "set_vars"}
 LEGACY_LOOP_KEYS = frozenset({"collection", "element", "concurrency", "chunk_size", "enumerate", "where", "limit"})
 LOOP_KEYS = LEGACY_LOOP_KEYS | {"in", "iterator", "mode", "max_in_flight", "cursor", "spec", "aggregate", "batch"}
 LOOP_SPEC_KEYS = frozenset({"mode", "max_in_flight", "chunk_size", "policy", "frame", "batch"})
@@ -274,6 +277,9 @@ def routing(ctx: Context, value: Any, line: int | None, path: str) -> Routing:
         if item is None or not check_keys(ctx, item, ARC_KEYS, item_path):
             continue
         made = arc(ctx, item, condition(ctx, item, "when", item_path), False, item_line, item_path)
+        if made is not None and "set" in item:
+            sets = assignments(ctx, item, item_path, ARC_SET_SCOPES, bare="ctx")
+            made.set_ctx, made.set_vars = sets["set_ctx"], sets["set_vars"]
         arcs.extend([made] if made is not None else [])
     return Routing(mode=mode, arcs=arcs, on_no_match=on_no_match)
 
