@@ -289,3 +289,45 @@ def test_policy_set_bare_key_is_a_ctx_variable(sqlite_url, tmp_path):
     code, status = run_playbook(sqlite_url, _write(tmp_path, M14_POLICY_SET_BARE))
     assert (code, status["status"]) == (0, "completed"), status["error"]
     assert status["ctx"] == {"seen": 1}
+
+
+# --- templated max_in_flight ------------------------------------------------------------------
+
+M05_MAXINFLIGHT = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: m05}
+workload: {n: 2}
+workflow:
+  - step: start
+    loop: {in: [1, 2, 3], iterator: x, spec: {mode: parallel, max_in_flight: "{{ n }}"}}
+    tool: {kind: python, input: {x: "{{ x }}"}, code: "result = x"}
+"""
+
+
+def test_templated_max_in_flight_runs_and_follows_the_workload(sqlite_url, tmp_path):
+    from noetl_celery.compiler import compile_source
+
+    path = _write(tmp_path, M05_MAXINFLIGHT)
+    code, status = run_playbook(sqlite_url, path)
+    assert (code, status["status"]) == (0, "completed"), status["error"]
+    assert status["results"]["start"]["results"] == [1, 2, 3]
+    assert compile_source(str(path), {}).steps["start"].loop.max_in_flight == 2
+    assert compile_source(str(path), {"n": 5}).steps["start"].loop.max_in_flight == 5  # --set n=5
+    ctx_form = M05_MAXINFLIGHT.replace("workload: {n: 2}", "ctx: {cap: '3'}").replace("{{ n }}", "{{ ctx.cap }}")
+    assert compile_source(str(_write(tmp_path, ctx_form, "ctx.yaml")), {}).steps["start"].loop.max_in_flight == 3
+
+
+@pytest.mark.parametrize(
+    ("template", "said"),
+    [("{{ nope }}", "'nope' is undefined"), ("{{ n / 4 }}", "rendered to 0.5"), ("{{ -n }}", "rendered to -2")],
+)
+def test_templated_max_in_flight_that_is_no_count_is_a_problem(tmp_path, template, said):
+    from noetl_celery.compiler import compile_source
+    from noetl_celery.errors import PlaybookError
+
+    text = M05_MAXINFLIGHT.replace("{{ n }}", template)
+    with pytest.raises(PlaybookError) as caught:
+        compile_source(str(_write(tmp_path, text)), {})
+    message = str(caught.value)
+    assert "pb.yaml:8: workflow[0](start).loop.spec.max_in_flight: max_in_flight" in message and said in message

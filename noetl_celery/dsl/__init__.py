@@ -36,8 +36,8 @@ from noetl_celery.dsl.validate import (
     tags,
 )
 from noetl_celery.dsl.yaml_lines import LDict, line_of, load_yaml, plain
-from noetl_celery.errors import PlaybookError, Problem
-from noetl_celery.templating import BUILTIN_NAMES
+from noetl_celery.errors import PlaybookError, Problem, TemplateError
+from noetl_celery.templating import BUILTIN_NAMES, render_string
 
 __all__ = ["PlaybookError", "load_plan"]
 
@@ -142,13 +142,15 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
         return None
     entry = _entry_and_final(ctx, executor, steps)
     final = executor.get("final_step")
+    merged_workload = _deep_merge(plain(workload or {}), overrides)
+    _resolve_caps(ctx, merged_workload, plain(variables or {}))
     return Plan(
         name=name or "",
         path=_optional_str(ctx, metadata, "path"),
         api_version=api_version or "",
         dialect=_dialect(shapes, api_version),
         description=_optional_str(ctx, metadata, "description"),
-        workload=_deep_merge(plain(workload or {}), overrides),
+        workload=merged_workload,
         ctx=plain(variables or {}),
         entry_step=entry,
         final_step=final if isinstance(final, str) else None,
@@ -159,6 +161,29 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
         timeout=_playbook_timeout(ctx, top, executor),
         tags=tags(ctx, metadata, "metadata"),
     )
+
+
+def _resolve_caps(ctx: Context, workload: dict[str, Any], variables: dict[str, Any]) -> None:
+    """A loop's templated `max_in_flight` (`"{{ n }}"`), rendered once from the workload (with
+    `--set` overrides) and the root ctx, as bare names or `workload.x`/`ctx.x`: it must give a
+    whole number, else it is a problem at its line."""
+    scope = {**workload, **variables, "workload": workload, "ctx": variables}
+    for cap in ctx.templated_caps:
+        try:
+            value = render_string(cap.template, scope)
+            count = int(str(value).strip()) if not isinstance(value, bool) else -1
+        except (TemplateError, ValueError) as exc:
+            reason = exc if isinstance(exc, TemplateError) else f"rendered to {value!r}"
+            ctx.problem(
+                cap.line,
+                cap.path,
+                f"max_in_flight {cap.template!r} must render to a whole number from the workload or root ctx: {reason}",
+            )
+            continue
+        if count < 0:
+            ctx.problem(cap.line, cap.path, f"max_in_flight {cap.template!r} rendered to {value!r}, not a whole number")
+            continue
+        cap.loop.max_in_flight = max(count, 1)
 
 
 def source_path(file: str) -> str:

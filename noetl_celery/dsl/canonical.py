@@ -27,6 +27,7 @@ from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
     Context,
+    TemplatedCap,
     assignments,
     boolean,
     build_sink,
@@ -46,6 +47,7 @@ from noetl_celery.dsl.validate import (
     unknown_key,
 )
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
+from noetl_celery.templating import is_template
 from noetl_celery.tools.base import get_tool
 
 WORKBOOK_CALL_KEYS = frozenset({"kind", "name", "args", "auth"})
@@ -313,6 +315,9 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
         )
     mode = _mode(ctx, loop, spec, path, cursor is not None)
     cap = _cap(ctx, loop, spec, path)
+    templated = cap if isinstance(cap, str) and mode != "sequential" else None
+    if isinstance(cap, str):
+        cap = None
     if mode == "sequential":
         cap = 1
     elif cap is None:
@@ -338,7 +343,7 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
             join(path, "aggregate"),
             "aggregate: only applies to a cursor loop (a collection loop's result always has its results)",
         )
-    return Loop(
+    made = Loop(
         collection=plain(collection),
         cursor=cursor,
         iterator=iterator,
@@ -354,6 +359,12 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
         aggregate=aggregate,
         claim_retry=claim_retry(ctx, loop, path) if cursor is not None else None,
     )
+    if templated is not None:  # rendered from the workload and ctx when the plan is made
+        holder, key, where = (
+            (spec, "max_in_flight", spec_path) if "max_in_flight" in spec else (loop, _cap_key(loop), path)
+        )
+        ctx.templated_caps.append(TemplatedCap(made, templated, line_of(holder, key), join(where, key)))
+    return made
 
 
 def _one_of(ctx: Context, loop: LDict, keys: tuple[str, str], path: str) -> Any:
@@ -400,17 +411,23 @@ def _batch(ctx: Context, loop: LDict, spec: LDict, path: str, mode: str) -> int 
     return "auto" if value == "auto" else int(value)
 
 
-def _cap(ctx: Context, loop: LDict, spec: LDict, path: str) -> int | None:
-    caps = [
-        value
-        for holder, key, hpath in (
-            (spec, "max_in_flight", join(path, "spec")),
-            (loop, "max_in_flight", path),
-            (loop, "concurrency", path),
-        )
-        if (value := number(ctx, holder, key, hpath, integer=True)) is not None
-    ]
+def _cap(ctx: Context, loop: LDict, spec: LDict, path: str) -> int | str | None:
+    """The loop's cap: a number, or a template (NoETL renders `max_in_flight: "{{ n }}"`)."""
+    caps = []
+    for holder, key, hpath in (
+        (spec, "max_in_flight", join(path, "spec")),
+        (loop, "max_in_flight", path),
+        (loop, "concurrency", path),
+    ):
+        if is_template(holder.get(key)):
+            caps.append(holder[key])
+        elif (value := number(ctx, holder, key, hpath, integer=True)) is not None:
+            caps.append(value)
     return caps[0] if caps else None
+
+
+def _cap_key(loop: LDict) -> str:
+    return "max_in_flight" if "max_in_flight" in loop else "concurrency"
 
 
 def _check_loop_policy(ctx: Context, spec: LDict, spec_path: str) -> None:
