@@ -331,3 +331,31 @@ def test_templated_max_in_flight_that_is_no_count_is_a_problem(tmp_path, templat
         compile_source(str(_write(tmp_path, text)), {})
     message = str(caught.value)
     assert "pb.yaml:8: workflow[0](start).loop.spec.max_in_flight: max_in_flight" in message and said in message
+
+
+# --- case: with a structural next: fallback ---------------------------------------------------
+
+M09_CASE_NEXT = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: m09}
+workload: {limit: 5}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = {'n': 1}"}
+    case:
+      - when: "{{ event.name == 'call.done' and result.n > limit }}"
+        then: {next: [{step: big}]}
+    next: end
+  - step: big
+    tool: {kind: python, code: "result = 'big'"}
+  - step: end
+    tool: {kind: python, code: "result = 'end'"}
+"""
+
+
+@pytest.mark.parametrize(("limit", "taken"), [(5, "end"), (0, "big")])
+def test_case_with_next_falls_back_to_next_when_no_case_routes(sqlite_url, tmp_path, limit, taken):
+    code, status = run_playbook(sqlite_url, _write(tmp_path, M09_CASE_NEXT), sets={"limit": limit})
+    assert (code, status["status"]) == (0, "completed"), status["error"]
+    assert set(status["results"]) == {"start", taken}

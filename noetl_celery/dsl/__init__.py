@@ -402,16 +402,16 @@ def _result_hints(ctx: Context, step: LDict, path: str) -> tuple[str | None, dic
 
 
 def _case(ctx: Context, step: LDict, tasks: list[Task], next_routing: Routing, path: str) -> Routing:
-    """case: entries with next are the step's arcs (unless next: routes), the rest its task's policy."""
+    """case: entries with next are the step's arcs (a structural next: routes when none of them
+    fires), the rest its task's policy."""
     result = compile_case(ctx, step["case"], line_of(step, "case"), join(path, "case"))
     if result.rules:
         _attach_policy(ctx, tasks, Policy(rules=result.rules), step, "case", path)
     if not result.arcs:
         return next_routing
-    if next_routing.arcs:
-        message = "route with next inside case or with next:, not both"
-        ctx.problem(line_of(step, "next"), join(path, "next"), message)
-    return Routing(mode="inclusive", arcs=result.arcs)
+    # as in NoETL, a structural next: is the fallback when no case entry routes
+    fallback = [arc.model_copy(update={"fallback": True}) for arc in next_routing.arcs]
+    return Routing(mode="inclusive", arcs=[*result.arcs, *fallback], fallback_mode=next_routing.mode)
 
 
 def _attach_policy(ctx: Context, tasks: list[Task], policy: Policy | None, step: LDict, key: str, path: str) -> None:

@@ -142,11 +142,15 @@ class Arc(_Model):
     set_ctx: dict[str, Any] = Field(default_factory=dict)
     set_vars: dict[str, Any] = Field(default_factory=dict)
     line: int | None = None
+    # v2 `case:` beside a structural `next:`: the `next:` arcs are tried only when no case arc
+    # fired, in `Routing.fallback_mode`
+    fallback: bool = False
 
 
 class Routing(_Model):
     mode: RouteMode = "inclusive"
     arcs: list[Arc] = Field(default_factory=list)
+    fallback_mode: RouteMode = "inclusive"
     # `next.spec.on_no_match`: when arcs exist but none matched, "quiet" ends the branch,
     # "error" fails the execution; None: `Plan.no_next_is_error` decides
     on_no_match: Literal["quiet", "error"] | None = None

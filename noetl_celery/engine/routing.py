@@ -22,14 +22,23 @@ TERMINAL_EVENT_NAMES = {
 
 def fired_arcs(step: Step, context: dict[str, Any]) -> list[Arc]:
     """The arcs that fire: exclusive mode takes the first that holds, inclusive takes all."""
+    arcs = [arc for arc in step.next.arcs if not arc.fallback]
+    fired = _fired(arcs, step.next.mode, context)
+    fallback = [arc for arc in step.next.arcs if arc.fallback]
+    if not fired and fallback:  # v2 `case:` beside `next:`: next routes when no case entry did
+        fired = _fired(fallback, step.next.fallback_mode, context)
+    return fired
+
+
+def _fired(arcs: list[Arc], mode: str, context: dict[str, Any]) -> list[Arc]:
     fired: list[Arc] = []
-    for arc in step.next.arcs:
+    for arc in arcs:
         holds = _holds(arc, context)
         if arc.negate:
             holds = not holds
         if holds:
             fired.append(arc)
-            if step.next.mode == "exclusive":
+            if mode == "exclusive":
                 break
     return fired
 
