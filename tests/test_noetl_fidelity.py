@@ -359,3 +359,66 @@ def test_case_with_next_falls_back_to_next_when_no_case_routes(sqlite_url, tmp_p
     code, status = run_playbook(sqlite_url, _write(tmp_path, M09_CASE_NEXT), sets={"limit": limit})
     assert (code, status["status"]) == (0, "completed"), status["error"]
     assert set(status["results"]) == {"start", taken}
+
+
+# --- output_select as a list, task-level result hints ------------------------------------------
+
+M07_OUTPUTSELECT = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: m07}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = {'status': 'ok', 'count': 2, 'items': [1, 2]}"}
+    result:
+      output_select: [status, count]
+"""
+
+M15_TASK_OUTPUT = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: m15}
+workflow:
+  - step: start
+    tool:
+      kind: postgres
+      auth: pg_local
+      command: "SELECT 1 AS one"
+      output: {select: [{path: "$.rows", as: rows}]}
+"""
+
+
+def test_output_select_list_never_trims_a_result(sqlite_url, tmp_path):
+    from noetl_celery.compiler import compile_source
+
+    path = _write(tmp_path, M07_OUTPUTSELECT)
+    step = compile_source(str(path), {}).steps["start"]
+    assert (step.result_select, step.result_hints) == (None, {"result.output_select": ["status", "count"]})
+    code, status = run_playbook(sqlite_url, path)
+    assert (code, status["status"]) == (0, "completed"), status["error"]
+    assert status["results"]["start"] == {"status": "ok", "count": 2, "items": [1, 2]}
+
+
+def test_task_level_output_hints_are_read_not_passed_to_the_tool(sqlite_url, tmp_path):
+    from noetl_celery.compiler import compile_source
+
+    task = compile_source(str(_write(tmp_path, M15_TASK_OUTPUT)), {}).steps["start"].tasks[0]
+    assert task.config == {"command": "SELECT 1 AS one"}
+    assert task.hints == {"output": {"select": [{"path": "$.rows", "as": "rows"}]}}
+    python_form = """
+    apiVersion: noetl.io/v2
+    kind: Playbook
+    metadata: {name: m15py}
+    workflow:
+      - step: start
+        tool:
+          - first:
+              kind: python
+              code: "result = {'rows': [1, 2], 'n': 2}"
+              output_select: [rows]
+              spec: {output: {select: [{path: "$.rows", as: rows}]}}
+          - second: {kind: python, input: {r: "{{ first.rows }}"}, code: "result = r"}
+    """
+    code, status = run_playbook(sqlite_url, _write(tmp_path, python_form, "py.yaml"))
+    assert (code, status["status"]) == (0, "completed"), status["error"]
+    assert status["results"]["start"] == [1, 2]

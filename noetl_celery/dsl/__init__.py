@@ -392,7 +392,9 @@ def _result_hints(ctx: Context, step: LDict, path: str) -> tuple[str | None, dic
         block = expect_mapping(ctx, step[key], line_of(step, key), join(path, key))
         for name, value in (block or {}).items():
             where = join(join(path, key), name)
-            if name not in RESULT_SELECTORS:
+            if name not in RESULT_SELECTORS or isinstance(value, list):
+                # a list of paths (`output_select: [status, count]`) is what NoETL keeps of a result
+                # it externalises; it never trims a result kept inline: advisory here
                 hints[f"{key}.{name}"] = plain(value)
             elif select is not None:
                 ctx.problem(line_of(block, name), where, "the result is selected twice; give one selector")

@@ -58,6 +58,8 @@ ROUTE_MODES: dict[str, Literal["exclusive", "inclusive"]] = {
     "parallel": "inclusive",
 }
 NO_MATCH_ACTIONS = (None, "quiet", "error")
+# task-level result hints NoETL reads when it externalises a result (advisory here: Task.hints)
+TASK_RESULT_HINTS = ("output", "output_select", "result")
 ARC_KEYS = frozenset({"step", "when", "args", "set"})
 # `next.arcs[].set` (NoETL's Arc.set): assigned when the arc is taken; a bare key is a ctx variable
 ARC_SET_SCOPES = {"ctx": "set_ctx", "vars": "set_vars"}
@@ -160,6 +162,7 @@ def task_from_mapping(
     if spec is None:
         return None
     fields = _fields(ctx, tool, path, label_key)
+    hints = {key: plain(fields.pop(key)[0][key]) for key in TASK_RESULT_HINTS if key in fields}
     for key, (holder, holder_path) in fields.items():
         check_fields(ctx, spec, holder, [key], holder_path)
 
@@ -173,7 +176,7 @@ def task_from_mapping(
     auth = plain(read("auth")[0]) if "auth" in fields else None
     check_required(ctx, spec, config, line, path)
     check_settings(ctx, spec, config, tool, path, fields)
-    return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, sink=sink, line=line)
+    return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, sink=sink, line=line, hints=hints)
 
 
 def _fields(ctx: Context, tool: LDict, path: str, label_key: str) -> dict[str, tuple[LDict, str]]:

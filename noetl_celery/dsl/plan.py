@@ -105,6 +105,9 @@ class Task(_Model):
     policy: Policy | None = None
     sink: Sink | None = None
     line: int | None = None
+    # task-level `output:` / `output_select` / `result:` as written: NoETL reads them to shape a
+    # result it externalises; advisory here (results live in event rows, none is trimmed)
+    hints: dict[str, Any] = Field(default_factory=dict)
 
 
 class Loop(_Model):
