@@ -422,3 +422,30 @@ def test_task_level_output_hints_are_read_not_passed_to_the_tool(sqlite_url, tmp
     code, status = run_playbook(sqlite_url, _write(tmp_path, python_form, "py.yaml"))
     assert (code, status["status"]) == (0, "completed"), status["error"]
     assert status["results"]["start"] == [1, 2]
+
+
+def test_a_routing_only_task_notes_what_it_hid_on_its_step(sqlite_url, tmp_path):
+    text = """
+    apiVersion: noetl.io/v2
+    kind: Playbook
+    metadata: {name: noop_hidden}
+    workflow:
+      - step: start
+        tool: {kind: noop, args: {v: "{{ missing_step.value }}"}}
+    """
+    code, status = run_playbook(sqlite_url, _write(tmp_path, text))
+    assert (code, status["status"]) == (0, "completed"), status["error"]
+    assert status["results"]["start"] == {"v": None}
+    notes = _warnings(sqlite_url, status["execution_id"])
+    assert [(t, s) for t, s, _ in notes] == [("step.completed", "start")]
+    assert "'missing_step' is undefined" in notes[0][2]
+
+
+def test_a_policy_set_notes_what_it_hid_on_the_attempt(sqlite_url, tmp_path):
+    text = M14_POLICY_SET_BARE.replace("{{ output.data.n }}", "{{ outptu.data.n }}")
+    code, status = run_playbook(sqlite_url, _write(tmp_path, text))
+    assert (code, status["status"]) == (0, "completed"), status["error"]
+    assert status["ctx"] == {"seen": None}
+    notes = _warnings(sqlite_url, status["execution_id"])
+    assert [(t, s) for t, s, _ in notes] == [("action.completed", "start")]
+    assert "'outptu' is undefined" in notes[0][2]

@@ -100,6 +100,8 @@ class Decider:
     # step starts and routing-only tasks decided inline wait here while one runs (see `inline`)
     inline_queue: deque[Callable[[], None]] | None = None
     steps_run: int | None = None  # step runs recorded before this decision, once counted (`_too_many_steps`)
+    # per step run: what lenient renders of its routing-only tasks hid, for its step.completed row
+    hidden_notes: dict[str, list[str]] = field(default_factory=dict)
 
     def inline(self, work: Callable[[], None]) -> None:
         """Run `work` (a step start, a routing-only task) now, or after the one running, in order.
@@ -564,14 +566,14 @@ class Decider:
             )
             return
         context = render_context(self.state, self.scope_of(message, step))
-        row: dict[str, Any] = {"event_id": message.parent_event_id}
+        row: dict[str, Any] = {"event_id": message.parent_event_id}  # no row of its own is recorded
         try:
             with lenient(self.strict_templates) as hidden:  # args render as NoETL renders them
                 rendered = {**task.config, "args": plain(render_value(task.config.get("args"), context))}
             args = merge_arc_args(task.kind, rendered, message.args).get("args")
             outcome = {"status": "ok", "data": args}
-            if hidden:
-                row["meta"] = {HIDDEN_META: hidden}
+            if message.iteration is None:  # noted on the step's step.completed row
+                self.hidden_notes.setdefault(message.run_id, []).extend(hidden)
         except TemplateError as exc:
             outcome = {"status": "error", "error": {"kind": "template", "message": str(exc)}}
         self.handle_outcome(step, task, message, outcome, row)
@@ -634,6 +636,7 @@ class Decider:
         meta: dict[str, Any] = {}
         if targets:
             meta["next"] = [t for t, _ in targets]
+        hidden = [*self.hidden_notes.pop(run_id, []), *hidden]
         if hidden:
             meta[HIDDEN_META] = hidden
         self.record(
