@@ -449,3 +449,28 @@ def test_a_policy_set_notes_what_it_hid_on_the_attempt(sqlite_url, tmp_path):
     notes = _warnings(sqlite_url, status["execution_id"])
     assert [(t, s) for t, s, _ in notes] == [("action.completed", "start")]
     assert "'outptu' is undefined" in notes[0][2]
+
+
+def test_a_sink_renders_leniently_and_notes_what_it_hid(sqlite_url, tmp_path):
+    text = """
+    apiVersion: noetl.io/v2
+    kind: Playbook
+    metadata: {name: sink_hidden}
+    workflow:
+      - step: start
+        tool:
+          kind: python
+          code: "result = {'n': 2}"
+          sink: {kind: event_log, args: {n: "{{ result.n }}", typo: "{{ reslt.n }}"}}
+    """
+    code, status = run_playbook(sqlite_url, _write(tmp_path, text))
+    assert (code, status["status"]) == (0, "completed"), status["error"]
+    rows = runner.execution_events(sqlite_url, status["execution_id"])
+    (attempt,) = [r for r in rows if r["event_type"] == "action.completed"]
+    assert attempt["meta"]["sink"]["status"] == "ok"
+    (note,) = attempt["meta"]["sink"][HIDDEN_META]
+    assert "'reslt' is undefined" in note
+    (logged,) = [r for r in rows if r["event_type"] == "sink.event_log"]
+    assert logged["result"] == {"n": 2, "typo": None}
+    code, status = run_playbook(sqlite_url, _write(tmp_path, text), env=STRICT_ENV)
+    assert (code, status["status"], status["error"]["kind"]) == (1, "failed", "sink")
