@@ -67,6 +67,7 @@ MAX_LOOP_ITEMS_ENV = "NOETL_MAX_LOOP_ITEMS"  # elements of a loop's rendered col
 DEFAULT_MAX_LOOP_ITEMS = 100_000
 MAX_RESULT_DEPTH_ENV = "NOETL_MAX_RESULT_DEPTH"  # nesting levels of a stored result
 DEFAULT_MAX_RESULT_DEPTH = 200
+STRICT_TEMPLATES_ENV = "NOETL_STRICT_TEMPLATES"  # 1: undefined names fail wherever they are rendered
 MAX_STEPS_ENV = "NOETL_MAX_STEPS"  # step runs one execution may start (an arc cycle without an end)
 DEFAULT_MAX_STEPS = 100_000
 LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limit`)
@@ -247,6 +248,14 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_steps=int(limit(MAX_STEPS_ENV, env)),
         )
     )
+
+
+def strict_templates(environ: Mapping[str, str] | None = None) -> bool:
+    """NOETL_STRICT_TEMPLATES=1: every template renders strictly (an undefined name fails the
+    step), where by default tool args, sinks, `set`/`vars` and arcs render leniently, as NoETL
+    renders them. Read at each use, as the limits are."""
+    env = os.environ if environ is None else environ
+    return (env.get(STRICT_TEMPLATES_ENV) or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def limit(name: str, environ: Mapping[str, str] | None = None) -> float:

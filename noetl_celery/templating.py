@@ -5,7 +5,10 @@ Rules:
   value (a list stays a list, `{{ n + 1 }}` is an int); when that expression ends in `| tojson`
   the value is the structure itself (NoETL playbooks pass mappings as `{{ x | tojson }}`). Any
   other string renders to text.
-- Undefined names are errors (StrictUndefined), reported with the template text.
+- Undefined names are errors (strict), reported with the template text, unless the caller
+  renders inside `lenient()` (tool args, sinks, `set`/`vars`, arcs; as NoETL renders them): there
+  an undefined name or attribute is a falsy empty value (None as a whole value, "" in text), and
+  each one used is noted in the list `lenient()` yields, so that the caller can record it.
 - `a.b` on a mapping looks up the key first, so `iter.items` is the key `items`, never the dict
   method. A step's result also answers the legacy aliases `.result` and `.data` when it has no
   such key (legacy playbooks write `step.result.data.x` and `result.data.x` for the same value);
@@ -19,11 +22,13 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateAssertionError, TemplateSyntaxError, UndefinedError, pass_environment
+from jinja2 import TemplateAssertionError, TemplateSyntaxError, UndefinedError, pass_environment
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.filters import make_attrgetter
 from jinja2.nodes import Concat
@@ -31,7 +36,7 @@ from jinja2.runtime import Undefined
 from jinja2.sandbox import SandboxedEnvironment, SandboxedFormatter
 from markupsafe import Markup
 
-from noetl_celery import limits, template_budget
+from noetl_celery import limits, settings, template_budget
 from noetl_celery.errors import TemplateError
 from noetl_celery.jsonable import plain as plain  # re-exported: the engine renders, then makes plain
 
@@ -78,6 +83,95 @@ LEGACY_ALIASES = ("result", "data")
 # Filters that take a width or a count, and the positions of those arguments (the value is 0;
 # a filter that receives the environment first counts it too).
 BOUNDED_FILTERS = {"center": (1,), "indent": (1,), "wordwrap": (2,), "batch": (1,), "slice": (2,)}
+
+
+# The notes of the `lenient()` block being rendered in (None: strict rendering).
+_HIDDEN: ContextVar[list[str] | None] = ContextVar("noetl_lenient_notes", default=None)
+HIDDEN_META = "template_warnings"  # the meta key of an event row: what its lenient renders hid
+MAX_NOTES = 20  # hidden undefined names one lenient block keeps (the first ones)
+
+
+@contextmanager
+def lenient(strict: bool = False) -> Iterator[list[str]]:
+    """Render leniently inside the block (unless `strict`): an undefined name or attribute is a
+    falsy empty value instead of an error. Yields the list of what a render hid (each undefined
+    name used, with its template), for the caller to record."""
+    notes: list[str] = []
+    if strict:
+        yield notes
+        return
+    token = _HIDDEN.set(notes)
+    try:
+        yield notes
+    finally:
+        _HIDDEN.reset(token)
+
+
+def lenient_active() -> bool:
+    return _HIDDEN.get() is not None
+
+
+def note(message: str) -> None:
+    """Record `message` in the enclosing `lenient()` block's notes (kept once, at most MAX_NOTES)."""
+    notes = _HIDDEN.get()
+    if notes is not None and message not in notes and len(notes) < MAX_NOTES:
+        notes.append(message)
+
+
+def strict_rendering(playbook_strict: bool = False) -> bool:
+    """Strict everywhere: the playbook asks for it (`executor.spec.strict_templates: true`) or
+    the deployment does (NOETL_STRICT_TEMPLATES=1)."""
+    return playbook_strict or settings.strict_templates()
+
+
+class PlaybookUndefined(Undefined):
+    """An undefined name or attribute: an error (as StrictUndefined), except inside `lenient()`,
+    where it chains (`high.c` of an undefined `high`), reads as false, empty text, an empty
+    sequence, and is noted when used. Comparisons and arithmetic still raise, as in NoETL."""
+
+    __slots__ = ()
+
+    def _hidden(self) -> bool:
+        notes = _HIDDEN.get()
+        if notes is None:
+            return False
+        message = self._undefined_message
+        if message not in notes and len(notes) < MAX_NOTES:
+            notes.append(message)
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        if name[:2] == "__":
+            raise AttributeError(name)
+        if _HIDDEN.get() is not None:
+            return self
+        return self._fail_with_undefined_error()
+
+    __getitem__ = __getattr__  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        return "" if self._hidden() else self._fail_with_undefined_error()
+
+    def __bool__(self) -> bool:
+        return False if self._hidden() else self._fail_with_undefined_error()
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return iter(()) if self._hidden() else self._fail_with_undefined_error()
+
+    def __len__(self) -> int:
+        return 0 if self._hidden() else self._fail_with_undefined_error()
+
+    def __contains__(self, item: Any) -> bool:
+        return False if self._hidden() else self._fail_with_undefined_error()
+
+    def __eq__(self, other: Any) -> bool:
+        return type(self) is type(other) if self._hidden() else self._fail_with_undefined_error()
+
+    def __ne__(self, other: Any) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return id(type(self)) if _HIDDEN.get() is not None else self._fail_with_undefined_error()
 
 
 class Lenient(dict):
@@ -372,7 +466,7 @@ def _b64decode(value: Any) -> str:
 
 
 def _build_environment() -> PlaybookEnvironment:
-    env = PlaybookEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
+    env = PlaybookEnvironment(undefined=PlaybookUndefined, autoescape=False, keep_trailing_newline=True)
     env.filters.update(
         fromjson=json.loads,
         from_json=json.loads,
@@ -456,11 +550,16 @@ def _single_expression(text: str) -> str | None:
 
 
 def _defined(value: Any) -> Any:
-    """A native value with no Undefined inside (a filter such as map() can yield them lazily)."""
+    """A native value with no Undefined inside (a filter such as map() can yield them lazily);
+    rendering leniently, an Undefined is None (noted)."""
     if isinstance(value, Undefined):
+        if isinstance(value, PlaybookUndefined) and value._hidden():
+            return None
         value._fail_with_undefined_error()
     if isinstance(value, (list, tuple)) or type(value).__name__ == "generator":
         return [_defined(v) for v in value]
+    if type(value) is dict:
+        return {k: _defined(v) for k, v in value.items()}
     if isinstance(value, Mapping) and not isinstance(value, (StepResult, ResponseView)):
         for v in value.values():
             _defined(v)
@@ -482,6 +581,16 @@ def render_string(text: str, context: Mapping[str, Any]) -> Any:
     """Render one playbook string: native value for a lone expression, else text."""
     if not is_template(text):
         return text
+    notes = _HIDDEN.get()
+    seen = len(notes) if notes is not None else 0
+    try:
+        return _render(text, context)
+    finally:
+        if notes is not None:  # name the template of what this render hid
+            notes[seen:] = [f"{n} in template {text.strip()[:200]!r}" for n in notes[seen:]]
+
+
+def _render(text: str, context: Mapping[str, Any]) -> Any:
     try:
         expression = _single_expression(text)
         if expression is not None:  # no loop in an expression: its size checks bound it

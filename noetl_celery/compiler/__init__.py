@@ -114,7 +114,10 @@ def describe(plan: Plan, *, task_queue: str = "noetl.tasks", event_queue: str = 
                 "loop": step.loop.model_dump(exclude_defaults=True) if step.loop else None,
                 "next": {
                     "mode": step.next.mode,
-                    "arcs": [{"step": a.step, "when": a.when, "negate": a.negate or None} for a in step.next.arcs],
+                    "arcs": [
+                        {"step": a.step, "when": a.when, "negate": a.negate or None, "fallback": a.fallback or None}
+                        for a in step.next.arcs
+                    ],
                 },
                 "join": step.join,
                 "tags": step.tags,

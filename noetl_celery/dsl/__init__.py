@@ -36,8 +36,8 @@ from noetl_celery.dsl.validate import (
     tags,
 )
 from noetl_celery.dsl.yaml_lines import LDict, line_of, load_yaml, plain
-from noetl_celery.errors import PlaybookError, Problem
-from noetl_celery.templating import BUILTIN_NAMES
+from noetl_celery.errors import PlaybookError, Problem, TemplateError
+from noetl_celery.templating import BUILTIN_NAMES, render_string
 
 __all__ = ["PlaybookError", "load_plan"]
 
@@ -48,7 +48,9 @@ TOP_KEYS = frozenset(
 )
 METADATA_KEYS = frozenset({"name", "path", "description", "version", "labels", "tags"})
 EXECUTOR_KEYS = frozenset({"profile", "version", "requires", "spec"})
-EXECUTOR_SPEC_KEYS = frozenset({"entry_step", "final_step", "no_next_is_error", "policy", "timeout"})
+EXECUTOR_SPEC_KEYS = frozenset(
+    {"entry_step", "final_step", "no_next_is_error", "policy", "timeout", "strict_templates"}
+)
 CANONICAL_WORKBOOK_KEYS = frozenset({"name", "desc", "tool", "assert"})
 DEFAULT_ENTRY_STEP = "start"
 SET_TARGETS = {"ctx": "set_ctx", "vars": "vars"}  # step-level `set: {ctx.x: ..., vars.y: ...}`
@@ -140,22 +142,48 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
         return None
     entry = _entry_and_final(ctx, executor, steps)
     final = executor.get("final_step")
+    merged_workload = _deep_merge(plain(workload or {}), overrides)
+    _resolve_caps(ctx, merged_workload, plain(variables or {}))
     return Plan(
         name=name or "",
         path=_optional_str(ctx, metadata, "path"),
         api_version=api_version or "",
         dialect=_dialect(shapes, api_version),
         description=_optional_str(ctx, metadata, "description"),
-        workload=_deep_merge(plain(workload or {}), overrides),
+        workload=merged_workload,
         ctx=plain(variables or {}),
         entry_step=entry,
         final_step=final if isinstance(final, str) else None,
         no_next_is_error=bool(executor.get("no_next_is_error")),
+        strict_templates=bool(executor.get("strict_templates")),
         steps=steps,
         source_file=source_path(ctx.file),
         timeout=_playbook_timeout(ctx, top, executor),
         tags=tags(ctx, metadata, "metadata"),
     )
+
+
+def _resolve_caps(ctx: Context, workload: dict[str, Any], variables: dict[str, Any]) -> None:
+    """A loop's templated `max_in_flight` (`"{{ n }}"`), rendered once from the workload (with
+    `--set` overrides) and the root ctx, as bare names or `workload.x`/`ctx.x`: it must give a
+    whole number, else it is a problem at its line."""
+    scope = {**workload, **variables, "workload": workload, "ctx": variables}
+    for cap in ctx.templated_caps:
+        try:
+            value = render_string(cap.template, scope)
+            count = int(str(value).strip()) if not isinstance(value, bool) else -1
+        except (TemplateError, ValueError) as exc:
+            reason = exc if isinstance(exc, TemplateError) else f"rendered to {value!r}"
+            ctx.problem(
+                cap.line,
+                cap.path,
+                f"max_in_flight {cap.template!r} must render to a whole number from the workload or root ctx: {reason}",
+            )
+            continue
+        if count < 0:
+            ctx.problem(cap.line, cap.path, f"max_in_flight {cap.template!r} rendered to {value!r}, not a whole number")
+            continue
+        cap.loop.max_in_flight = max(count, 1)
 
 
 def source_path(file: str) -> str:
@@ -214,6 +242,7 @@ def _executor(ctx: Context, top: LDict) -> dict[str, Any]:
         if key in spec:
             expect_str(ctx, spec[key], line_of(spec, key), f"executor.spec.{key}")
     boolean(ctx, spec, "no_next_is_error", "executor.spec")
+    boolean(ctx, spec, "strict_templates", "executor.spec")
     return spec
 
 
@@ -363,7 +392,9 @@ def _result_hints(ctx: Context, step: LDict, path: str) -> tuple[str | None, dic
         block = expect_mapping(ctx, step[key], line_of(step, key), join(path, key))
         for name, value in (block or {}).items():
             where = join(join(path, key), name)
-            if name not in RESULT_SELECTORS:
+            if name not in RESULT_SELECTORS or isinstance(value, list):
+                # a list of paths (`output_select: [status, count]`) is what NoETL keeps of a result
+                # it externalises; it never trims a result kept inline: advisory here
                 hints[f"{key}.{name}"] = plain(value)
             elif select is not None:
                 ctx.problem(line_of(block, name), where, "the result is selected twice; give one selector")
@@ -373,16 +404,16 @@ def _result_hints(ctx: Context, step: LDict, path: str) -> tuple[str | None, dic
 
 
 def _case(ctx: Context, step: LDict, tasks: list[Task], next_routing: Routing, path: str) -> Routing:
-    """case: entries with next are the step's arcs (unless next: routes), the rest its task's policy."""
+    """case: entries with next are the step's arcs (a structural next: routes when none of them
+    fires), the rest its task's policy."""
     result = compile_case(ctx, step["case"], line_of(step, "case"), join(path, "case"))
     if result.rules:
         _attach_policy(ctx, tasks, Policy(rules=result.rules), step, "case", path)
     if not result.arcs:
         return next_routing
-    if next_routing.arcs:
-        message = "route with next inside case or with next:, not both"
-        ctx.problem(line_of(step, "next"), join(path, "next"), message)
-    return Routing(mode="inclusive", arcs=result.arcs)
+    # as in NoETL, a structural next: is the fallback when no case entry routes
+    fallback = [arc.model_copy(update={"fallback": True}) for arc in next_routing.arcs]
+    return Routing(mode="inclusive", arcs=[*result.arcs, *fallback], fallback_mode=next_routing.mode)
 
 
 def _attach_policy(ctx: Context, tasks: list[Task], policy: Policy | None, step: LDict, key: str, path: str) -> None:

@@ -27,6 +27,8 @@ from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
     Context,
+    TemplatedCap,
+    assignments,
     boolean,
     build_sink,
     check_fields,
@@ -45,6 +47,7 @@ from noetl_celery.dsl.validate import (
     unknown_key,
 )
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
+from noetl_celery.templating import is_template
 from noetl_celery.tools.base import get_tool
 
 WORKBOOK_CALL_KEYS = frozenset({"kind", "name", "args", "auth"})
@@ -55,7 +58,11 @@ ROUTE_MODES: dict[str, Literal["exclusive", "inclusive"]] = {
     "parallel": "inclusive",
 }
 NO_MATCH_ACTIONS = (None, "quiet", "error")
-ARC_KEYS = frozenset({"step", "when", "args"})
+# task-level result hints NoETL reads when it externalises a result (advisory here: Task.hints)
+TASK_RESULT_HINTS = ("output", "output_select", "result")
+ARC_KEYS = frozenset({"step", "when", "args", "set"})
+# `next.arcs[].set` (NoETL's Arc.set): assigned when the arc is taken; a bare key is a ctx variable
+ARC_SET_SCOPES = {"ctx": "set_ctx", "vars": "set_vars"}
 LEGACY_LOOP_KEYS = frozenset({"collection", "element", "concurrency", "chunk_size", "enumerate", "where", "limit"})
 LOOP_KEYS = LEGACY_LOOP_KEYS | {"in", "iterator", "mode", "max_in_flight", "cursor", "spec", "aggregate", "batch"}
 LOOP_SPEC_KEYS = frozenset({"mode", "max_in_flight", "chunk_size", "policy", "frame", "batch"})
@@ -155,6 +162,7 @@ def task_from_mapping(
     if spec is None:
         return None
     fields = _fields(ctx, tool, path, label_key)
+    hints = {key: plain(fields.pop(key)[0][key]) for key in TASK_RESULT_HINTS if key in fields}
     for key, (holder, holder_path) in fields.items():
         check_fields(ctx, spec, holder, [key], holder_path)
 
@@ -168,7 +176,7 @@ def task_from_mapping(
     auth = plain(read("auth")[0]) if "auth" in fields else None
     check_required(ctx, spec, config, line, path)
     check_settings(ctx, spec, config, tool, path, fields)
-    return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, sink=sink, line=line)
+    return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, sink=sink, line=line, hints=hints)
 
 
 def _fields(ctx: Context, tool: LDict, path: str, label_key: str) -> dict[str, tuple[LDict, str]]:
@@ -274,6 +282,9 @@ def routing(ctx: Context, value: Any, line: int | None, path: str) -> Routing:
         if item is None or not check_keys(ctx, item, ARC_KEYS, item_path):
             continue
         made = arc(ctx, item, condition(ctx, item, "when", item_path), False, item_line, item_path)
+        if made is not None and "set" in item:
+            sets = assignments(ctx, item, item_path, ARC_SET_SCOPES, bare="ctx")
+            made.set_ctx, made.set_vars = sets["set_ctx"], sets["set_vars"]
         arcs.extend([made] if made is not None else [])
     return Routing(mode=mode, arcs=arcs, on_no_match=on_no_match)
 
@@ -307,6 +318,9 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
         )
     mode = _mode(ctx, loop, spec, path, cursor is not None)
     cap = _cap(ctx, loop, spec, path)
+    templated = cap if isinstance(cap, str) and mode != "sequential" else None
+    if isinstance(cap, str):
+        cap = None
     if mode == "sequential":
         cap = 1
     elif cap is None:
@@ -332,7 +346,7 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
             join(path, "aggregate"),
             "aggregate: only applies to a cursor loop (a collection loop's result always has its results)",
         )
-    return Loop(
+    made = Loop(
         collection=plain(collection),
         cursor=cursor,
         iterator=iterator,
@@ -348,6 +362,12 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
         aggregate=aggregate,
         claim_retry=claim_retry(ctx, loop, path) if cursor is not None else None,
     )
+    if templated is not None:  # rendered from the workload and ctx when the plan is made
+        holder, key, where = (
+            (spec, "max_in_flight", spec_path) if "max_in_flight" in spec else (loop, _cap_key(loop), path)
+        )
+        ctx.templated_caps.append(TemplatedCap(made, templated, line_of(holder, key), join(where, key)))
+    return made
 
 
 def _one_of(ctx: Context, loop: LDict, keys: tuple[str, str], path: str) -> Any:
@@ -394,17 +414,23 @@ def _batch(ctx: Context, loop: LDict, spec: LDict, path: str, mode: str) -> int 
     return "auto" if value == "auto" else int(value)
 
 
-def _cap(ctx: Context, loop: LDict, spec: LDict, path: str) -> int | None:
-    caps = [
-        value
-        for holder, key, hpath in (
-            (spec, "max_in_flight", join(path, "spec")),
-            (loop, "max_in_flight", path),
-            (loop, "concurrency", path),
-        )
-        if (value := number(ctx, holder, key, hpath, integer=True)) is not None
-    ]
+def _cap(ctx: Context, loop: LDict, spec: LDict, path: str) -> int | str | None:
+    """The loop's cap: a number, or a template (NoETL renders `max_in_flight: "{{ n }}"`)."""
+    caps = []
+    for holder, key, hpath in (
+        (spec, "max_in_flight", join(path, "spec")),
+        (loop, "max_in_flight", path),
+        (loop, "concurrency", path),
+    ):
+        if is_template(holder.get(key)):
+            caps.append(holder[key])
+        elif (value := number(ctx, holder, key, hpath, integer=True)) is not None:
+            caps.append(value)
     return caps[0] if caps else None
+
+
+def _cap_key(loop: LDict) -> str:
+    return "max_in_flight" if "max_in_flight" in loop else "concurrency"
 
 
 def _check_loop_policy(ctx: Context, spec: LDict, spec_path: str) -> None:

@@ -105,6 +105,9 @@ class Task(_Model):
     policy: Policy | None = None
     sink: Sink | None = None
     line: int | None = None
+    # task-level `output:` / `output_select` / `result:` as written: NoETL reads them to shape a
+    # result it externalises; advisory here (results live in event rows, none is trimmed)
+    hints: dict[str, Any] = Field(default_factory=dict)
 
 
 class Loop(_Model):
@@ -142,11 +145,15 @@ class Arc(_Model):
     set_ctx: dict[str, Any] = Field(default_factory=dict)
     set_vars: dict[str, Any] = Field(default_factory=dict)
     line: int | None = None
+    # v2 `case:` beside a structural `next:`: the `next:` arcs are tried only when no case arc
+    # fired, in `Routing.fallback_mode`
+    fallback: bool = False
 
 
 class Routing(_Model):
     mode: RouteMode = "inclusive"
     arcs: list[Arc] = Field(default_factory=list)
+    fallback_mode: RouteMode = "inclusive"
     # `next.spec.on_no_match`: when arcs exist but none matched, "quiet" ends the branch,
     # "error" fails the execution; None: `Plan.no_next_is_error` decides
     on_no_match: Literal["quiet", "error"] | None = None
@@ -190,6 +197,9 @@ class Plan(_Model):
     entry_step: str
     final_step: str | None = None
     no_next_is_error: bool = False
+    # `executor.spec.strict_templates`: an undefined name fails wherever it is rendered (by default
+    # tool args, sinks, set/vars and arcs render leniently, as NoETL renders them)
+    strict_templates: bool = False
     steps: dict[str, Step]
     source_file: str | None = None
     timeout: float | None = None  # seconds the whole execution may take (None: no limit)

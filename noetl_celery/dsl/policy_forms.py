@@ -158,8 +158,9 @@ def canonical_action(ctx: Context, value: Any, line: int | None, path: str) -> A
 
 
 def _sets(ctx: Context, then: LDict, path: str) -> dict[str, Any]:
-    """`set_ctx`/`set_iter`/`set_vars` and the `set: {ctx.x: ..., iter.y: ...}` alias."""
-    return assignments(ctx, then, path, SET_SCOPES)
+    """`set_ctx`/`set_iter`/`set_vars` and the `set: {ctx.x: ..., iter.y: ...}` alias; a bare
+    key (`set: {seen: ...}`) is a ctx variable, as NoETL reads it."""
+    return assignments(ctx, then, path, SET_SCOPES, bare="ctx")
 
 
 def backoff_kind(ctx: Context, mapping: LDict, path: str) -> BackoffKind | None:

@@ -40,12 +40,23 @@ class ArcRef:
 
 
 @dataclass
+class TemplatedCap:
+    """A loop's `max_in_flight` written as a template: rendered once the workload is known."""
+
+    loop: Any  # the plan's Loop, whose max_in_flight is set then
+    template: str
+    line: int | None
+    path: str
+
+
+@dataclass
 class Context:
     """What one compilation accumulates: the problems found and the references to check."""
 
     file: str
     problems: list[Problem] = field(default_factory=list)
     arc_refs: list[ArcRef] = field(default_factory=list)
+    templated_caps: list[TemplatedCap] = field(default_factory=list)
 
     def problem(self, line: int | None, path: str, message: str) -> None:
         self.problems.append(Problem(self.file, line, path, message))

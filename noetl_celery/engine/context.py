@@ -20,7 +20,7 @@ from sqlalchemy import Connection
 from noetl_celery.dsl.plan import Plan, Step
 from noetl_celery.store import repo
 from noetl_celery.store.db import single_read
-from noetl_celery.templating import LoopResult, as_step_result, rows_result
+from noetl_celery.templating import BUILTIN_NAMES, Lenient, LoopResult, as_step_result, rows_result
 
 if TYPE_CHECKING:
     from noetl_celery.engine.messages import TaskMessage
@@ -210,6 +210,12 @@ def _with_loop_results(state: ExecutionState, scope: Scope) -> tuple[dict[str, A
     return args, ctx
 
 
+def previous_output(prev: Any) -> Lenient:
+    """`output` inside a pipeline task: the previous task's outcome (a task only runs after the
+    one before it continued, so its status is ok; `data` and `result` are its data)."""
+    return Lenient(status="ok", data=prev, result=as_step_result(prev), error=None, http=Lenient(), pg=Lenient())
+
+
 def render_context(state: ExecutionState, scope: Scope, **extra: Any) -> dict[str, Any]:
     """The names a template can use (see docs/dsl.md, Template context)."""
     context: dict[str, Any] = dict(state.workload)
@@ -223,10 +229,17 @@ def render_context(state: ExecutionState, scope: Scope, **extra: Any) -> dict[st
         else:
             context[name] = as_step_result(value, state.task_results.get(name))
     if scope.step and scope.task_results:
-        # Inside a pipeline, `step.label` reads an earlier task's result of this very run.
+        # Inside a pipeline, `step.label` reads an earlier task's result of this very run, and so
+        # does the bare label, as in NoETL (`{{ build.id }}`; it wins over a step or workload name,
+        # not over the engine's own names or the current step's)
         current = context.get(scope.step)
         base = current if isinstance(current, dict) else {}
+        for label, value in scope.task_results.items():
+            if label not in BUILTIN_NAMES and label != scope.step:
+                context[label] = as_step_result(value)
         context[scope.step] = as_step_result({**base, **scope.task_results}, scope.task_results)
+        # `output`: the previous task's outcome as a policy reads it ({{ output.data }})
+        context["output"] = previous_output(scope.prev)
     if scope.from_step in state.results and "result" not in context:
         # As in NoETL, a step's tool reads the step that routed to it as `result` (conditions and
         # sinks bind their own `result` through `extra`).

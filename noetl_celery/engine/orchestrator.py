@@ -35,7 +35,15 @@ from noetl_celery.engine.units import RunRef, UnitEnd
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
 from noetl_celery.store.db import commit_suffix, decision_transaction, transaction
-from noetl_celery.templating import as_step_result, plain, render_value, response_view
+from noetl_celery.templating import (
+    HIDDEN_META,
+    as_step_result,
+    lenient,
+    plain,
+    render_value,
+    response_view,
+    strict_rendering,
+)
 from noetl_celery.tools.base import get_tool
 
 log = logging.getLogger(__name__)
@@ -92,6 +100,8 @@ class Decider:
     # step starts and routing-only tasks decided inline wait here while one runs (see `inline`)
     inline_queue: deque[Callable[[], None]] | None = None
     steps_run: int | None = None  # step runs recorded before this decision, once counted (`_too_many_steps`)
+    # per step run: what lenient renders of its routing-only tasks hid, for its step.completed row
+    hidden_notes: dict[str, list[str]] = field(default_factory=dict)
 
     def inline(self, work: Callable[[], None]) -> None:
         """Run `work` (a step start, a routing-only task) now, or after the one running, in order.
@@ -185,6 +195,11 @@ class Decider:
     def execution_id(self) -> int:
         return self.state.execution_id
 
+    @property
+    def strict_templates(self) -> bool:
+        """Undefined names fail where NoETL renders leniently (the playbook or NOETL_STRICT_TEMPLATES)."""
+        return strict_rendering(self.plan.strict_templates)
+
     # --- recording -------------------------------------------------------------------------
 
     def record(self, event_type: str, key: str, **fields: Any) -> str:
@@ -271,6 +286,7 @@ class Decider:
                     ("stderr", outcome.get("meta", {}).get("stderr")),
                     ("log", outcome.get("meta", {}).get("log")),
                     ("child", outcome.get("meta", {}).get("child")),
+                    (HIDDEN_META, outcome.get("meta", {}).get(HIDDEN_META)),
                     ("pid", report.get("pid")),
                 )
                 if v
@@ -339,11 +355,14 @@ class Decider:
             }
         iter_vars = message.iter_vars
         try:
-            if action.set_iter:
-                iter_vars = {**message.iter_vars, **plain(render_value(action.set_iter, context))}
-            self.set_variables("ctx", plain(render_value(action.set_ctx, context)))
-            self.set_variables("vars", plain(render_value(action.set_vars, context)))
+            with lenient(self.strict_templates) as hidden:  # `set` renders as NoETL renders it
+                if action.set_iter:
+                    iter_vars = {**message.iter_vars, **plain(render_value(action.set_iter, context))}
+                self.set_variables("ctx", plain(render_value(action.set_ctx, context)))
+                self.set_variables("vars", plain(render_value(action.set_vars, context)))
             data = plain(render_value(action.result, context)) if action.sets_result else outcome.get("data")
+            if hidden:
+                row.setdefault("meta", {})[HIDDEN_META] = [*row.get("meta", {}).get(HIDDEN_META, []), *hidden]
         except TemplateError as exc:
             self.unit_done(
                 step,
@@ -547,13 +566,16 @@ class Decider:
             )
             return
         context = render_context(self.state, self.scope_of(message, step))
+        row: dict[str, Any] = {"event_id": message.parent_event_id}  # no row of its own is recorded
         try:
-            rendered = {**task.config, "args": plain(render_value(task.config.get("args"), context))}
+            with lenient(self.strict_templates) as hidden:  # args render as NoETL renders them
+                rendered = {**task.config, "args": plain(render_value(task.config.get("args"), context))}
             args = merge_arc_args(task.kind, rendered, message.args).get("args")
             outcome = {"status": "ok", "data": args}
+            if message.iteration is None:  # noted on the step's step.completed row
+                self.hidden_notes.setdefault(message.run_id, []).extend(hidden)
         except TemplateError as exc:
             outcome = {"status": "error", "error": {"kind": "template", "message": str(exc)}}
-        row = {"event_id": message.parent_event_id}
         self.handle_outcome(step, task, message, outcome, row)
 
     # --- units: a step run, or one element of a loop ----------------------------------------
@@ -596,18 +618,27 @@ class Decider:
         )
         context = {**render_context(self.state, scope), **own}
         try:
-            self.set_variables("vars", plain(render_value(step.vars, context)))
-            self.set_variables("ctx", plain(render_value(step.set_ctx, context)))
-            if step.vars or step.set_ctx:  # arcs read the new values (also as bare ctx names)
-                context = {**render_context(self.state, scope), **own}
-            fired = [] if step.name == self.plan.final_step else routing.fired_arcs(step, context)
-            targets = [(arc.step, routing.arc_args(arc, context)) for arc in fired]
-            for arc in fired:  # v2 case `then: {next, set}`
-                self.set_variables("ctx", plain(render_value(arc.set_ctx, context)))
-                self.set_variables("vars", plain(render_value(arc.set_vars, context)))
+            # vars, set and arcs render as NoETL renders them: an undefined name is falsy, an arc
+            # whose `when` raises does not fire; what that hid is kept in the row's meta
+            with lenient(self.strict_templates) as hidden:
+                self.set_variables("vars", plain(render_value(step.vars, context)))
+                self.set_variables("ctx", plain(render_value(step.set_ctx, context)))
+                if step.vars or step.set_ctx:  # arcs read the new values (also as bare ctx names)
+                    context = {**render_context(self.state, scope), **own}
+                fired = [] if step.name == self.plan.final_step else routing.fired_arcs(step, context)
+                targets = [(arc.step, routing.arc_args(arc, context)) for arc in fired]
+                for arc in fired:  # v2 case `then: {next, set}`
+                    self.set_variables("ctx", plain(render_value(arc.set_ctx, context)))
+                    self.set_variables("vars", plain(render_value(arc.set_vars, context)))
         except TemplateError as exc:
             self.fail_step(step.name, run_id, {"kind": "template", "message": str(exc)}, parent)
             return
+        meta: dict[str, Any] = {}
+        if targets:
+            meta["next"] = [t for t, _ in targets]
+        hidden = [*self.hidden_notes.pop(run_id, []), *hidden]
+        if hidden:
+            meta[HIDDEN_META] = hidden
         self.record(
             ev.STEP_COMPLETED,
             done_key,
@@ -616,7 +647,7 @@ class Decider:
             run_id=run_id,
             result=data,
             parent_event_id=parent,
-            meta={"next": [t for t, _ in targets]} if targets else None,
+            meta=meta or None,
         )
         no_match_fails = step.next.on_no_match == "error" or (
             step.next.on_no_match is None and self.plan.no_next_is_error

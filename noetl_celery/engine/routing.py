@@ -9,7 +9,9 @@ from typing import Any
 
 from noetl_celery.dsl.plan import Arc, Rule, Step
 from noetl_celery.engine.policy_eval import EventName
-from noetl_celery.templating import evaluate_condition, plain, render_value
+from noetl_celery.errors import TemplateError
+from noetl_celery.template_budget import BudgetExceeded
+from noetl_celery.templating import evaluate_condition, lenient_active, note, plain, render_value
 
 # What `event.name` equals when a step's arcs are evaluated, by how the step ended.
 TERMINAL_EVENT_NAMES = {
@@ -20,16 +22,39 @@ TERMINAL_EVENT_NAMES = {
 
 def fired_arcs(step: Step, context: dict[str, Any]) -> list[Arc]:
     """The arcs that fire: exclusive mode takes the first that holds, inclusive takes all."""
+    arcs = [arc for arc in step.next.arcs if not arc.fallback]
+    fired = _fired(arcs, step.next.mode, context)
+    fallback = [arc for arc in step.next.arcs if arc.fallback]
+    if not fired and fallback:  # v2 `case:` beside `next:`: next routes when no case entry did
+        fired = _fired(fallback, step.next.fallback_mode, context)
+    return fired
+
+
+def _fired(arcs: list[Arc], mode: str, context: dict[str, Any]) -> list[Arc]:
     fired: list[Arc] = []
-    for arc in step.next.arcs:
-        holds = evaluate_condition(arc.when, context)
+    for arc in arcs:
+        holds = _holds(arc, context)
         if arc.negate:
             holds = not holds
         if holds:
             fired.append(arc)
-            if step.next.mode == "exclusive":
+            if mode == "exclusive":
                 break
     return fired
+
+
+def _holds(arc: Arc, context: dict[str, Any]) -> bool:
+    """An arc's `when`; rendering leniently (templating.lenient), a `when` that raises is false,
+    as in NoETL (the next arc is tried), and noted. A template past its budget still fails."""
+    try:
+        return evaluate_condition(arc.when, context)
+    except BudgetExceeded:
+        raise
+    except TemplateError as exc:
+        if not lenient_active():
+            raise
+        note(f"the when of the arc to {arc.step!r} raised, read as false: {exc}")
+        return False
 
 
 def arc_args(arc: Arc, context: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,15 @@ from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import storable, to_jsonable, unstorable
 from noetl_celery.store import repo, views
 from noetl_celery.store.db import transaction
-from noetl_celery.templating import as_step_result, plain, render_value, response_view
+from noetl_celery.templating import (
+    HIDDEN_META,
+    as_step_result,
+    lenient,
+    plain,
+    render_value,
+    response_view,
+    strict_rendering,
+)
 from noetl_celery.tools import settings as tool_settings
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, get_tool, refuse_unstorable, run_tool
 
@@ -72,6 +80,7 @@ def _call(
     source_file: str | None = None,
     store: str | None = None,
     arc_args: dict[str, Any] | None = None,
+    strict: bool = False,
 ) -> Outcome:
     spec = get_tool(kind)
     raw = spec.raw_fields if spec else frozenset()
@@ -81,7 +90,8 @@ def _call(
     if auth is not None and spec is not None and spec.resolves_auth:
         config, auth = {**config, "auth": auth}, None
     try:
-        rendered = merge_arc_args(kind, plain(render_value(config, context, raw_keys=raw)), arc_args or {})
+        with lenient(strict) as hidden:  # as NoETL renders a tool's fields: undefined is falsy
+            rendered = merge_arc_args(kind, plain(render_value(config, context, raw_keys=raw)), arc_args or {})
         credential = _credential(auth, context)
     except TemplateError as exc:
         return Outcome.fail("template", str(exc))
@@ -114,6 +124,8 @@ def _call(
     secrets |= found
     if outcome.status != "ok":
         outcome.meta[INPUT_META] = shown_input(rendered, raw, secrets)
+    if hidden:
+        outcome.meta[HIDDEN_META] = hidden
     return outcome
 
 
@@ -137,11 +149,22 @@ def _run_sink(
     secrets: set[str],
     source_file: str | None = None,
     store: str | None = None,
+    strict: bool = False,
 ) -> Outcome:
     # `this` is the legacy dialect's name for the result a sink writes
     result = as_step_result(outcome.data)
     scope = {**context, "result": result, "this": result, "response": response_view(outcome.data), "data": outcome.data}
-    return _call(sink.kind, sink.config, sink.auth, scope, execution_id, secrets, source_file=source_file, store=store)
+    return _call(
+        sink.kind,
+        sink.config,
+        sink.auth,
+        scope,
+        execution_id,
+        secrets,
+        source_file=source_file,
+        store=store,
+        strict=strict,
+    )
 
 
 def bounded(body: dict[str, Any]) -> dict[str, Any]:
@@ -224,6 +247,7 @@ def run_attempt(
     context = render_context(state, message_scope(message, step))
     secrets: set[str] = set()
     source_file = state.plan.source_file
+    strict = strict_rendering(state.plan.strict_templates)
     if message.is_claim:
         outcome = run_claim(step, message, context, secrets)
     elif message.child is not None:  # a sub-playbook's outcome: only the task's sink is left to run
@@ -245,15 +269,18 @@ def run_attempt(
             source_file=source_file,
             store=url,
             arc_args=message.args,
+            strict=strict,
         )
     if outcome.status == "ok" and task.sink is not None and not message.is_claim:
-        sink_outcome = _run_sink(task.sink, outcome, context, message.execution_id, secrets, source_file, url)
+        sink_outcome = _run_sink(task.sink, outcome, context, message.execution_id, secrets, source_file, url, strict)
         outcome.meta["sink"] = {
             "kind": task.sink.kind,
             "status": sink_outcome.status,
             "data": limits.cap(sink_outcome.data),
             "error": sink_outcome.error,
         }
+        if sink_outcome.meta.get(HIDDEN_META):
+            outcome.meta["sink"][HIDDEN_META] = sink_outcome.meta[HIDDEN_META]
         if sink_outcome.status != "ok":
             error = dict(sink_outcome.error or {})
             error["message"] = f"sink ({task.sink.kind}) failed: {error.get('message', '')}"
