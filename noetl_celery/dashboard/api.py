@@ -40,8 +40,11 @@ class ApiError(tornado.web.HTTPError):
     """An answer other than 2xx, sent as JSON: {"detail": ..., "field": ...} (field when a body
     value is wrong)."""
 
-    def __init__(self, code: int, detail: str, field: str | None = None, **extra: Any):
+    def __init__(
+        self, code: int, detail: str, field: str | None = None, headers: dict[str, str] | None = None, **extra: Any
+    ):
         super().__init__(code, reason=_reason(code))
+        self.headers = headers or {}
         self.body: dict[str, Any] = {"detail": detail, **({"field": field} if field else {}), **extra}
 
 
@@ -73,6 +76,8 @@ class Api(Base):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, ApiError):
             body = exc.body
+            for name, value in exc.headers.items():
+                self.set_header(name, value)
         elif isinstance(exc, tornado.web.HTTPError) and exc.reason:
             body = {"detail": exc.reason}
         else:
@@ -92,8 +97,11 @@ class Api(Base):
             raise ApiError(403, "writes are disabled: set NOETL_DASHBOARD_TOKEN on the server to allow them")
         scheme, value = self.credentials()
         if scheme != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
-            self.set_header("WWW-Authenticate", 'Bearer realm="noetl-celery"')
-            raise ApiError(401, "authentication required: Authorization: Bearer <NOETL_DASHBOARD_TOKEN>")
+            raise ApiError(
+                401,
+                "authentication required: Authorization: Bearer <NOETL_DASHBOARD_TOKEN>",
+                headers={"WWW-Authenticate": 'Bearer realm="noetl-celery"'},
+            )
 
     def require_runner(self) -> None:
         if not self.runs:
