@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from sqlalchemy import bindparam, text
 
 from tests.support.services import free_port
 
@@ -59,11 +60,20 @@ workflow:
 class Server:
     """`noetl-celery server` (or `dashboard`) as a real process on a free loopback port."""
 
-    def __init__(self, home: Path, log: Path, command: str = "server", token: str | None = TOKEN):
+    def __init__(
+        self,
+        home: Path,
+        log: Path,
+        command: str = "server",
+        token: str | None = TOKEN,
+        settings: dict[str, str] | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("NOETL_") or k.startswith("NOETL_TEST_")}
         env["NOETL_HOME"] = str(home)
+        env["PYTHONUNBUFFERED"] = "1"  # its "listening" line is in the log once it answers
+        env.update(settings or {})  # NOETL_BROKER_URL, NOETL_DATABASE_URL: workers run what it starts
         env["NOETL_AUTH_API_TOKEN"] = "s3cr3t-api-token-value"  # a configured secret: masked in answers
         if token:
             env["NOETL_DASHBOARD_TOKEN"] = token
@@ -153,6 +163,7 @@ def test_health_and_the_openapi_document(server):
 
     from noetl_celery.dashboard import api
 
+    assert f"server (embedded worker) on {server.url}/" in server.log_path.read_text()
     health = server.get("/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert health.json()["runs_executions"] is True  # the embedded worker of `server`
@@ -396,6 +407,44 @@ def noetl(client: Path, server: Server, *args: str, cwd: Path, token: str | None
 
 
 def test_noetls_own_client_drives_the_server(noetl_client, server, tmp_path):
+    """On the embedded default: the server's own embedded worker runs what the client starts."""
+    drive_with_noetl_client(noetl_client, server, tmp_path)
+
+
+@pytest.mark.services
+def test_noetls_own_client_drives_the_server_on_redis_and_postgresql_with_two_workers(
+    noetl_client, tmp_path, redis_url, postgres_url, worker_factory
+):
+    """With a broker the server runs nothing itself: two real `celery worker` processes run the
+    executions NoETL's client starts, and the client's cancel stops a loop running on them."""
+    from noetl_celery.store.db import migrate, transaction
+
+    migrate(postgres_url)
+    env = {"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": postgres_url}
+    workers = [worker_factory(env=env, concurrency=2) for _ in range(2)]
+    server = Server(tmp_path / "home", tmp_path / "server.log", settings=env)
+    try:
+        listening = server.log_path.read_text()
+        assert "server on http://" in listening and "embedded" not in listening, listening
+        ids = drive_with_noetl_client(noetl_client, server, tmp_path)
+    finally:
+        server.stop()
+    with transaction(postgres_url) as conn:
+        ran_on = {
+            row[0]
+            for row in conn.execute(
+                text(
+                    "SELECT DISTINCT worker FROM noetl_event WHERE execution_id IN :ids AND worker IS NOT NULL"
+                ).bindparams(bindparam("ids", expanding=True)),
+                {"ids": ids},
+            )
+        }
+    assert ran_on and ran_on <= {w.node for w in workers}, ran_on
+
+
+def drive_with_noetl_client(noetl_client: Path, server: Server, tmp_path: Path) -> list[int]:
+    """NoETL's client: register, catalog list, run --set, status to the end, cancel of a running
+    loop; returns the two execution ids."""
     (tmp_path / "hello.yaml").write_text(HELLO.replace("api_hello", "client_hello"))
     (tmp_path / "slow.yaml").write_text(SLOW_LOOP.replace("api_slow_loop", "client_slow_loop"))
 
@@ -443,3 +492,4 @@ def test_noetls_own_client_drives_the_server(noetl_client, server, tmp_path):
     assert "CANCELLED" in cancelled.stdout and "Cancelled: 1 execution(s)" in cancelled.stdout
     final = server.wait_end(slow_id)
     assert final["status"] == "cancelled" and final["error"]["message"] == "from NoETL"
+    return [execution_id, slow_id]
