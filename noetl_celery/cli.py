@@ -673,6 +673,7 @@ def server(host: str, port: int) -> None:
             sys.exit(EXIT_INVALID)
         _serve(host, port, "server", runs=True)
         return
+    _stop_on_sigterm()  # a service manager's stop lets the embedded worker finish its attempts
     with runner.embedded_worker():
         _serve(host, port, "server (embedded worker)", runs=True)
 
@@ -685,6 +686,16 @@ def dashboard(host: str, port: int) -> None:
     embedded worker: on the embedded default, executions are started with `noetl-celery server`."""
     runs = noetl_settings.load().broker_url is not None
     _serve(host, port, "dashboard", runs=runs)
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (systemd, Docker, a Procfile runner) stops the server as Ctrl-C does."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _serve(host: str, port: int, what: str, *, runs: bool) -> None:

@@ -127,7 +127,8 @@ class Server:
             time.sleep(0.1)
         raise AssertionError(f"{step} of {execution_id} never started")
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """SIGTERM, as a service manager stops it; returns its exit code."""
         self.proc.terminate()
         try:
             self.proc.wait(15)
@@ -135,6 +136,7 @@ class Server:
             self.proc.kill()
             self.proc.wait(10)
         self.log.close()
+        return self.proc.returncode
 
 
 def b64(text: str) -> str:
@@ -146,7 +148,8 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("server")
     s = Server(root / "home", root / "server.log")
     yield s
-    s.stop()
+    # SIGTERM stops it as Ctrl-C does: the embedded worker ends its attempts, the exit is clean
+    assert s.stop() == 0, s.log_path.read_text()[-3000:]
 
 
 WRITES = [
