@@ -158,6 +158,10 @@ WRITES = [
     "/api/executions/1/cancel",
     "/api/executions/1/rerun",
     "/api/executions/cleanup",
+    "/api/executions/1/resume",
+    "/api/validate",
+    "/api/compile",
+    "/api/submit",
 ]
 
 
@@ -178,7 +182,8 @@ def test_health_and_the_openapi_document(server):
         path = pattern.replace(r"(\d+)", "{execution_id}").replace("\\", "")
         if path in ("/api/health", "/api/credentials/(.+)"):
             continue
-        assert path in described, path
+        for one in ("/api/validate", "/api/compile") if "(validate|compile)" in path else (path,):
+            assert one in described, one
     assert "/api/executions/{execution_id}" in described
     for path in WRITES:
         templated = path.replace("/1/", "/{execution_id}/")
@@ -229,6 +234,10 @@ BAD_BODIES = [
     ("/api/executions/cleanup", {"older_than_minutes": True}, "older_than_minutes"),
     ("/api/executions/cleanup", {"older_than_minutes": -1}, "older_than_minutes"),
     ("/api/executions/cleanup", {"dry_run": "true"}, "dry_run"),
+    ("/api/validate", {"content": 5}, "content"),
+    ("/api/compile", {"content": b64(HELLO), "workload": 1}, "workload"),
+    ("/api/submit", {"workload": {}}, "content"),
+    ("/api/executions/1/resume", [], "body"),
 ]
 
 
@@ -245,10 +254,74 @@ def test_a_bad_body_gets_400_naming_the_field(server, path, body, field):
 
 
 def test_bad_query_parameters_get_400(server):
-    for query, name in (("page=0", "page"), ("page_size=5000", "page_size"), ("page=x", "page")):
-        answer = server.get(f"/api/executions/1?{query}")
-        assert answer.status_code == 400, (query, answer.text)
+    for path, name in (
+        ("/api/executions/1?page=0", "page"),
+        ("/api/executions/1?page_size=5000", "page_size"),
+        ("/api/executions/1?page=x", "page"),
+        ("/api/executions?status=done", "status"),
+        ("/api/executions?limit=0", "limit"),
+        ("/api/executions/1/events?limit=100000", "limit"),
+        ("/api/executions/1/events?after=x", "after"),
+    ):
+        answer = server.get(path)
+        assert answer.status_code == 400, (path, answer.text)
         assert name in answer.json()["detail"]
+
+
+FLAKY = """apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: api_flaky}
+workload: {marker: /nonexistent}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = 1"}
+    next:
+      arcs: [{step: check}]
+  - step: check
+    tool:
+      kind: python
+      args: {marker: "{{ marker }}"}
+      code: |
+        import os
+        if not os.path.exists(marker):
+            raise RuntimeError("no marker yet")
+        result = "found"
+"""
+
+
+def test_the_projects_own_routes_validate_compile_submit_list_events_resume(server, tmp_path):
+    valid = server.post("/api/validate", {"content": b64(HELLO)})
+    assert valid.status_code == 200 and valid.json()["steps"] == ["start"]
+    compiled = server.post("/api/compile", {"content": b64(HELLO), "workload": {"message": "x"}}).json()
+    assert compiled["plan"]["workload"]["message"] == "x" and compiled["steps"][0]["step"] == "start"
+    invalid = server.post("/api/validate", {"content": b64(HELLO.replace("kind: python", "kind: nope"))})
+    assert invalid.status_code == 400 and invalid.json()["problems"]
+
+    # a playbook body, not registered: it fails until the marker file exists, then resumes
+    marker = tmp_path / "marker"
+    submitted = server.post("/api/submit", {"content": b64(FLAKY), "workload": {"marker": str(marker)}})
+    assert submitted.status_code == 200, submitted.text
+    execution_id = submitted.json()["execution_id"]
+    failed = server.wait_end(execution_id)
+    assert failed["status"] == "failed" and failed["failed_step"] == "check"
+
+    listed = server.get("/api/executions?status=failed&playbook=api_flaky").json()["executions"]
+    assert [e["execution_id"] for e in listed] == [execution_id]
+    rows = server.get(f"/api/executions/{execution_id}/events?type=step.completed").json()
+    assert [e["step"] for e in rows["events"]] == ["start"]
+    first = server.get(f"/api/executions/{execution_id}/events?limit=2").json()
+    rest = server.get(f"/api/executions/{execution_id}/events?after={first['next_after']}").json()
+    assert len(first["events"]) == 2 and rest["events"][0]["id"] > first["next_after"]
+    assert server.get("/api/executions/12345/events").status_code == 404
+
+    marker.write_text("here")
+    resumed = server.post(f"/api/executions/{execution_id}/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["epoch"] == 1
+    done = server.wait_end(execution_id)
+    assert done["status"] == "completed" and done["results"]["check"] == "found"
+    refused = server.post(f"/api/executions/{execution_id}/resume")
+    assert refused.status_code == 409  # nothing left to resume: the engine says why
 
 
 def test_register_list_execute_status_page_and_rerun(server):

@@ -7,7 +7,9 @@ token of the dashboard's actions; a server without that token refuses every writ
 form is accepted here: a browser never adds it by itself, so no other site can make a browser
 send a write (no cookie and no cached Basic credentials count).
 
-Each route calls the functions the command line calls (noetl_celery.runner). A bad body gets 400
+Beside NoETL's routes, the project's own for the rest of what the command line does: validate,
+compile, submit a playbook body, list executions, events with filters, resume. Each route calls
+the functions the command line calls (noetl_celery.runner, watch, compiler). A bad body gets 400
 with `detail` naming the field; every answer is JSON with configured secrets masked.
 """
 
@@ -156,6 +158,17 @@ def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
 
+def playbook_text(body: dict[str, Any]) -> str:
+    """body["content"]: a playbook's YAML text, base64-encoded (as NoETL's client sends it)."""
+    content = body.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise ApiError(400, "content: expected the playbook's YAML text, base64-encoded", "content")
+    try:
+        return base64.b64decode(content, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "content: not base64 of UTF-8 text", "content") from None
+
+
 def resource_kind(body: dict[str, Any]) -> None:
     kind = optional(body, "resource_kind", str, "a string")
     if kind is not None and kind.lower() != "playbook":
@@ -192,13 +205,7 @@ class CatalogRegister(Api):
             raise ApiError(501, CREDENTIALS_501, "resource_type")
         if kind.lower() != PLAYBOOK.lower():
             raise ApiError(400, f"resource_type: only {PLAYBOOK} is registered here, got {kind!r}", "resource_type")
-        content = body.get("content")
-        if not isinstance(content, str) or not content.strip():
-            raise ApiError(400, "content: expected the playbook's YAML text, base64-encoded", "content")
-        try:
-            source = base64.b64decode(content, validate=True).decode("utf-8")
-        except (binascii.Error, ValueError):
-            raise ApiError(400, "content: not base64 of UTF-8 text", "content") from None
+        source = playbook_text(body)
         plan = await self.call(runner.register_text, source, self.noetl.database_url, "content")
         self.answer(
             {
@@ -454,6 +461,113 @@ class Cleanup(Api):
         )
 
 
+# --- the project's own routes: what the command line does -----------------------------------
+
+STATUSES = ("running", "completed", "failed", "cancelled")
+DEFAULT_LIST = 20  # executions of GET /api/executions, as `noetl-celery executions`
+MAX_LIST = 1000
+DEFAULT_EVENTS = 1000  # rows of GET /api/executions/{id}/events
+MAX_EVENTS = 10000
+
+
+class Executions(Api):
+    """`noetl-celery executions --json`: ?status=&playbook=&limit=."""
+
+    async def get(self) -> None:
+        from noetl_celery.watch import executions
+
+        status = self.arg("status")
+        if status is not None and status not in STATUSES:
+            raise ApiError(400, f"status: one of {', '.join(STATUSES)}, got {status!r}", "status")
+        limit = self.bounded("limit", DEFAULT_LIST, MAX_LIST)
+        rows = await self.call(
+            lambda: executions(self.noetl.database_url, status=status, playbook=self.arg("playbook"), limit=limit)
+        )
+        self.answer({"executions": rows})
+
+    def bounded(self, name: str, default: int, most: int) -> int:
+        value = self.int_arg(name)
+        if value is None:
+            return default
+        if not 1 <= value <= most:
+            raise ApiError(400, f"{name}: from 1 to {most}, got {value}", name)
+        return value
+
+
+class Events(Executions):
+    """`noetl-celery events ID --json`: the rows in id order, ?after=<event id>&type=&step=&limit=
+    (repeat type and step for several); the next page starts after the last id."""
+
+    async def get(self, execution_id: str) -> None:  # type: ignore[override]
+        from noetl_celery.watch import stream_events
+
+        limit = self.bounded("limit", DEFAULT_EVENTS, MAX_EVENTS)
+        after = self.int_arg("after")
+        types = tuple(self.get_query_arguments("type"))
+        steps = tuple(self.get_query_arguments("step"))
+        url, eid = self.noetl.database_url, int(execution_id)
+        rows = await self.call(
+            lambda: list(stream_events(url, eid, types=types, steps=steps, after_id=after, limit=limit))
+        )
+        self.answer({"execution_id": eid, "events": rows, "next_after": rows[-1]["id"] if rows else after})
+
+
+class Resume(Api):
+    """`noetl-celery resume ID`: the same execution continues from what did not complete."""
+
+    async def post(self, execution_id: str) -> None:
+        from noetl_celery import runner
+
+        self.require_token()
+        self.json_body()
+        self.require_runner()
+        epoch = await self.call(runner.resume, self.noetl, int(execution_id))
+        self.answer({"execution_id": int(execution_id), "status": "running", "epoch": epoch})
+
+
+class Compile(Api):
+    """`noetl-celery validate` / `compile --json` of a playbook sent as `content` (base64), with
+    `workload` overrides. Behind the token: compiling resolves sub-playbooks on the server."""
+
+    async def post(self, action: str) -> None:
+        from noetl_celery import runner
+        from noetl_celery.compiler import compile_playbook, describe
+
+        self.require_token()
+        body = self.json_body()
+        source, overrides = playbook_text(body), workload(body)
+        settings = self.noetl
+        lookup = runner.catalog(settings.database_url)
+        plan = await self.call(lambda: compile_playbook("content", text=source, overrides=overrides, catalog=lookup))
+        if action == "validate":
+            self.answer({"valid": True, "name": plan.name, "path": plan.path, "steps": list(plan.steps)})
+            return
+        described = describe(plan, task_queue=settings.task_queue, event_queue=settings.event_queue)
+        self.answer({**described, "plan": plan.model_dump(mode="json")})
+
+
+class Submit(Api):
+    """`noetl-celery submit` of a playbook sent as `content` (base64), without registering it."""
+
+    async def post(self) -> None:
+        from noetl_celery import runner
+        from noetl_celery.compiler import compile_playbook
+
+        self.require_token()
+        body = self.json_body()
+        source, overrides = playbook_text(body), workload(body)
+        self.require_runner()
+        settings = self.noetl
+        lookup = runner.catalog(settings.database_url)
+
+        def start() -> tuple[int, Any]:
+            plan = compile_playbook("content", text=source, overrides=overrides, catalog=lookup)
+            return runner.submit(plan, settings), plan
+
+        execution_id, plan = await self.call(start)
+        self.answer({"execution_id": execution_id, "status": "running", "playbook": plan.name})
+
+
 CREDENTIALS_501 = (
     "credentials are not registered through this server: a stored secret could not be kept as "
     "safe as NOETL_AUTH_* in the workers' environment (see docs/operations.md, Credentials)"
@@ -484,6 +598,11 @@ def routes(common: dict[str, Any], runs: bool) -> list[tuple[str, type, dict[str
         (r"/api/catalog/register", CatalogRegister, api),
         (r"/api/catalog/list", CatalogList, api),
         (r"/api/execute", Execute, api),
+        (r"/api/(validate|compile)", Compile, api),
+        (r"/api/submit", Submit, api),
+        (r"/api/executions", Executions, api),
+        (r"/api/executions/(\d+)/events", Events, api),
+        (r"/api/executions/(\d+)/resume", Resume, api),
         (r"/api/executions/cleanup", Cleanup, api),
         (r"/api/executions/(\d+)/status", Status, api),
         (r"/api/executions/(\d+)/cancel", Cancel, api),

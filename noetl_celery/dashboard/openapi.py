@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from noetl_celery import __version__
+from noetl_celery.dashboard.api import STATUSES
 
 JSON = "application/json"
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
@@ -46,6 +47,13 @@ EXECUTION_ID = {"name": "execution_id", "in": "path", "required": True, "schema"
 WORKLOAD = {
     "type": "object",
     "description": "deep-merged over the playbook's workload, as `--set` does (a dotted key names a nested value)",
+}
+
+
+CONTENT = {
+    "type": "object",
+    "properties": {"content": {"type": "string", "contentEncoding": "base64"}, "workload": WORKLOAD},
+    "required": ["content"],
 }
 
 
@@ -190,6 +198,62 @@ def document() -> dict[str, Any]:
                         required=False,
                     ),
                     "responses": {"200": _ok("the executions found"), **_errors(*WRITE)},
+                }
+            },
+            "/api/validate": {
+                "post": {
+                    "summary": "`noetl-celery validate` of a playbook body",
+                    "security": BEARER,
+                    "requestBody": _body(CONTENT),
+                    "responses": {"200": _ok("valid"), **_errors(*WRITE)},
+                }
+            },
+            "/api/compile": {
+                "post": {
+                    "summary": "`noetl-celery compile --json` of a playbook body: its steps as task signatures",
+                    "security": BEARER,
+                    "requestBody": _body(CONTENT),
+                    "responses": {"200": _ok("the plan described"), **_errors(*WRITE)},
+                }
+            },
+            "/api/submit": {
+                "post": {
+                    "summary": "`noetl-celery submit` of a playbook body, without registering it",
+                    "security": BEARER,
+                    "requestBody": _body(CONTENT),
+                    "responses": {"200": _ok("started", started), **_errors(*WRITE, 503)},
+                }
+            },
+            "/api/executions": {
+                "get": {
+                    "summary": "`noetl-celery executions --json`: the most recent executions, newest first",
+                    "parameters": [
+                        {"name": "status", "in": "query", "schema": {"type": "string", "enum": list(STATUSES)}},
+                        {"name": "playbook", "in": "query", "schema": {"type": "string"}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+                    ],
+                    "responses": {"200": _ok("executions"), **_errors(400)},
+                }
+            },
+            "/api/executions/{execution_id}/events": {
+                "get": {
+                    "summary": "`noetl-celery events ID --json`: event rows in id order, filtered",
+                    "parameters": [
+                        EXECUTION_ID,
+                        {"name": "after", "in": "query", "schema": {"type": "integer"}},
+                        {"name": "type", "in": "query", "schema": {"type": "array", "items": {"type": "string"}}},
+                        {"name": "step", "in": "query", "schema": {"type": "array", "items": {"type": "string"}}},
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10000}},
+                    ],
+                    "responses": {"200": _ok("events and next_after"), **_errors(400, 404)},
+                }
+            },
+            "/api/executions/{execution_id}/resume": {
+                "post": {
+                    "summary": "`noetl-celery resume ID`: continue a failed or cancelled execution",
+                    "security": BEARER,
+                    "parameters": [EXECUTION_ID],
+                    "responses": {"200": _ok("resumed"), **_errors(*WRITE, 404, 409, 503)},
                 }
             },
             "/api/credentials": {
