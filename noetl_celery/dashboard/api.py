@@ -570,7 +570,7 @@ class Submit(Api):
 
 CREDENTIALS_501 = (
     "credentials are not registered through this server: a stored secret could not be kept as "
-    "safe as NOETL_AUTH_* in the workers' environment (see docs/operations.md, Credentials)"
+    "safe as NOETL_AUTH_* in the workers' environment (see docs/dsl.md, Credentials)"
 )
 
 
