@@ -23,6 +23,7 @@ import yaml
 from noetl_celery import secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler import compile_source, describe
+from noetl_celery.dsl import nest_dotted
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.errors import (
     BrokerUnavailable,
@@ -47,7 +48,7 @@ SUMMARY_WIDTH = 70  # characters of a result/error shown per event row in the ta
 
 def _parse_sets(values: tuple[str, ...]) -> dict[str, Any]:
     """`--set a.b=1` -> {"a": {"b": 1}}; values are read as YAML scalars (numbers, booleans, lists)."""
-    overrides: dict[str, Any] = {}
+    flat: dict[str, Any] = {}
     for item in values:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -58,12 +59,11 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, Any]:
             value = raw
         if isinstance(value, int) and raw.strip().lstrip("+-").startswith("0") and len(raw.strip()) > 1:
             value = raw  # "01234" is a code with a leading zero, not YAML 1.1's octal
-        target = overrides
-        *parents, leaf = key.split(".")
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[leaf] = value
-    return overrides
+        flat[key] = value
+    try:
+        return nest_dotted(flat)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--set") from None
 
 
 def _catalog_lookup(path: str) -> Any:
@@ -652,16 +652,58 @@ def executions_cmd(limit: int, status: str | None, playbook: str | None, as_json
         )
 
 
+SERVER_PORT = 8082  # NoETL's server port: NoETL's client finds this server where it looks by default
+DASHBOARD_PORT = 8080
+
+
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--port", default=SERVER_PORT, show_default=True, type=int)
+def server(host: str, port: int) -> None:
+    """Serve the REST API (NoETL's routes, for NoETL's own client) and the dashboard in one
+    process. On the embedded default (no NOETL_BROKER_URL) it runs an embedded worker too, so this
+    command alone is a working service; with a broker, executions go to its workers. Writes need
+    `Authorization: Bearer $NOETL_DASHBOARD_TOKEN`."""
+    settings = noetl_settings.load()
+    if settings.broker_url is not None:
+        try:
+            check_broker_url(settings.broker_url)
+        except ConfigurationError as exc:
+            echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_INVALID)
+        _serve(host, port, "server", runs=True)
+        return
+    _stop_on_sigterm()  # a service manager's stop lets the embedded worker finish its attempts
+    with runner.embedded_worker():
+        _serve(host, port, "server (embedded worker)", runs=True)
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", default=DASHBOARD_PORT, show_default=True, type=int)
 def dashboard(host: str, port: int) -> None:
-    """Serve the execution dashboard over the event store (NOETL_DATABASE_URL)."""
+    """The server's dashboard and REST API over the event store (NOETL_DATABASE_URL), without an
+    embedded worker: on the embedded default, executions are started with `noetl-celery server`."""
+    runs = noetl_settings.load().broker_url is not None
+    _serve(host, port, "dashboard", runs=runs)
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (systemd, Docker, a Procfile runner) stops the server as Ctrl-C does."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _serve(host: str, port: int, what: str, *, runs: bool) -> None:
     from noetl_celery.dashboard.server import serve
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            serve(host, port, on_ready=lambda: echo(f"dashboard on http://{host}:{port}/ (Ctrl-C to stop)"))
+            serve(host, port, on_ready=lambda: echo(f"{what} on http://{host}:{port}/ (Ctrl-C to stop)"), runs=runs)
     except OSError as exc:
         echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
         sys.exit(EXIT_INVALID)

@@ -344,22 +344,70 @@ def catalog(database_url: str) -> resolve.Catalog:
 
 def register(files: list[str], database_url: str) -> list[Plan]:
     """Validate each file and store it in the catalog under its metadata.path."""
-    plans = []
+    return [
+        register_text(Path(file).read_text(encoding="utf-8"), database_url, file, str(Path(file).resolve()))
+        for file in files
+    ]
+
+
+def register_text(text: str, database_url: str, source: str, source_file: str | None = None) -> Plan:
+    """Validate a playbook's text (`source` names it in problems) and store it in the catalog
+    under its metadata.path; `source_file` is recorded with it (a file's absolute path)."""
+    plan = compile_playbook(source, text=text, catalog=catalog(database_url))
+    if not plan.path:
+        raise PlaybookError(
+            [Problem(source, None, "metadata.path", "a registered playbook needs metadata.path (its catalog path)")]
+        )
+    ensure_schema(database_url)
+    with transaction(database_url) as conn:
+        repo.register_playbook(conn, path=plan.path, name=plan.name, content=text, source_file=source_file)
+    return plan
+
+
+def catalog_entries(database_url: str) -> list[dict[str, Any]]:
+    """The registered playbooks (path, name, source_file, registered_at), by path."""
+    ensure_schema(database_url)
+    with transaction(database_url) as conn:
+        return repo.list_playbooks(conn)
+
+
+def compile_registered(path: str, overrides: dict[str, Any], database_url: str) -> Plan:
+    """The plan of the playbook registered at catalog path `path`, its workload deep-merged with
+    `overrides` (as `--set` does). Only the catalog is read, never a file of this machine."""
     lookup = catalog(database_url)
-    for file in files:
-        text = Path(file).read_text(encoding="utf-8")
-        plan = compile_playbook(file, text=text, catalog=lookup)
-        if not plan.path:
-            raise PlaybookError(
-                [Problem(file, None, "metadata.path", "a registered playbook needs metadata.path (its catalog path)")]
-            )
-        plans.append(plan)
-        ensure_schema(database_url)
-        with transaction(database_url) as conn:
-            repo.register_playbook(
-                conn, path=plan.path, name=plan.name, content=text, source_file=str(Path(file).resolve())
-            )
-    return plans
+    found = lookup(path)
+    if found is None:
+        raise PlaybookError([Problem(path, None, "path", f"no playbook registered at catalog path {path!r}")])
+    return compile_playbook(found.source, text=found.text, overrides=overrides, catalog=lookup)
+
+
+def rerun(settings: noetl_settings.Settings, execution_id: int, overrides: dict[str, Any] | None = None) -> int:
+    """Run an execution's stored plan again as a new execution, with its workload deep-merged
+    with `overrides`; returns the new execution id. The original is left as it is."""
+    from noetl_celery.dsl import deep_merge
+
+    ensure_schema(settings.database_url)
+    with transaction(settings.database_url) as conn:
+        row = repo.get_execution(conn, execution_id)
+    if row is None:
+        raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(settings.database_url)}")
+    plan = Plan.model_validate(row["plan"])
+    plan = plan.model_copy(update={"workload": deep_merge(row["workload"] or {}, overrides or {})})
+    return submit(plan, settings)
+
+
+def cleanup(database_url: str, older_than_minutes: float, dry_run: bool, reason: str | None = None) -> list[int]:
+    """Top-level executions running for more than `older_than_minutes`: cancelled (with their
+    children) unless `dry_run`; returns their ids."""
+    from datetime import timedelta
+
+    ensure_schema(database_url)
+    with transaction(database_url) as conn:
+        stuck = repo.running_since(conn, repo.utcnow() - timedelta(minutes=older_than_minutes))
+    if not dry_run:
+        for execution_id in stuck:
+            cancel(database_url, execution_id, reason or f"cleanup: running for more than {older_than_minutes:g} min")
+    return stuck
 
 
 def execution_tree(database_url: str, limit: int = 20) -> list[tuple[int, dict[str, Any]]]:

@@ -29,13 +29,16 @@ def test_compose_says_it_needs_compose_v2_and_the_readme_says_so_too():
     assert "Compose v2" in (REPO_ROOT / "README.md").read_text()
 
 
-def test_dashboard_and_flower_have_healthchecks_on_their_own_ports():
+def test_dashboard_server_and_flower_have_healthchecks_on_their_own_ports():
     services = compose()["services"]
-    for service, port in (("dashboard", 8080), ("flower", 5555)):
+    for service, port in (("dashboard", 8080), ("flower", 5555), ("server", 8082)):
         check = services[service]["healthcheck"]
         assert f"127.0.0.1:{port}/" in " ".join(check["test"]), service
         assert check["retries"] >= 1 and check["interval"]
-    assert "EXPOSE 5555 8080 8765" in (DOCKER / "Dockerfile").read_text()
+    assert "EXPOSE 5555 8080 8082 8765" in (DOCKER / "Dockerfile").read_text()
+    assert services["server"]["ports"] == ["127.0.0.1:8082:8082"]  # published on loopback only
+    assert services["server"]["command"][:2] == ["noetl-celery", "server"]
+    assert "server: noetl-celery server --host 127.0.0.1 --port 8082" in (REPO_ROOT / "Procfile").read_text()
 
 
 def test_playbooks_get_a_role_and_database_of_their_own_not_the_event_stores():

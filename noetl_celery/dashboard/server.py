@@ -13,7 +13,8 @@ lines of JavaScript that refresh the live panel while the execution runs.
 
 Routes: `/` executions (`?q=<id>` finds one, `?before=<id>` the next page, `playbook` matches a
 part of the name), `/executions/<id>` one execution, `/executions/<id>/live` its live panel
-(HTML fragment), `/api/executions/<id>` the same facts as JSON.
+(HTML fragment), `/api/executions/<id>` the same facts as JSON (with a page of its events, as
+NoETL's API pages them). The REST API beside the pages: api.py (`noetl-celery server`).
 """
 
 from __future__ import annotations
@@ -216,30 +217,6 @@ class LivePanel(Base):
         self.page("live.html", **data)
 
 
-class ExecutionJson(Base):
-    async def get(self, execution_id: str) -> None:
-        data = await self.db(_execution, int(execution_id), False)
-        row = data["execution"]
-        self.set_header("Content-Type", "application/json")
-        self.finish(
-            views.to_json(
-                {
-                    "execution_id": row["execution_id"],
-                    "playbook": row["playbook_name"],
-                    "status": row["status"],
-                    "parent_execution_id": row["parent_execution_id"],
-                    "workload": data["workload"],
-                    "done": data["done"],
-                    "total": data["total"],
-                    "steps": data["states"],
-                    "loops": data["loops"],
-                    "failure": data["failure"],
-                    "children": [c["execution_id"] for c in data["children"]],
-                }
-            )
-        )
-
-
 class Control(Base):
     """POST /executions/<id>/(cancel|resume): only with the dashboard token, and from a browser only
     from the dashboard's own page."""
@@ -312,7 +289,11 @@ class Control(Base):
         self.redirect(f"/executions/{execution_id}")
 
 
-def make_app(settings: noetl_settings.Settings | None = None) -> tornado.web.Application:
+def make_app(settings: noetl_settings.Settings | None = None, *, runs: bool = False) -> tornado.web.Application:
+    """The dashboard's pages and the REST API (api.py); `runs`: executions started through the API
+    run (a broker's workers, or this process's embedded worker)."""
+    from noetl_celery.dashboard import api
+
     settings = settings or noetl_settings.load()
     ensure_schema(settings.database_url)
     common = {"settings": settings, "templates": _environment()}
@@ -322,7 +303,8 @@ def make_app(settings: noetl_settings.Settings | None = None) -> tornado.web.App
             (r"/executions/(\d+)", ExecutionPage, common),
             (r"/executions/(\d+)/live", LivePanel, common),
             (r"/executions/(\d+)/(cancel|resume)", Control, common),
-            (r"/api/executions/(\d+)", ExecutionJson, common),
+            (r"/api/executions/(\d+)", api.ExecutionJson, {**common, "runs": runs}),
+            *api.routes(common, runs),
         ],
         # Control checks the token (check_xsrf_cookie). The cookie goes with no other site's POST
         # (SameSite=Lax) and no script can read it (other ports of this host share its cookies).
@@ -336,11 +318,13 @@ def serve(
     port: int = DEFAULT_PORT,
     settings: noetl_settings.Settings | None = None,
     on_ready: Callable[[], None] | None = None,
+    *,
+    runs: bool = False,
 ) -> None:
-    """Run the dashboard until interrupted; `on_ready` is called once it listens."""
+    """Run the dashboard and the REST API until interrupted; `on_ready` is called once it listens."""
 
     async def main() -> None:
-        app = make_app(settings)
+        app = make_app(settings, runs=runs)
         app.listen(port, address=host)
         if on_ready is not None:
             on_ready()

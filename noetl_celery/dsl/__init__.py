@@ -258,6 +258,27 @@ def _entry_and_final(ctx: Context, executor: dict[str, Any], steps: dict[str, St
     return DEFAULT_ENTRY_STEP if DEFAULT_ENTRY_STEP in steps else next(iter(steps))
 
 
+def nest_dotted(values: dict[str, Any]) -> dict[str, Any]:
+    """{"a.b": 1} -> {"a": {"b": 1}}: a workload override's dotted key names a nested value
+    (`--set a.b=1`, and the `workload` of the REST API's execute)."""
+    nested: dict[str, Any] = {}
+    for key, value in values.items():
+        target = nested
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = target.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"{key}: {part!r} is set both as a value and as a mapping")
+            target = child
+        target[leaf] = value
+    return nested
+
+
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` merged in: mappings key by key, anything else replaced."""
+    return _deep_merge(base, overrides)
+
+
 def _deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in overrides.items():

@@ -964,3 +964,19 @@ def register_playbook(conn: Connection, *, path: str, name: str, content: str, s
 def find_playbook(conn: Connection, path: str) -> dict[str, Any] | None:
     row = conn.execute(select(CATALOG).where(CATALOG.c.path == path)).mappings().first()
     return dict(row) if row else None
+
+
+def list_playbooks(conn: Connection) -> list[dict[str, Any]]:
+    """The catalog entries by path, without their content."""
+    c = CATALOG.c
+    rows = conn.execute(select(c.path, c.name, c.source_file, c.registered_at).order_by(c.path)).mappings()
+    return [dict(r) for r in rows]
+
+
+def running_since(conn: Connection, before: datetime) -> list[int]:
+    """Top-level executions still running that were created before `before`, oldest first."""
+    c = EXECUTIONS.c
+    query = select(c.execution_id).where(
+        and_(c.status == "running", c.parent_execution_id.is_(None), c.created_at < before)
+    )
+    return [int(r[0]) for r in conn.execute(query.order_by(c.created_at))]

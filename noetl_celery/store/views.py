@@ -290,6 +290,15 @@ def events_page(
     return [mask(dict(r)) for r in conn.execute(query.order_by(e.id).limit(limit)).mappings()]
 
 
+def events_numbered_page(conn: Connection, execution_id: int, page: int, page_size: int) -> list[dict[str, Any]]:
+    """Page `page` (from 1) of the event log, newest first, `page_size` rows a page (NoETL's
+    paging of an execution's events)."""
+    e = EVENTS.c
+    query = select(EVENTS).where(e.execution_id == execution_id).order_by(e.id.desc())
+    rows = conn.execute(query.offset((page - 1) * page_size).limit(page_size)).mappings()
+    return [mask(dict(r)) for r in rows]
+
+
 def failure(conn: Connection, execution: dict[str, Any]) -> dict[str, Any] | None:
     """For a failed execution: the failed step, its error, the failing iteration, its input (the
     rendered arguments of that attempt, secrets masked), the loop element, what the attempt wrote

@@ -1,0 +1,612 @@
+"""The REST API of `noetl-celery server`: NoETL's routes with NoETL's request and response shapes,
+so that NoETL's own client (`noetl --server-url ...`) drives this engine unchanged.
+
+Reads are open, as the dashboard's pages are (bind to loopback, or put a reverse proxy with its own
+authentication in front). Every write needs `Authorization: Bearer <NOETL_DASHBOARD_TOKEN>`, the
+token of the dashboard's actions; a server without that token refuses every write. Only the Bearer
+form is accepted here: a browser never adds it by itself, so no other site can make a browser
+send a write (no cookie and no cached Basic credentials count).
+
+Beside NoETL's routes, the project's own for the rest of what the command line does: validate,
+compile, submit a playbook body, list executions, events with filters, resume. Each route calls
+the functions the command line calls (noetl_celery.runner, watch, compiler). A bad body gets 400
+with `detail` naming the field; every answer is JSON with configured secrets masked.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import tornado.web
+from sqlalchemy import text
+
+from noetl_celery.dashboard.server import Base
+from noetl_celery.dsl import nest_dotted
+from noetl_celery.errors import BrokerUnavailable, ConfigurationError, ExecutionNotFound, NoetlError, PlaybookError
+from noetl_celery.store import views
+
+T = TypeVar("T")
+PLAYBOOK = "Playbook"
+API_CANCEL_REASON = "cancelled through the REST API"
+DEFAULT_CLEANUP_MINUTES = 5  # NoETL's default age of a "stuck" execution
+MAX_PAGE_SIZE = 1000  # events per page of GET /api/executions/{id}
+
+
+class ApiError(tornado.web.HTTPError):
+    """An answer other than 2xx, sent as JSON: {"detail": ..., "field": ...} (field when a body
+    value is wrong)."""
+
+    def __init__(
+        self, code: int, detail: str, field: str | None = None, headers: dict[str, str] | None = None, **extra: Any
+    ):
+        super().__init__(code, reason=_reason(code))
+        self.headers = headers or {}
+        self.body: dict[str, Any] = {"detail": detail, **({"field": field} if field else {}), **extra}
+
+
+def _reason(status: int) -> str:
+    from http import HTTPStatus
+
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+class Api(Base):
+    """JSON in and out; writes behind the Bearer token."""
+
+    # set by make_app: whether executions started here run (a broker's workers, or the embedded
+    # worker of `noetl-celery server`); a `dashboard` on the embedded default has none
+    runs: bool = True
+
+    def initialize(self, settings: Any, templates: Any, runs: bool = True) -> None:  # type: ignore[override]
+        super().initialize(settings, templates)
+        self.runs = runs
+
+    def check_xsrf_cookie(self) -> None:
+        """No cookie or Basic credentials authorise anything here (see require_token), so a write
+        a browser could be made to send is refused anyway: no XSRF token to check."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, ApiError):
+            body = exc.body
+            for name, value in exc.headers.items():
+                self.set_header(name, value)
+        elif isinstance(exc, tornado.web.HTTPError) and exc.reason:
+            body = {"detail": exc.reason}
+        else:
+            body = {"detail": _reason(status_code)}
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(views.mask(body), default=str))
+
+    def answer(self, body: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(views.mask(body), default=str))
+
+    def require_token(self) -> None:
+        token = self.noetl.dashboard_token
+        if token is None:
+            raise ApiError(403, "writes are disabled: set NOETL_DASHBOARD_TOKEN on the server to allow them")
+        scheme, value = self.credentials()
+        if scheme != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+            raise ApiError(
+                401,
+                "authentication required: Authorization: Bearer <NOETL_DASHBOARD_TOKEN>",
+                headers={"WWW-Authenticate": 'Bearer realm="noetl-celery"'},
+            )
+
+    def require_runner(self) -> None:
+        if not self.runs:
+            raise ApiError(
+                503,
+                "no worker runs executions started here: set NOETL_BROKER_URL for workers, or serve "
+                "with `noetl-celery server` (it runs an embedded worker on the embedded default)",
+            )
+
+    def json_body(self) -> dict[str, Any]:
+        raw = self.request.body
+        if not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"body: not JSON ({exc})", "body") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, f"body: expected a JSON object, got {type(body).__name__}", "body")
+        return body
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a runner function on a thread, its errors as answers."""
+        import asyncio
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        except ExecutionNotFound as exc:
+            raise ApiError(404, str(exc)) from None
+        except PlaybookError as exc:
+            not_found = [p for p in exc.problems if p.path == "path" and "no playbook registered" in p.message]
+            if not_found:
+                raise ApiError(404, not_found[0].message, "path") from None
+            raise ApiError(400, "invalid playbook", "content", problems=[str(p) for p in exc.problems]) from None
+        except (BrokerUnavailable, ConfigurationError) as exc:
+            raise ApiError(503, str(exc).splitlines()[0]) from None
+        except NoetlError as exc:  # refused by the engine (says why)
+            raise ApiError(409, str(exc).splitlines()[0]) from None
+
+
+def optional(body: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str, default: Any = None) -> Any:
+    """body[name] when of `kind` (a bool is not a number here), `default` when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+        raise ApiError(400, f"{name}: expected {what}, got {json.dumps(value)[:80]}", name)
+    return value
+
+
+def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def playbook_text(body: dict[str, Any]) -> str:
+    """body["content"]: a playbook's YAML text, base64-encoded (as NoETL's client sends it)."""
+    content = body.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise ApiError(400, "content: expected the playbook's YAML text, base64-encoded", "content")
+    try:
+        return base64.b64decode(content, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "content: not base64 of UTF-8 text", "content") from None
+
+
+def resource_kind(body: dict[str, Any]) -> None:
+    kind = optional(body, "resource_kind", str, "a string")
+    if kind is not None and kind.lower() != "playbook":
+        raise ApiError(400, f"resource_kind: only playbook runs here, got {kind!r}", "resource_kind")
+
+
+def workload(body: dict[str, Any]) -> dict[str, Any]:
+    """`workload` (NoETL's client; `payload` in older ones) as overrides, dotted keys nested."""
+    name = "workload" if "workload" in body else "payload"
+    value = optional(body, name, dict, "a JSON object", {})
+    try:
+        return nest_dotted(value)
+    except ValueError as exc:
+        raise ApiError(400, f"{name}: {exc}", name) from None
+
+
+class Health(Api):
+    async def get(self) -> None:
+        try:
+            await self.db(lambda conn: conn.execute(text("SELECT 1")))
+        except Exception as exc:
+            raise ApiError(503, f"the event store cannot be read: {type(exc).__name__}") from None
+        self.answer({"status": "ok", "runs_executions": self.runs})
+
+
+class CatalogRegister(Api):
+    async def post(self) -> None:
+        from noetl_celery import runner
+
+        self.require_token()
+        body = self.json_body()
+        kind = optional(body, "resource_type", str, "a string", PLAYBOOK)
+        if kind.lower() == "credential":
+            raise ApiError(501, CREDENTIALS_501, "resource_type")
+        if kind.lower() != PLAYBOOK.lower():
+            raise ApiError(400, f"resource_type: only {PLAYBOOK} is registered here, got {kind!r}", "resource_type")
+        source = playbook_text(body)
+        plan = await self.call(runner.register_text, source, self.noetl.database_url, "content")
+        self.answer(
+            {
+                "status": "success",
+                "message": f"{PLAYBOOK} registered at {plan.path}",
+                "path": plan.path,
+                "name": plan.name,
+                "kind": PLAYBOOK,
+                "resource_type": PLAYBOOK,
+            }
+        )
+
+
+class CatalogList(Api):
+    async def post(self) -> None:
+        from noetl_celery import runner
+
+        body = self.json_body()
+        kind = optional(body, "resource_type", str, "a string", PLAYBOOK)
+        if kind.lower() != PLAYBOOK.lower():
+            raise ApiError(
+                400,
+                f"resource_type: this catalog holds {PLAYBOOK} entries only, got {kind!r} "
+                "(credentials come from NOETL_AUTH_* on the workers)",
+                "resource_type",
+            )
+        rows = await self.call(runner.catalog_entries, self.noetl.database_url)
+        entries = [
+            {
+                "path": r["path"],
+                "name": r["name"],
+                "kind": PLAYBOOK,
+                "resource_type": PLAYBOOK,
+                "registered_at": _iso(r["registered_at"]),
+            }
+            for r in rows
+        ]
+        self.answer({"resource_type": PLAYBOOK, "entries": entries, "count": len(entries)})
+
+
+class Execute(Api):
+    async def post(self) -> None:
+        from noetl_celery import runner
+
+        self.require_token()
+        body = self.json_body()
+        path = body.get("path")
+        if not isinstance(path, str) or not path.strip():
+            raise ApiError(400, "path: expected the catalog path of a registered playbook", "path")
+        resource_kind(body)
+        overrides = workload(body)
+        version = optional(body, "version", (int, str), "a version number")
+        if version is not None and str(version) not in ("latest", "1"):
+            raise ApiError(
+                400,
+                f"version: the catalog keeps the latest registration of each path only (version 1), got {version!r}",
+                "version",
+            )
+        self.require_runner()
+        settings = self.noetl
+
+        def start() -> tuple[int, Any]:
+            plan = runner.compile_registered(path.strip(), overrides, settings.database_url)
+            return runner.submit(plan, settings), plan
+
+        execution_id, plan = await self.call(start)
+        self.answer(
+            {
+                "execution_id": execution_id,
+                "status": "running",
+                "path": plan.path,
+                "playbook": plan.name,
+                "workload": plan.workload,
+            }
+        )
+
+
+def _status(database_url: str, execution_id: int) -> dict[str, Any]:
+    """`noetl-celery status --json`, and the fields NoETL's client reads from a status."""
+    from noetl_celery import runner
+    from noetl_celery.store.db import transaction
+    from noetl_celery.watch import status_extras
+
+    result = runner.execution_status(database_url, execution_id)
+    extras = status_extras(database_url, execution_id)
+    with transaction(database_url) as conn:
+        states = views.step_states(conn, execution_id)
+    running = [step for step, s in states.items() if s.get("state") == "running"]
+    return {**result, **extras, **noetl_fields(result["status"], result["created_at"], result["finished_at"])} | {
+        "completed_steps": [step for step, s in states.items() if s.get("state") == "completed"],
+        "current_step": running[0] if running else None,
+    }
+
+
+def noetl_fields(status: str, created_at: str | None, finished_at: str | None) -> dict[str, Any]:
+    """NoETL's names for an execution's end and times: completed/failed flags, start_time,
+    end_time, duration_seconds and duration_human."""
+    start = datetime.fromisoformat(created_at) if created_at else None
+    end = datetime.fromisoformat(finished_at) if finished_at else None
+    now = datetime.now(UTC if start is not None and start.tzinfo is not None else None)
+    seconds = views.duration_s(start, end, now)
+    return {
+        "completed": status != "running",
+        "failed": status == "failed",
+        "start_time": created_at,
+        "end_time": finished_at,
+        "duration_seconds": None if seconds is None else round(seconds, 3),
+        "duration_human": None if seconds is None else human(seconds),
+    }
+
+
+def human(seconds: float) -> str:
+    """12.3 -> "12s", 3723 -> "1h 2m 3s"."""
+    total = int(round(seconds))
+    parts = [(total // 86400, "d"), (total % 86400 // 3600, "h"), (total % 3600 // 60, "m"), (total % 60, "s")]
+    shown = [f"{n}{unit}" for n, unit in parts if n]
+    return " ".join(shown) or "0s"
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+class Status(Api):
+    async def get(self, execution_id: str) -> None:
+        self.answer(await self.call(_status, self.noetl.database_url, int(execution_id)))
+
+
+DEFAULT_PAGE_SIZE = 10
+
+
+class ExecutionJson(Api):
+    """An execution's facts (the dashboard's JSON) and one page of its events, newest first, each
+    with NoETL's `node_name` (its step): `?page=1&page_size=10`."""
+
+    async def get(self, execution_id: str) -> None:
+        from noetl_celery.dashboard.server import _execution
+
+        page = self.positive("page", 1)
+        page_size = self.positive("page_size", DEFAULT_PAGE_SIZE)
+        if page_size > MAX_PAGE_SIZE:
+            raise ApiError(400, f"page_size: at most {MAX_PAGE_SIZE}, got {page_size}", "page_size")
+
+        def read(conn: Any, eid: int) -> dict[str, Any]:
+            data = _execution(conn, eid, False)
+            data["events"] = views.events_numbered_page(conn, eid, page, page_size)
+            data["event_total"] = views.event_counts(conn, eid)
+            return data
+
+        data = await self.db(read, int(execution_id))
+        row = data["execution"]
+        total = data["event_total"]
+        self.answer(
+            {
+                "execution_id": row["execution_id"],
+                "playbook": row["playbook_name"],
+                "path": row["playbook_path"],
+                "status": row["status"],
+                "parent_execution_id": row["parent_execution_id"],
+                "workload": data["workload"],
+                "done": data["done"],
+                "total": data["total"],
+                "steps": data["states"],
+                "loops": data["loops"],
+                "failure": data["failure"],
+                "children": [c["execution_id"] for c in data["children"]],
+                **noetl_fields(row["status"], _iso(row["created_at"]), _iso(row["finished_at"])),
+                "events": [{**event, "node_name": event["step"]} for event in data["events"]],
+                "pagination": {
+                    "page": page,
+                    "page_size": page_size,
+                    "total": total,
+                    "pages": (total + page_size - 1) // page_size,
+                },
+            }
+        )
+
+    def positive(self, name: str, default: int) -> int:
+        value = self.int_arg(name)
+        if value is None:
+            return default
+        if value < 1:
+            raise ApiError(400, f"{name}: expected 1 or more, got {value}", name)
+        return value
+
+
+class Cancel(Api):
+    async def post(self, execution_id: str) -> None:
+        from noetl_celery import runner
+
+        self.require_token()
+        body = self.json_body()
+        cascade = optional(body, "cascade", bool, "true or false", False)
+        reason = optional(body, "reason", str, "a string") or API_CANCEL_REASON
+        url, eid = self.noetl.database_url, int(execution_id)
+        cancelled = await self.call(runner.cancel, url, eid, reason)
+        if not cancelled:
+            current = (await self.call(runner.execution_status, url, eid))["status"]
+            raise ApiError(
+                400,
+                f"execution {eid} already {current}: nothing to cancel",
+                message=f"execution {eid} already {current}: nothing to cancel",
+                status=current,
+            )
+        children = len(cancelled) - 1
+        self.answer(
+            {
+                "execution_id": eid,
+                "status": "cancelled",
+                # a child never outlives its parent here: its running children are cancelled
+                # with it whatever `cascade` says
+                "cascade": cascade,
+                "cancelled_executions": [str(i) for i in cancelled],
+                "message": f"execution {eid} cancelled" + (f" with {children} child executions" if children else ""),
+                "reason": reason,
+            }
+        )
+
+
+class Rerun(Api):
+    async def post(self, execution_id: str) -> None:
+        from noetl_celery import runner
+
+        self.require_token()
+        body = self.json_body()
+        resource_kind(body)
+        overrides = workload(body)
+        self.require_runner()
+        new_id = await self.call(runner.rerun, self.noetl, int(execution_id), overrides)
+        self.answer({"execution_id": new_id, "rerun_of": int(execution_id), "status": "running"})
+
+
+class Cleanup(Api):
+    async def post(self) -> None:
+        from noetl_celery import runner
+
+        self.require_token()
+        body = self.json_body()
+        minutes = optional(body, "older_than_minutes", (int, float), "a number of minutes", DEFAULT_CLEANUP_MINUTES)
+        if minutes < 0:
+            raise ApiError(400, f"older_than_minutes: expected 0 or more, got {minutes}", "older_than_minutes")
+        dry_run = optional(body, "dry_run", bool, "true or false", False)
+        ids = await self.call(runner.cleanup, self.noetl.database_url, minutes, dry_run)
+        verb = "would cancel" if dry_run else "cancelled"
+        self.answer(
+            {
+                "dry_run": dry_run,
+                "older_than_minutes": minutes,
+                "cancelled_count": len(ids),
+                "execution_ids": ids,
+                "message": f"{verb} {len(ids)} execution(s) running for more than {minutes:g} min",
+            }
+        )
+
+
+# --- the project's own routes: what the command line does -----------------------------------
+
+STATUSES = ("running", "completed", "failed", "cancelled")
+DEFAULT_LIST = 20  # executions of GET /api/executions, as `noetl-celery executions`
+MAX_LIST = 1000
+DEFAULT_EVENTS = 1000  # rows of GET /api/executions/{id}/events
+MAX_EVENTS = 10000
+
+
+class Executions(Api):
+    """`noetl-celery executions --json`: ?status=&playbook=&limit=."""
+
+    async def get(self) -> None:
+        from noetl_celery.watch import executions
+
+        status = self.arg("status")
+        if status is not None and status not in STATUSES:
+            raise ApiError(400, f"status: one of {', '.join(STATUSES)}, got {status!r}", "status")
+        limit = self.bounded("limit", DEFAULT_LIST, MAX_LIST)
+        rows = await self.call(
+            lambda: executions(self.noetl.database_url, status=status, playbook=self.arg("playbook"), limit=limit)
+        )
+        self.answer({"executions": rows})
+
+    def bounded(self, name: str, default: int, most: int) -> int:
+        value = self.int_arg(name)
+        if value is None:
+            return default
+        if not 1 <= value <= most:
+            raise ApiError(400, f"{name}: from 1 to {most}, got {value}", name)
+        return value
+
+
+class Events(Executions):
+    """`noetl-celery events ID --json`: the rows in id order, ?after=<event id>&type=&step=&limit=
+    (repeat type and step for several); the next page starts after the last id."""
+
+    async def get(self, execution_id: str) -> None:  # type: ignore[override]
+        from noetl_celery.watch import stream_events
+
+        limit = self.bounded("limit", DEFAULT_EVENTS, MAX_EVENTS)
+        after = self.int_arg("after")
+        types = tuple(self.get_query_arguments("type"))
+        steps = tuple(self.get_query_arguments("step"))
+        url, eid = self.noetl.database_url, int(execution_id)
+        rows = await self.call(
+            lambda: list(stream_events(url, eid, types=types, steps=steps, after_id=after, limit=limit))
+        )
+        self.answer({"execution_id": eid, "events": rows, "next_after": rows[-1]["id"] if rows else after})
+
+
+class Resume(Api):
+    """`noetl-celery resume ID`: the same execution continues from what did not complete."""
+
+    async def post(self, execution_id: str) -> None:
+        from noetl_celery import runner
+
+        self.require_token()
+        self.json_body()
+        self.require_runner()
+        epoch = await self.call(runner.resume, self.noetl, int(execution_id))
+        self.answer({"execution_id": int(execution_id), "status": "running", "epoch": epoch})
+
+
+class Compile(Api):
+    """`noetl-celery validate` / `compile --json` of a playbook sent as `content` (base64), with
+    `workload` overrides. Behind the token: compiling resolves sub-playbooks on the server."""
+
+    async def post(self, action: str) -> None:
+        from noetl_celery import runner
+        from noetl_celery.compiler import compile_playbook, describe
+
+        self.require_token()
+        body = self.json_body()
+        source, overrides = playbook_text(body), workload(body)
+        settings = self.noetl
+        lookup = runner.catalog(settings.database_url)
+        plan = await self.call(lambda: compile_playbook("content", text=source, overrides=overrides, catalog=lookup))
+        if action == "validate":
+            self.answer({"valid": True, "name": plan.name, "path": plan.path, "steps": list(plan.steps)})
+            return
+        described = describe(plan, task_queue=settings.task_queue, event_queue=settings.event_queue)
+        self.answer({**described, "plan": plan.model_dump(mode="json")})
+
+
+class Submit(Api):
+    """`noetl-celery submit` of a playbook sent as `content` (base64), without registering it."""
+
+    async def post(self) -> None:
+        from noetl_celery import runner
+        from noetl_celery.compiler import compile_playbook
+
+        self.require_token()
+        body = self.json_body()
+        source, overrides = playbook_text(body), workload(body)
+        self.require_runner()
+        settings = self.noetl
+        lookup = runner.catalog(settings.database_url)
+
+        def start() -> tuple[int, Any]:
+            plan = compile_playbook("content", text=source, overrides=overrides, catalog=lookup)
+            return runner.submit(plan, settings), plan
+
+        execution_id, plan = await self.call(start)
+        self.answer({"execution_id": execution_id, "status": "running", "playbook": plan.name})
+
+
+CREDENTIALS_501 = (
+    "credentials are not registered through this server: a stored secret could not be kept as "
+    "safe as NOETL_AUTH_* in the workers' environment (see docs/dsl.md, Credentials)"
+)
+
+
+class Credentials(Api):
+    def get(self, *_: str) -> None:
+        raise ApiError(501, CREDENTIALS_501)
+
+    def post(self, *_: str) -> None:
+        raise ApiError(501, CREDENTIALS_501)
+
+
+class OpenApi(Api):
+    def get(self) -> None:
+        from noetl_celery.dashboard.openapi import document
+
+        self.answer(document())
+
+
+def routes(common: dict[str, Any], runs: bool) -> list[tuple[str, type, dict[str, Any]]]:
+    api = {**common, "runs": runs}
+    return [
+        (r"/health", Health, api),
+        (r"/api/health", Health, api),
+        (r"/api/openapi\.json", OpenApi, api),
+        (r"/api/catalog/register", CatalogRegister, api),
+        (r"/api/catalog/list", CatalogList, api),
+        (r"/api/execute", Execute, api),
+        (r"/api/(validate|compile)", Compile, api),
+        (r"/api/submit", Submit, api),
+        (r"/api/executions", Executions, api),
+        (r"/api/executions/(\d+)/events", Events, api),
+        (r"/api/executions/(\d+)/resume", Resume, api),
+        (r"/api/executions/cleanup", Cleanup, api),
+        (r"/api/executions/(\d+)/status", Status, api),
+        (r"/api/executions/(\d+)/cancel", Cancel, api),
+        (r"/api/executions/(\d+)/rerun", Rerun, api),
+        (r"/api/credentials", Credentials, api),
+        (r"/api/credentials/(.+)", Credentials, api),
+    ]

@@ -1,0 +1,571 @@
+"""`noetl-celery server`: NoETL's REST API over real HTTP on loopback, on the embedded default (the
+server's own embedded worker runs what it starts), its authentication and bad bodies, the OpenAPI
+document, and NoETL's own client (`pip install noetl==5.3.2`) driving it unchanged."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from sqlalchemy import bindparam, text
+
+from tests.support.services import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "server-token-for-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+START_TIMEOUT = 60  # seconds for the server to answer /health
+END_TIMEOUT = 60  # seconds for an execution to end
+NOETL_CLIENT = "noetl==5.3.2"  # NoETL's own client, from PyPI
+
+HELLO = """apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: api_hello, path: tests/api_hello}
+workload: {message: hello, nested: {a: 1, b: 2}}
+workflow:
+  - step: start
+    tool: {kind: python, args: {message: "{{ message }}", nested: "{{ nested }}"}, code: "result = {'message': message, 'nested': nested}"}
+"""
+
+# a loop that runs for a while (the cancel tests stop it)
+SLOW_LOOP = """apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: api_slow_loop, path: tests/api_slow_loop}
+workload: {n: 400, sleep: 0.2}
+workflow:
+  - step: start
+    tool: {kind: python, args: {n: "{{ n }}"}, code: "result = list(range(n))"}
+    next:
+      arcs: [{step: work}]
+  - step: work
+    loop: {in: "{{ start }}", iterator: x, spec: {mode: parallel, max_in_flight: 2}}
+    tool:
+      kind: python
+      args: {x: "{{ iter.x }}", pause: "{{ sleep }}"}
+      code: |
+        import time
+        time.sleep(pause)
+        result = x
+"""
+
+
+class Server:
+    """`noetl-celery server` (or `dashboard`) as a real process on a free loopback port."""
+
+    def __init__(
+        self,
+        home: Path,
+        log: Path,
+        command: str = "server",
+        token: str | None = TOKEN,
+        settings: dict[str, str] | None = None,
+    ):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NOETL_") or k.startswith("NOETL_TEST_")}
+        env["NOETL_HOME"] = str(home)
+        env["PYTHONUNBUFFERED"] = "1"  # its "listening" line is in the log once it answers
+        env.update(settings or {})  # NOETL_BROKER_URL, NOETL_DATABASE_URL: workers run what it starts
+        env["NOETL_AUTH_API_TOKEN"] = "s3cr3t-api-token-value"  # a configured secret: masked in answers
+        if token:
+            env["NOETL_DASHBOARD_TOKEN"] = token
+        self.log_path = log
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "noetl_celery.cli", command, "--port", str(self.port)],
+            env=env,
+            cwd=REPO_ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.stop()
+        raise AssertionError(f"{command} did not answer on {self.url}: {log.read_text()}")
+
+    def get(self, path: str, **kwargs) -> requests.Response:
+        return requests.get(self.url + path, timeout=30, **kwargs)
+
+    def post(self, path: str, body: object = None, auth: bool = True, **kwargs) -> requests.Response:
+        headers = {**(AUTH if auth else {}), **kwargs.pop("headers", {})}
+        return requests.post(self.url + path, json=body, headers=headers, timeout=30, **kwargs)
+
+    def register(self, text: str) -> requests.Response:
+        return self.post("/api/catalog/register", {"content": b64(text), "resource_type": "Playbook"})
+
+    def wait_end(self, execution_id: int) -> dict:
+        deadline = time.monotonic() + END_TIMEOUT
+        while time.monotonic() < deadline:
+            status = self.get(f"/api/executions/{execution_id}/status").json()
+            if status["status"] != "running":
+                return status
+            time.sleep(0.1)
+        raise AssertionError(f"execution {execution_id} still running after {END_TIMEOUT} s")
+
+    def wait_started(self, execution_id: int, step: str) -> None:
+        """Until `step` has a recorded run (the execution is under way)."""
+        deadline = time.monotonic() + END_TIMEOUT
+        while time.monotonic() < deadline:
+            if step in self.get(f"/api/executions/{execution_id}").json()["steps"]:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{step} of {execution_id} never started")
+
+    def stop(self) -> int:
+        """SIGTERM, as a service manager stops it; returns its exit code."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+        return self.proc.returncode
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("server")
+    s = Server(root / "home", root / "server.log")
+    yield s
+    # SIGTERM stops it as Ctrl-C does: the embedded worker ends its attempts, the exit is clean
+    assert s.stop() == 0, s.log_path.read_text()[-3000:]
+
+
+WRITES = [
+    "/api/catalog/register",
+    "/api/execute",
+    "/api/executions/1/cancel",
+    "/api/executions/1/rerun",
+    "/api/executions/cleanup",
+    "/api/executions/1/resume",
+    "/api/validate",
+    "/api/compile",
+    "/api/submit",
+]
+
+
+def test_health_and_the_openapi_document(server):
+    from openapi_spec_validator import validate
+
+    from noetl_celery.dashboard import api
+
+    assert f"server (embedded worker) on {server.url}/" in server.log_path.read_text()
+    health = server.get("/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.json()["runs_executions"] is True  # the embedded worker of `server`
+    document = server.get("/api/openapi.json").json()
+    validate(document)  # raises on an invalid OpenAPI 3.1 document
+    # every route the server answers is described (the path patterns of api.routes)
+    described = set(document["paths"])
+    for pattern, _, _ in api.routes({}, True):
+        path = pattern.replace(r"(\d+)", "{execution_id}").replace("\\", "")
+        if path in ("/api/health", "/api/credentials/(.+)"):
+            continue
+        for one in ("/api/validate", "/api/compile") if "(validate|compile)" in path else (path,):
+            assert one in described, one
+    assert "/api/executions/{execution_id}" in described
+    for path in WRITES:
+        templated = path.replace("/1/", "/{execution_id}/")
+        assert document["paths"][templated]["post"]["security"] == [{"bearer": []}], path
+
+
+@pytest.mark.parametrize("path", WRITES)
+def test_every_write_needs_the_bearer_token(server, path):
+    def catalog() -> list:
+        return server.post("/api/catalog/list", {"resource_type": "Playbook"}, auth=False).json()["entries"]
+
+    def executions() -> set[str]:
+        return set(re.findall(r"/executions/(\d+)", server.get("/").text))
+
+    before = catalog(), executions()
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        # the right token, but as Basic credentials (a browser replays those by itself): refused
+        {"Authorization": "Basic " + base64.b64encode(f"ops:{TOKEN}".encode()).decode()},
+    ):
+        answer = server.post(path, {"content": b64(HELLO), "path": "tests/api_hello"}, auth=False, headers=headers)
+        assert answer.status_code == 401, (headers, answer.text)
+        assert "Bearer" in answer.json()["detail"]
+        assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+    assert (catalog(), executions()) == before  # nothing was registered or started
+
+
+BAD_BODIES = [
+    ("/api/catalog/register", "not json", "body"),
+    ("/api/catalog/register", [1, 2], "body"),
+    ("/api/catalog/register", {}, "content"),
+    ("/api/catalog/register", {"content": "%%% not base64"}, "content"),
+    ("/api/catalog/register", {"content": b64("a: [unclosed")}, "content"),
+    ("/api/catalog/register", {"content": b64(HELLO), "resource_type": "Dataset"}, "resource_type"),
+    ("/api/catalog/list", {"resource_type": 7}, "resource_type"),
+    ("/api/execute", {}, "path"),
+    ("/api/execute", {"path": 12}, "path"),
+    ("/api/execute", {"path": "tests/api_hello", "workload": [1]}, "workload"),
+    ("/api/execute", {"path": "tests/api_hello", "payload": "x=1"}, "payload"),
+    ("/api/execute", {"path": "tests/api_hello", "resource_kind": "dataset"}, "resource_kind"),
+    ("/api/execute", {"path": "tests/api_hello", "version": 7}, "version"),
+    ("/api/execute", {"path": "tests/api_hello", "workload": {"a": 1, "a.b": 2}}, "workload"),
+    ("/api/executions/1/cancel", {"cascade": "yes"}, "cascade"),
+    ("/api/executions/1/cancel", {"reason": ["a"]}, "reason"),
+    ("/api/executions/1/rerun", {"workload": "k=v"}, "workload"),
+    ("/api/executions/cleanup", {"older_than_minutes": "5"}, "older_than_minutes"),
+    ("/api/executions/cleanup", {"older_than_minutes": True}, "older_than_minutes"),
+    ("/api/executions/cleanup", {"older_than_minutes": -1}, "older_than_minutes"),
+    ("/api/executions/cleanup", {"dry_run": "true"}, "dry_run"),
+    ("/api/validate", {"content": 5}, "content"),
+    ("/api/compile", {"content": b64(HELLO), "workload": 1}, "workload"),
+    ("/api/submit", {"workload": {}}, "content"),
+    ("/api/executions/1/resume", [], "body"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), BAD_BODIES)
+def test_a_bad_body_gets_400_naming_the_field(server, path, body, field):
+    if body == "not json":
+        answer = requests.post(server.url + path, data="{not json", headers=AUTH, timeout=30)
+    else:
+        answer = server.post(path, body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()
+    assert error["field"] == field
+    assert error["detail"].startswith(f"{field}:") or field == "content", error
+
+
+def test_bad_query_parameters_get_400(server):
+    for path, name in (
+        ("/api/executions/1?page=0", "page"),
+        ("/api/executions/1?page_size=5000", "page_size"),
+        ("/api/executions/1?page=x", "page"),
+        ("/api/executions?status=done", "status"),
+        ("/api/executions?limit=0", "limit"),
+        ("/api/executions/1/events?limit=100000", "limit"),
+        ("/api/executions/1/events?after=x", "after"),
+    ):
+        answer = server.get(path)
+        assert answer.status_code == 400, (path, answer.text)
+        assert name in answer.json()["detail"]
+
+
+FLAKY = """apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: api_flaky}
+workload: {marker: /nonexistent}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = 1"}
+    next:
+      arcs: [{step: check}]
+  - step: check
+    tool:
+      kind: python
+      args: {marker: "{{ marker }}"}
+      code: |
+        import os
+        if not os.path.exists(marker):
+            raise RuntimeError("no marker yet")
+        result = "found"
+"""
+
+
+def test_the_projects_own_routes_validate_compile_submit_list_events_resume(server, tmp_path):
+    valid = server.post("/api/validate", {"content": b64(HELLO)})
+    assert valid.status_code == 200 and valid.json()["steps"] == ["start"]
+    compiled = server.post("/api/compile", {"content": b64(HELLO), "workload": {"message": "x"}}).json()
+    assert compiled["plan"]["workload"]["message"] == "x" and compiled["steps"][0]["step"] == "start"
+    invalid = server.post("/api/validate", {"content": b64(HELLO.replace("kind: python", "kind: nope"))})
+    assert invalid.status_code == 400 and invalid.json()["problems"]
+
+    # a playbook body, not registered: it fails until the marker file exists, then resumes
+    marker = tmp_path / "marker"
+    submitted = server.post("/api/submit", {"content": b64(FLAKY), "workload": {"marker": str(marker)}})
+    assert submitted.status_code == 200, submitted.text
+    execution_id = submitted.json()["execution_id"]
+    failed = server.wait_end(execution_id)
+    assert failed["status"] == "failed" and failed["failed_step"] == "check"
+
+    listed = server.get("/api/executions?status=failed&playbook=api_flaky").json()["executions"]
+    assert [e["execution_id"] for e in listed] == [execution_id]
+    rows = server.get(f"/api/executions/{execution_id}/events?type=step.completed").json()
+    assert [e["step"] for e in rows["events"]] == ["start"]
+    first = server.get(f"/api/executions/{execution_id}/events?limit=2").json()
+    rest = server.get(f"/api/executions/{execution_id}/events?after={first['next_after']}").json()
+    assert len(first["events"]) == 2 and rest["events"][0]["id"] > first["next_after"]
+    assert server.get("/api/executions/12345/events").status_code == 404
+
+    marker.write_text("here")
+    resumed = server.post(f"/api/executions/{execution_id}/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["epoch"] == 1
+    done = server.wait_end(execution_id)
+    assert done["status"] == "completed" and done["results"]["check"] == "found"
+    refused = server.post(f"/api/executions/{execution_id}/resume")
+    assert refused.status_code == 409  # nothing left to resume: the engine says why
+
+
+def test_register_list_execute_status_page_and_rerun(server):
+    registered = server.register(HELLO)
+    assert registered.status_code == 200, registered.text
+    assert registered.json()["path"] == "tests/api_hello"
+    entries = server.post("/api/catalog/list", {"resource_type": "Playbook"}, auth=False).json()["entries"]
+    assert {"path": "tests/api_hello", "name": "api_hello"}.items() <= next(
+        e for e in entries if e["path"] == "tests/api_hello"
+    ).items()
+
+    # NoETL's client sends --set values flat; a dotted key names a nested value, as with --set
+    started = server.post(
+        "/api/execute",
+        {
+            "path": "tests/api_hello",
+            "workload": {"message": "from the API", "nested.b": 3},
+            "resource_kind": "playbook",
+        },
+    )
+    assert started.status_code == 200, started.text
+    execution_id = started.json()["execution_id"]
+    status = server.wait_end(execution_id)
+    assert status["status"] == "completed" and status["completed"] is True and status["failed"] is False
+    assert status["results"]["start"] == {"message": "from the API", "nested": {"a": 1, "b": 3}}
+    assert status["completed_steps"] == ["start"] and status["duration_human"]
+    assert status["progress"] == {"done": 1, "total": 1}  # the fields of `noetl-celery status --json`
+
+    page = server.get(f"/api/executions/{execution_id}?page=1&page_size=2").json()
+    assert page["status"] == "completed" and page["pagination"]["page_size"] == 2
+    assert len(page["events"]) == 2 and page["pagination"]["total"] > 2
+    assert page["events"][0]["id"] > page["events"][1]["id"]  # newest first
+    assert page["events"][0]["event_type"] == "execution.completed"
+    second = server.get(f"/api/executions/{execution_id}?page=2&page_size=2").json()["events"]
+    assert second[0]["id"] < page["events"][1]["id"]
+    steps = {e["node_name"] for e in server.get(f"/api/executions/{execution_id}?page_size=100").json()["events"]}
+    assert "start" in steps
+
+    # rerun: a new execution of the same plan, its workload merged with the one given
+    rerun = server.post(f"/api/executions/{execution_id}/rerun", {"workload": {"nested": {"a": 9}}})
+    assert rerun.status_code == 200, rerun.text
+    new_id = rerun.json()["execution_id"]
+    assert new_id != execution_id and rerun.json()["rerun_of"] == execution_id
+    assert server.wait_end(new_id)["results"]["start"] == {"message": "from the API", "nested": {"a": 9, "b": 3}}
+
+    # cancelling an execution that ended: 400 with a message, as NoETL answers
+    again = server.post(f"/api/executions/{execution_id}/cancel", {"cascade": False})
+    assert again.status_code == 400 and "already completed" in again.json()["message"]
+
+
+def test_unknown_execution_and_catalog_path_get_404(server):
+    assert server.get("/api/executions/12345/status").status_code == 404
+    assert server.get("/api/executions/12345").status_code == 404
+    assert server.post("/api/executions/12345/cancel", {}).status_code == 404
+    assert server.post("/api/executions/12345/rerun", {}).status_code == 404
+    missing = server.post("/api/execute", {"path": "no/such/playbook"})
+    assert missing.status_code == 404 and missing.json()["field"] == "path"
+    # a path is looked up in the catalog only, never as a file of the server's machine
+    local = server.post("/api/execute", {"path": str(REPO_ROOT / "noetl_celery/examples/hello_world.yaml")})
+    assert local.status_code == 404
+
+
+def test_an_invalid_playbook_is_refused_with_its_problems(server):
+    no_path = HELLO.replace(", path: tests/api_hello", "")
+    answer = server.register(no_path)
+    assert answer.status_code == 400
+    assert any("metadata.path" in p for p in answer.json()["problems"])
+
+
+def test_cancel_a_running_loop_and_cleanup(server):
+    assert server.register(SLOW_LOOP).status_code == 200
+    first = server.post("/api/execute", {"path": "tests/api_slow_loop"}).json()["execution_id"]
+    server.wait_started(first, "work")
+    cancelled = server.post(f"/api/executions/{first}/cancel", {"cascade": True, "reason": "enough"})
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["cancelled_executions"] == [str(first)]
+    status = server.wait_end(first)
+    assert status["status"] == "cancelled" and status["error"]["message"] == "enough"
+
+    second = server.post("/api/execute", {"path": "tests/api_slow_loop"}).json()["execution_id"]
+    dry = server.post("/api/executions/cleanup", {"older_than_minutes": 0, "dry_run": True}).json()
+    assert second in dry["execution_ids"] and dry["dry_run"] is True
+    assert server.get(f"/api/executions/{second}/status").json()["status"] == "running"
+    assert first not in dry["execution_ids"]  # ended already
+    done = server.post("/api/executions/cleanup", {"older_than_minutes": 0}).json()
+    assert second in done["execution_ids"] and done["cancelled_count"] >= 1
+    assert server.wait_end(second)["status"] == "cancelled"
+
+
+def test_credentials_are_not_registered_here(server):
+    for answer in (
+        server.post("/api/credentials", {"name": "pg", "type": "postgres", "data": {"password": "x"}}),
+        server.post("/api/catalog/register", {"content": b64("{}"), "resource_type": "Credential"}),
+        server.get("/api/credentials/pg"),
+    ):
+        assert answer.status_code == 501, answer.text
+        assert "NOETL_AUTH_" in answer.json()["detail"]
+
+
+def test_secrets_are_masked_in_answers(server):
+    assert server.register(HELLO).status_code == 200
+    secret = "s3cr3t-api-token-value"
+    started = server.post("/api/execute", {"path": "tests/api_hello", "workload": {"message": secret}})
+    assert secret not in started.text
+    execution_id = started.json()["execution_id"]
+    server.wait_end(execution_id)
+    for path in (f"/api/executions/{execution_id}/status", f"/api/executions/{execution_id}?page_size=100"):
+        answer = server.get(path)
+        assert answer.status_code == 200 and secret not in answer.text and "***" in answer.text
+
+
+def test_writes_are_refused_without_a_configured_token_and_dashboard_runs_nothing(tmp_path):
+    """`dashboard` (the alias without the embedded worker) and no NOETL_DASHBOARD_TOKEN: reads
+    answer, every write is refused (403), and an execute with the token would find no worker."""
+    dashboard = Server(tmp_path / "home", tmp_path / "dashboard.log", command="dashboard", token=None)
+    try:
+        assert dashboard.get("/health").json()["runs_executions"] is False
+        answer = dashboard.post("/api/execute", {"path": "tests/api_hello"})
+        assert answer.status_code == 403 and "NOETL_DASHBOARD_TOKEN" in answer.json()["detail"]
+        assert dashboard.get("/").status_code == 200  # the dashboard's pages are served too
+    finally:
+        dashboard.stop()
+    guarded = Server(tmp_path / "home", tmp_path / "guarded.log", command="dashboard")
+    try:
+        assert guarded.register(HELLO).status_code == 200
+        answer = guarded.post("/api/execute", {"path": "tests/api_hello"})
+        assert answer.status_code == 503 and "noetl-celery server" in answer.json()["detail"]
+    finally:
+        guarded.stop()
+
+
+# --- NoETL's own client --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def noetl_client(tmp_path_factory) -> Path:
+    """NoETL's `noetl` command from PyPI, in a venv of this test session's own."""
+    venv = tmp_path_factory.mktemp("noetl-client") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", NOETL_CLIENT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if pip.returncode != 0:
+        pytest.fail(f"cannot install {NOETL_CLIENT}: {pip.stderr[-2000:]}")
+    return venv / "bin" / "noetl"
+
+
+def noetl(client: Path, server: Server, *args: str, cwd: Path, token: str | None = TOKEN):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOETL_")}
+    env["HOME"] = str(cwd)  # the client's own config file goes there, not to the user's home
+    if token:
+        env["NOETL_SESSION_TOKEN"] = token  # the client sends it as Authorization: Bearer
+    return subprocess.run(
+        [str(client), "--server-url", server.url, *args], capture_output=True, text=True, timeout=60, cwd=cwd, env=env
+    )
+
+
+def test_noetls_own_client_drives_the_server(noetl_client, server, tmp_path):
+    """On the embedded default: the server's own embedded worker runs what the client starts."""
+    drive_with_noetl_client(noetl_client, server, tmp_path)
+
+
+@pytest.mark.services
+def test_noetls_own_client_drives_the_server_on_redis_and_postgresql_with_two_workers(
+    noetl_client, tmp_path, redis_url, postgres_url, worker_factory
+):
+    """With a broker the server runs nothing itself: two real `celery worker` processes run the
+    executions NoETL's client starts, and the client's cancel stops a loop running on them."""
+    from noetl_celery.store.db import migrate, transaction
+
+    migrate(postgres_url)
+    env = {"NOETL_BROKER_URL": redis_url, "NOETL_DATABASE_URL": postgres_url}
+    workers = [worker_factory(env=env, concurrency=2) for _ in range(2)]
+    server = Server(tmp_path / "home", tmp_path / "server.log", settings=env)
+    try:
+        listening = server.log_path.read_text()
+        assert "server on http://" in listening and "embedded" not in listening, listening
+        ids = drive_with_noetl_client(noetl_client, server, tmp_path)
+    finally:
+        server.stop()
+    with transaction(postgres_url) as conn:
+        ran_on = {
+            row[0]
+            for row in conn.execute(
+                text(
+                    "SELECT DISTINCT worker FROM noetl_event WHERE execution_id IN :ids AND worker IS NOT NULL"
+                ).bindparams(bindparam("ids", expanding=True)),
+                {"ids": ids},
+            )
+        }
+    assert ran_on and ran_on <= {w.node for w in workers}, ran_on
+
+
+def drive_with_noetl_client(noetl_client: Path, server: Server, tmp_path: Path) -> list[int]:
+    """NoETL's client: register, catalog list, run --set, status to the end, cancel of a running
+    loop; returns the two execution ids."""
+    (tmp_path / "hello.yaml").write_text(HELLO.replace("api_hello", "client_hello"))
+    (tmp_path / "slow.yaml").write_text(SLOW_LOOP.replace("api_slow_loop", "client_slow_loop"))
+
+    refused = noetl(noetl_client, server, "register", "playbook", "-f", "hello.yaml", cwd=tmp_path, token=None)
+    assert refused.returncode == 1 and "401" in refused.stderr
+
+    for file in ("hello.yaml", "slow.yaml"):
+        registered = noetl(noetl_client, server, "register", "playbook", "-f", file, cwd=tmp_path)
+        assert registered.returncode == 0, registered.stderr
+        assert "registered successfully" in registered.stdout
+
+    listed = noetl(noetl_client, server, "catalog", "list", "Playbook", "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    paths = [e["path"] for e in json.loads(listed.stdout)["entries"]]
+    assert {"tests/client_hello", "tests/client_slow_loop"} <= set(paths)
+
+    ran = noetl(
+        noetl_client,
+        server,
+        *("run", "tests/client_hello", "-r", "distributed", "--set", "message=from NoETL", "--set", "nested.b=5"),
+        "--json",
+        cwd=tmp_path,
+    )
+    assert ran.returncode == 0, ran.stderr
+    execution_id = json.loads(ran.stdout)["execution_id"]
+
+    deadline = time.monotonic() + END_TIMEOUT
+    while True:
+        polled = noetl(noetl_client, server, "status", str(execution_id), "--json", cwd=tmp_path)
+        assert polled.returncode == 0, polled.stderr
+        status = json.loads(polled.stdout)
+        if status["status"] != "running" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert status["status"] == "completed" and status["completed"] is True
+    assert status["results"]["start"] == {"message": "from NoETL", "nested": {"a": 1, "b": 5}}
+    summary = noetl(noetl_client, server, "status", str(execution_id), cwd=tmp_path)
+    assert "COMPLETED" in summary.stdout and "- start" in summary.stdout
+
+    slow = noetl(noetl_client, server, "run", "tests/client_slow_loop", "-r", "distributed", "--json", cwd=tmp_path)
+    slow_id = json.loads(slow.stdout)["execution_id"]
+    server.wait_started(slow_id, "work")
+    cancelled = noetl(noetl_client, server, "cancel", str(slow_id), "--reason", "from NoETL", cwd=tmp_path)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "CANCELLED" in cancelled.stdout and "Cancelled: 1 execution(s)" in cancelled.stdout
+    final = server.wait_end(slow_id)
+    assert final["status"] == "cancelled" and final["error"]["message"] == "from NoETL"
+    return [execution_id, slow_id]
