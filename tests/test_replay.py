@@ -145,6 +145,10 @@ def test_a_changed_retry_rule_is_the_one_difference_reported(store, tmp_path, mo
     assert [d["countdown"] for d in difference.recorded_dispatches] == [0.5]
     assert [d["countdown"] for d in difference.new_dispatches] == [1.0]
     assert "meta" in difference.reason
+    shown = "\n".join(replay.describe(report))
+    assert f"first difference: the decision on row {first_failure['id']}" in shown
+    assert "delay': 0.5" in shown and "delay': 1.0" in shown and "countdown=1.0" in shown
+    assert json.loads(json.dumps(report.to_dict(), default=str))["same"] is False
     # every decision before it was the same: the start's, the outcomes' before it, then this one
     assert report.decisions == 2 + sum(
         1 for r in rows if r["id"] < first_failure["id"] and r["event_type"] in replay.OUTCOME_TYPES
@@ -170,6 +174,26 @@ def test_a_retry_limit_lowered_in_the_code_fails_where_the_record_retried(store,
     assert difference.new_dispatches != difference.recorded_dispatches
 
 
+@pytest.mark.parametrize("sets", [{}, {"fail_at": 2}], ids=["completed", "a_child_fails"])
+def test_a_parent_and_its_children_replay_without_a_difference(store, sets):
+    code, status = run_playbook(store, REPO_ROOT / "tests/playbooks/sub/parent.yaml", sets)
+    assert code == (1 if sets else 0)
+    with db.transaction(store) as conn:
+        children = [c["execution_id"] for c in repo.child_executions(conn, status["execution_id"])]
+    assert len(children) == 4
+    for execution_id in [status["execution_id"], *children]:
+        report = replay.replay(store, execution_id)
+        assert report.difference is None, "\n".join(replay.describe(report))
+
+
+def test_an_execution_recorded_on_postgresql_replays_without_a_difference(migrated_postgres, tmp_path):
+    execution_id = record_text(migrated_postgres.url, tmp_path, RETRIES_AND_A_LOOP.replace("JITTER", "true"))
+    report = replay.replay(migrated_postgres.url, execution_id)
+    assert report.difference is None, "\n".join(replay.describe(report))
+    assert report.decisions > 10
+    assert json.loads(json.dumps(report.to_dict()))["same"] is True  # what `replay --json` prints
+
+
 def test_a_cancelled_execution_replays_its_ignored_outcomes(store, tmp_path):
     path = tmp_path / "replay_retries.yaml"
     path.write_text(RETRIES_AND_A_LOOP.replace("JITTER", "false"))
@@ -188,14 +212,20 @@ def test_a_cancelled_execution_replays_its_ignored_outcomes(store, tmp_path):
     assert report.difference is None, "\n".join(replay.describe(report))
 
 
-def test_the_command_replays_a_recorded_store(store, tmp_path):
-    execution_id = record_text(store, tmp_path, RETRIES_AND_A_LOOP.replace("JITTER", "true"))
-    env = {"NOETL_HOME": str(tmp_path / "home")}
+def test_the_command_replays_an_execution_its_embedded_worker_ran(tmp_path):
+    """Recorded by `noetl-celery run` (a Celery worker, inline decisions on cached state), replayed
+    by `noetl-celery replay` from that store; an unknown id exits 2."""
+    store = f"sqlite:///{tmp_path / 'recorded.sqlite'}"
+    path = tmp_path / "replay_retries.yaml"
+    path.write_text(RETRIES_AND_A_LOOP.replace("JITTER", "true").replace("delay: 0.5", "delay: 0.05"))
+    env = {"NOETL_HOME": str(tmp_path / "home"), "NOETL_DATABASE_URL": store}
+    ran = cli(["run", "--json", "--quiet", str(path)], env)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    execution_id = json.loads(ran.stdout)["execution_id"]
+    env = {"NOETL_HOME": str(tmp_path / "elsewhere")}
     proc = cli(["replay", str(execution_id), "--from-store", store], env)
     assert proc.returncode == 0, proc.stderr
     assert "no decision differs" in proc.stdout
-    as_json = cli(["replay", "--json", str(execution_id), "--from-store", store], env)
-    assert json.loads(as_json.stdout)["same"] is True
     missing = cli(["replay", "42", "--from-store", store], env)
     assert missing.returncode == 2
     assert "no execution 42" in missing.stderr
