@@ -36,6 +36,7 @@ from noetl_celery.engine import events as ev
 from noetl_celery.engine import orchestrator, policy_eval
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage
+from noetl_celery.engine.units import REPORTED_META
 from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import db, repo
 
@@ -283,10 +284,18 @@ def _event(conn: Any, row: dict[str, Any], messages: Messages) -> dict[str, Any]
     meta = row.get("meta") or {}
     if row["event_type"] in CLAIM_TYPES:
         return {"task": message, "outcome": _claim_outcome(row), "report": _report(row)}
-    outcome = {
-        "status": "ok" if row["status"] == "completed" else "error",
-        "data": row["result"],
+    # a loop's iteration (a cursor's item) row shows the unit's end; what the attempt reported
+    # where it differs is in meta.reported
+    reported = {
+        "status": row["status"],
+        "result": row["result"],
         "error": row["error"],
+        **(meta.get(REPORTED_META) or {}),
+    }
+    outcome = {
+        "status": "ok" if reported["status"] == "completed" else "error",
+        "data": reported["result"],
+        "error": reported["error"],
         "http": meta.get("http"),
         "pg": meta.get("pg"),
         "meta": {k: meta[k] for k in ("sink", "input", "stdout", "stderr", "log", "child") if meta.get(k)},

@@ -111,6 +111,20 @@ def test_the_http_example_with_a_retry_and_pages_replays_without_a_difference(st
     assert report.difference is None, "\n".join(replay.describe(report))
 
 
+def test_a_paginated_loop_replays_from_what_its_attempts_reported(store):
+    """An iteration's row shows the collected pages as its result; the last page, which the
+    attempt reported and the decision reads, is kept in its meta.reported."""
+    with start_mock_api() as api:
+        execution_id = record(store, REPO_ROOT / "tests/playbooks/pagination_loop_parallel.yaml", {"api_url": api.url})
+    with db.transaction(store) as conn:
+        rows = repo.list_events(conn, execution_id)
+    (last_page, *_) = [r for r in rows if r["event_type"] == "iteration.completed"]
+    assert isinstance(last_page["result"], list)
+    assert last_page["meta"]["reported"]["result"]["status_code"] == 200  # the last page's response
+    report = replay.replay(store, execution_id)
+    assert report.difference is None, "\n".join(replay.describe(report))
+
+
 @pytest.mark.parametrize("jitter", ["false", "true"])
 def test_retries_in_a_loop_replay_without_a_difference(store, tmp_path, jitter):
     execution_id = record_text(store, tmp_path, RETRIES_AND_A_LOOP.replace("JITTER", jitter))
