@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -77,6 +78,7 @@ COMPARED = (
 # meta keys left out: the dispatch list (compared on its own) and a new child execution's id
 UNCOMPARED_META = ("dispatch", "child_execution_id")
 # the fields of a task message compared per dispatched attempt
+RECENT_DECISIONS = 8  # decisions whose rows a later one's may interleave with (see recorded_decisions)
 MESSAGE_FIELDS = ("step", "run_id", "task_index", "seq", "iteration", "attempt", "page", "element", "call", "iter_vars")
 
 
@@ -185,16 +187,20 @@ def scratch_store() -> Iterator[str]:
 
 
 def recorded_decisions(conn: Any, rows: list[dict[str, Any]], report: Report) -> list[Decision]:
-    """The log cut into decisions, each with the payload that caused it. A decision's rows follow
-    its causing row (one decision is one transaction, and the decisions of one execution are
-    serialized by its row, or its loop's); they end where the next cause, or an end from outside,
-    begins."""
+    """The log cut into decisions, each with the payload that caused it.
+
+    A decision's rows follow its causing row: one decision is one transaction, and the decisions
+    of one execution are serialized by its row or its loop's. Two that are not (two retries of
+    one loop, on PostgreSQL) may have their rows' ids interleaved: a row whose parent is a row of
+    one of the last few decisions belongs to that one, any other to the latest."""
     messages = _dispatched(rows)
     decisions: list[Decision] = []
     current: Decision | None = None
-    batch: set[str] = set()  # outcome keys of the batch the current decision reports
+    owner: dict[str, Decision] = {}  # event key -> the decision that wrote it
+    recent: deque[Decision] = deque(maxlen=RECENT_DECISIONS)
+    batches: dict[str, Decision] = {}  # a batch's further outcome keys -> the decision reporting them
     for row in rows:
-        kind = row["event_type"]
+        kind, key = row["event_type"], row["event_id"]
         if kind == RESUMED:
             report.notes.append(
                 f"the execution was resumed at row {row['id']}: resume rewrites the rows before it, "
@@ -202,39 +208,48 @@ def recorded_decisions(conn: Any, rows: list[dict[str, Any]], report: Report) ->
             )
             break
         if kind in RECORDS:
-            current = None
-            continue
-        if kind == ev.EXECUTION_STARTED:
-            current = Decision([row], orchestrator.start_payload(row["execution_id"]))
-            decisions.append(current)
             continue
         if kind in (CANCELLED, ev.EXECUTION_FAILED) and row["parent_event_id"] is None:
             current = None  # cancel, a playbook timeout, a decision that failed internally
             decisions.append(Decision([row], None))
             continue
-        if kind in OUTCOME_TYPES and row["event_id"] in batch and current is not None:
-            assert current.payload is not None
-            current.payload["events"].append(_event(conn, row, messages))
-            current.rows.append(row)
-            continue
-        if (kind in OUTCOME_TYPES or kind in CLAIM_TYPES) and _reported(row):
-            message, members = _message_of(conn, row, messages)
-            event = _event(conn, row, messages)
-            batch = set(members[1:]) if members and members[0] == row["event_id"] else set()
-            if batch:
-                payload = {"kind": BATCH_EVENT, "execution_id": row["execution_id"], "events": [event]}
-            else:
-                payload = {"kind": "outcome", "execution_id": row["execution_id"], **event}
-            current = Decision([row], payload)
+        decision: Decision | None
+        if kind in OUTCOME_TYPES and key in batches:
+            decision = batches.pop(key)
+            assert decision.payload is not None
+            decision.payload["events"].append(_event(conn, row, messages))
+            decision.rows.append(row)
+        elif kind == ev.EXECUTION_STARTED or ((kind in OUTCOME_TYPES or kind in CLAIM_TYPES) and _reported(row)):
+            decision = current = Decision([row], _payload(conn, row, messages))
+            if current.payload is not None and current.payload["kind"] == BATCH_EVENT:
+                batches.update((member, current) for member in _message_of(conn, row, messages)[1][1:])
             decisions.append(current)
-            continue
-        if current is None:
-            raise ReplayError(
-                f"row {row['id']} ({kind} {row['event_id']!r}) follows no decision the log records: "
-                "a log written by something other than the engine?"
-            )
-        current.rows.append(row)
+            recent.append(current)
+        else:
+            decision = owner.get(row["parent_event_id"])
+            if decision is None or not any(decision is d for d in recent):
+                decision = current
+            if decision is None:
+                raise ReplayError(
+                    f"row {row['id']} ({kind} {key!r}) follows no decision the log records: "
+                    "a log written by something other than the engine?"
+                )
+            decision.rows.append(row)
+        owner[key] = decision
     return decisions
+
+
+def _payload(conn: Any, row: dict[str, Any], messages: Messages) -> dict[str, Any]:
+    """The on_event payload of a causing row: the start, an attempt's outcome, or the first of a
+    batch's outcomes (the others are added as their rows come)."""
+    execution_id = row["execution_id"]
+    if row["event_type"] == ev.EXECUTION_STARTED:
+        return orchestrator.start_payload(execution_id)
+    _, members = _message_of(conn, row, messages)
+    event = _event(conn, row, messages)
+    if members and members[0] == row["event_id"]:
+        return {"kind": BATCH_EVENT, "execution_id": execution_id, "events": [event]}
+    return {"kind": "outcome", "execution_id": execution_id, **event}
 
 
 def _reported(row: dict[str, Any]) -> bool:

@@ -137,6 +137,33 @@ def test_retries_in_a_loop_replay_without_a_difference(store, tmp_path, jitter):
     assert report.decisions == 1 + sum(r["event_type"] in replay.OUTCOME_TYPES for r in rows)  # the start, each outcome
 
 
+def test_rows_of_two_decisions_whose_inserts_interleaved_are_told_apart(store, tmp_path):
+    """Two retries of one loop are not serialized by a row lock: on PostgreSQL their rows' ids
+    may interleave. Each row goes to the decision that wrote its parent."""
+    execution_id = record_text(store, tmp_path, RETRIES_AND_A_LOOP.replace("JITTER", "false"))
+    with db.transaction(store) as conn:
+        rows = repo.list_events(conn, execution_id)
+        decisions = replay.recorded_decisions(conn, rows, replay.Report(execution_id))
+        index = next(
+            i
+            for i, d in enumerate(decisions)
+            if [r["event_type"] for r in d.rows] == ["action.failed", "retry.scheduled"]
+        )
+        a, b = decisions[index], decisions[index + 1]
+        first = next(i for i, r in enumerate(rows) if r["id"] == a.rows[0]["id"])
+        mixed = [
+            *rows[:first],
+            a.rows[0],
+            b.rows[0],
+            a.rows[1],
+            *b.rows[1:],
+            *rows[first + len(a.rows) + len(b.rows) :],
+        ]
+        assert len(mixed) == len(rows) and len(b.rows) > 1
+        again = replay.recorded_decisions(conn, mixed, replay.Report(execution_id))
+    assert [[r["id"] for r in d.rows] for d in again] == [[r["id"] for r in d.rows] for d in decisions]
+
+
 def test_a_changed_retry_rule_is_the_one_difference_reported(store, tmp_path, monkeypatch):
     execution_id = record_text(store, tmp_path, RETRIES_AND_A_LOOP.replace("JITTER", "false"))
     with db.transaction(store) as conn:
