@@ -354,7 +354,7 @@ def _claim_outcome(row: dict[str, Any]) -> dict[str, Any]:
 def _decide_again(scratch: str, execution_id: int, decision: Decision) -> Difference | None:
     """Make one recorded decision again on the scratch store; the difference, if any."""
     with db.transaction(scratch) as conn:
-        before = _last_id(conn, execution_id)
+        before = repo.last_event_id(conn)
     if decision.payload is None:  # an end from outside: applied as it was
         cause = decision.cause
         with db.transaction(scratch) as conn:
@@ -372,7 +372,7 @@ def _decide_again(scratch: str, execution_id: int, decision: Decision) -> Differ
     except Exception as exc:  # the code that runs now fails on this event
         reason = f"deciding it raised {type(exc).__name__}: {exc}"
     with db.transaction(scratch) as conn:
-        written = [r for r in repo.list_events(conn, execution_id) if r["id"] > before]
+        written = repo.events_after(conn, execution_id, before)
     new_rows = [_comparable(r) for r in written]
     new_dispatches = _dispatches(written[0]) if written else []
     if reason is None and not written:
@@ -394,11 +394,6 @@ def _decide_again(scratch: str, execution_id: int, decision: Decision) -> Differ
         recorded_dispatches=recorded_dispatches,
         new_dispatches=new_dispatches,
     )
-
-
-def _last_id(conn: Any, execution_id: int) -> int:
-    rows = repo.list_events(conn, execution_id)
-    return rows[-1]["id"] if rows else 0
 
 
 def _drawn_delays(row: dict[str, Any]) -> list[float]:
