@@ -11,12 +11,13 @@ written to the store being replayed. After each decision the rows it wrote and t
 dispatched are compared with the recorded ones (not ids, timestamps or deadlines); the first
 decision that differs is reported.
 
-What a decision cannot see again is said rather than guessed: an execution that was resumed is
-compared up to its resume (resume rewrites rows). An end from outside the decisions (a cancel, a
-playbook timeout, an internal failure) is applied to the scratch store where the log has it, so
-that the outcomes after it are decided as they were: recorded and ignored. A cursor claim's rows
-are read from the item message its decision sent. A jittered retry delay is compared as the range the
-new code draws it from (`policy_eval.drawn`).
+What cannot be decided again is refused rather than guessed: an execution that was resumed
+(resume archives and rewrites rows). An end from outside the decisions (a cancel, a playbook
+timeout, an internal failure) is applied to the scratch store where the log has it, so that the
+outcomes after it are decided as they were: recorded and ignored. A cursor claim's rows are
+read from the item message its decision sent; an iteration's outcome from `meta.reported` where
+its row shows the iteration's end. A jittered retry delay is compared as the range the new code
+draws it from (`policy_eval.drawn`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import tempfile
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -119,9 +120,8 @@ class Difference:
 @dataclass
 class Report:
     execution_id: int
-    decisions: int = 0  # decisions made again and compared
+    decisions: int = 0  # decisions made again and compared (the one that differs included)
     difference: Difference | None = None
-    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,7 +129,6 @@ class Report:
             "decisions": self.decisions,
             "same": self.difference is None,
             "difference": self.difference.to_dict() if self.difference else None,
-            "notes": self.notes,
         }
 
 
@@ -143,7 +142,7 @@ def replay(url: str, execution_id: int) -> Report:
         rows = repo.list_events(conn, execution_id)
         catalog = [dict(r) for r in conn.execute(select(repo.CATALOG)).mappings()]
         report = Report(execution_id)
-        decisions = recorded_decisions(conn, rows, report)
+        decisions = recorded_decisions(conn, rows)
     with scratch_store() as scratch:
         with db.transaction(scratch) as conn:
             repo.create_execution(
@@ -186,7 +185,7 @@ def scratch_store() -> Iterator[str]:
 # --- the recorded decisions ---------------------------------------------------------------
 
 
-def recorded_decisions(conn: Any, rows: list[dict[str, Any]], report: Report) -> list[Decision]:
+def recorded_decisions(conn: Any, rows: list[dict[str, Any]]) -> list[Decision]:
     """The log cut into decisions, each with the payload that caused it.
 
     A decision's rows follow its causing row: one decision is one transaction, and the decisions
@@ -202,11 +201,10 @@ def recorded_decisions(conn: Any, rows: list[dict[str, Any]], report: Report) ->
     for row in rows:
         kind, key = row["event_type"], row["event_id"]
         if kind == RESUMED:
-            report.notes.append(
-                f"the execution was resumed at row {row['id']}: resume rewrites the rows before it, "
-                "so decisions are compared up to there"
+            raise ReplayError(
+                f"execution {row['execution_id']} was resumed (row {row['id']}): resume archives and "
+                "rewrites the rows of what it runs again, so the log no longer holds the decisions made"
             )
-            break
         if kind in RECORDS:
             continue
         if kind in (CANCELLED, ev.EXECUTION_FAILED) and row["parent_event_id"] is None:
@@ -478,7 +476,6 @@ def _rows_reason(recorded: list[dict[str, Any]], new: list[dict[str, Any]]) -> s
 def describe(report: Report) -> list[str]:
     """The report as the command prints it."""
     lines = [f"execution {report.execution_id}: {report.decisions} decision(s) made again"]
-    lines += [f"  note: {note}" for note in report.notes]
     difference = report.difference
     if difference is None:
         lines.append("no decision differs")

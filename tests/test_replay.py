@@ -143,7 +143,7 @@ def test_rows_of_two_decisions_whose_inserts_interleaved_are_told_apart(store, t
     execution_id = record_text(store, tmp_path, RETRIES_AND_A_LOOP.replace("JITTER", "false"))
     with db.transaction(store) as conn:
         rows = repo.list_events(conn, execution_id)
-        decisions = replay.recorded_decisions(conn, rows, replay.Report(execution_id))
+        decisions = replay.recorded_decisions(conn, rows)
         index = next(
             i
             for i, d in enumerate(decisions)
@@ -160,7 +160,7 @@ def test_rows_of_two_decisions_whose_inserts_interleaved_are_told_apart(store, t
             *rows[first + len(a.rows) + len(b.rows) :],
         ]
         assert len(mixed) == len(rows) and len(b.rows) > 1
-        again = replay.recorded_decisions(conn, mixed, replay.Report(execution_id))
+        again = replay.recorded_decisions(conn, mixed)
     assert [[r["id"] for r in d.rows] for d in again] == [[r["id"] for r in d.rows] for d in decisions]
 
 
@@ -251,6 +251,20 @@ def test_a_cancelled_execution_replays_its_ignored_outcomes(store, tmp_path):
     assert any((r["meta"] or {}).get("ignored") for r in rows)
     report = replay.replay(store, execution_id)
     assert report.difference is None, "\n".join(replay.describe(report))
+
+
+def test_a_resumed_execution_is_refused_naming_its_resume(store):
+    from noetl_celery.engine.resume import resume
+
+    code, status = run_playbook(store, REPO_ROOT / "tests/playbooks/loop_failures.yaml")
+    assert code == 1
+    execution_id = int(status["execution_id"])
+    harness = Harness(store)
+    _, dispatches = resume(store, execution_id)
+    harness.send(dispatches)
+    harness.drain()
+    with pytest.raises(replay.ReplayError, match=rf"execution {execution_id} was resumed \(row \d+\): resume archives"):
+        replay.replay(store, execution_id)
 
 
 def test_the_command_replays_an_execution_its_embedded_worker_ran(tmp_path):
