@@ -524,6 +524,32 @@ def cancel(execution_id: int, reason: str | None) -> None:
 
 @cli.command()
 @click.argument("execution_id", type=int)
+@click.option(
+    "--from-store", "from_store", default=None, metavar="URL", help="The store to read (default NOETL_DATABASE_URL)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def replay(execution_id: int, from_store: str | None, as_json: bool) -> None:
+    """Decide a recorded execution again with this version's code, in-process (no tool runs,
+    nothing is written to the store), and report the first decision that differs: exit 0 when
+    none does, 1 when one does, 2 when it cannot be replayed."""
+    from noetl_celery import replay as replayer
+
+    url = from_store or noetl_settings.load().database_url
+    try:
+        report = replayer.replay(url, execution_id)
+    except (ExecutionNotFound, replayer.ReplayError) as exc:
+        echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        for line in replayer.describe(report):
+            echo(line)
+    sys.exit(EXIT_OK if report.difference is None else EXIT_FAILED)
+
+
+@cli.command()
+@click.argument("execution_id", type=int)
 @click.option("--json", "as_json", is_flag=True, help="Embedded: print the outcome as one JSON object.")
 @click.option("--timeout", type=float, default=None, help="Embedded: give up (and cancel) after this many seconds.")
 @click.option("--quiet", "-q", is_flag=True, help="Embedded: no progress while it runs.")

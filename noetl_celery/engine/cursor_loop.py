@@ -34,7 +34,7 @@ from noetl_celery.engine import events as ev
 from noetl_celery.engine.loops import fail_loop_start, record_loop_done
 from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
 from noetl_celery.engine.policy_eval import next_backoff
-from noetl_celery.engine.units import RunRef, UnitEnd
+from noetl_celery.engine.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.store import repo
 
 if TYPE_CHECKING:
@@ -94,10 +94,13 @@ class CursorLoop:
         slot = message.slot
         failed = end.failed
         if row.get("execution_id"):  # a recorded attempt row (not an inline routing task)
-            row["event_type"] = ev.CURSOR_ITEM_FAILED if failed else ev.CURSOR_ITEM_DONE
-            row["result"] = end.data
+            columns: dict[str, Any] = {
+                "event_type": ev.CURSOR_ITEM_FAILED if failed else ev.CURSOR_ITEM_DONE,
+                "result": end.data,
+            }
             if failed and row.get("error") is None:
-                row["error"] = end.error or end.tolerated
+                columns["error"] = end.error or end.tolerated
+            rewrite_outcome_row(row, **columns)
             row["meta"] = {
                 **(row.get("meta") or {}),
                 "slot": slot["id"],

@@ -30,7 +30,7 @@ from noetl_celery.dsl.plan import Step
 from noetl_celery.engine import events as ev
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
-from noetl_celery.engine.units import RunRef, UnitEnd
+from noetl_celery.engine.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
 from noetl_celery.templating import evaluate_condition, plain, render_value
@@ -139,10 +139,13 @@ class CollectionLoop:
         failed = end.failed
         why = iteration_error(end.error or end.tolerated, step.tasks[message.task_index].label) if failed else None
         if row.get("event_type", "").startswith(ev.ACTION_PREFIX) and row.get("execution_id"):
-            row["event_type"] = ev.ITERATION_FAILED if failed else ev.ITERATION_COMPLETED
-            row["result"] = end.data
+            columns: dict[str, Any] = {
+                "event_type": ev.ITERATION_FAILED if failed else ev.ITERATION_COMPLETED,
+                "result": end.data,
+            }
             if why is not None:
-                row["status"], row["error"] = "failed", why
+                columns.update(status="failed", error=why)
+            rewrite_outcome_row(row, **columns)
             if end.tolerated is not None:
                 row.setdefault("meta", {})["tolerated"] = True
         elif why is not None:  # decided inside on_event (a routing-only task): its row is recorded here

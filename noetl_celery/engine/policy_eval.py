@@ -8,6 +8,9 @@ there is no status code) does not match; the reason is kept for the event row.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,5 +111,32 @@ def next_backoff(action: Action, attempt: int, retry_after: float | None = None)
         delay = max(delay, float(retry_after))
     delay = min(delay, action.max_delay)
     if action.jitter and delay > 0:
-        delay = random.uniform(delay / 2, delay)
+        delay = _jitter(delay / 2, delay)
     return round(delay, 3)
+
+
+# delays drawn before, offered again to the draws of a decision made again (noetl_celery/replay.py)
+_DRAWN: ContextVar[list[float] | None] = ContextVar("noetl_drawn_delays", default=None)
+_DRAW_TOLERANCE = 0.0005  # a recorded delay is rounded to milliseconds
+
+
+def _jitter(low: float, high: float) -> float:
+    """A random delay in [low, high]; while `drawn` offers recorded ones, the first that lies in
+    that range (so a decision made again draws what it drew then, unless its range changed)."""
+    offered = _DRAWN.get()
+    if offered:
+        for index, value in enumerate(offered):
+            if low - _DRAW_TOLERANCE <= value <= high + _DRAW_TOLERANCE:
+                return offered.pop(index)
+    return random.uniform(low, high)
+
+
+@contextmanager
+def drawn(delays: list[float]) -> Iterator[None]:
+    """Within: a jittered backoff takes one of `delays` (the ones a recorded decision drew) when
+    one lies in its range, instead of a new random draw."""
+    token = _DRAWN.set(list(delays))
+    try:
+        yield
+    finally:
+        _DRAWN.reset(token)

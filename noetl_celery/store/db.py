@@ -143,6 +143,14 @@ def dispose_engines() -> None:
         _engines.clear()
 
 
+def dispose_engine(url: str) -> None:
+    """Close and forget this process's engine for `url` (a scratch store that is done with)."""
+    with _lock:
+        engine = _engines.pop((os.getpid(), url), None)
+    if engine is not None:
+        engine.dispose()
+
+
 @contextmanager
 def transaction(url: str) -> Iterator[Connection]:
     """One unit of work: commits on success, rolls back on error."""

@@ -635,6 +635,20 @@ def list_events(conn: Connection, execution_id: int) -> list[dict[str, Any]]:
     return [dict(r) for r in rows]
 
 
+def last_event_id(conn: Connection) -> int:
+    """The id of the store's last event row (0: none)."""
+    return int(conn.execute(select(func.max(EVENTS.c.id))).scalar() or 0)
+
+
+def events_after(conn: Connection, execution_id: int, after_id: int) -> list[dict[str, Any]]:
+    """The execution's rows written after row `after_id` (its id), in order."""
+    c = EVENTS.c
+    rows = conn.execute(
+        select(EVENTS).where(and_(c.execution_id == execution_id, c.id > after_id)).order_by(c.id)
+    ).mappings()
+    return [dict(r) for r in rows]
+
+
 def run_events(
     conn: Connection,
     execution_id: int,
