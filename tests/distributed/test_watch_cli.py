@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 from noetl_celery.runner import wait
+from noetl_celery.store import repo
+from noetl_celery.store.db import transaction
 from tests.distributed.test_retry_delivery import submit
 from tests.support.engines import REPO_ROOT, _clean_env, cli
 
@@ -35,6 +37,18 @@ def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     )
 
 
+def _wait_for_iterations(url: str, execution_id: int, count: int, timeout: float = 60) -> None:
+    """Until `count` iterations of the execution completed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with transaction(url) as conn:
+            done = [e for e in repo.list_events(conn, execution_id) if e["event_type"] == "iteration.completed"]
+        if len(done) >= count:
+            return
+        assert time.monotonic() < deadline, f"fewer than {count} iterations after {timeout} s"
+        time.sleep(0.1)
+
+
 def test_submit_wait_prints_the_id_at_once_and_ctrl_c_detaches(env, store_url, worker_factory):
     worker_factory(env=env, concurrency=2)
     proc = _spawn(
@@ -45,7 +59,7 @@ def test_submit_wait_prints_the_id_at_once_and_ctrl_c_detaches(env, store_url, w
             "--set",
             "n=40",
             "--set",
-            "sleep=0.2",
+            "sleep=0.5",
             "--set",
             "cap=2",
         ],
@@ -56,7 +70,7 @@ def test_submit_wait_prints_the_id_at_once_and_ctrl_c_detaches(env, store_url, w
     assert first.startswith("submitted execution "), first
     execution_id = int(first.split()[2].rstrip(";"))
     assert proc.poll() is None
-    time.sleep(2.0)
+    _wait_for_iterations(store_url, execution_id, 2)  # 10 s of loop: Ctrl-C comes in its middle
     status = cli(["status", str(execution_id)], env)
     assert status.returncode == 3, status.stdout  # still running
     assert "loop work: running " in status.stdout and "in flight" in status.stdout, status.stdout
