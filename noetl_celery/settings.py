@@ -126,6 +126,7 @@ class Settings:
     max_loop_items: int = DEFAULT_MAX_LOOP_ITEMS
     max_result_depth: int = DEFAULT_MAX_RESULT_DEPTH
     max_steps: int = DEFAULT_MAX_STEPS
+    strict_templates: bool = False  # as load() saw it; templating reads it again at each use
 
     @property
     def amqp_broker(self) -> bool:
@@ -172,6 +173,7 @@ class Settings:
             MAX_LOOP_ITEMS_ENV: str(self.max_loop_items),
             MAX_RESULT_DEPTH_ENV: f"{self.max_result_depth} levels",
             MAX_STEPS_ENV: str(self.max_steps),
+            STRICT_TEMPLATES_ENV: "on" if self.strict_templates else "off (NoETL's lenient rendering)",
             DUCKDB_DIR_ENV: str(self.duckdb_dir),
             PLAYBOOK_PATH_ENV: os.pathsep.join(str(p) for p in self.playbook_path) or "(none)",
             CORPUS_DIR_ENV: str(self.corpus_dir),
@@ -246,6 +248,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_loop_items=int(limit(MAX_LOOP_ITEMS_ENV, env)),
             max_result_depth=int(limit(MAX_RESULT_DEPTH_ENV, env)),
             max_steps=int(limit(MAX_STEPS_ENV, env)),
+            strict_templates=strict_templates(env),
         )
     )
 

@@ -600,8 +600,8 @@ def _render(text: str, context: Mapping[str, Any]) -> Any:
             return str(value) if isinstance(value, Markup) else value
         with template_budget.budget():  # statements can loop: the clock is watched too
             return _render_text(_compile_template(text), context)
-    except template_budget.BudgetExceeded as exc:
-        raise TemplateError(f"{exc} in template {text.strip()[:200]!r}") from None
+    except template_budget.BudgetExceeded as exc:  # still told apart: a when past its budget fails
+        raise template_budget.BudgetExceeded(f"{exc} in template {text.strip()[:200]!r}") from None
     except UndefinedError as exc:
         raise TemplateError(f"{exc.message} in template {text.strip()!r}") from None
     except TemplateSyntaxError as exc:

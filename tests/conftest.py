@@ -71,8 +71,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _start_order(item) -> int:
-    """The long tests first (with real workers, then slow ones), so that four test processes
-    (`-n 4 --dist worksteal`) end together instead of one finishing a queue of long tests alone."""
+    """The long tests first (slow ones, then those with real workers). pytest-xdist's load
+    scheduling deals its first batch round-robin, so the four test processes (`-n 4`) each start
+    on long tests and end together, instead of one finishing a queue of long tests alone."""
     if "slow" in item.keywords:
         return 0
     if "distributed" in item.nodeid.split("/")[:2] or "worker_factory" in getattr(item, "fixturenames", ()):

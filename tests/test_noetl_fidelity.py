@@ -159,6 +159,14 @@ def test_an_arc_when_that_raises_fails_the_step_when_strict(sqlite_url, tmp_path
     assert status["failed_step"] == "start" and "missing_key" in status["error"]["message"]
 
 
+@pytest.mark.parametrize("bomb", ["(9 ** (9 ** 9)) > 1", "('x' * (10 ** 10)) | length > 1"])
+def test_an_arc_when_past_its_template_budget_fails_the_step_also_when_lenient(sqlite_url, tmp_path, bomb):
+    text = M16_ARC_WHEN_ERROR.replace("{{ start.missing_key > 5 }}", "{{ " + bomb + " }}")
+    code, status = run_playbook(sqlite_url, _write(tmp_path, text))
+    assert (code, status["status"]) == (1, "failed"), status
+    assert status["failed_step"] == "start" and "more than the template limit of" in status["error"]["message"]
+
+
 def test_a_typo_in_set_is_null_and_findable(sqlite_url, tmp_path):
     text = """
     apiVersion: noetl.io/v2
