@@ -174,3 +174,45 @@ def test_the_corpus_login_playbook_caches_its_session_in_nats(bucket: str, fresh
     got = nats(operation="kv_get", bucket=bucket, key=session_token)
     assert got.data["status"] == "success", got.data
     assert got.data["value"]["email"] == "ada@example.com" and got.data["value"]["roles"] == []
+
+
+@pytest.fixture
+def token_server(tmp_path: Path) -> Iterator[str]:
+    """A nats-server of this test's own on a free loopback port, requiring a token (no JetStream)."""
+    import shutil
+    import subprocess
+    import time
+
+    binary = shutil.which("nats-server")
+    if binary is None:
+        svc.unavailable("nats-server is not installed")
+    port = svc.free_port()
+    proc = subprocess.Popen(
+        [str(binary), "-a", "127.0.0.1", "-p", str(port), "--auth", "s3cret-nats-token"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not _reachable(f"nats://127.0.0.1:{port}"):
+            assert proc.poll() is None and time.monotonic() < deadline, "nats-server did not start"
+            time.sleep(0.05)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_refused_token_and_a_server_without_jetstream_are_named(token_server: str) -> None:
+    wrong = nats(credential={"url": token_server, "token": "wrong-token-123"}, operation="kv_get", bucket="b", key="k")
+    assert wrong.error is not None
+    assert wrong.error["kind"] == "authorization" and not wrong.error["retryable"]
+    assert wrong.error["message"] == f"nats: the server at {token_server} refused the credential"
+    right = nats(
+        credential={"url": token_server, "token": "s3cret-nats-token"}, operation="kv_get", bucket="b", key="k"
+    )
+    assert right.error is not None and right.error["kind"] == "nats_error", right.error
+    assert "JetStream is not enabled" in right.error["message"]
+    in_url = token_server.replace("nats://", "nats://s3cret-nats-token@")
+    out = nats(credential=in_url, operation="kv_keys", bucket="b")
+    assert out.error is not None and "s3cret" not in out.error["message"]
