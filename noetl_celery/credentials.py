@@ -53,10 +53,14 @@ SECRET_KEYS = frozenset(
         "value",
         "private_key",
         "authorization",
+        "nats_password",
+        "nats_token",
     }
 )
-DSN_KEYS = frozenset({"dsn", "url", "uri", "connection_string", "database_url"})
+# keys whose value is a URL (or a list of URLs: NATS `servers`) that may carry a password
+DSN_KEYS = frozenset({"dsn", "url", "uri", "connection_string", "database_url", "nats_url", "server", "servers"})
 _NAME_KEYS = ("credential", "name", "key")
+_TOKEN_URL_SCHEMES = frozenset({"nats", "tls", "ws", "wss"})  # schemes whose user-info alone is a token
 
 _file_cache: dict[str, tuple[float, dict[str, Any]]] = {}
 
@@ -187,6 +191,8 @@ def _url_password(text: str) -> set[str]:
             candidate = userinfo.split(":", 1)[1]
             if candidate:
                 found |= {candidate, unquote(candidate)}
+        elif userinfo and text.split("://", 1)[0].lower() in _TOKEN_URL_SCHEMES:
+            found |= {userinfo, unquote(userinfo)}  # nats://TOKEN@host: the user-info is a token
     return found
 
 
@@ -232,7 +238,10 @@ def secret_values(credential: Any) -> set[str]:
     for key, value in credential.items():
         lowered = str(key).lower()
         if isinstance(value, (dict, list)):
-            if lowered == "headers" and isinstance(value, dict):
+            if lowered in DSN_KEYS and isinstance(value, list):
+                for url in value:
+                    found |= _dsn_passwords(url) if isinstance(url, str) else set()
+            elif lowered == "headers" and isinstance(value, dict):
                 found |= {str(v) for v in value.values() if v not in (None, "")}
             else:
                 found |= secret_values(value)

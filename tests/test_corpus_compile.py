@@ -15,12 +15,6 @@ from noetl_celery.dsl.plan import DEFAULT_PAGINATION_MAX, Collect, Plan
 from noetl_celery.errors import PlaybookError
 from tests.support.corpus import CORPUS, MISSING_REASON
 
-# Refused because one step uses a tool kind that cannot run here (nats); everything else in it
-# (tags:, pool:, libs:) is accepted.
-REJECTED_FOR_UNAVAILABLE_KIND = {
-    "renames-2026-04/auth0_login_tags_credential_pool.yaml": (260, "workflow[6](cache_and_callback).tool.kind", "nats"),
-}
-
 pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason=MISSING_REASON)
 
 
@@ -33,7 +27,6 @@ def corpus_files() -> list[str]:
 VALID = [
     name for name in corpus_files() if not Path(name).name.startswith("broken_") or name.endswith("broken_sql.yaml")
 ]
-VALID = [name for name in VALID if name not in REJECTED_FOR_UNAVAILABLE_KIND]
 
 
 def plan_of(name: str) -> Plan:
@@ -60,15 +53,6 @@ def test_pft_flow_compiles_with_its_mds_sub_playbook_resolved_beside_it() -> Non
     assert task.kind == "playbook"
     assert task.config["path"] == "tests/fixtures/playbooks/pft_flow_test/test_mds_batch_worker"
     assert task.config["return_step"] == "end"
-
-
-@pytest.mark.parametrize("name", sorted(REJECTED_FOR_UNAVAILABLE_KIND))
-def test_playbook_with_a_kind_that_cannot_run_here_is_refused_for_that_step_only(name: str) -> None:
-    line, path, kind = REJECTED_FOR_UNAVAILABLE_KIND[name]
-    with pytest.raises(PlaybookError) as raised:
-        plan_of(name)
-    assert [(p.line, p.path) for p in raised.value.problems] == [(line, path)]
-    assert raised.value.problems[0].message.startswith(f"tool kind '{kind}' cannot run here: ")
 
 
 def test_legacy_broken_fixture_names_the_dash_step_key_and_its_line() -> None:
@@ -462,6 +446,13 @@ def check_renames_actions_secrets(plan: Plan) -> None:
     assert plan.steps["test_secrets"].tasks[0].config == {"provider": "env"}
 
 
+def check_renames_auth0_login(plan: Plan) -> None:
+    task = plan.steps["cache_and_callback"].tasks[0]
+    assert (task.kind, task.auth, task.config["operation"]) == ("nats", "{{ nats_credential }}", "kv_put")
+    assert task.config["value"] == "{{ prepare_session_cache.session_cache }}"
+    assert plan.steps["create_user_session"].tasks[0].config["pool"] == {}
+
+
 def check_legacy_ib_gateway_verify_ssl(plan: Plan) -> None:
     verify = [
         task.config.get("verify_ssl") for step in plan.steps.values() for task in step.tasks if task.kind == "http"
@@ -476,6 +467,7 @@ DETAILS.update(
         "renames-2026-04/script_postgres_file.yaml": check_renames_script_postgres_file,
         "renames-2026-04/script_python_loading.yaml": check_renames_script_python_loading,
         "renames-2026-04/actions_secrets.yaml": check_renames_actions_secrets,
+        "renames-2026-04/auth0_login_tags_credential_pool.yaml": check_renames_auth0_login,
         "legacy-2025-12/ib_gateway_verify_ssl.yaml": check_legacy_ib_gateway_verify_ssl,
     }
 )

@@ -617,12 +617,22 @@ def test_cursor_loop_rules_are_enforced() -> None:
     assert both == ["pb.yaml:8: workflow[0](start).loop: a loop needs exactly one of in (or collection) and cursor"]
     no_mode = texts(V10, head + "      cursor: {kind: postgres, claim: x}\n      spec: {mode: parallel}\n")
     assert no_mode == ["pb.yaml:10: workflow[0](start).loop.spec.mode: mode: cursor goes with cursor: (and only there)"]
-    bad_kind = texts(V10, head + "      cursor: {kind: redis, claim: x}\n")
+    bad_kind = texts(V10, head + "      cursor: {kind: mysql, claim: x}\n")
     assert bad_kind == [
         (
-            "pb.yaml:9: workflow[0](start).loop.cursor.kind: cursor kind 'redis' is not supported "
-            "(known: postgres, sqlite)"
+            "pb.yaml:9: workflow[0](start).loop.cursor.kind: cursor kind 'mysql' is not supported "
+            "(known: postgres, redis_stream, sqlite)"
         )
+    ]
+    plan = compile_text(V10, head + "      cursor: {kind: redis_stream, stream: s}\n")  # no claim SQL
+    assert plan.steps["start"].loop is not None
+    assert plan.steps["start"].loop.cursor == {"kind": "redis_stream", "stream": "s"}
+    assert texts(V10, head + "      cursor: {kind: redis_stream, stream: s, max_delivery: 3}\n") == [
+        "pb.yaml:9: workflow[0](start).loop.cursor.max_delivery: unknown key 'max_delivery'; "
+        "did you mean 'max_deliveries'?"
+    ]
+    assert texts(V10, head + "      cursor: {kind: postgres}\n") == [
+        "pb.yaml:9: workflow[0](start).loop.cursor.claim: must be a non-empty string, not null"
     ]
     bad_retry = texts(V10, head + "      cursor: {kind: sqlite, claim: x, retry: {max_attempt: 2}}\n")
     assert bad_retry == [

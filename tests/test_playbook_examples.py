@@ -14,7 +14,11 @@ from tests.support.engines import REPO_ROOT, cli
 
 PLAYBOOKS = REPO_ROOT / "playbooks"
 ALL = sorted(path.name for path in PLAYBOOKS.glob("*.yaml"))
-NEEDS_A_SERVER = {"http_mock.yaml": "the mock API", "postgres_example.yaml": "PostgreSQL (pg_local)"}
+NEEDS_A_SERVER = {
+    "http_mock.yaml": "the mock API",
+    "postgres_example.yaml": "PostgreSQL (pg_local)",
+    "cursor_redis_stream.yaml": "Redis",
+}
 STANDALONE = [name for name in ALL if name not in NEEDS_A_SERVER]
 RUN_TIMEOUT = 120  # seconds
 
@@ -141,6 +145,19 @@ def test_postgres_example_against_a_fresh_database(tmp_path, fresh_postgres):
     assert first["results"]["end"] == {"loaded": 4, "low_stock": ["B-200", "D-400"]}
     again = run(PLAYBOOKS / "postgres_example.yaml", tmp_path, env=env)  # upserts: same answer
     assert again["results"]["end"] == first["results"]["end"]
+
+
+def test_cursor_redis_stream_example_against_this_sessions_redis(tmp_path, redis_url):
+    stream = f"test:example:{tmp_path.name}"
+    outcome = run(PLAYBOOKS / "cursor_redis_stream.yaml", tmp_path, f"redis_url={redis_url}", f"stream={stream}")
+    assert outcome["results"]["report"] == {
+        "done": 40,
+        "each_once": True,
+        "sum_of_squares": sum(n * n for n in range(1, 41)),
+        "dead_letter": [],
+        "pending": 0,
+        "stats": {"processed": 40, "failed": 0, "slots": 4},
+    }
 
 
 def test_the_readme_quick_start_runs_the_demo_and_the_ci_test_command():

@@ -6,11 +6,14 @@ slots see the claim at once, and return `Outcome.ok({"rows": [...]})` with each 
 mapping of column -> value (zero rows: the slot is over), or an error Outcome carrying the
 database's message. Drivers never raise for a failure of the claim itself.
 
-Registered here: `postgres` (noetl_celery/cursors/postgres.py) and `sqlite`
-(noetl_celery/cursors/sqlite.py). A third driver (MySQL with `SELECT ... FOR UPDATE SKIP LOCKED`
-then `UPDATE`, or Redis streams with XREADGROUP/XCLAIM) is a module that decorates its claim
-function with `@register("mysql")` and is listed in `_load_builtin_drivers`; the validator then accepts
-`cursor.kind: mysql` and the worker runs it. Keep the contract: one claim = one committed
+Registered here: `postgres` (noetl_celery/cursors/postgres.py), `sqlite`
+(noetl_celery/cursors/sqlite.py) and `redis_stream` (noetl_celery/cursors/redis_stream.py: no
+SQL; its cursor keys arrive rendered in `call.options`, and `call.done` lists the rows of the
+slot's previous claim whose chains are over, to acknowledge). A further driver (MySQL with
+`SELECT ... FOR UPDATE SKIP LOCKED` then `UPDATE`) is a module that decorates its claim function
+with `@register("mysql")` (`keys=` its own cursor keys, `needs_claim=False` without SQL) and is
+listed in `_load_builtin_drivers`; the validator then accepts `cursor.kind: mysql` and the
+worker runs it. Keep the contract: one claim = one committed
 transaction, rows as mappings, errors as Outcomes.
 """
 
@@ -33,23 +36,44 @@ class ClaimCall:
     params: dict[str, Any] = field(default_factory=dict)
     credential: Any = None
     timeout: float | None = None  # seconds
+    options: dict[str, Any] = field(default_factory=dict)  # the cursor's own keys (drivers without SQL)
+    done: list[Any] = field(default_factory=list)  # rows of the slot's previous claim, their chains over
 
 
 ClaimFn = Callable[[ClaimCall], Outcome]
 _DRIVERS: dict[str, ClaimFn] = {}
+# kind -> (the cursor keys it takes besides kind/auth/claim/retry, whether it needs `claim` SQL)
+_OPTIONS: dict[str, tuple[frozenset[str], bool]] = {}
 
 
-def register(kind: str) -> Callable[[ClaimFn], ClaimFn]:
+def register(
+    kind: str, *, keys: frozenset[str] = frozenset(), needs_claim: bool = True
+) -> Callable[[ClaimFn], ClaimFn]:
     def wrap(fn: ClaimFn) -> ClaimFn:
         _DRIVERS[kind] = fn
+        _OPTIONS[kind] = (keys, needs_claim)
         return fn
 
     return wrap
 
 
+def driver_keys(kind: str) -> frozenset[str]:
+    """The cursor keys driver `kind` takes besides kind/auth/claim/retry."""
+    if not _DRIVERS:
+        _load_builtin_drivers()
+    return _OPTIONS.get(kind, (frozenset(), True))[0]
+
+
+def needs_claim(kind: str) -> bool:
+    """Whether driver `kind` runs a `claim` SQL text (an unknown kind: yes)."""
+    if not _DRIVERS:
+        _load_builtin_drivers()
+    return _OPTIONS.get(kind, (frozenset(), True))[1]
+
+
 def _load_builtin_drivers() -> None:
     # Importing the modules registers them (lazily: they import the tools they run through).
-    from noetl_celery.cursors import postgres, sqlite  # noqa: F401
+    from noetl_celery.cursors import postgres, redis_stream, sqlite  # noqa: F401
 
 
 def get_driver(kind: str) -> ClaimFn | None:

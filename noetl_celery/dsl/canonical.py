@@ -446,9 +446,9 @@ def _cursor(ctx: Context, loop: LDict, path: str) -> dict[str, Any] | None:
     cursor = expect_mapping(ctx, loop["cursor"], line_of(loop, "cursor"), cursor_path)
     if cursor is None:
         return None
-    check_keys(ctx, cursor, CURSOR_KEYS, cursor_path)
     kind = cursor.get("kind")
     known = cursors.known_kinds()
+    check_keys(ctx, cursor, CURSOR_KEYS | cursors.driver_keys(str(kind)), cursor_path)
     if kind not in known:
         hint = suggest(str(kind), known)
         ctx.problem(
@@ -456,7 +456,8 @@ def _cursor(ctx: Context, loop: LDict, path: str) -> dict[str, Any] | None:
             join(cursor_path, "kind"),
             f"cursor kind '{kind}' is not supported (known: {', '.join(known)}){hint}",
         )
-    expect_str(ctx, cursor.get("claim"), line_of(cursor, "claim"), join(cursor_path, "claim"))
+    if cursors.needs_claim(str(kind)) or "claim" in cursor:
+        expect_str(ctx, cursor.get("claim"), line_of(cursor, "claim"), join(cursor_path, "claim"))
     return plain(cursor)
 
 

@@ -33,8 +33,10 @@ def run_claim(step: Step, message: TaskMessage, context: dict[str, Any], secrets
     cursor = step.loop.cursor
     params = claim_params(message)
     scope = {**context, **frame_values(step), **params}
+    own = {k: v for k, v in cursor.items() if k not in ("kind", "auth", "claim", "retry")}
     try:
-        sql = str(plain(render_value(cursor.get("claim"), scope)))
+        sql = str(plain(render_value(cursor.get("claim"), scope))) if cursor.get("claim") is not None else ""
+        options = plain(render_value(own, scope))
         auth = plain(render_value(cursor.get("auth"), scope))
         credential = credentials.resolve(auth) if auth is not None else None
     except TemplateError as exc:
@@ -46,5 +48,13 @@ def run_claim(step: Step, message: TaskMessage, context: dict[str, Any], secrets
     lease = (step.loop.frame or {}).get("lease_seconds")
     timeout = float(lease) if isinstance(lease, (int, float)) else None
     return cursors.claim(
-        str(cursor.get("kind")), cursors.ClaimCall(sql=sql, params=params, credential=credential, timeout=timeout)
+        str(cursor.get("kind")),
+        cursors.ClaimCall(
+            sql=sql,
+            params=params,
+            credential=credential,
+            timeout=timeout,
+            options=options,
+            done=list((message.slot or {}).get("done") or []),
+        ),
     )

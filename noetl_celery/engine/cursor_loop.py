@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from noetl_celery import cursors
 from noetl_celery.dsl.plan import Action, Step
 from noetl_celery.engine import deadlines
 from noetl_celery.engine import events as ev
@@ -58,7 +59,7 @@ class CursorLoop:
         loop = step.loop
         assert loop is not None and loop.cursor is not None
         slots = max(loop.max_in_flight, 1)
-        if not isinstance(loop.cursor.get("claim"), str):
+        if cursors.needs_claim(str(loop.cursor.get("kind"))) and not isinstance(loop.cursor.get("claim"), str):
             fail_loop_start(
                 decider, step, run.run_id, parent, {"kind": "loop", "message": "cursor loop without a claim SQL"}
             )
@@ -127,9 +128,16 @@ class CursorLoop:
                 rows=rest,
                 parent=parent,
             )
-        else:
+        else:  # the next claim acknowledges the row just finished (drivers that acknowledge: redis_stream)
             dispatch_claim(
-                decider, step, run, slot=slot["id"], claim=slot["claim"] + 1, index=slot["index"] + 1, parent=parent
+                decider,
+                step,
+                run,
+                slot=slot["id"],
+                claim=slot["claim"] + 1,
+                index=slot["index"] + 1,
+                parent=parent,
+                done=[message.element],
             )
 
 
@@ -160,6 +168,7 @@ def dispatch_claim(
     parent: str,
     attempt: int = 1,
     countdown: float = 0.0,
+    done: list[Any] | None = None,
 ) -> None:
     message = TaskMessage(
         execution_id=decider.execution_id,
@@ -169,7 +178,7 @@ def dispatch_claim(
         frames=run.frames,
         args=run.args,
         parent_event_id=parent,
-        slot={"id": slot, "claim": claim, "phase": "claim", "index": index},
+        slot={"id": slot, "claim": claim, "phase": "claim", "index": index, **({"done": done} if done else {})},
     )
     decider.dispatches.append(
         Dispatch.task(
@@ -244,6 +253,7 @@ def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], 
             parent=key,
             attempt=message.attempt + 1,
             countdown=delay,
+            done=slot.get("done"),
         )
     elif repo.complete_loop(decider.conn, message.run_id):
         reason = (outcome.get("error") or {}).get("message") or "claim failed"

@@ -113,6 +113,7 @@ _BUILTIN_MODULES = (
     "noetl_celery.tools.postgres",
     "noetl_celery.tools.python",
     "noetl_celery.tools.duckdb",
+    "noetl_celery.tools.nats",
     "noetl_celery.tools.secrets",
     "noetl_celery.tools.playbook",
 )

@@ -162,3 +162,42 @@ def test_pft_flow_with_mds_batch_sub_playbooks_on_two_workers(pg_env, store_url,
     assert {k[0] for k in hits} == {"assessments", "conditions", "medications", "vital_signs", "demographics"}
     assert mds_hits and max(mds_hits.values()) == 1, (why, [k for k, v in mds_hits.items() if v > 1][:10])
     assert status["children"] and {c["status"] for c in status["children"]} == {"completed"}, status["children"]
+
+
+ROWS_REDIS = ROOT / "tests" / "playbooks" / "cursor_rows_redis.yaml"
+
+
+def item_numbers(url: str, execution_id: int) -> Counter:
+    return Counter(
+        int(e["meta"]["row"]["n"]) for e in events(url, execution_id, "drain") if e["event_type"] == "cursor.item.done"
+    )
+
+
+def test_a_worker_killed_mid_redis_stream_loop_loses_no_entry_and_repeats_none(
+    env, store_url, redis_url, worker_factory
+):
+    worker_env = {**env, "NOETL_VISIBILITY_TIMEOUT": "8", "NOETL_RESTORE_INTERVAL": "2"}
+    victim = worker_factory(env=worker_env, concurrency=2, name="victim@%h")
+    worker_factory(env=worker_env, concurrency=2, name="survivor@%h")
+    stream = f"test:cursor_rows:{time.time_ns()}"
+    execution_id = submit(env, ROWS_REDIS, rows=2000, row_sleep=0.005, redis_url=redis_url, stream=stream)
+    deadline = time.monotonic() + RUN_TIMEOUT
+    done = 0
+    while time.monotonic() < deadline:
+        done = sum(item_numbers(store_url, execution_id).values())
+        if done >= 300:
+            break
+        time.sleep(0.2)
+    assert 300 <= done < 2000, f"{done} entries done before the kill"
+    victim.kill()
+    status = wait(store_url, execution_id, timeout=RUN_TIMEOUT)
+    assert status["status"] == "completed", status.get("error")
+    numbers = item_numbers(store_url, execution_id)
+    assert set(numbers) == set(range(1, 2001)), f"missing: {sorted(set(range(1, 2001)) - set(numbers))[:10]}"
+    assert max(numbers.values()) == 1, [n for n, c in numbers.items() if c > 1][:10]
+    kinds = Counter(e["event_type"] for e in events(store_url, execution_id, "drain"))
+    assert kinds["iterator.completed"] == 1  # loop.done once
+    assert kinds["cursor.slot.ended"] == 8
+    assert status["results"]["drain"] == {"stats": {"processed": 2000, "failed": 0, "slots": 8}}
+    # every entry acknowledged, none dead-lettered
+    assert status["results"]["verify"] == {"done": 2000, "pending": 0, "dead": 0}
