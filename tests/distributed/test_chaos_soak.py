@@ -233,11 +233,11 @@ def test_30_mixed_executions_through_random_kills_and_a_group_sigterm(env, store
                 faults.append(f"{time.monotonic() - started:5.1f} s: SIGTERM process group of {victim.node}")
             workers.remove(victim)
             workers.append(new_worker())  # capacity remains
+        last_fault = time.monotonic()
         if terminating is not None and terminating.proc is not None:
             code = terminating.proc.wait(60)  # its warm shutdown lets the running attempts finish
             faults.append(f"{terminating.node} exited {code} after the group SIGTERM")
             assert code == 0, terminating.log_tail()
-        last_fault = time.monotonic()
         for line in faults:
             print(line)
         pending = dict(zip(ids, plan, strict=True))
