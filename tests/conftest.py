@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,18 +68,39 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("services")
         if "slow" in item.keywords and not run_slow:
             item.add_marker(skip_slow)
-    items.sort(key=_start_order)  # a stable sort: within each rank, the files' own order
+    items[:] = dealt(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
 
 
 def _start_order(item) -> int:
-    """The long tests first (slow ones, then those with real workers). pytest-xdist's load
-    scheduling deals its first batch round-robin, so the four test processes (`-n 4`) each start
-    on long tests and end together, instead of one finishing a queue of long tests alone."""
+    """0: slow, 1: with real workers, 2: the rest (seconds or less each)."""
     if "slow" in item.keywords:
         return 0
     if "distributed" in item.nodeid.split("/")[:2] or "worker_factory" in getattr(item, "fixturenames", ()):
         return 1
     return 2
+
+
+def dealt(items: list, processes: int) -> list:
+    """The items in the order that lets `processes` pytest-xdist processes (`-n 4 --dist
+    worksteal`) end together. Worksteal first gives each process a contiguous share of the list,
+    then an idle process takes the back half of the longest queue left. So each share is made to
+    hold as many long tests as the others, at its front, and short tests behind them for the
+    idle processes to take. Within each rank, the files' own order."""
+    ordered = sorted(items, key=_start_order)  # stable
+    if processes <= 1:
+        return ordered
+    long = [item for item in ordered if _start_order(item) < 2]
+    short = ordered[len(long) :]
+    shares: list[list] = [long[k::processes] for k in range(processes)]
+    left = len(items)
+    for k, share in enumerate(shares):  # the sizes worksteal cuts: what is left over the processes left
+        size = left // (processes - k)
+        left -= size
+        take = max(size - len(share), 0)
+        share.extend(short[:take])
+        del short[:take]
+    shares[-1].extend(short)
+    return [item for share in shares for item in share]
 
 
 def pytest_runtest_logreport(report):
