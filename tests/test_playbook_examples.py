@@ -169,6 +169,6 @@ def test_the_readme_quick_start_runs_the_demo_and_the_ci_test_command():
         "python -m pip install -q -e . && noetl-celery run playbooks/hello_world.yaml",
         "python -m pip install -q -e '.[test]' && python -m pytest -q -n 4 --dist worksteal",
     ]
-    assert "python -m pip install -q -e '.[test]' && python -m pytest -q -n 4 --dist worksteal" in (REPO_ROOT / ".ci" / "run").read_text(
-        encoding="utf-8"
-    )
+    assert "python -m pip install -q -e '.[test]' && python -m pytest -q -n 4 --dist worksteal" in (
+        REPO_ROOT / ".ci" / "run"
+    ).read_text(encoding="utf-8")
