@@ -34,6 +34,7 @@ PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 LOOP = PLAYBOOKS / "loop_many.yaml"
 BATCHED = PLAYBOOKS / "loop_batched.yaml"  # the same loop, 8 iterations to a message
 N = 1000
+OUTAGE_ITERATION_SLEEP = 0.02  # seconds each iteration of the broker outage tests sleeps
 RECOVERY_TARGET = 60.0  # seconds from the fault's end until the execution completes
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # Debian's, without the su wrapper
 
@@ -161,7 +162,9 @@ def run_through_a_broker_outage(
     """Two workers run a 1,000-iteration loop; after 200 iterations the broker is stopped, started
     again 2 s later, and the loop must complete within the recovery target, every index once."""
     env, _ = two_workers(broker_url, store_url, worker_factory, f"outage-{tag}")
-    execution_id = submit(env, N, playbook)
+    # 20 ms an iteration: the 800 left after the 200th take seconds even in batches of 8, so the
+    # outage falls in the loop's middle however slowly this test reads the progress
+    execution_id = submit(env, N, playbook, sleep=OUTAGE_ITERATION_SLEEP)
     wait_for_progress(store_url, execution_id, 200)
     stop()
     assert len(completions(store_url, execution_id)) < N  # the outage fell in the loop's middle
