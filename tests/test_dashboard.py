@@ -22,7 +22,7 @@ from noetl_celery.runner import create_execution
 from noetl_celery.store import views
 from tests.support import browser
 from tests.support.engines import cli
-from tests.support.services import ci_mode, free_port
+from tests.support.services import ci_mode, free_port, stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
@@ -61,12 +61,7 @@ class Dashboard:
         return requests.get(self.url + path, timeout=30, **kwargs)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc)
         self.log.close()
 
 

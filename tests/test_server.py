@@ -17,7 +17,7 @@ import pytest
 import requests
 from sqlalchemy import bindparam, text
 
-from tests.support.services import free_port
+from tests.support.services import free_port, stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "server-token-for-tests"
@@ -129,12 +129,7 @@ class Server:
 
     def stop(self) -> int:
         """SIGTERM, as a service manager stops it; returns its exit code."""
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc, timeout=15)
         self.log.close()
         return self.proc.returncode
 

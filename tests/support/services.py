@@ -165,7 +165,8 @@ def _popen_as(argv: Sequence[str], *, as_user: str | None, deathsig: str | None,
     return subprocess.Popen([*prefix, *argv], **kwargs)
 
 
-def _stop_process(proc: subprocess.Popen | None, sig: int, timeout: float) -> None:
+def stop_process(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+    """Send `sig` (a service manager's SIGTERM by default), wait `timeout` s, then SIGKILL."""
     if proc is None or proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -305,7 +306,7 @@ class RedisServer:
                     return self
                 time.sleep(0.05)
             last = _tail(self.log_path)
-            _stop_process(self.proc, signal.SIGKILL, 5)
+            stop_process(self.proc, signal.SIGKILL, 5)
         self.proc = None
         raise ServiceUnavailable(f"throw-away redis-server did not start:\n{last}")
 
@@ -313,7 +314,7 @@ class RedisServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout: float = 10.0) -> None:
-        _stop_process(self.proc, signal.SIGTERM, timeout)
+        stop_process(self.proc, signal.SIGTERM, timeout)
         if self._own_dir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -877,7 +878,7 @@ class PostgresCluster:
                         return self
                     time.sleep(0.1)
                 last = _tail(self.log_path)
-                _stop_process(self.proc, signal.SIGQUIT, 10)
+                stop_process(self.proc, signal.SIGQUIT, 10)
             self.proc = None
             raise ServiceUnavailable(f"throw-away postgres did not start:\n{last}")
         except BaseException:
@@ -889,7 +890,7 @@ class PostgresCluster:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Fast shutdown (SIGINT), then SIGKILL; the temp dir is removed."""
-        _stop_process(self.proc, signal.SIGINT, timeout)
+        stop_process(self.proc, signal.SIGINT, timeout)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
