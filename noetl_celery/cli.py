@@ -589,6 +589,74 @@ def resume(execution_id: int, as_json: bool, timeout: float | None, quiet: bool)
 
 
 @cli.command()
+@click.argument("execution_id", type=int)
+@click.option(
+    "--from", "from_step", default=None, metavar="STEP", help="Start at STEP; the steps before it keep their results."
+)
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a parameter of the old execution.")
+@click.option("--latest", is_flag=True, help="The playbook registered at its catalog path now, not the stored plan.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome (embedded) or the new id as one JSON object.")
+@click.option("--timeout", type=float, default=None, help="Embedded: give up (and cancel) after this many seconds.")
+@click.option("--quiet", "-q", is_flag=True, help="Embedded: no progress while it runs.")
+def rerun(
+    execution_id: int,
+    from_step: str | None,
+    sets: tuple[str, ...],
+    latest: bool,
+    as_json: bool,
+    timeout: float | None,
+    quiet: bool,
+) -> None:
+    """Run an execution again as a NEW execution that records `rerun_of` (the old one is left as
+    it is): the whole playbook with the old parameters (overridden by --set), or with --from STEP
+    from that step, the steps that completed before it keeping their results (copied, not run).
+    `resume` instead continues the same execution with its stored plan. With a broker, its workers
+    run it and this returns at once; on the embedded default it runs here to its end, as `run`."""
+    from noetl_celery.engine.rerun import RerunRefused
+
+    overrides = _parse_sets(sets)
+    settings = noetl_settings.load()
+    refused = (ExecutionNotFound, RerunRefused, PlaybookError, ConfigurationError, BrokerUnavailable)
+    if settings.broker_url is None:
+        from noetl_celery.store.db import ensure_schema
+
+        ensure_schema(settings.database_url)
+        progress = _progress(settings.database_url, quiet, as_json)
+        try:
+            status = runner.rerun_embedded(
+                execution_id,
+                overrides,
+                from_step=from_step,
+                latest=latest,
+                timeout=timeout,
+                on_poll=progress.poll if progress else None,
+                on_started=lambda new_id: echo(f"execution {new_id}: rerun of {execution_id}", err=True),
+            )
+        except refused as exc:
+            _refused(exc)
+        except (KeyboardInterrupt, Interrupted) as exc:
+            _interrupted(getattr(exc, "execution_id", None))
+        _end_of_run(status, progress, as_json, timeout)
+    try:
+        new_id = runner.rerun(settings, execution_id, overrides, from_step=from_step, latest=latest)
+    except refused as exc:
+        _refused(exc)
+    if as_json:
+        _print_json({"execution_id": new_id, "rerun_of": execution_id, "from_step": from_step, "status": "running"})
+    else:
+        echo(f"execution {new_id}: rerun of {execution_id}" + (f" from step {from_step}" if from_step else ""))
+
+
+def _refused(exc: Exception) -> NoReturn:
+    if isinstance(exc, PlaybookError):
+        for problem in exc.problems:
+            echo(str(problem), err=True)
+    else:
+        echo(f"error: {exc}", err=True)
+    sys.exit(EXIT_INVALID)
+
+
+@cli.command()
 @click.option("--revision", default="head", show_default=True)
 def migrate(revision: str) -> None:
     """Create or upgrade the event store schema (alembic upgrade) on NOETL_DATABASE_URL; R is a
