@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-import yaml
 
 from noetl_celery import secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler import compile_source, describe
-from noetl_celery.dsl import nest_dotted
 from noetl_celery.dsl.plan import Plan
+from noetl_celery.dsl.set_values import parse_assignments
 from noetl_celery.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -48,20 +47,8 @@ SUMMARY_WIDTH = 70  # characters of a result/error shown per event row in the ta
 
 def _parse_sets(values: tuple[str, ...]) -> dict[str, Any]:
     """`--set a.b=1` -> {"a": {"b": 1}}; values are read as YAML scalars (numbers, booleans, lists)."""
-    flat: dict[str, Any] = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected key=value, got {item!r}", param_hint="--set")
-        try:
-            value = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
-            value = raw
-        if isinstance(value, int) and raw.strip().lstrip("+-").startswith("0") and len(raw.strip()) > 1:
-            value = raw  # "01234" is a code with a leading zero, not YAML 1.1's octal
-        flat[key] = value
     try:
-        return nest_dotted(flat)
+        return parse_assignments(values)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--set") from None
 

@@ -89,10 +89,7 @@ def seed(conn: Connection, old: dict[str, Any], plan: Plan, rerun: Rerun) -> Non
     if step not in plan.steps:
         raise RerunRefused(f"from_step: the playbook has no step {step!r}", "from_step")
     if old["status"] == "running":
-        raise RerunRefused(
-            f"execution {old_id} is still running: rerun from a step once it has ended (or cancel it first)",
-            "from_step",
-        )
+        raise RerunRefused(f"execution {old_id} is still running: rerun from a step once it has ended (or cancel it)")
     rows = _step_rows(conn, old_id)
     starts = [r for r in rows if r["event_type"] == ev.STEP_STARTED and r["step"] == step]
     if not starts:
