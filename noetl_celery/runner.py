@@ -307,12 +307,13 @@ def rerun_embedded(
     on_started: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """`rerun` without a broker: make the rerun and run it with an embedded worker to its end, as
-    `run` does (`on_started` is told the new execution's id); returns its final status."""
+    `run` does (`on_started` is told the new execution's id); returns its final status. A rerun
+    that cannot be made is refused before the worker starts."""
     settings = noetl_settings.load()
-    ensure_schema(settings.database_url)
+    made = prepare_rerun(settings.database_url, execution_id, overrides or {}, from_step=from_step, latest=latest)
 
     def start() -> int:
-        new_id = rerun(settings, execution_id, overrides, from_step=from_step, latest=latest)
+        new_id = start_rerun(settings, *made)
         if on_started is not None:
             on_started(new_id)
         return new_id
@@ -446,11 +447,17 @@ def rerun(
     `from_step` the steps that completed before that step's last run keep their results (copied,
     not run) and the run starts at it; without, it starts at the entry step. `noetl-celery rerun`,
     the API's rerun and the dashboard's call this. Raises RerunRefused when it cannot be made."""
+    made = prepare_rerun(settings.database_url, execution_id, overrides or {}, from_step=from_step, latest=latest)
+    return start_rerun(settings, *made)
+
+
+def start_rerun(settings: noetl_settings.Settings, plan: Plan, made: Any) -> int:
+    """Create the rerun `prepare_rerun` made, decide its start and publish it; returns its id."""
     from noetl_celery.engine import rerun as reruns
 
-    url = settings.database_url
-    plan, made = prepare_rerun(url, execution_id, overrides or {}, from_step=from_step, latest=latest)
-    new_id, dispatches = create_started(plan, url, lambda c, s, row: reruns.start(c, s, row, made))
+    new_id, dispatches = create_started(
+        plan, settings.database_url, lambda conn, state, row: reruns.start(conn, state, row, made)
+    )
     _publish_start(settings, new_id, dispatches)
     return new_id
 

@@ -113,7 +113,7 @@ def test_rerun_from_the_failed_step_with_the_fixed_version_keeps_the_steps_befor
         replay(sqlite_url, status["execution_id"])
 
 
-def test_rerun_from_a_step_with_the_stored_plan_fails_again_and_resume_is_untouched(sqlite_url, tmp_path):
+def test_rerun_from_a_step_with_the_stored_plan_runs_the_old_code_again(sqlite_url, tmp_path):
     trail = tmp_path / "trail"
     old = run_failed(sqlite_url, trail)
     runner.register_text(ledger(V2_TOTAL), sqlite_url, "v2")  # not used without latest
@@ -186,3 +186,54 @@ def test_the_rerun_command_on_the_embedded_default(tmp_path):
     assert status["results"]["total"] == {"sum": 27}
     assert f"execution {status['execution_id']}: rerun of {old}" in again.stderr
     assert trail.read_text().split() == ["start", "fetch", "total", "total", "report"]
+
+
+def test_the_launch_form_is_built_from_the_workload_and_sends_only_what_changed():
+    import tornado.web
+
+    from noetl_celery.dashboard.launch import assignments, changed_values, workload_fields
+
+    workload = {"name": "x", "n": 3, "flags": [1, 2], "db": {"host": "h", "password": "pw"}, "empty": {}}
+    fields = workload_fields(workload)
+    shown = {f.label: (f.text, f.is_text, f.secret) for f in fields}
+    assert shown == {
+        "name": ("x", True, False),
+        "n": ("3", False, False),
+        "flags": ("[1, 2]", False, False),
+        "db.host": ("h", True, False),
+        "db.password": ("", True, True),  # a secret is never shown
+        "empty": ("{}", False, False),
+    }
+    form = {f.name: f.text for f in fields}
+    assert changed_values(fields, form) == {}  # defaults sent back, the secret left empty: no override
+    by_label = {f.label: f.name for f in fields}
+    form |= {by_label["n"]: "4", by_label["flags"]: "[3]", by_label["db.password"]: "new", by_label["name"]: "007"}
+    assert changed_values(fields, form) == {"n": 4, "flags": [3], "db": {"password": "new"}, "name": "007"}
+    with pytest.raises(tornado.web.HTTPError) as bad:
+        changed_values(fields, {**form, by_label["flags"]: "[3"})
+    assert bad.value.status_code == 400 and "flags" in bad.value.reason
+
+    assert assignments("a.b=1\n\n c=true \n", "more") == {"a": {"b": 1}, "c": True}
+    with pytest.raises(tornado.web.HTTPError) as bad:
+        assignments("novalue", "more")
+    assert bad.value.status_code == 400 and "key=value" in bad.value.reason
+
+
+def test_the_rerun_command_refuses_before_starting_anything(sqlite_url, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from noetl_celery.cli import cli as command
+
+    old = run_failed(sqlite_url, tmp_path / "trail")
+    monkeypatch.setenv("NOETL_DATABASE_URL", sqlite_url)
+    monkeypatch.delenv("NOETL_BROKER_URL", raising=False)
+    before = len(runner.execution_tree(sqlite_url, limit=100))
+    for args, message in (
+        (["--from", "nope"], "from_step: the playbook has no step 'nope'"),
+        (["--from", "report"], "never started in execution"),
+        (["--set", "novalue"], "expected key=value"),
+    ):
+        result = CliRunner().invoke(command, ["rerun", str(old), *args, "-q"])
+        assert result.exit_code == 2 and message in result.output, result.output
+    assert CliRunner().invoke(command, ["rerun", "424242"]).exit_code == 2
+    assert len(runner.execution_tree(sqlite_url, limit=100)) == before
