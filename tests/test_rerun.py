@@ -237,3 +237,67 @@ def test_the_rerun_command_refuses_before_starting_anything(sqlite_url, tmp_path
         assert result.exit_code == 2 and message in result.output, result.output
     assert CliRunner().invoke(command, ["rerun", "424242"]).exit_code == 2
     assert len(runner.execution_tree(sqlite_url, limit=100)) == before
+
+
+def test_the_forms_are_offered_only_with_the_token_where_executions_run(sqlite_url, tmp_path):
+    """The dashboard's pages in-process: the rerun and launch forms need NOETL_DASHBOARD_TOKEN and
+    a server whose executions run; where they are not offered a POST is refused."""
+    import asyncio
+
+    import tornado.httpclient
+    import tornado.httpserver
+
+    from noetl_celery import settings as noetl_settings
+    from noetl_celery.dashboard.server import make_app
+    from tests.support.services import free_port
+
+    old = run_failed(sqlite_url, tmp_path / "trail")
+    running = runner.create_execution(compile_playbook("plain", text=ledger(V2_TOTAL)), sqlite_url)
+    bearer = {"Authorization": "Bearer t0ken"}
+
+    async def pages(token: str | None, runs: bool, posts: bool = True) -> dict[str, tuple[int, str]]:
+        environ = {"NOETL_DATABASE_URL": sqlite_url, **({"NOETL_DASHBOARD_TOKEN": token} if token else {})}
+        port = free_port()
+        server = tornado.httpserver.HTTPServer(make_app(noetl_settings.load(environ), runs=runs))
+        server.listen(port, "127.0.0.1")
+        client = tornado.httpclient.AsyncHTTPClient(force_instance=True)
+        got = {}
+        try:
+            for name, path, method in (
+                ("failed", f"/executions/{old}", "GET"),
+                ("running", f"/executions/{running}", "GET"),
+                ("playbook", "/playbooks/tests/rerun_ledger", "GET"),
+                ("catalog", "/playbooks", "GET"),
+                ("rerun", f"/executions/{old}/rerun", "POST"),
+                ("launch", "/playbooks/tests/rerun_ledger", "POST"),
+            ):
+                if method == "POST" and not posts:
+                    continue
+                response = await client.fetch(
+                    f"http://127.0.0.1:{port}{path}",
+                    method=method,
+                    body="from_step=total" if method == "POST" else None,
+                    headers=bearer,
+                    raise_error=False,
+                    follow_redirects=False,
+                )
+                got[name] = (response.code, (response.body or b"").decode() or response.reason)
+        finally:
+            client.close()
+            server.stop()
+        return got
+
+    offered = asyncio.run(pages("t0ken", runs=True, posts=False))
+    assert 'class="rerun-from" name="from_step" value="total"' in offered["failed"][1]
+    assert 'id="rerun"' not in offered["running"][1]  # not while it runs
+    assert (
+        'id="launch-button"' in offered["playbook"][1]
+        and 'href="/playbooks/tests/rerun_ledger"' in offered["catalog"][1]
+    )
+
+    for token, runs, refused in (("t0ken", False, 503), (None, True, 403)):
+        got = asyncio.run(pages(token, runs))
+        assert 'id="rerun"' not in got["failed"][1] and 'id="launch-button"' not in got["playbook"][1]
+        assert got["playbook"][0] == 200 and "launching needs" in got["playbook"][1]
+        assert got["rerun"][0] == refused and got["launch"][0] == refused, got
+    assert len(runner.execution_tree(sqlite_url, limit=100)) == 2  # nothing was started
