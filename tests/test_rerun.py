@@ -79,13 +79,14 @@ def rows(url: str, execution_id: int) -> list[dict]:
         return repo.list_events(conn, execution_id)
 
 
-def test_rerun_from_the_failed_step_with_the_fixed_version_keeps_the_steps_before_it(sqlite_url, tmp_path):
+def test_rerun_from_the_failed_step_with_the_fixed_version_keeps_the_steps_before_it(either_store, tmp_path):
+    url = either_store  # SQLite and PostgreSQL
     trail = tmp_path / "trail"
-    old = run_failed(sqlite_url, trail)
-    runner.register_text(ledger(V2_TOTAL), sqlite_url, "v2")
+    old = run_failed(url, trail)
+    runner.register_text(ledger(V2_TOTAL), url, "v2")
     trail.write_text("")
 
-    status = rerun_here(sqlite_url, old, from_step="total", latest=True)
+    status = rerun_here(url, old, from_step="total", latest=True)
 
     assert status["status"] == "completed", status
     assert status["rerun_of"] == old and status["from_step"] == "total"
@@ -95,7 +96,7 @@ def test_rerun_from_the_failed_step_with_the_fixed_version_keeps_the_steps_befor
     assert status["results"]["report"] == {"total": 26, "came": 26}
     assert status["results"]["fetch"] == {"value": 20} and status["results"]["start"] == {"base": 10}
     assert status["ctx"]["fetched"] is True and status["vars"]["seen"] == 20
-    events = rows(sqlite_url, status["execution_id"])
+    events = rows(url, status["execution_id"])
     started = events[0]
     assert started["event_type"] == "execution.started"
     assert started["meta"]["rerun_of"] == old and started["meta"]["from_step"] == "total"
@@ -107,10 +108,10 @@ def test_rerun_from_the_failed_step_with_the_fixed_version_keeps_the_steps_befor
     assert attempted == {"total", "report"}
     assert {e["step"] for e in events if e["event_type"] == "step.started"} == {"total", "report"}
     # the old execution is left as it was
-    assert runner.execution_status(sqlite_url, old)["status"] == "failed"
+    assert runner.execution_status(url, old)["status"] == "failed"
     # replay decides an execution's start again through on_event: a rerun's start is not that
     with pytest.raises(ReplayError, match=f"is a rerun of {old}"):
-        replay(sqlite_url, status["execution_id"])
+        replay(url, status["execution_id"])
 
 
 def test_rerun_from_a_step_with_the_stored_plan_runs_the_old_code_again(sqlite_url, tmp_path):
