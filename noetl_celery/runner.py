@@ -20,6 +20,7 @@ from noetl_celery.engine.context import ExecutionState, new_state
 from noetl_celery.engine.ids import new_execution_id
 from noetl_celery.engine.lifecycle import end_tree
 from noetl_celery.engine.orchestrator import start_new
+from noetl_celery.engine.rerun import origin as rerun_made_from
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
 from noetl_celery.store import repo
 from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
@@ -153,7 +154,7 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
         if row is None:
             raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
         variables = repo.load_variables(conn, execution_id)
-        made_from = rerun_origin(conn, execution_id) or {}
+        made_from = rerun_made_from(conn, execution_id) or {}
         children = [
             {
                 "execution_id": c["execution_id"],
@@ -180,13 +181,6 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
         "created_at": row["created_at"].isoformat() if row["created_at"] else None,
         "finished_at": row["finished_at"].isoformat() if row["finished_at"] else None,
     }
-
-
-def rerun_origin(conn: Connection, execution_id: int) -> dict[str, Any] | None:
-    """{rerun_of, from_step, plan, registered_at, seeded} of an execution made by `rerun`, else None."""
-    from noetl_celery.engine.rerun import origin
-
-    return origin(conn, execution_id)
 
 
 def execution_events(database_url: str, execution_id: int) -> list[dict[str, Any]]:

@@ -432,7 +432,6 @@ class Rerun(Api):
     results) and `latest` (the playbook registered at its path now, not the stored plan)."""
 
     async def post(self, execution_id: str) -> None:
-
         self.require_token()
         body = self.json_body()
         resource_kind(body)
