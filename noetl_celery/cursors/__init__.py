@@ -26,6 +26,12 @@ from typing import Any
 from noetl_celery.tools.base import Outcome
 
 SLOT_PARAM = "__worker_slot_id"  # bound by every driver: the slot's unique id
+DEFAULT_LEASE_SECONDS = 300.0  # a frame without lease_seconds
+# A row claimed by another slot is taken over once its claim is older than `reclaim_seconds`
+# (a cursor key), by default 2 x lease_seconds + RECLAIM_MARGIN: a live slot's row may wait, on top
+# of its chain (each attempt within the lease), for the sweeper to re-publish a lost claim or
+# attempt, which it does only after the lease plus its grace (deadlines.lease) and a sweep interval.
+RECLAIM_MARGIN = 30.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,25 @@ class ClaimCall:
     timeout: float | None = None  # seconds
     options: dict[str, Any] = field(default_factory=dict)  # the cursor's own keys (drivers without SQL)
     done: list[Any] = field(default_factory=list)  # rows of the slot's previous claim, their chains over
+
+
+def reclaim_seconds(call: ClaimCall) -> float:
+    """Seconds after which another slot's unfinished row counts as abandoned (see RECLAIM_MARGIN)."""
+    given = call.options.get("reclaim_seconds")
+    if given not in (None, ""):
+        value = float(given)
+        if value <= 0:
+            raise ValueError("reclaim_seconds must be above 0")
+        return value
+    return 2 * (call.timeout or DEFAULT_LEASE_SECONDS) + RECLAIM_MARGIN
+
+
+def wait_seconds(call: ClaimCall, *aliases: str) -> float:
+    """How long an empty claim keeps polling for a new row (`wait_seconds`, default 0: not at all)."""
+    for key in ("wait_seconds", *aliases):
+        if call.options.get(key) not in (None, ""):
+            return max(float(call.options[key]), 0.0)
+    return 0.0
 
 
 ClaimFn = Callable[[ClaimCall], Outcome]
@@ -73,7 +98,7 @@ def needs_claim(kind: str) -> bool:
 
 def _load_builtin_drivers() -> None:
     # Importing the modules registers them (lazily: they import the tools they run through).
-    from noetl_celery.cursors import postgres, redis_stream, sqlite  # noqa: F401
+    from noetl_celery.cursors import mysql, postgres, redis_stream, sqlite  # noqa: F401
 
 
 def get_driver(kind: str) -> ClaimFn | None:
