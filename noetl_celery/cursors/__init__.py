@@ -98,7 +98,7 @@ def needs_claim(kind: str) -> bool:
 
 def _load_builtin_drivers() -> None:
     # Importing the modules registers them (lazily: they import the tools they run through).
-    from noetl_celery.cursors import mysql, postgres, redis_stream, sqlite  # noqa: F401
+    from noetl_celery.cursors import mysql, nats, postgres, redis_stream, sqlite  # noqa: F401
 
 
 def get_driver(kind: str) -> ClaimFn | None:
