@@ -6,15 +6,16 @@ slots see the claim at once, and return `Outcome.ok({"rows": [...]})` with each 
 mapping of column -> value (zero rows: the slot is over), or an error Outcome carrying the
 database's message. Drivers never raise for a failure of the claim itself.
 
-Registered here: `postgres` (noetl_celery/cursors/postgres.py), `sqlite`
-(noetl_celery/cursors/sqlite.py) and `redis_stream` (noetl_celery/cursors/redis_stream.py: no
-SQL; its cursor keys arrive rendered in `call.options`, and `call.done` lists the rows of the
-slot's previous claim whose chains are over, to acknowledge). A further driver (MySQL with
-`SELECT ... FOR UPDATE SKIP LOCKED` then `UPDATE`) is a module that decorates its claim function
-with `@register("mysql")` (`keys=` its own cursor keys, `needs_claim=False` without SQL) and is
-listed in `_load_builtin_drivers`; the validator then accepts `cursor.kind: mysql` and the
-worker runs it. Keep the contract: one claim = one committed
-transaction, rows as mappings, errors as Outcomes.
+Registered here: `postgres` (noetl_celery/cursors/postgres.py) and `sqlite`
+(noetl_celery/cursors/sqlite.py), which run the cursor's claim SQL, and the queue drivers
+without SQL, `redis_stream`, `mysql` (a work table, FOR UPDATE SKIP LOCKED) and `nats` (a
+JetStream pull consumer): their cursor keys arrive rendered in `call.options`, and `call.done`
+lists the rows of the slot's previous claim whose chains are over, to acknowledge; they share
+`reclaim_seconds` and `wait_seconds` (below). A further driver is a module that decorates its
+claim function with `@register("kind")` (`keys=` its own cursor keys, `needs_claim=False` without
+SQL) and is listed in `_load_builtin_drivers`; the validator then accepts `cursor.kind: kind`
+and the worker runs it. Keep the contract: one claim = one committed transaction (or its
+queue's equivalent), rows as mappings, errors as Outcomes.
 """
 
 from __future__ import annotations
