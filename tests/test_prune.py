@@ -134,3 +134,16 @@ def test_prune_command(sqlite_url, tmp_path):
     assert "removed 5 execution(s) in 3 tree(s)" in done.stdout and "kept 1 tree(s) with a running" in done.stdout
     bad = cli(["prune", "--older-than", "soon"], env)
     assert bad.returncode != 0 and "--older-than" in bad.stderr
+
+
+def test_the_sweeper_prunes_with_noetl_prune_older_than(sqlite_url, monkeypatch):
+    from noetl_celery import app
+    from noetl_celery import settings as noetl_settings
+
+    assert noetl_settings.load({"NOETL_PRUNE_OLDER_THAN": "30d"}).prune_older_than == timedelta(days=30)
+    assert noetl_settings.load({}).prune_older_than is None
+    store(sqlite_url)
+    monkeypatch.setattr(app, "_next_prune", 0.0)
+    app._prune_share(sqlite_url, timedelta(days=30), 5.0)
+    assert counts(sqlite_url, 1)["noetl_execution"] == 0 and counts(sqlite_url, 2)["noetl_execution"] == 1
+    assert app._next_prune > 0  # done: the next pass waits PRUNE_EVERY

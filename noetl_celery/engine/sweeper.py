@@ -20,8 +20,9 @@ re-published once (a worker that takes the original late finds its outcome recor
 it), and its later re-publishes and the `lost` verdict wait until the queues have drained.
 
 A sweep is short transactions, never one long one: the executions' checks, then the overdue
-decision rows in batches of BATCH, each batch its own transaction (a fixed number of set-based
-statements whatever the batch holds) and its messages published after its commit. On PostgreSQL
+leases in batches of BATCH (while they come full, for at most the sweep interval), each batch its
+own transaction (a fixed number of set-based statements whatever the batch holds) and its
+messages published after its commit. On PostgreSQL
 each transaction is bounded by the server (`SET LOCAL` statement_timeout, lock_timeout and
 idle_in_transaction_session_timeout, NOETL_SWEEP_TIMEOUT): a sweeper frozen inside a sweep (a
 paused VM or container, a stopped process, a network partition) has its session ended by
@@ -56,7 +57,9 @@ SWEEP_INTERVAL = 5.0  # seconds between sweeps (NOETL_SWEEP_INTERVAL)
 MAX_REPUBLISHES = 3  # times an overdue attempt is published again before it is `lost`
 START_GRACE = 30.0  # seconds an execution may wait for its start to be recorded
 BATCH = 500  # overdue decision rows examined per transaction
-MAX_BATCHES = 8  # transactions of overdue rows per sweep (the next sweep goes on)
+# a sweep goes on with batches while they come full, for at most its interval (at least
+# SWEEP_BUDGET_MIN seconds): a backlog is worked off at the store's pace, not a fixed share per sweep
+SWEEP_BUDGET_MIN = 1.0
 SWEEP_TIMEOUT = 10.0  # seconds: bounds each sweep transaction on PostgreSQL (NOETL_SWEEP_TIMEOUT)
 LOCK_WARN_AFTER = 30.0  # seconds without taking the sweep lock before a sweeper warns
 ADVISORY_LOCK_KEY = zlib.crc32(b"noetl_celery.sweeper")  # one sweeper per PostgreSQL database
@@ -212,7 +215,8 @@ def sweep(
     result.add(part)
     if committed is not None:
         committed(part)
-    for _ in range(MAX_BATCHES):
+    began = time.monotonic()
+    while True:
         part = SweepResult(transactions=1)
         with sweep_transaction(url, timeout) as conn:
             if conn is None:  # another sweeper took over between two batches
@@ -221,7 +225,7 @@ def sweep(
         result.add(part)
         if committed is not None:
             committed(part)
-        if part.rows < BATCH:
+        if part.rows < BATCH or time.monotonic() - began > max(interval, SWEEP_BUDGET_MIN):
             break
     return result
 

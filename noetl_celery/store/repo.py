@@ -314,9 +314,12 @@ def _event_processors(dialect: Dialect) -> list[Any]:
 LEASE_KEY = "deadline_at"
 
 
-def _lease_statement(dialect: Dialect, rows: list[dict[str, Any]]) -> tuple[str, list[Any]] | None:
+def _lease_statement(
+    dialect: Dialect, rows: list[dict[str, Any]], *, strict: bool = False
+) -> tuple[str, list[Any]] | None:
     """The insert of the leases of the `rows` that have a deadline (None: none has). A lease that
-    exists is kept (the row it belongs to is a redelivery's, rolled back by its caller)."""
+    exists is kept (the row it belongs to is a redelivery's, rolled back by its caller); `strict`:
+    it cannot exist (its row was just inserted without ON CONFLICT), no clause needed."""
     params: list[Any] = []
     for row in rows:
         deadline = row.get(LEASE_KEY)
@@ -325,10 +328,9 @@ def _lease_statement(dialect: Dialect, rows: list[dict[str, Any]]) -> tuple[str,
     if not params:
         return None
     values = ", ".join([f"({_placeholders(dialect, 3)})"] * (len(params) // 3))
-    sql = (
-        f"INSERT INTO noetl_lease (execution_id, event_id, deadline_at) VALUES {values} "
-        "ON CONFLICT (execution_id, event_id) DO NOTHING"
-    )
+    sql = f"INSERT INTO noetl_lease (execution_id, event_id, deadline_at) VALUES {values}"
+    if not strict:
+        sql += " ON CONFLICT (execution_id, event_id) DO NOTHING"
     return sql, params
 
 
@@ -548,6 +550,7 @@ def _strict_insert(
     ((row_count, params),) = _event_chunks(dialect, rows)
     execution_id = rows[0]["execution_id"]
     names = [(scope, name) for scope, values in (variables or {}).items() for name in values]
+    read_back: list[Any] = []
     if bump is not None:
         assert head_version is not None and count is None, "a bump is made on an unread head, alone"
         now = _bound(dialect, EXECUTIONS, "updated_at", utcnow())
@@ -568,7 +571,14 @@ def _strict_insert(
         check: str | None = bump.check
     else:
         check = "counted" if count is not None else "head" if head_version is not None else None
-    sql, params = _with_leases(conn, rows, _strict_insert_sql(dialect, row_count, check, len(names), commit), params)
+    sql = _strict_insert_sql(dialect, row_count, check, len(names), commit)
+    lease = _lease_statement(dialect, rows, strict=True)
+    if lease is not None:  # between the insert and the commit: a refused insert never reaches it
+        lease_sql, lease_params = lease
+        before, _, after = sql.partition(commit)
+        sql = f"{before}; {lease_sql}{commit}{after}"
+        kept = len(params) - len(read_back)
+        params = [*params[:kept], *lease_params, *params[kept:]]
     try:
         cursor = _run(conn, sql, params)
     except DBAPIError as exc:
