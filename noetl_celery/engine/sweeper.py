@@ -248,8 +248,10 @@ def _overdue(
     every key they could need (outcomes and earlier re-publishes), the parents' status for
     sub-playbook ends, one insert of the re-publish rows (per 500), one delete of the settled
     leases and one update per distinct postponement. No event row is updated."""
-    rows = leases.overdue(conn, now, BATCH)
-    result.rows = len(rows)
+    batch = leases.overdue(conn, now, BATCH)  # the settled ones are deleted by the same statement
+    rows = batch.pending
+    result.rows = len(rows) + batch.settled
+    result.cleared = batch.settled
     if not rows:
         return
     counts = range(1, max_republishes + 1)
@@ -307,7 +309,7 @@ def _overdue(
         postpone.setdefault(wait, []).append(lease)
     if records:
         repo.insert_events(conn, records)
-    result.cleared = leases.settle(conn, clear)
+    result.cleared += leases.settle(conn, clear)
     for seconds, keys in postpone.items():
         leases.postpone(conn, keys, now + timedelta(seconds=seconds))
 

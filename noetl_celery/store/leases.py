@@ -35,12 +35,74 @@ class Overdue(NamedTuple):
     status: str
 
 
-def overdue(conn: Connection, now: datetime, limit: int) -> list[Overdue]:
+class Batch(NamedTuple):
+    """A batch of overdue leases: those left to decide, and how many were settled on the way."""
+
+    pending: list[Overdue]
+    settled: int
+
+
+# The dispatches (`dsp`, elements of the decision rows' meta.dispatch) that need nothing more: an
+# attempt of an execution that has ended, or a plain attempt (no batch, no cursor claim: their
+# keys are the engine's business) whose outcome row exists, its key built as engine/ids.py's
+# attempt_key builds it, with TaskMessage's defaults for the fields a compact message leaves out.
+# Anything else (a sub-playbook's end, a batch, a claim, an attempt without outcome) leaves its
+# lease to the sweeper, which decides every dispatch of it. The outcome row is looked up by a
+# LATERAL join, one unique-index probe per dispatch (a correlated EXISTS may be planned as a hash
+# of every row of the execution).
+_PLAIN = (
+    "dsp->>'kind' = 'run' AND d.status = 'running'"
+    " AND jsonb_typeof(dsp->'message'->'batch') IS DISTINCT FROM 'array'"
+    " AND COALESCE(dsp->'message'->'slot'->>'phase', '') <> 'claim'"
+)
+_OUTCOME_KEY = (
+    "(dsp->'message'->>'run_id')"
+    " || CASE WHEN jsonb_typeof(dsp->'message'->'iteration') = 'number'"
+    " THEN '.i' || (dsp->'message'->>'iteration') ELSE '' END"
+    " || '.s' || COALESCE(dsp->'message'->>'seq', '0') || '.a' || COALESCE(dsp->'message'->>'attempt', '1')"
+    " || '.done'"
+)
+_OVERDUE_PG = (
+    "WITH due AS (SELECT l.execution_id, l.event_id, e.meta, x.status FROM noetl_lease l"
+    " LEFT JOIN noetl_event e ON e.execution_id = l.execution_id AND e.event_id = l.event_id"
+    " LEFT JOIN noetl_execution x ON x.execution_id = l.execution_id"
+    " WHERE l.deadline_at < :now ORDER BY l.deadline_at LIMIT :n),"
+    " elems AS (SELECT d.execution_id, d.event_id,"
+    " (dsp->>'kind' = 'run' AND d.status IS DISTINCT FROM 'running') AS ended,"
+    f" CASE WHEN {_PLAIN} THEN {_OUTCOME_KEY} END AS okey"
+    " FROM due d, jsonb_array_elements(CASE WHEN jsonb_typeof(d.meta->'dispatch') = 'array'"
+    " THEN d.meta->'dispatch' ELSE '[]'::jsonb END) AS t(dsp)),"
+    " open AS MATERIALIZED (SELECT DISTINCT m.execution_id, m.event_id FROM elems m"
+    " LEFT JOIN LATERAL (SELECT 1 AS hit FROM noetl_event o"
+    " WHERE o.execution_id = m.execution_id AND o.event_id = m.okey LIMIT 1) f ON m.okey IS NOT NULL"
+    " WHERE NOT m.ended AND f.hit IS NULL),"
+    " settled AS (DELETE FROM noetl_lease l USING due d"
+    " WHERE l.execution_id = d.execution_id AND l.event_id = d.event_id AND NOT EXISTS ("
+    " SELECT 1 FROM open u WHERE u.execution_id = d.execution_id AND u.event_id = d.event_id)"
+    " RETURNING l.execution_id, l.event_id)"
+    " SELECT d.execution_id, d.event_id, d.meta -> 'dispatch', d.status, NULL FROM due d"
+    " WHERE (d.execution_id, d.event_id) IN (SELECT execution_id, event_id FROM open)"
+    " UNION ALL SELECT NULL, NULL, NULL, NULL, count(*) FROM settled"
+)
+
+
+def overdue(conn: Connection, now: datetime, limit: int) -> Batch:
     """Up to `limit` leases past their deadline at `now`, earliest first, with what recovery
     needs of their decision rows and executions: one statement (the lease index, then the event
-    rows' and executions' primary keys)."""
+    rows' and executions' primary keys). On PostgreSQL the same statement deletes the leases that
+    need nothing more (`_OVERDUE_PG`: every attempt has its outcome row, or the execution
+    has ended), which is nearly all of them, and returns only the others' dispatch lists: what
+    is settled is never decoded by the sweeper."""
+    if conn.dialect.name == "postgresql":
+        rows = conn.execute(text(_OVERDUE_PG), {"now": now, "n": limit}).all()
+        pending = [
+            Overdue(int(x), event_id, list(dispatch or []), status or "gone")
+            for x, event_id, dispatch, status, _ in rows
+            if x is not None
+        ]
+        return Batch(pending, sum(int(settled) for x, *_, settled in rows if x is None))
     lease, e, x = repo.LEASES.c, repo.EVENTS.c, repo.EXECUTIONS.c
-    rows = conn.execute(
+    found = conn.execute(
         select(lease.execution_id, lease.event_id, e.meta, x.status)
         .select_from(repo.LEASES)
         .outerjoin(repo.EVENTS, and_(e.execution_id == lease.execution_id, e.event_id == lease.event_id))
@@ -49,10 +111,13 @@ def overdue(conn: Connection, now: datetime, limit: int) -> list[Overdue]:
         .order_by(lease.deadline_at)
         .limit(limit)
     ).all()
-    return [
-        Overdue(int(execution_id), event_id, list((meta or {}).get("dispatch") or []), status or "gone")
-        for execution_id, event_id, meta, status in rows
-    ]
+    return Batch(
+        [
+            Overdue(int(execution_id), event_id, list((meta or {}).get("dispatch") or []), status or "gone")
+            for execution_id, event_id, meta, status in found
+        ],
+        0,
+    )
 
 
 def settle(conn: Connection, keys: Sequence[tuple[int, str]]) -> int:
