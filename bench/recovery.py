@@ -1,6 +1,6 @@
 """How fast the sweeper works off overdue leases, with a synthetic backlog on PostgreSQL.
 
-    python -m bench.recovery [--decisions 50000] [--executions 50] [--done 1.0] [--rounds 1]
+    python -m bench.recovery [--decisions 50000] [--executions 50] [--done 1.0] [--rounds 1] [--batch 500]
                              [--json-out FILE]
 
 A fresh PostgreSQL database (NOETL_TEST_POSTGRES_URL's server, else 127.0.0.1:5432), migrated,
@@ -161,15 +161,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executions", type=int, default=50)
     parser.add_argument("--done", type=float, default=1.0, help="share of decisions whose attempt has an outcome")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=sweeper.BATCH, help="leases per sweep transaction")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args(argv)
+    sweeper.BATCH = args.batch
     server = make_url(server_url())
     name = f"bench_recovery_{uuid.uuid4().hex[:8]}"
     admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = server.set(database=name).render_as_string(hide_password=False)
-    report: dict[str, Any] = {"decisions": args.decisions, "executions": args.executions, "done": args.done}
+    report: dict[str, Any] = {
+        "decisions": args.decisions,
+        "executions": args.executions,
+        "done": args.done,
+        "batch": args.batch,
+    }
     try:
         migrate(url)
         rounds = []
