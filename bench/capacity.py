@@ -6,7 +6,8 @@ In one process, on a fresh PostgreSQL database (as bench.recovery), tests/playbo
 (one python task per iteration, 50 in flight) runs to its end with no broker: each dispatched
 attempt is executed in process (`worker.execute`, as a worker's pool process does) and its
 outcome decided (`orchestrator.handle_event`, as on_event does), in dispatch order. Then the
-sweeper's pass over the execution's leases (made overdue) is measured the same way.
+sweeper's pass over the execution's leases (made overdue) is measured the same way, and
+`noetl-celery prune`'s removal of the finished execution.
 
 Reported per iteration: the CPU time of the database's backends (utime + stime of their
 processes, /proc: the server runs on this machine), the rows written to noetl_event, the bytes
@@ -24,6 +25,7 @@ import sys
 import time
 import uuid
 from collections import deque
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ from noetl_celery.compiler import compile_playbook
 from noetl_celery.engine import orchestrator, sweeper, worker
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.runner import create_execution
-from noetl_celery.store import leases, repo
+from noetl_celery.store import leases, repo, retention
 from noetl_celery.store.db import dispose_engine, migrate, transaction
 
 LOOP = Path(__file__).resolve().parents[1] / "tests" / "playbooks" / "loop_many.yaml"
@@ -123,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         swept_from = snapshot(url, name)
         result = sweeper.sweep(url, interval=5.0)
         swept = snapshot(url, name)
+        pruned_from = snapshot(url, name)
+        pruned = retention.prune(url, timedelta(0), now=repo.utcnow() + timedelta(seconds=1))
+        pruned_to = snapshot(url, name)
+        removed = sum(pruned.rows.values())
+        prune = per(pruned_from, pruned_to, max(removed, 1))
         loop = per(before, after, n)
         sweep = per(swept_from, swept, max(left, 1))
         report.update(
@@ -133,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             leases_left=left,
             sweep_settled=result.cleared,
             sweep_per_lease=sweep,
+            pruned_rows=pruned.rows,
+            prune_per_row=prune,
+            prune_rows_per_s=removed / (pruned_to["wall"] - pruned_from["wall"]),
         )
         print(
             f"{n} iterations ({status}): {1 / loop['wall']:,.0f}/s in one process;"
@@ -141,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
             f" {loop['rows']:.3f} event rows, {loop['bytes']:,.0f} B of store,"
             f" {loop['wal']:,.0f} B of WAL per iteration;"
             f" sweep of {left} leases ({result.cleared} settled): {sweep['bytes']:,.0f} B of store,"
-            f" {sweep['wal']:,.0f} B of WAL, {sweep['cpu'] * 1000:.3f} ms of backend CPU per lease",
+            f" {sweep['wal']:,.0f} B of WAL, {sweep['cpu'] * 1000:.3f} ms of backend CPU per lease;"
+            f" prune: {removed} rows at {report['prune_rows_per_s']:,.0f} rows/s,"
+            f" {prune['wal']:,.0f} B of WAL and {prune['cpu'] * 1000:.3f} ms of backend CPU per row",
             flush=True,
         )
     finally:
