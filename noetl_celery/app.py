@@ -31,6 +31,7 @@ from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, ch
 from noetl_celery.errors import AttemptFailed, ConfigurationError
 from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
+from noetl_celery.store import retention
 
 log = logging.getLogger(__name__)
 
@@ -418,9 +419,9 @@ def _fresh_process(**_: Any) -> None:
 
 def sweep_once() -> sweeper.SweepResult:
     """One sweep of the event store, and the publishing and deciding it calls for (after each of
-    the sweep's transactions commits)."""
+    the sweep's transactions commits); then, with NOETL_PRUNE_OLDER_THAN, a share of retention."""
     settings = current_settings()
-    return sweeper.sweep(
+    result = sweeper.sweep(
         settings.database_url,
         queue_busy=_queues_busy(settings),
         max_republishes=settings.max_republishes,
@@ -428,6 +429,25 @@ def sweep_once() -> sweeper.SweepResult:
         timeout=settings.sweep_timeout,
         committed=_act_on_sweep,
     )
+    if settings.prune_older_than is not None and not result.skipped:  # the sweeper holding the lock prunes
+        _prune_share(settings.database_url, settings.prune_older_than, settings.sweep_interval)
+    return result
+
+
+PRUNE_EVERY = 60.0  # seconds between two retention passes of the sweeper once one found nothing left
+_next_prune = 0.0
+
+
+def _prune_share(url: str, older_than: Any, interval: float) -> None:
+    """At most a fifth of the sweep interval of `noetl-celery prune --older-than` work; the next
+    tick goes on while it leaves work, else the next pass is PRUNE_EVERY seconds later."""
+    global _next_prune
+    if time.monotonic() < _next_prune:
+        return
+    pruned = retention.prune(url, older_than, budget=max(interval / 5, 0.2))
+    if pruned.executions:
+        log.info("retention: removed %d execution(s) older than %s: %s", pruned.executions, older_than, pruned.rows)
+    _next_prune = 0.0 if not pruned.done else time.monotonic() + PRUNE_EVERY
 
 
 def _act_on_sweep(result: sweeper.SweepResult) -> None:

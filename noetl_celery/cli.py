@@ -790,6 +790,35 @@ def _serve(host: str, port: int, what: str, *, runs: bool) -> None:
         sys.exit(EXIT_INVALID)
 
 
+@cli.command(name="prune")
+@click.option("--older-than", "older_than", required=True, metavar="AGE", help="30d, 12h, 2w... (a bare number: days).")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(["completed", "failed", "cancelled"]),
+    help="Only executions that ended so (repeatable; default: all three).",
+)
+@click.option("--dry-run", is_flag=True, help="Count what would be removed; remove nothing.")
+def prune_cmd(older_than: str, statuses: tuple[str, ...], dry_run: bool) -> None:
+    """Delete the history of finished executions created and finished longer ago than AGE: every
+    row of their trees (sub-playbooks included), in small batches of short transactions. Running
+    executions, their parents and their sub-playbooks are never touched."""
+    from noetl_celery.store import retention
+    from noetl_celery.store.db import ensure_schema
+
+    age = noetl_settings.parse_age(older_than, "--older-than")
+    url = noetl_settings.load().database_url
+    ensure_schema(url)
+    pruned = retention.prune(url, age, statuses=statuses or retention.FINISHED, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    echo(f"{verb} {pruned.executions} execution(s) in {pruned.trees} tree(s), older than {age}:")
+    for table, count in pruned.rows.items():
+        echo(f"  {table}: {count} row(s)")
+    if pruned.skipped_running:
+        echo(f"kept {pruned.skipped_running} tree(s) with a running execution")
+
+
 @cli.command(name="register")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True))
 def register_cmd(files: tuple[str, ...]) -> None:

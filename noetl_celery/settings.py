@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -127,6 +129,8 @@ class Settings:
     max_result_depth: int = DEFAULT_MAX_RESULT_DEPTH
     max_steps: int = DEFAULT_MAX_STEPS
     strict_templates: bool = False  # as load() saw it; templating reads it again at each use
+    # the sweeper deletes the history of finished executions older than this (None: never; `prune`)
+    prune_older_than: timedelta | None = None
 
     @property
     def amqp_broker(self) -> bool:
@@ -162,6 +166,7 @@ class Settings:
             "NOETL_MAX_REPUBLISHES": str(self.max_republishes),
             "NOETL_MAX_DELIVERIES": str(self.max_deliveries),
             "NOETL_EAGER_WINDOW": f"{self.eager_window:g} s" if self.eager_window else "off",
+            "NOETL_PRUNE_OLDER_THAN": str(self.prune_older_than) if self.prune_older_than else "off",
             "NOETL_FLOWER_URL": mask_url(self.flower_url) if self.flower_url else "(none)",
             "NOETL_DASHBOARD_URL": mask_url(self.dashboard_url) if self.dashboard_url else "(none)",
             "NOETL_DASHBOARD_TOKEN": MASK if self.dashboard_token else "(none)",
@@ -249,8 +254,23 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_result_depth=int(limit(MAX_RESULT_DEPTH_ENV, env)),
             max_steps=int(limit(MAX_STEPS_ENV, env)),
             strict_templates=strict_templates(env),
+            prune_older_than=parse_age(env["NOETL_PRUNE_OLDER_THAN"], "NOETL_PRUNE_OLDER_THAN")
+            if env.get("NOETL_PRUNE_OLDER_THAN")
+            else None,
         )
     )
+
+
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_AGE_UNITS = {"": 86400.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_age(value: str, name: str = "an age") -> timedelta:
+    """`30d`, `12h`, `90m`, `2w`, `45s` (a bare number is days) as a timedelta."""
+    match = _AGE.match(value)
+    if match is None or float(match.group(1)) <= 0:
+        raise ConfigurationError(f"{name} is a positive number and a unit (s, m, h, d, w), as 30d: got {value!r}")
+    return timedelta(seconds=float(match.group(1)) * _AGE_UNITS[match.group(2)])
 
 
 def strict_templates(environ: Mapping[str, str] | None = None) -> bool:

@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError
 from noetl_celery.compiler import compile_playbook
 from noetl_celery.engine import orchestrator, sweeper
 from noetl_celery.runner import create_execution
-from noetl_celery.store import repo
+from noetl_celery.store import leases, repo
 from noetl_celery.store.db import get_engine, migrate, transaction
 from tests.test_sweeper import PLAYBOOK
 
@@ -37,7 +37,7 @@ def fresh_watch(monkeypatch):
 def clear_deadlines(url: str) -> None:
     """Other tests' overdue rows (same database) must not count here."""
     with transaction(url) as conn:
-        conn.execute(text("UPDATE noetl_event SET deadline_at = NULL WHERE deadline_at IS NOT NULL"))
+        conn.execute(text("DELETE FROM noetl_lease"))
 
 
 def backlog(url: str, tmp_path, n: int, done: int) -> int:
@@ -132,7 +132,7 @@ def test_a_sweep_over_2000_overdue_rows_is_a_bounded_number_of_statements(url, t
             text("SELECT count(*) FROM noetl_event WHERE execution_id = :x AND event_type = :t"),
             {"x": execution_id, "t": sweeper.REPUBLISHED},
         ).scalar()
-        left = conn.execute(text("SELECT count(*) FROM noetl_event WHERE deadline_at < now()")).scalar()
+        left = leases.count(conn, overdue_at=repo.utcnow())
     assert recorded == BACKLOG - BACKLOG // 4 and left == 0
     # the executions' checks, then one transaction per batch of 500 rows (and one that finds none)
     batches = -(-BACKLOG // sweeper.BATCH)

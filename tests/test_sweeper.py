@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import text, update
+from sqlalchemy import update
 
 from noetl_celery.compiler import compile_playbook
 from noetl_celery.engine import deadlines, orchestrator, sweeper
 from noetl_celery.engine.lifecycle import end_tree
 from noetl_celery.engine.messages import Dispatch
 from noetl_celery.runner import create_execution
-from noetl_celery.store import repo
+from noetl_celery.store import leases, repo
 from noetl_celery.store.db import transaction
 
 PLAYBOOK = """
@@ -38,11 +38,7 @@ def started(tmp_path, timeout: float | None = None) -> tuple[str, int, list[Disp
 def overdue(url: str, execution_id: int) -> None:
     """Move every deadline of the execution into the past."""
     with transaction(url) as conn:
-        conn.execute(
-            update(repo.EVENTS)
-            .where(repo.EVENTS.c.execution_id == execution_id, repo.EVENTS.c.deadline_at.is_not(None))
-            .values(deadline_at=repo.utcnow() - timedelta(seconds=1))
-        )
+        leases.expire(conn, repo.utcnow(), execution_id)
 
 
 def events(url: str, execution_id: int, event_type: str) -> list[dict]:
@@ -57,7 +53,10 @@ def test_a_decision_row_carries_the_deadline_of_its_dispatches(tmp_path):
     assert 7.0 < soft < hard
     row = events(url, execution_id, "execution.started")[0]
     assert row["meta"]["dispatch"][0]["timeout"] == 7.0
-    lease = (row["deadline_at"] - row["created_at"]).total_seconds()
+    with transaction(url) as conn:
+        deadline = leases.deadline(conn, execution_id, row["event_id"])
+    assert deadline is not None
+    lease = (deadline - row["created_at"]).total_seconds()
     assert abs(lease - deadlines.lease(0, 7.0)) < 1.0
 
 
@@ -98,7 +97,7 @@ def test_a_busy_queue_republishes_once_and_a_finished_decision_is_cleared(tmp_pa
     result = sweeper.sweep(url)
     assert result.republished == [] and result.cleared >= 1
     with transaction(url) as conn:
-        left = conn.execute(text("SELECT count(*) FROM noetl_event WHERE deadline_at IS NOT NULL")).scalar()
+        left = leases.count(conn)
     assert left == 0
 
 

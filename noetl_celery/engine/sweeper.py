@@ -4,11 +4,12 @@ Decides, on each sweep (one sweeper at a time per deployment: a PostgreSQL advis
 each of the sweep's transactions; on SQLite the write lock of that transaction serialises sweeps):
 - an execution past its playbook `timeout` fails (kind `timeout`), with its children;
 - an execution that never recorded its start (the start message was lost) gets its start again;
-- a decision row past its deadline (engine/deadlines.py) whose dispatched attempts have no
-  outcome row: each such attempt is published again from the stored dispatch list (flagged
-  `replay`: a receiver that finds the outcome recorded does nothing) and an `attempt.republished`
-  row records it; after MAX_REPUBLISHES the attempt gets the outcome `lost` (an ordinary failed
-  attempt, retryable by policy). A decision whose attempts all have outcomes is cleared.
+- a decision row whose lease (store/leases.py: a noetl_lease row written with it) is past its
+  deadline (engine/deadlines.py) and whose dispatched attempts have no outcome row: each such
+  attempt is published again from the stored dispatch list (flagged `replay`: a receiver that
+  finds the outcome recorded does nothing) and an `attempt.republished` row records it; after
+  MAX_REPUBLISHES the attempt gets the outcome `lost` (an ordinary failed attempt, retryable by
+  policy). A lease whose attempts all have outcomes is deleted; the event row is never updated.
 - a finished sub-playbook's end event (its outcome for the parent's task) whose outcome row the
   parent never recorded is sent again (an `attempt.republished` row in the parent each time, up to
   MAX_REPUBLISHES; the parent's on_event dedupes a late duplicate). A lost child start is covered
@@ -19,8 +20,9 @@ re-published once (a worker that takes the original late finds its outcome recor
 it), and its later re-publishes and the `lost` verdict wait until the queues have drained.
 
 A sweep is short transactions, never one long one: the executions' checks, then the overdue
-decision rows in batches of BATCH, each batch its own transaction (a fixed number of set-based
-statements whatever the batch holds) and its messages published after its commit. On PostgreSQL
+leases in batches of BATCH (while they come full, for at most the sweep interval), each batch its
+own transaction (a fixed number of set-based statements whatever the batch holds) and its
+messages published after its commit. On PostgreSQL
 each transaction is bounded by the server (`SET LOCAL` statement_timeout, lock_timeout and
 idle_in_transaction_session_timeout, NOETL_SWEEP_TIMEOUT): a sweeper frozen inside a sweep (a
 paused VM or container, a stopped process, a network partition) has its session ended by
@@ -41,12 +43,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, select, text, tuple_, update
+from sqlalchemy import Connection, text
 
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.lifecycle import end_tree
 from noetl_celery.engine.messages import Dispatch, TaskMessage
-from noetl_celery.store import repo
+from noetl_celery.store import leases, repo
 from noetl_celery.store.db import transaction
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,9 @@ SWEEP_INTERVAL = 5.0  # seconds between sweeps (NOETL_SWEEP_INTERVAL)
 MAX_REPUBLISHES = 3  # times an overdue attempt is published again before it is `lost`
 START_GRACE = 30.0  # seconds an execution may wait for its start to be recorded
 BATCH = 500  # overdue decision rows examined per transaction
-MAX_BATCHES = 8  # transactions of overdue rows per sweep (the next sweep goes on)
+# a sweep goes on with batches while they come full, for at most its interval (at least
+# SWEEP_BUDGET_MIN seconds): a backlog is worked off at the store's pace, not a fixed share per sweep
+SWEEP_BUDGET_MIN = 1.0
 SWEEP_TIMEOUT = 10.0  # seconds: bounds each sweep transaction on PostgreSQL (NOETL_SWEEP_TIMEOUT)
 LOCK_WARN_AFTER = 30.0  # seconds without taking the sweep lock before a sweeper warns
 ADVISORY_LOCK_KEY = zlib.crc32(b"noetl_celery.sweeper")  # one sweeper per PostgreSQL database
@@ -211,7 +215,8 @@ def sweep(
     result.add(part)
     if committed is not None:
         committed(part)
-    for _ in range(MAX_BATCHES):
+    began = time.monotonic()
+    while True:
         part = SweepResult(transactions=1)
         with sweep_transaction(url, timeout) as conn:
             if conn is None:  # another sweeper took over between two batches
@@ -220,56 +225,41 @@ def sweep(
         result.add(part)
         if committed is not None:
             committed(part)
-        if part.rows < BATCH:
+        if part.rows < BATCH or time.monotonic() - began > max(interval, SWEEP_BUDGET_MIN):
             break
     return result
 
 
 def _timeouts(conn: Connection, now: Any, result: SweepResult) -> None:
-    c = repo.EXECUTIONS.c
-    rows = conn.execute(
-        select(c.execution_id).where(and_(c.status == "running", c.deadline_at.is_not(None), c.deadline_at < now))
-    ).all()
-    for (execution_id,) in rows:
+    for execution_id in leases.timed_out(conn, now):
         error = {"kind": "timeout", "message": "the execution ran past its playbook timeout"}
-        result.timed_out += end_tree(conn, int(execution_id), "failed", "execution.failed", error)
+        result.timed_out += end_tree(conn, execution_id, "failed", "execution.failed", error)
 
 
 def _missing_starts(conn: Connection, now: Any, result: SweepResult) -> None:
-    c, e = repo.EXECUTIONS.c, repo.EVENTS.c
-    started = select(e.id).where(and_(e.execution_id == c.execution_id, e.event_id == "execution.started"))
-    rows = conn.execute(
-        select(c.execution_id).where(
-            and_(c.status == "running", c.created_at < now - timedelta(seconds=START_GRACE), ~started.exists())
-        )
-    ).all()
-    result.starts += [int(r[0]) for r in rows]
+    result.starts += leases.missing_starts(conn, now, START_GRACE)
 
 
 def _overdue(
     conn: Connection, now: datetime, result: SweepResult, *, queue_busy: bool, max_republishes: int, interval: float
 ) -> None:
-    """One batch of overdue decision rows, in a fixed number of statements: the rows (with their
-    executions' status), the existing rows among every key they could need (outcomes and earlier
-    re-publishes), the parents' status for sub-playbook ends, one insert of the re-publish rows
-    (per 500), one update clearing deadlines and one per distinct postponement."""
-    e, x = repo.EVENTS.c, repo.EXECUTIONS.c
-    rows = conn.execute(
-        select(e.id, e.execution_id, e.meta, x.status)
-        .join_from(repo.EVENTS, repo.EXECUTIONS, e.execution_id == x.execution_id)
-        .where(and_(e.deadline_at.is_not(None), e.deadline_at < now))
-        .order_by(e.deadline_at)
-        .limit(BATCH)
-    ).all()
-    result.rows = len(rows)
+    """One batch of overdue leases (store/leases.py), in a fixed number of statements: the leases
+    (with their decision rows' dispatch lists and executions' status), the existing rows among
+    every key they could need (outcomes and earlier re-publishes), the parents' status for
+    sub-playbook ends, one insert of the re-publish rows (per 500), one delete of the settled
+    leases and one update per distinct postponement. No event row is updated."""
+    batch = leases.overdue(conn, now, BATCH)  # the settled ones are deleted by the same statement
+    rows = batch.pending
+    result.rows = len(rows) + batch.settled
+    result.cleared = batch.settled
     if not rows:
         return
     counts = range(1, max_republishes + 1)
-    decisions: list[tuple[int, int, str, list[Dispatch], list[tuple[int, str, str, Dispatch]]]] = []
+    decisions: list[tuple[tuple[int, str], int, list[Dispatch], list[tuple[int, str, str, Dispatch]]]] = []
     wanted: set[tuple[int, str]] = set()
     parents: set[int] = set()
-    for row_id, execution_id, meta, status in rows:
-        stored = [Dispatch.from_dict(d) for d in ((meta or {}).get("dispatch") or [])]
+    for execution_id, event_id, dispatch_list, status in rows:
+        stored = [Dispatch.from_dict(d) for d in dispatch_list]
         ends = []
         for d in stored:
             if d.kind == EVENT and d.message.get("kind") == "outcome":
@@ -283,21 +273,21 @@ def _overdue(
         runs = [d for d in stored if d.kind == RUN] if status == "running" else []
         for d in runs:
             key = d.attempt_key()
-            wanted.add((int(execution_id), key + ".done"))
-            wanted.update((int(execution_id), f"{key}.republished.{n}") for n in counts)
-        decisions.append((row_id, int(execution_id), status, runs, ends))
-    seen = _existing_pairs(conn, wanted)
-    running = _running(conn, parents)
-    clear: list[int] = []
-    postpone: dict[float, list[int]] = {}
+            wanted.add((execution_id, key + ".done"))
+            wanted.update((execution_id, f"{key}.republished.{n}") for n in counts)
+        decisions.append(((execution_id, event_id), execution_id, runs, ends))
+    seen = leases.existing_keys(conn, wanted)
+    running = leases.running(conn, parents)
+    clear: list[tuple[int, str]] = []
+    postpone: dict[float, list[tuple[int, str]]] = {}
     records: list[dict[str, Any]] = []
-    for row_id, execution_id, _status, runs, ends in decisions:
+    for lease, execution_id, runs, ends in decisions:
         if ends and _resend_ends(ends, seen, running, result, records, max_republishes=max_republishes):
-            postpone.setdefault(interval, []).append(row_id)  # its own attempts are looked at next time
+            postpone.setdefault(interval, []).append(lease)  # its own attempts are looked at next time
             continue
         missing = {d.attempt_key(): d for d in runs if (execution_id, d.attempt_key() + ".done") not in seen}
         if not missing:
-            clear.append(row_id)
+            clear.append(lease)
             continue
         wait = 0.0
         for key, dispatch in missing.items():
@@ -316,14 +306,12 @@ def _overdue(
             records.append(_republish_row(execution_id, f"{key}.republished.{count + 1}", dispatch.message, meta))
             result.republished.append(dispatch.as_replay())
             wait = max(wait, deadlines.lease(0, dispatch.timeout))
-        postpone.setdefault(wait, []).append(row_id)
+        postpone.setdefault(wait, []).append(lease)
     if records:
         repo.insert_events(conn, records)
-    if clear:
-        conn.execute(update(repo.EVENTS).where(e.id.in_(clear)).values(deadline_at=None))
-        result.cleared = len(clear)
-    for seconds, ids in postpone.items():
-        conn.execute(update(repo.EVENTS).where(e.id.in_(ids)).values(deadline_at=now + timedelta(seconds=seconds)))
+    result.cleared += leases.settle(conn, clear)
+    for seconds, keys in postpone.items():
+        leases.postpone(conn, keys, now + timedelta(seconds=seconds))
 
 
 def _resend_ends(
@@ -364,41 +352,6 @@ def _republish_row(execution_id: int, event_id: str, message: dict[str, Any], me
         "meta": meta,
         **{k: message.get(k) for k in ("step", "run_id", "attempt", "iteration", "page", "parent_event_id")},
     }
-
-
-PAIRS_PER_STATEMENT = 400  # (execution_id, event_id) pairs per statement where arrays are not at hand
-
-
-def _existing_pairs(conn: Connection, pairs: set[tuple[int, str]]) -> set[tuple[int, str]]:
-    """Which (execution_id, event_id) keys exist: one statement on PostgreSQL (two arrays joined
-    to the unique key's index), chunks of row values elsewhere."""
-    if not pairs:
-        return set()
-    ordered = sorted(pairs)
-    if conn.dialect.name == "postgresql":
-        found = conn.execute(
-            text(
-                "SELECT e.execution_id, e.event_id FROM unnest(CAST(:x AS bigint[]), CAST(:k AS text[])) AS t(x, k)"
-                " JOIN noetl_event e ON e.execution_id = t.x AND e.event_id = t.k"
-            ),
-            {"x": [p[0] for p in ordered], "k": [p[1] for p in ordered]},
-        )
-        return {(int(r[0]), r[1]) for r in found}
-    e = repo.EVENTS.c
-    result: set[tuple[int, str]] = set()
-    for start in range(0, len(ordered), PAIRS_PER_STATEMENT):
-        chunk = ordered[start : start + PAIRS_PER_STATEMENT]
-        query = select(e.execution_id, e.event_id).where(tuple_(e.execution_id, e.event_id).in_(chunk))
-        result |= {(int(r[0]), r[1]) for r in conn.execute(query)}
-    return result
-
-
-def _running(conn: Connection, execution_ids: set[int]) -> set[int]:
-    if not execution_ids:
-        return set()
-    c = repo.EXECUTIONS.c
-    query = select(c.execution_id).where(and_(c.execution_id.in_(sorted(execution_ids)), c.status == "running"))
-    return {int(r[0]) for r in conn.execute(query)}
 
 
 class SweeperThread(threading.Thread):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -25,6 +25,7 @@ class Execution(Base):
     __table_args__ = (
         Index("ix_noetl_execution_created", "created_at"),
         Index("ix_noetl_execution_playbook", "playbook_name", "created_at"),
+        Index("ix_noetl_execution_status_created", "status", "created_at"),
     )
 
     execution_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
@@ -58,12 +59,6 @@ class Event(Base):
         Index("ix_noetl_event_run", "execution_id", "run_id", "event_type"),
         Index("ix_noetl_event_page", "execution_id", "id"),
         Index("ix_noetl_event_type", "execution_id", "event_type", "step"),
-        Index(
-            "ix_noetl_event_deadline",
-            "deadline_at",
-            postgresql_where=text("deadline_at IS NOT NULL"),
-            sqlite_where=text("deadline_at IS NOT NULL"),
-        ),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -88,8 +83,21 @@ class Event(Base):
     result: Mapped[Any | None] = mapped_column(Json)
     error: Mapped[Any | None] = mapped_column(Json)
     meta: Mapped[Any | None] = mapped_column(Json)
-    # a decision row with messages to dispatch: when all of them should have an outcome row
-    deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Lease(Base):
+    """One row per decision row whose dispatched messages may still be owed an outcome row: by
+    `deadline_at` all of them should have one (engine/deadlines.py). The sweeper reads the overdue
+    ones, deletes those whose attempts all have outcomes and moves the others' deadline on: the
+    event row itself is written once. A small table (the decisions of the last lease period), so
+    its churn costs little; the event log is never updated for a lease."""
+
+    __tablename__ = "noetl_lease"
+    __table_args__ = (Index("ix_noetl_lease_deadline", "deadline_at"),)
+
+    execution_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    event_id: Mapped[str] = mapped_column(String(200), primary_key=True)  # the decision row's key
+    deadline_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class Variable(Base):

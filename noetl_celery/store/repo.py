@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 
 from noetl_celery import limits, secret_registry
 from noetl_celery.store import db
-from noetl_celery.store.models import CatalogEntry, Event, Execution, Join, LoopState, Variable
+from noetl_celery.store.models import CatalogEntry, Event, Execution, Join, Lease, LoopState, Variable
 
 EVENTS = cast(Table, Event.__table__)
 EXECUTIONS = cast(Table, Execution.__table__)
@@ -35,6 +35,7 @@ VARIABLES = cast(Table, Variable.__table__)
 JOINS = cast(Table, Join.__table__)
 LOOPS = cast(Table, LoopState.__table__)
 CATALOG = cast(Table, CatalogEntry.__table__)
+LEASES = cast(Table, Lease.__table__)
 
 
 def utcnow() -> datetime:
@@ -190,7 +191,7 @@ def delete_unpublished_execution(conn: Connection, execution_id: int) -> None:
         execution_id,
         *(r[0] for r in conn.execute(select(c.execution_id).where(c.parent_execution_id == execution_id))),
     ]
-    for table in (EVENTS, VARIABLES, JOINS, LOOPS, EXECUTIONS):
+    for table in (EVENTS, VARIABLES, JOINS, LOOPS, LEASES, EXECUTIONS):
         conn.execute(table.delete().where(table.c.execution_id.in_(ids)))
 
 
@@ -308,6 +309,45 @@ def _event_processors(dialect: Dialect) -> list[Any]:
     return [_PROCESSORS.bind(dialect, EVENTS, c) for c in EVENT_COLUMNS]
 
 
+# An event row given with a `deadline_at` (a decision with messages to dispatch) is written with
+# its lease: a noetl_lease row on its key, in the same transaction (store/leases.py reads them).
+LEASE_KEY = "deadline_at"
+
+
+def _lease_statement(
+    dialect: Dialect, rows: list[dict[str, Any]], *, strict: bool = False
+) -> tuple[str, list[Any]] | None:
+    """The insert of the leases of the `rows` that have a deadline (None: none has). A lease that
+    exists is kept (the row it belongs to is a redelivery's, rolled back by its caller); `strict`:
+    it cannot exist (its row was just inserted without ON CONFLICT), no clause needed."""
+    params: list[Any] = []
+    for row in rows:
+        deadline = row.get(LEASE_KEY)
+        if deadline is not None:
+            params += [row["execution_id"], row["event_id"], _bound(dialect, LEASES, "deadline_at", deadline)]
+    if not params:
+        return None
+    values = ", ".join([f"({_placeholders(dialect, 3)})"] * (len(params) // 3))
+    sql = f"INSERT INTO noetl_lease (execution_id, event_id, deadline_at) VALUES {values}"
+    if not strict:
+        sql += " ON CONFLICT (execution_id, event_id) DO NOTHING"
+    return sql, params
+
+
+def _with_leases(conn: Connection, rows: list[dict[str, Any]], sql: str, params: list[Any]) -> tuple[str, list[Any]]:
+    """`sql` preceded by the insert of the rows' leases: in the same statement string on
+    PostgreSQL (no round trip of its own; the statement's own result stays the last one), run
+    first on its own elsewhere (SQLite runs one statement at a time, in process)."""
+    lease = _lease_statement(conn.dialect, rows)
+    if lease is None:
+        return sql, params
+    lease_sql, lease_params = lease
+    if conn.dialect.name == "postgresql":
+        return f"{lease_sql}; {sql}", lease_params + params
+    _run(conn, lease_sql, lease_params)
+    return sql, params
+
+
 # Columns that carry what tools and templates produced. The others are the engine's own names,
 # keys and numbers (step, run_id, event_id, ...): decisions look rows up by them, so a secret that
 # happens to be part of a step name must not rewrite them.
@@ -337,8 +377,9 @@ def insert_events(
     dialect = conn.dialect
     inserted: set[str] = set()
     chunks = _event_chunks(dialect, rows)
-    for chunk, params in chunks:
-        cursor = _run(conn, _events_insert_sql(dialect, chunk), params)
+    for start, (chunk, params) in zip(range(0, len(rows), INSERT_ROWS_PER_STATEMENT), chunks, strict=True):
+        sql, params = _with_leases(conn, rows[start : start + chunk], _events_insert_sql(dialect, chunk), params)
+        cursor = _run(conn, sql, params)
         inserted.update(row[0] for row in cursor.fetchall())
     return _all_new(rows, inserted, first_must_be_new, new_keys)
 
@@ -441,7 +482,8 @@ def record_decision(
     )
     inserted: set[str] = set()
     stored: dict[str, dict[str, Any]] = {scope: {} for scope in variables}
-    for scope, name, value in _run(conn, sql, params + event_params).fetchall():
+    sql, all_params = _with_leases(conn, rows, sql, params + event_params)
+    for scope, name, value in _run(conn, sql, all_params).fetchall():
         if scope is None:
             inserted.add(name)
         else:
@@ -508,6 +550,7 @@ def _strict_insert(
     ((row_count, params),) = _event_chunks(dialect, rows)
     execution_id = rows[0]["execution_id"]
     names = [(scope, name) for scope, values in (variables or {}).items() for name in values]
+    read_back: list[Any] = []
     if bump is not None:
         assert head_version is not None and count is None, "a bump is made on an unread head, alone"
         now = _bound(dialect, EXECUTIONS, "updated_at", utcnow())
@@ -529,6 +572,13 @@ def _strict_insert(
     else:
         check = "counted" if count is not None else "head" if head_version is not None else None
     sql = _strict_insert_sql(dialect, row_count, check, len(names), commit)
+    lease = _lease_statement(dialect, rows, strict=True)
+    if lease is not None:  # between the insert and the commit: a refused insert never reaches it
+        lease_sql, lease_params = lease
+        before, _, after = sql.partition(commit)
+        sql = f"{before}; {lease_sql}{commit}{after}"
+        kept = len(params) - len(read_back)
+        params = [*params[:kept], *lease_params, *params[kept:]]
     try:
         cursor = _run(conn, sql, params)
     except DBAPIError as exc:

@@ -1,0 +1,246 @@
+"""Leases and recovery: the statements the sweeper (engine/sweeper.py) makes, by name.
+
+A decision row with messages to dispatch is written with a lease (`repo.LEASE_KEY`): a row of
+noetl_lease on the decision row's key, with the time by which every message it dispatched should
+have an outcome row. The event row itself is never updated for it. The sweeper reads the overdue
+leases in deadline order (with their decision rows' dispatch lists and their executions' status,
+one statement per batch), looks up which outcome and re-publish keys exist (one statement), then
+deletes the leases that are settled and moves the others' deadline on (one statement each, and
+one per distinct postponement): no statement per lease, whatever the batch holds.
+
+The table holds the leases of the last lease period (about a minute of decisions) and whatever
+is overdue: small, so the churn of its rows (an insert per dispatching decision, a delete by the
+sweeper) costs a fraction of rewriting event rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from sqlalchemy import Connection, and_, delete, select, text, tuple_, update
+
+from noetl_celery.store import repo
+
+PAIRS_PER_STATEMENT = 400  # row values per statement where arrays are not at hand (SQLite)
+
+
+class Overdue(NamedTuple):
+    """An overdue lease: its decision row's key, dispatch list, and its execution's status."""
+
+    execution_id: int
+    event_id: str
+    dispatch: list[dict[str, Any]]
+    status: str
+
+
+class Batch(NamedTuple):
+    """A batch of overdue leases: those left to decide, and how many were settled on the way."""
+
+    pending: list[Overdue]
+    settled: int
+
+
+# The dispatches (`dsp`, elements of the decision rows' meta.dispatch) that need nothing more: an
+# attempt of an execution that has ended, or a plain attempt (no batch, no cursor claim: their
+# keys are the engine's business) whose outcome row exists, its key built as engine/ids.py's
+# attempt_key builds it, with TaskMessage's defaults for the fields a compact message leaves out.
+# Anything else (a sub-playbook's end, a batch, a claim, an attempt without outcome) leaves its
+# lease to the sweeper, which decides every dispatch of it. The outcome row is looked up by a
+# LATERAL join, one unique-index probe per dispatch (a correlated EXISTS may be planned as a hash
+# of every row of the execution).
+_PLAIN = (
+    "dsp->>'kind' = 'run' AND d.status = 'running'"
+    " AND jsonb_typeof(dsp->'message'->'batch') IS DISTINCT FROM 'array'"
+    " AND COALESCE(dsp->'message'->'slot'->>'phase', '') <> 'claim'"
+)
+_OUTCOME_KEY = (
+    "(dsp->'message'->>'run_id')"
+    " || CASE WHEN jsonb_typeof(dsp->'message'->'iteration') = 'number'"
+    " THEN '.i' || (dsp->'message'->>'iteration') ELSE '' END"
+    " || '.s' || COALESCE(dsp->'message'->>'seq', '0') || '.a' || COALESCE(dsp->'message'->>'attempt', '1')"
+    " || '.done'"
+)
+_OVERDUE_PG = (
+    "WITH due AS (SELECT l.execution_id, l.event_id, e.meta, x.status FROM noetl_lease l"
+    " LEFT JOIN noetl_event e ON e.execution_id = l.execution_id AND e.event_id = l.event_id"
+    " LEFT JOIN noetl_execution x ON x.execution_id = l.execution_id"
+    " WHERE l.deadline_at < :now ORDER BY l.deadline_at LIMIT :n),"
+    " elems AS (SELECT d.execution_id, d.event_id,"
+    " (dsp->>'kind' = 'run' AND d.status IS DISTINCT FROM 'running') AS ended,"
+    f" CASE WHEN {_PLAIN} THEN {_OUTCOME_KEY} END AS okey"
+    " FROM due d, jsonb_array_elements(CASE WHEN jsonb_typeof(d.meta->'dispatch') = 'array'"
+    " THEN d.meta->'dispatch' ELSE '[]'::jsonb END) AS t(dsp)),"
+    " open AS MATERIALIZED (SELECT DISTINCT m.execution_id, m.event_id FROM elems m"
+    " LEFT JOIN LATERAL (SELECT 1 AS hit FROM noetl_event o"
+    " WHERE o.execution_id = m.execution_id AND o.event_id = m.okey LIMIT 1) f ON m.okey IS NOT NULL"
+    " WHERE NOT m.ended AND f.hit IS NULL),"
+    " settled AS (DELETE FROM noetl_lease l USING due d"
+    " WHERE l.execution_id = d.execution_id AND l.event_id = d.event_id AND NOT EXISTS ("
+    " SELECT 1 FROM open u WHERE u.execution_id = d.execution_id AND u.event_id = d.event_id)"
+    " RETURNING l.execution_id, l.event_id)"
+    " SELECT d.execution_id, d.event_id, d.meta -> 'dispatch', d.status, NULL FROM due d"
+    " WHERE (d.execution_id, d.event_id) IN (SELECT execution_id, event_id FROM open)"
+    " UNION ALL SELECT NULL, NULL, NULL, NULL, count(*) FROM settled"
+)
+
+
+def overdue(conn: Connection, now: datetime, limit: int) -> Batch:
+    """Up to `limit` leases past their deadline at `now`, earliest first, with what recovery
+    needs of their decision rows and executions: one statement (the lease index, then the event
+    rows' and executions' primary keys). On PostgreSQL the same statement deletes the leases that
+    need nothing more (`_OVERDUE_PG`: every attempt has its outcome row, or the execution
+    has ended), which is nearly all of them, and returns only the others' dispatch lists: what
+    is settled is never decoded by the sweeper."""
+    if conn.dialect.name == "postgresql":
+        rows = conn.execute(text(_OVERDUE_PG), {"now": now, "n": limit}).all()
+        pending = [
+            Overdue(int(x), event_id, list(dispatch or []), status or "gone")
+            for x, event_id, dispatch, status, _ in rows
+            if x is not None
+        ]
+        return Batch(pending, sum(int(settled) for x, *_, settled in rows if x is None))
+    lease, e, x = repo.LEASES.c, repo.EVENTS.c, repo.EXECUTIONS.c
+    found = conn.execute(
+        select(lease.execution_id, lease.event_id, e.meta, x.status)
+        .select_from(repo.LEASES)
+        .outerjoin(repo.EVENTS, and_(e.execution_id == lease.execution_id, e.event_id == lease.event_id))
+        .outerjoin(repo.EXECUTIONS, x.execution_id == lease.execution_id)
+        .where(lease.deadline_at < now)
+        .order_by(lease.deadline_at)
+        .limit(limit)
+    ).all()
+    return Batch(
+        [
+            Overdue(int(execution_id), event_id, list((meta or {}).get("dispatch") or []), status or "gone")
+            for execution_id, event_id, meta, status in found
+        ],
+        0,
+    )
+
+
+def settle(conn: Connection, keys: Sequence[tuple[int, str]]) -> int:
+    """Delete the leases of these decision rows (every attempt they dispatched has an outcome, or
+    their execution has ended): one statement."""
+    if not keys:
+        return 0
+    if conn.dialect.name == "postgresql":
+        result = conn.execute(
+            text(
+                "DELETE FROM noetl_lease l USING unnest(CAST(:x AS bigint[]), CAST(:k AS text[])) AS t(x, k)"
+                " WHERE l.execution_id = t.x AND l.event_id = t.k"
+            ),
+            {"x": [k[0] for k in keys], "k": [k[1] for k in keys]},
+        )
+        return int(result.rowcount or 0)
+    lease = repo.LEASES.c
+    removed = 0
+    for chunk in _chunks(list(keys)):
+        result = conn.execute(delete(repo.LEASES).where(tuple_(lease.execution_id, lease.event_id).in_(chunk)))
+        removed += int(result.rowcount or 0)
+    return removed
+
+
+def postpone(conn: Connection, keys: Sequence[tuple[int, str]], until: datetime) -> None:
+    """Move the deadline of these leases to `until`: one statement."""
+    if not keys:
+        return
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            text(
+                "UPDATE noetl_lease l SET deadline_at = :d FROM unnest(CAST(:x AS bigint[]), CAST(:k AS text[]))"
+                " AS t(x, k) WHERE l.execution_id = t.x AND l.event_id = t.k"
+            ),
+            {"d": until, "x": [k[0] for k in keys], "k": [k[1] for k in keys]},
+        )
+        return
+    lease = repo.LEASES.c
+    for chunk in _chunks(list(keys)):
+        conn.execute(
+            update(repo.LEASES).where(tuple_(lease.execution_id, lease.event_id).in_(chunk)).values(deadline_at=until)
+        )
+
+
+def existing_keys(conn: Connection, pairs: Iterable[tuple[int, str]]) -> set[tuple[int, str]]:
+    """Which (execution_id, event_id) event keys exist: one statement on PostgreSQL (two arrays
+    joined to the unique key's index), chunks of row values elsewhere."""
+    ordered = sorted(set(pairs))
+    if not ordered:
+        return set()
+    if conn.dialect.name == "postgresql":
+        found = conn.execute(
+            text(
+                "SELECT e.execution_id, e.event_id FROM unnest(CAST(:x AS bigint[]), CAST(:k AS text[])) AS t(x, k)"
+                " JOIN noetl_event e ON e.execution_id = t.x AND e.event_id = t.k"
+            ),
+            {"x": [p[0] for p in ordered], "k": [p[1] for p in ordered]},
+        )
+        return {(int(r[0]), r[1]) for r in found}
+    e = repo.EVENTS.c
+    result: set[tuple[int, str]] = set()
+    for chunk in _chunks(ordered):
+        query = select(e.execution_id, e.event_id).where(tuple_(e.execution_id, e.event_id).in_(chunk))
+        result |= {(int(r[0]), r[1]) for r in conn.execute(query)}
+    return result
+
+
+def running(conn: Connection, execution_ids: Iterable[int]) -> set[int]:
+    """Which of these executions are running: one statement."""
+    ids = sorted(set(execution_ids))
+    if not ids:
+        return set()
+    c = repo.EXECUTIONS.c
+    query = select(c.execution_id).where(and_(c.execution_id.in_(ids), c.status == "running"))
+    return {int(r[0]) for r in conn.execute(query)}
+
+
+def timed_out(conn: Connection, now: datetime) -> list[int]:
+    """Running executions past their playbook `timeout`."""
+    c = repo.EXECUTIONS.c
+    rows = conn.execute(
+        select(c.execution_id).where(and_(c.status == "running", c.deadline_at.is_not(None), c.deadline_at < now))
+    ).all()
+    return [int(r[0]) for r in rows]
+
+
+def missing_starts(conn: Connection, now: datetime, grace: float) -> list[int]:
+    """Running executions created more than `grace` seconds ago without an `execution.started` row."""
+    c, e = repo.EXECUTIONS.c, repo.EVENTS.c
+    started = select(e.id).where(and_(e.execution_id == c.execution_id, e.event_id == "execution.started"))
+    rows = conn.execute(
+        select(c.execution_id).where(
+            and_(c.status == "running", c.created_at < now - timedelta(seconds=grace), ~started.exists())
+        )
+    ).all()
+    return [int(r[0]) for r in rows]
+
+
+def deadline(conn: Connection, execution_id: int, event_id: str) -> datetime | None:
+    """The deadline of one decision row's lease (None: it has none, or it was settled)."""
+    lease = repo.LEASES.c
+    return conn.execute(
+        select(lease.deadline_at).where(and_(lease.execution_id == execution_id, lease.event_id == event_id))
+    ).scalar()
+
+
+def expire(conn: Connection, now: datetime, execution_id: int | None = None) -> int:
+    """Make every lease (of one execution) overdue at `now`: what waiting out the lease period
+    would do (tests, `bench.recovery`)."""
+    query = update(repo.LEASES).values(deadline_at=now - timedelta(seconds=1))
+    if execution_id is not None:
+        query = query.where(repo.LEASES.c.execution_id == execution_id)
+    return int(conn.execute(query).rowcount or 0)
+
+
+def count(conn: Connection, *, overdue_at: datetime | None = None) -> int:
+    """How many leases there are (overdue at `overdue_at`, when given)."""
+    query = select(repo.LEASES.c.execution_id)
+    if overdue_at is not None:
+        query = query.where(repo.LEASES.c.deadline_at < overdue_at)
+    return int(conn.execute(select(text("count(*)")).select_from(query.subquery())).scalar() or 0)
+
+
+def _chunks(items: list[Any]) -> Iterable[list[Any]]:
+    for start in range(0, len(items), PAIRS_PER_STATEMENT):
+        yield items[start : start + PAIRS_PER_STATEMENT]

@@ -1,0 +1,222 @@
+"""Retention: delete the history of finished executions (`noetl-celery prune`, NOETL_PRUNE_OLDER_THAN).
+
+What goes: whole execution trees (a top-level execution and its sub-playbooks, at any depth) whose
+top-level execution finished with one of the chosen statuses and was created and finished before
+the cutoff, and none of whose members is running. So a running execution is never touched, nor
+its parents (its tree has a running member), nor a finished child of a running parent (only trees
+are pruned, from their top). An execution whose parent row is gone counts as a top-level one.
+
+How: short transactions, never one long one.
+1. Mark: a batch of eligible trees (up to BATCH top-level executions, in creation order) gets the
+   status `pruning`, in one transaction that re-reads their members' status under a row lock
+   (PostgreSQL: FOR UPDATE, skipping rows another transaction holds): a resume that took a
+   failed execution first wins, and a resume that comes after finds it `pruning` and refuses.
+2. Delete: the rows of the marked executions, table by table, at most CHUNK rows a transaction,
+   then the execution rows themselves. A prune stopped in between leaves executions `pruning`;
+   the next prune finishes them first.
+A dry run selects the same trees and counts their rows, changing nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Table, func, select, text, tuple_
+
+from noetl_celery.errors import ConfigurationError
+from noetl_celery.settings import parse_age
+from noetl_celery.store import repo
+from noetl_celery.store.db import transaction
+
+FINISHED = ("completed", "failed", "cancelled")
+PRUNING = "pruning"  # the status of an execution whose rows are being deleted
+BATCH = 200  # top-level executions examined (and trees marked) per transaction
+CHUNK = 5000  # rows deleted per transaction
+# the tables holding rows of an execution, deleted in this order; the execution rows go last
+TABLES: tuple[Table, ...] = (repo.EVENTS, repo.VARIABLES, repo.LOOPS, repo.JOINS, repo.LEASES)
+__all__ = ["FINISHED", "Pruned", "parse_age", "prune"]
+
+
+@dataclass
+class Pruned:
+    """What a prune removed (or, dry, would remove): rows per table, executions included."""
+
+    rows: dict[str, int] = field(default_factory=lambda: {t.name: 0 for t in (*TABLES, repo.EXECUTIONS)})
+    trees: int = 0
+    done: bool = True  # False: stopped by its time budget with work left
+    skipped_running: int = 0  # eligible top-level executions left because their tree runs
+
+    def add(self, table: str, count: int) -> None:
+        self.rows[table] = self.rows.get(table, 0) + count
+
+    @property
+    def executions(self) -> int:
+        return self.rows[repo.EXECUTIONS.name]
+
+
+def prune(
+    url: str,
+    older_than: timedelta,
+    *,
+    statuses: Sequence[str] = FINISHED,
+    dry_run: bool = False,
+    budget: float | None = None,
+    now: datetime | None = None,
+) -> Pruned:
+    """Delete (or count, `dry_run`) the trees of finished executions older than `older_than`.
+    `budget`: seconds after which it stops between two transactions (`done` False)."""
+    bad = [s for s in statuses if s not in FINISHED]
+    if bad or not statuses:
+        raise ConfigurationError(f"prune: a status is one of {', '.join(FINISHED)}: got {', '.join(bad) or 'none'}")
+    cutoff = (now or repo.utcnow()) - older_than
+    began = time.monotonic()
+    result = Pruned()
+
+    def over() -> bool:
+        return budget is not None and time.monotonic() - began > budget
+
+    if not dry_run and not _delete_marked(url, result, over):
+        result.done = False
+        return result
+    after: tuple[datetime, int] | None = None
+    while True:
+        if over():
+            result.done = False
+            return result
+        with transaction(url) as conn:
+            roots = _roots(conn, cutoff, statuses, after, lock=not dry_run)
+            if not roots:
+                return result
+            after = roots[-1]
+            trees = _trees(conn, [r[1] for r in roots], lock=not dry_run)
+            members = [m for ids in trees.values() if ids is not None for m in ids]
+            result.skipped_running += sum(1 for ids in trees.values() if ids is None)
+            result.trees += sum(1 for ids in trees.values() if ids is not None)
+            if dry_run:
+                for table in (*TABLES, repo.EXECUTIONS):
+                    result.add(table.name, _count(conn, table, members))
+                continue
+            _mark(conn, members)
+        if members and not _delete_marked(url, result, over):
+            result.done = False
+            return result
+
+
+def _roots(
+    conn: Connection, cutoff: datetime, statuses: Sequence[str], after: tuple[datetime, int] | None, *, lock: bool
+) -> list[tuple[datetime, int]]:
+    """The next BATCH top-level executions (by creation) finished with `statuses` before `cutoff`."""
+    x = repo.EXECUTIONS.c
+    parent = repo.EXECUTIONS.alias("parent")
+    orphan_or_top = (
+        x.parent_execution_id.is_(None)
+        | ~select(parent.c.execution_id).where(parent.c.execution_id == x.parent_execution_id).exists()
+    )
+    query = (
+        select(x.created_at, x.execution_id)
+        .where(
+            x.status.in_(list(statuses)),
+            x.created_at < cutoff,
+            x.finished_at.is_(None) | (x.finished_at < cutoff),
+            orphan_or_top,
+        )
+        .order_by(x.created_at, x.execution_id)
+        .limit(BATCH)
+    )
+    if after is not None:
+        query = query.where(tuple_(x.created_at, x.execution_id) > tuple_(*after))
+    if lock and conn.dialect.name == "postgresql":
+        query = query.with_for_update(of=repo.EXECUTIONS, skip_locked=True)
+    return [(r[0], int(r[1])) for r in conn.execute(query)]
+
+
+_TREE_SQL = (
+    "WITH RECURSIVE tree(root, id) AS ("
+    " SELECT execution_id, execution_id FROM noetl_execution WHERE execution_id IN ({roots})"
+    " UNION ALL SELECT t.root, c.execution_id FROM noetl_execution c JOIN tree t ON c.parent_execution_id = t.id"
+    ") SELECT t.root, t.id, e.status FROM tree t JOIN noetl_execution e ON e.execution_id = t.id"
+)
+
+
+def _trees(conn: Connection, roots: list[int], *, lock: bool) -> dict[int, list[int] | None]:
+    """Each root's tree (itself and its descendants), or None when a member is running (or
+    being resumed: its row is locked). On PostgreSQL the members' rows are locked for the mark."""
+    sql = _TREE_SQL.format(roots=", ".join(str(int(r)) for r in roots))
+    members: dict[int, list[int] | None] = {r: [] for r in roots}
+    rows: list[tuple[Any, Any, Any]] = [tuple(r) for r in conn.execute(text(sql))]
+    if lock and conn.dialect.name == "postgresql" and rows:
+        ids = sorted({int(r[1]) for r in rows})
+        c = repo.EXECUTIONS.c
+        locked = {
+            int(r[0]): r[1]
+            for r in conn.execute(
+                select(c.execution_id, c.status).where(c.execution_id.in_(ids)).with_for_update(skip_locked=True)
+            )
+        }
+        rows = [(root, member, locked.get(int(member), "running")) for root, member, _ in rows]
+    for root, member, status in rows:
+        found = members[int(root)]
+        if found is None:
+            continue
+        members[int(root)] = None if status == "running" else [*found, int(member)]
+    return members
+
+
+def _mark(conn: Connection, members: list[int]) -> None:
+    c = repo.EXECUTIONS.c
+    for chunk in _chunks(members, 500):
+        conn.execute(
+            repo.EXECUTIONS.update().where(c.execution_id.in_(chunk), c.status != "running").values(status=PRUNING)
+        )
+
+
+def _count(conn: Connection, table: Table, members: list[int]) -> int:
+    total = 0
+    for chunk in _chunks(members, 500):
+        query = select(func.count()).select_from(table).where(table.c.execution_id.in_(chunk))
+        total += int(conn.execute(query).scalar() or 0)
+    return total
+
+
+def _delete_marked(url: str, result: Pruned, over: Any) -> bool:
+    """Delete the rows of every `pruning` execution, CHUNK rows a transaction; False when the
+    budget ran out first."""
+    c = repo.EXECUTIONS.c
+    while True:
+        with transaction(url) as conn:
+            marked = [int(r[0]) for r in conn.execute(select(c.execution_id).where(c.status == PRUNING).limit(BATCH))]
+        if not marked:
+            return True
+        for table in (*TABLES, repo.EXECUTIONS):
+            while True:
+                if over():
+                    return False
+                with transaction(url) as conn:
+                    removed = _delete_chunk(conn, table, marked)
+                result.add(table.name, removed)
+                if removed < CHUNK:
+                    break
+
+
+def _delete_chunk(conn: Connection, table: Table, executions: list[int]) -> int:
+    """At most CHUNK rows of `table` belonging to `executions`: one statement."""
+    ids = ", ".join(str(int(x)) for x in executions)
+    if table is repo.EXECUTIONS:
+        where = f"execution_id IN ({ids}) AND status = '{PRUNING}'"
+    else:
+        where = f"execution_id IN ({ids})"
+    rows = f"SELECT {{row}} FROM {table.name} WHERE {where} LIMIT {CHUNK}"
+    if conn.dialect.name == "postgresql":  # by physical row: no key of its own needed
+        sql = f"DELETE FROM {table.name} WHERE ctid = ANY(ARRAY({rows.format(row='ctid')}))"
+    else:
+        sql = f"DELETE FROM {table.name} WHERE rowid IN ({rows.format(row='rowid')})"
+    return int(conn.execute(text(sql)).rowcount or 0)
+
+
+def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
