@@ -97,6 +97,8 @@ def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool 
         worker_hijack_root_logger=False,
         noetl_settings=settings,
         noetl_embedded=embedded,
+        # `celery -A noetl_celery beat`: the schedules of the event store (noetl_celery/beat.py)
+        beat_scheduler="noetl_celery.beat:StoreScheduler",
     )
     options.update(broker_options(settings, embedded=embedded))
     app.conf.update(options)

@@ -5,6 +5,7 @@ The CLI is a thin layer over these functions; a Python user calls the same ones.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +23,10 @@ from noetl_celery.engine.lifecycle import end_tree
 from noetl_celery.engine.orchestrator import start_new
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
 from noetl_celery.store import repo
+from noetl_celery.store import schedules as schedule_store
 from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
+
+log = logging.getLogger(__name__)
 
 EMBEDDED_CONCURRENCY = 4  # worker threads of `noetl-celery run`
 POLL_INTERVAL = 0.05  # seconds between status reads while waiting
@@ -59,7 +63,12 @@ def _insert_execution(
     )
 
 
-def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
+def submit(
+    plan: Plan,
+    settings: noetl_settings.Settings | None = None,
+    *,
+    claim: Callable[[Connection, int], None] | None = None,
+) -> int:
     """Create the execution and decide its start in the same transaction, as on_event would
     (the start rows and the first step's messages are recorded with the execution), then publish
     those messages. The first task so starts one broker hop and one commit sooner than through
@@ -67,7 +76,12 @@ def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
 
     A start that cannot be decided leaves nothing behind. A broker that cannot be reached
     raises BrokerUnavailable, and the execution is removed again with every row its start
-    wrote: nothing is left of what the user was told did not start."""
+    wrote: nothing is left of what the user was told did not start.
+
+    `claim(conn, execution_id)` runs first in the start's transaction (a schedule's claim of its
+    fire time, noetl_celery/schedules.py): if it raises, nothing is recorded. A claimed start is
+    kept when the broker cannot be reached (its claim is spent): the sweeper publishes its first
+    messages from the stored dispatch list when their deadline passes."""
     from noetl_celery.app import SUBMIT_RETRY_POLICY, app, publish
 
     settings = settings or app.conf.noetl_settings
@@ -75,6 +89,8 @@ def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
     ensure_schema(url)
     execution_id = new_execution_id()
     with decision_transaction(url) as conn:  # the execution row and its start: both or neither
+        if claim is not None:
+            claim(conn, execution_id)
         dispatches = start_new(
             conn,
             new_state(plan, execution_id),
@@ -85,6 +101,9 @@ def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
     try:
         publish(dispatches, retry_policy=SUBMIT_RETRY_POLICY)
     except Exception as exc:
+        if claim is not None:
+            log.warning("execution %s started, its first messages wait for the broker: %s", execution_id, exc)
+            return execution_id
         with transaction(url) as conn:
             repo.delete_unpublished_execution(conn, execution_id)
         raise BrokerUnavailable(
@@ -136,6 +155,7 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
         if row is None:
             raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
         variables = repo.load_variables(conn, execution_id)
+        scheduled = schedule_store.started_by(conn, execution_id)
         children = [
             {
                 "execution_id": c["execution_id"],
@@ -159,6 +179,7 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
         "vars": variables.get("vars", {}),
         "created_at": row["created_at"].isoformat() if row["created_at"] else None,
         "finished_at": row["finished_at"].isoformat() if row["finished_at"] else None,
+        "scheduled": scheduled,
     }
 
 
