@@ -241,8 +241,13 @@ def set_paused(database_url: str, name: str, paused: bool) -> dict[str, Any]:
 
 def list_all(database_url: str) -> list[dict[str, Any]]:
     ensure_schema(database_url)
+    out = []
     with transaction(database_url) as conn:
-        return [describe(row, store.last_fire(conn, row["name"])) for row in store.list_schedules(conn)]
+        for row in store.list_schedules(conn):
+            latest = store.schedule_runs(conn, row["name"], 1)
+            last = latest[0]["fire_time"] if latest else None
+            out.append({**describe(row, last), "last_run": _run_view(latest[0]) if latest else None})
+    return out
 
 
 def get(database_url: str, name: str, runs: int = 20) -> dict[str, Any]:
