@@ -121,7 +121,19 @@ def cancel(database_url: str, execution_id: int, reason: str | None = None) -> l
     with transaction(database_url) as conn:
         if repo.execution_head(conn, execution_id) is None:
             raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
-        return end_tree(conn, execution_id, "cancelled", "execution.cancelled", error)
+        ended = end_tree(conn, execution_id, "cancelled", "execution.cancelled", error)
+    if execution_id in ended:
+        _notify_now(execution_id)
+    return ended
+
+
+def _notify_now(execution_id: int) -> None:
+    """Enqueue the failure webhook of an execution this process ended (the sweep's scan would
+    find it too, a sweep later)."""
+    from noetl_celery.app import app, enqueue_notifications
+
+    if app.conf.noetl_embedded or app.conf.noetl_settings.broker_url:
+        enqueue_notifications([execution_id])
 
 
 def resume(settings: noetl_settings.Settings, execution_id: int) -> int:

@@ -177,6 +177,7 @@ def lease_notification(conn: Connection, execution_id: int, token: str, until: d
                 n.delivered_at.is_(None),
                 n.gave_up_at.is_(None),
                 or_(n.lease_until.is_(None), n.lease_until <= now),
+                or_(n.next_at.is_(None), n.next_at <= now),
             )
         )
         .values(lease_until=until, lease_token=token)

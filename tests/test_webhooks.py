@@ -1,0 +1,85 @@
+"""Failure webhooks: `noetl-celery server` (its embedded worker and sweeper) calls a real HTTP
+receiver on loopback once per failed or cancelled execution, with its id, playbook, failed step
+and masked error; a refused delivery is tried again with backoff, and a delivered one never."""
+
+from __future__ import annotations
+
+import time
+
+from noetl_celery import webhooks
+from tests.support.webhook_receiver import receiver
+from tests.test_server import SLOW_LOOP, Server
+
+SECRET = "s3cr3t-api-token-value"  # Server's NOETL_AUTH_API_TOKEN: a configured secret
+
+FAILING = f"""apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {{name: hook_fails, path: tests/hook_fails}}
+workflow:
+  - step: start
+    tool: {{kind: python, code: "result = 1"}}
+    next:
+      arcs: [{{step: boom}}]
+  - step: boom
+    tool: {{kind: python, code: "raise ValueError('bad token {SECRET}')"}}
+"""
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_backoff_doubles_up_to_its_cap():
+    assert [webhooks.backoff(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert webhooks.backoff(30) == webhooks.BACKOFF_MAX
+
+
+def test_a_failed_and_a_cancelled_execution_are_each_notified_once(tmp_path):
+    # the global URL refuses its first delivery; the cancelled playbook names its own URL
+    with receiver({"/global": [503]}) as hooks:
+        slow = SLOW_LOOP.replace(
+            "workload: {n: 400, sleep: 0.2}",
+            f"workload: {{n: 400, sleep: 0.2}}\nexecutor: {{spec: {{webhook: '{hooks.url}/own'}}}}",
+        )
+        server = Server(
+            tmp_path / "home",
+            tmp_path / "server.log",
+            settings={"NOETL_WEBHOOK_URL": f"{hooks.url}/global", "NOETL_SWEEP_INTERVAL": "0.5"},
+        )
+        try:
+            assert server.register(FAILING).status_code == 200
+            assert server.register(slow).status_code == 200
+            failed = server.post("/api/execute", {"path": "tests/hook_fails"}).json()["execution_id"]
+            running = server.post("/api/execute", {"path": "tests/api_slow_loop"}).json()["execution_id"]
+            assert server.wait_end(failed)["status"] == "failed"
+            server.wait_started(running, "work")
+            assert server.post(f"/api/executions/{running}/cancel", {"reason": "enough"}).status_code == 200
+
+            wait_for(lambda: any(c["status"] == 200 for c in hooks.on("/global")), 30, "the global delivery")
+            wait_for(lambda: len(hooks.on("/own")) == 1, 30, "the playbook's own webhook")
+            # several sweeps later: nothing more was sent
+            time.sleep(3 * 0.5 + 1.5)
+        finally:
+            assert server.stop() == 0, server.log_path.read_text()[-3000:]
+
+    first, second = hooks.on("/global")  # exactly two: one refused, then the delivery
+    assert (first["status"], second["status"]) == (503, 200)
+    assert first["body"]["attempt"] == 1 and second["body"]["attempt"] == 2
+    assert second["at"] - first["at"] >= webhooks.backoff(1) * 0.9  # tried again after its backoff
+    body = second["body"]
+    assert body["execution_id"] == str(failed) and body["playbook"] == "hook_fails"
+    assert (body["status"], body["failed_step"], body["path"]) == ("failed", "boom", "tests/hook_fails")
+    assert "ValueError" in str(body["error"]) and SECRET not in str(body) and "***" in str(body["error"])
+    assert second["headers"]["Idempotency-Key"] == f"noetl-execution-{failed}"
+
+    [own] = hooks.on("/own")
+    assert own["status"] == 200
+    assert own["body"]["execution_id"] == str(running) and own["body"]["status"] == "cancelled"
+    assert own["body"]["error"]["message"] == "enough"
+    assert len(hooks.calls) == 3
+    log = server.log_path.read_text()
+    assert SECRET not in log
