@@ -470,7 +470,7 @@ def _notify_ended() -> None:
     from noetl_celery import webhooks
 
     try:
-        due = webhooks.pending(current_settings().database_url)
+        due = webhooks.pending(current_settings())
     except Exception as exc:  # a store behind this version, or unreachable: the next sweep
         log.debug("webhook scan skipped: %s", exc)
         return

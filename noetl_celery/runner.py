@@ -123,17 +123,23 @@ def cancel(database_url: str, execution_id: int, reason: str | None = None) -> l
             raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
         ended = end_tree(conn, execution_id, "cancelled", "execution.cancelled", error)
     if execution_id in ended:
-        _notify_now(execution_id)
+        _notify_now(database_url, execution_id)
     return ended
 
 
-def _notify_now(execution_id: int) -> None:
+def _notify_now(database_url: str, execution_id: int) -> None:
     """Enqueue the failure webhook of an execution this process ended (the sweep's scan would
     find it too, a sweep later)."""
-    from noetl_celery.app import app, enqueue_notifications
+    from noetl_celery import webhooks
+    from noetl_celery.app import app, current_settings, enqueue_notifications
 
-    if app.conf.noetl_embedded or app.conf.noetl_settings.broker_url:
-        enqueue_notifications([execution_id])
+    if not (app.conf.noetl_embedded or app.conf.noetl_settings.broker_url):
+        return  # no worker would take it: the sweep of the deployment's workers sends it
+    try:
+        if webhooks.wanted(current_settings(), execution_id, database_url):
+            enqueue_notifications([execution_id])
+    except Exception as exc:  # the cancel is recorded; the sweep finds the notification
+        log.warning("webhook of execution %s not enqueued: %s", execution_id, exc)
 
 
 def resume(settings: noetl_settings.Settings, execution_id: int) -> int:

@@ -52,11 +52,21 @@ def backoff(attempts: int) -> float:
     return float(min(BACKOFF_BASE * 2 ** max(attempts - 1, 0), BACKOFF_MAX))
 
 
-def pending(database_url: str, now: datetime | None = None) -> list[int]:
-    """Executions whose notification is due (see the module's docstring)."""
+def pending(settings: noetl_settings.Settings, now: datetime | None = None) -> list[int]:
+    """Executions whose notification is due (see the module's docstring). Without
+    NOETL_WEBHOOK_URL only those whose playbook names its own webhook."""
     now = now or repo.utcnow()
-    with transaction(database_url) as conn:
-        return store.unnotified_ends(conn, now - NOTIFY_WINDOW, now, SCAN_LIMIT)
+    with transaction(settings.database_url) as conn:
+        return store.unnotified_ends(conn, now - NOTIFY_WINDOW, now, SCAN_LIMIT, own_url_only=not settings.webhook_url)
+
+
+def wanted(settings: noetl_settings.Settings, execution_id: int, database_url: str | None = None) -> bool:
+    """Whether an ended execution has a webhook to call (the setting, or its playbook's own)."""
+    if settings.webhook_url:
+        return True
+    with transaction(database_url or settings.database_url) as conn:
+        row = repo.get_execution(conn, execution_id)
+    return bool(row and row["parent_execution_id"] is None and (row["plan"] or {}).get("webhook"))
 
 
 def _message(conn: Any, execution_id: int, attempt: int) -> tuple[dict[str, Any], str | None] | None:

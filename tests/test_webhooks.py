@@ -83,3 +83,49 @@ def test_a_failed_and_a_cancelled_execution_are_each_notified_once(tmp_path):
     assert len(hooks.calls) == 3
     log = server.log_path.read_text()
     assert SECRET not in log
+
+
+def _ended(url: str, execution_id: int, status: str, webhook: str | None = None, parent: int | None = None) -> None:
+    from noetl_celery.store import repo
+    from noetl_celery.store.db import ensure_schema, transaction
+
+    ensure_schema(url)
+    plan = {"name": f"p{execution_id}", "webhook": webhook}
+    with transaction(url) as conn:
+        repo.create_execution(conn, execution_id=execution_id, plan=plan, workload={}, parent_execution_id=parent)
+        repo.finish_execution(conn, execution_id, status, error={"message": "x"}, failed_step="s")
+
+
+class Answer:
+    def __init__(self, status_code: int):
+        self.status_code = status_code
+
+
+def test_the_scan_the_lease_and_the_retries_in_the_store(sqlite_url):
+    from noetl_celery import settings as noetl_settings
+
+    _ended(sqlite_url, 1, "failed")
+    _ended(sqlite_url, 2, "cancelled", webhook="http://127.0.0.1:9/own")
+    _ended(sqlite_url, 3, "completed", webhook="http://127.0.0.1:9/own")
+    _ended(sqlite_url, 4, "failed", webhook="http://127.0.0.1:9/own", parent=2)  # a child: its parent's business
+    without = noetl_settings.load({"NOETL_DATABASE_URL": sqlite_url})
+    with_url = noetl_settings.load({"NOETL_DATABASE_URL": sqlite_url, "NOETL_WEBHOOK_URL": "http://127.0.0.1:9/g"})
+    assert webhooks.pending(without) == [2]  # no setting: only a playbook's own webhook
+    assert sorted(webhooks.pending(with_url)) == [1, 2]
+
+    calls: list[str] = []
+
+    def refused(url, **_):
+        calls.append(url)
+        raise ConnectionError("refused")
+
+    assert webhooks.deliver(with_url, 1, post=refused) == ("retry", 1.0)
+    assert webhooks.deliver(with_url, 1, post=refused) == ("held", None)  # not due before its backoff
+    assert webhooks.pending(with_url) == [2]  # 1 waits for its next try
+    assert webhooks.deliver(with_url, 2, post=lambda url, **_: (calls.append(url), Answer(200))[1]) == (
+        "delivered",
+        None,
+    )
+    assert webhooks.deliver(with_url, 2, post=refused) == ("held", None)  # delivered: never again
+    assert calls == ["http://127.0.0.1:9/g", "http://127.0.0.1:9/own"]
+    assert webhooks.deliver(with_url, 3, post=refused) == ("gone", None)  # completed: nothing to say

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, and_, delete, func, not_, or_, select, update
+from sqlalchemy import Connection, Table, and_, delete, func, not_, or_, select, true, update
 
 from noetl_celery.store.models import Execution, Notification, Schedule, ScheduleRun
 from noetl_celery.store.repo import _insert, utcnow
@@ -132,9 +132,12 @@ def started_by(conn: Connection, execution_id: int) -> dict[str, Any] | None:
 # --- failure notifications ----------------------------------------------------------------
 
 
-def unnotified_ends(conn: Connection, since: datetime, now: datetime, limit: int = 100) -> list[int]:
+def unnotified_ends(
+    conn: Connection, since: datetime, now: datetime, limit: int = 100, *, own_url_only: bool = False
+) -> list[int]:
     """Top-level executions that ended failed or cancelled after `since` whose webhook is neither
-    delivered nor given up, and not leased or waiting for its next try at `now`."""
+    delivered nor given up, and not leased or waiting for its next try at `now`. `own_url_only`
+    (no NOETL_WEBHOOK_URL): only those whose plan names its own webhook."""
     e, n = EXECUTIONS.c, NOTIFICATIONS.c
     waiting = select(n.execution_id).where(
         or_(
@@ -152,6 +155,7 @@ def unnotified_ends(conn: Connection, since: datetime, now: datetime, limit: int
                 e.parent_execution_id.is_(None),
                 e.finished_at >= since,
                 not_(e.execution_id.in_(waiting)),
+                e.plan["webhook"].as_string().is_not(None) if own_url_only else true(),
             )
         )
         .order_by(e.finished_at)
