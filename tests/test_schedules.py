@@ -286,3 +286,21 @@ def test_two_beats_and_a_restart_start_each_fire_time_once(migrated_postgres, re
         engine.dispose()
     assert sorted(executions) == sorted(r[2] for r in runs)  # one execution per fire time, no other
     assert _runs(url, "paused") == []
+
+
+@pytest.mark.parametrize(("policy", "outcome"), [("latest", "started"), ("skip", "skipped")])
+def test_after_downtime_the_missed_policy_decides_in_the_store(sqlite_url, policy, outcome):
+    settings = _settings(sqlite_url)
+    schedules.add(sqlite_url, schedules.validate("m", HELLO, every=60, missed=policy))
+    now = datetime.now(UTC)
+    created = now - timedelta(minutes=30, seconds=30)  # no beat ran for the 30 fire times since
+    with transaction(sqlite_url) as conn:
+        conn.execute(text("UPDATE noetl_schedule SET created_at = :t, anchor_at = :t"), {"t": created})
+    fired = schedules.fire(settings, "m", now, by="beat")
+    assert [f["outcome"] for f in fired] == [outcome]  # once, for the latest missed fire time
+    latest = created.replace(microsecond=0) + timedelta(minutes=30)
+    assert fired[0]["fire_time"] == latest.isoformat()
+    assert (fired[0]["execution_id"] is not None) == (policy == "latest")
+    assert schedules.fire(settings, "m", now + timedelta(seconds=5), by="restarted") == []  # not again
+    listed = schedules.list_all(sqlite_url)[0]
+    assert listed["last_fire"] == latest.isoformat() and listed["last_run"]["outcome"] == outcome
