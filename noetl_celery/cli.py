@@ -311,6 +311,8 @@ def status(execution_id: int, as_json: bool) -> None:
         _print_json({**result, **extras})
         sys.exit(_exit_for(result))
     _print_outcome(result, as_json)
+    if result.get("scheduled"):
+        echo(f"  started by schedule {result['scheduled']['schedule']} (fire time {result['scheduled']['fire_time']})")
     progress = extras["progress"]
     echo(f"  progress: {progress['done']}/{progress['total']} units")
     from noetl_celery.store.views import loop_count

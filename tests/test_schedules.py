@@ -174,6 +174,8 @@ def test_a_started_execution_shows_its_schedule_and_fire_time_in_status(sqlite_u
             text("SELECT workload FROM noetl_execution WHERE execution_id = :i"), {"i": fired[0]["execution_id"]}
         ).scalar()
     assert json.loads(workload)["greeting"] == "scheduled"
+    shown = cli(["status", str(fired[0]["execution_id"])], {"NOETL_DATABASE_URL": sqlite_url})
+    assert f"started by schedule st (fire time {fired[0]['fire_time']})" in shown.stdout, shown.stdout + shown.stderr
 
 
 def test_a_playbook_that_no_longer_compiles_refuses_its_fire_time_once(sqlite_url, tmp_path):
