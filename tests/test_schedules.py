@@ -191,20 +191,28 @@ def test_a_playbook_that_no_longer_compiles_refuses_its_fire_time_once(sqlite_ur
 
 
 def test_schedule_cli_add_list_pause_resume_remove(tmp_path):
-    env = {"NOETL_HOME": str(tmp_path)}
-    added = cli(["schedule", "add", "h", HELLO, "--every", "60", "--set", "greeting=hi", "--json"], env)
-    assert added.returncode == 0, added.stderr
-    assert json.loads(added.stdout)["workload"] == {"greeting": "hi"}
-    again = cli(["schedule", "add", "h", HELLO, "--every", "60"], env)
-    assert again.returncode == 2 and "exists" in again.stderr
-    assert cli(["schedule", "pause", "h"], env).returncode == 0
-    listed = json.loads(cli(["schedule", "list", "--json"], env).stdout)
+    from click.testing import CliRunner
+
+    from noetl_celery.cli import cli as command
+
+    runner = CliRunner(env={"NOETL_HOME": str(tmp_path), "NOETL_DATABASE_URL": None, "NOETL_BROKER_URL": None})
+
+    def run(*args: str):
+        return runner.invoke(command, ["schedule", *args], catch_exceptions=False)
+
+    added = run("add", "h", HELLO, "--every", "60", "--set", "greeting=hi", "--json")
+    assert added.exit_code == 0, added.output
+    assert json.loads(added.output)["workload"] == {"greeting": "hi"}
+    again = run("add", "h", HELLO, "--every", "60")
+    assert again.exit_code == 2 and "exists" in again.output
+    assert run("pause", "h").exit_code == 0
+    listed = json.loads(run("list", "--json").output)
     assert [(s["name"], s["paused"], s["next_fire"]) for s in listed] == [("h", True, None)]
-    assert cli(["schedule", "resume", "h"], env).returncode == 0
-    assert json.loads(cli(["schedule", "list", "--json"], env).stdout)[0]["next_fire"] is not None
-    assert cli(["schedule", "remove", "h"], env).returncode == 0
-    missing = cli(["schedule", "remove", "h"], env)
-    assert missing.returncode == 2 and "no schedule named 'h'" in missing.stderr
+    assert run("resume", "h").exit_code == 0
+    assert json.loads(run("list", "--json").output)[0]["next_fire"] is not None
+    assert run("remove", "h").exit_code == 0
+    missing = run("remove", "h")
+    assert missing.exit_code == 2 and "no schedule named 'h'" in missing.output
 
 
 # --- real beat processes -------------------------------------------------------------------
