@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from noetl_celery import webhooks
 from tests.support.webhook_receiver import receiver
 from tests.test_server import SLOW_LOOP, Server
@@ -129,3 +131,14 @@ def test_the_scan_the_lease_and_the_retries_in_the_store(sqlite_url):
     assert webhooks.deliver(with_url, 2, post=refused) == ("held", None)  # delivered: never again
     assert calls == ["http://127.0.0.1:9/g", "http://127.0.0.1:9/own"]
     assert webhooks.deliver(with_url, 3, post=refused) == ("gone", None)  # completed: nothing to say
+
+
+def test_a_playbooks_own_webhook_is_a_string_in_executor_spec():
+    from noetl_celery.compiler import compile_playbook
+    from noetl_celery.errors import PlaybookError
+
+    text = FAILING.replace("workflow:", "executor: {spec: {webhook: 'https://hooks.example/x'}}\nworkflow:", 1)
+    assert compile_playbook("p.yaml", text=text).webhook == "https://hooks.example/x"
+    assert compile_playbook("p.yaml", text=FAILING).webhook is None
+    with pytest.raises(PlaybookError, match="executor.spec.webhook"):
+        compile_playbook("p.yaml", text=text.replace("'https://hooks.example/x'", "5"))

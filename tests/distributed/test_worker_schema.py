@@ -20,7 +20,7 @@ def test_a_worker_refuses_a_store_at_an_old_revision(fresh_postgres, worker_fact
     lines = [line for line in log.splitlines() if "is at revision 0002" in line]
     assert lines, worker.log_tail()
     assert (
-        f"the event store at {safe_url(fresh_postgres.url)} is at revision 0002, this version needs 0004: "
+        f"the event store at {safe_url(fresh_postgres.url)} is at revision 0002, this version needs 0005_schedules: "
         "run `noetl-celery migrate`" in lines[0]
     )
     assert "Traceback" not in log and " ready." not in log
