@@ -98,6 +98,8 @@ def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool 
         worker_hijack_root_logger=False,
         noetl_settings=settings,
         noetl_embedded=embedded,
+        # `celery -A noetl_celery beat`: the schedules of the event store (noetl_celery/beat.py)
+        beat_scheduler="noetl_celery.beat:StoreScheduler",
     )
     options.update(broker_options(settings, embedded=embedded))
     app.conf.update(options)
@@ -431,6 +433,7 @@ def sweep_once() -> sweeper.SweepResult:
     )
     if settings.prune_older_than is not None and not result.skipped:  # the sweeper holding the lock prunes
         _prune_share(settings.database_url, settings.prune_older_than, settings.sweep_interval)
+    _notify_ended()
     return result
 
 
@@ -448,6 +451,49 @@ def _prune_share(url: str, older_than: Any, interval: float) -> None:
     if pruned.executions:
         log.info("retention: removed %d execution(s) older than %s: %s", pruned.executions, older_than, pruned.rows)
     _next_prune = 0.0 if not pruned.done else time.monotonic() + PRUNE_EVERY
+
+
+NOTIFY = "noetl.notify"  # a failed or cancelled execution's webhook (noetl_celery/webhooks.py)
+
+
+@app.task(name=NOTIFY, bind=True, acks_late=True, ignore_result=True)
+def notify(self, execution_id: int) -> str:  # type: ignore[no-untyped-def]
+    """One delivery attempt of an execution's failure webhook; a failed one is sent again with its
+    backoff as a countdown (the sweep's scan also finds it once due: the lease takes one of them)."""
+    from noetl_celery import webhooks
+
+    outcome, delay = webhooks.deliver(current_settings(), int(execution_id))
+    if outcome == "retry" and delay is not None:
+        enqueue_notifications([int(execution_id)], countdown=delay)
+    return outcome
+
+
+def enqueue_notifications(execution_ids: list[int], countdown: float = 0.0) -> None:
+    """Send `noetl.notify` for each execution to the event queue (after the decision that ended
+    it committed). A broker that cannot be reached is logged: the next sweep sends them."""
+    for execution_id in execution_ids:
+        try:
+            notify.apply_async(
+                kwargs={"execution_id": execution_id},
+                queue=current_settings().event_queue,
+                countdown=countdown or None,
+                argsrepr=f"webhook of execution {execution_id}",
+                retry_policy=SUBMIT_RETRY_POLICY,
+            )
+        except Exception as exc:
+            log.warning("webhook of execution %s not enqueued (the sweep retries): %s", execution_id, exc)
+
+
+def _notify_ended() -> None:
+    """The sweep's part of failure webhooks: enqueue the notifications that are due."""
+    from noetl_celery import webhooks
+
+    try:
+        due = webhooks.pending(current_settings())
+    except Exception as exc:  # a store behind this version, or unreachable: the next sweep
+        log.debug("webhook scan skipped: %s", exc)
+        return
+    enqueue_notifications(due)
 
 
 def _act_on_sweep(result: sweeper.SweepResult) -> None:

@@ -298,6 +298,8 @@ def status(execution_id: int, as_json: bool) -> None:
         _print_json({**result, **extras})
         sys.exit(_exit_for(result))
     _print_outcome(result, as_json)
+    if result.get("scheduled"):
+        echo(f"  started by schedule {result['scheduled']['schedule']} (fire time {result['scheduled']['fire_time']})")
     progress = extras["progress"]
     echo(f"  progress: {progress['done']}/{progress['total']} units")
     from noetl_celery.store.views import loop_count
@@ -832,6 +834,138 @@ def register_cmd(files: tuple[str, ...]) -> None:
         sys.exit(EXIT_INVALID)
     for file, plan in zip(files, plans, strict=True):
         echo(f"registered {plan.path} ({plan.name}) from {file}")
+
+
+# --- schedules (noetl_celery/schedules.py; `celery -A noetl_celery beat` fires them) -------
+
+
+@cli.group(name="schedule")
+def schedule_group() -> None:
+    """Playbooks started by `celery -A noetl_celery beat` on a cron expression or an interval."""
+
+
+def _schedule_call(fn: Any) -> Any:
+    from noetl_celery.schedules import ScheduleError, ScheduleNotFound
+
+    try:
+        return fn()
+    except (ScheduleError, ScheduleNotFound) as exc:
+        echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_INVALID)
+
+
+def _schedule_line(item: dict[str, Any]) -> str:
+    when = f"cron {item['cron']!r} {item['timezone']}" if item["cron"] else f"every {item['every']} s"
+    state = "paused" if item["paused"] else f"next {item['next_fire']}"
+    return f"{item['name']:<24} {item['playbook']:<32} {when:<28} {state}  (last {item['last_fire'] or '-'})"
+
+
+@schedule_group.command(name="add")
+@click.argument("name")
+@click.argument("playbook")
+@click.option("--cron", default=None, help="A cron expression: 5 fields, or 6 with seconds first.")
+@click.option("--every", type=int, default=None, help="An interval in whole seconds (instead of --cron).")
+@click.option("--timezone", "--tz", "timezone", default="UTC", show_default=True, help="The cron's time zone (IANA).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a workload value.")
+@click.option(
+    "--missed",
+    type=click.Choice(["latest", "skip"]),
+    default="latest",
+    show_default=True,
+    help="Fire times missed while no beat ran: run the latest once, or skip them.",
+)
+@click.option("--paused", is_flag=True, help="Store it paused (`schedule resume` starts it).")
+@click.option("--replace", is_flag=True, help="Overwrite a schedule of the same name.")
+@click.option("--json", "as_json", is_flag=True)
+def schedule_add(
+    name: str,
+    playbook: str,
+    cron: str | None,
+    every: int | None,
+    timezone: str,
+    sets: tuple[str, ...],
+    missed: str,
+    paused: bool,
+    replace: bool,
+    as_json: bool,
+) -> None:
+    """Schedule PLAYBOOK (a catalog path, or a playbook file) under NAME."""
+    from noetl_celery import schedules
+
+    url = noetl_settings.load().database_url
+    overrides = _parse_sets(sets)
+
+    def add() -> dict[str, Any]:
+        values = schedules.validate(
+            name, playbook, cron=cron, every=every, timezone=timezone, workload=overrides, missed=missed, paused=paused
+        )
+        return schedules.add(url, values, replace=replace)
+
+    item = _schedule_call(add)
+    if as_json:
+        _print_json(item)
+    else:
+        echo(f"schedule {item['name']}: {_schedule_line(item)}")
+
+
+@schedule_group.command(name="list")
+@click.option("--json", "as_json", is_flag=True)
+def schedule_list(as_json: bool) -> None:
+    """The schedules, with their last and next fire times."""
+    from noetl_celery import schedules
+
+    items = schedules.list_all(noetl_settings.load().database_url)
+    if as_json:
+        _print_json(items)
+        return
+    if not items:
+        echo("no schedules")
+    for item in items:
+        echo(_schedule_line(item))
+
+
+@schedule_group.command(name="show")
+@click.argument("name")
+@click.option("--runs", type=click.IntRange(min=1), default=20, show_default=True)
+def schedule_show(name: str, runs: int) -> None:
+    """A schedule and its latest fire times (JSON): which execution each started."""
+    from noetl_celery import schedules
+
+    url = noetl_settings.load().database_url
+    _print_json(_schedule_call(lambda: schedules.get(url, name, runs)))
+
+
+@schedule_group.command(name="remove")
+@click.argument("name")
+def schedule_remove(name: str) -> None:
+    """Remove a schedule (the record of what it started stays)."""
+    from noetl_celery import schedules
+
+    url = noetl_settings.load().database_url
+    _schedule_call(lambda: schedules.remove(url, name))
+    echo(f"schedule {name}: removed")
+
+
+@schedule_group.command(name="pause")
+@click.argument("name")
+def schedule_pause(name: str) -> None:
+    """Pause a schedule: no fire time starts until `schedule resume`."""
+    from noetl_celery import schedules
+
+    url = noetl_settings.load().database_url
+    _schedule_call(lambda: schedules.set_paused(url, name, True))
+    echo(f"schedule {name}: paused")
+
+
+@schedule_group.command(name="resume")
+@click.argument("name")
+def schedule_resume(name: str) -> None:
+    """Resume a paused schedule from now on (the fire times while it was paused do not run)."""
+    from noetl_celery import schedules
+
+    url = noetl_settings.load().database_url
+    item = _schedule_call(lambda: schedules.set_paused(url, name, False))
+    echo(f"schedule {name}: resumed, next {item['next_fire']}")
 
 
 def main() -> None:

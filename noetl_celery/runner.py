@@ -5,6 +5,7 @@ The CLI is a thin layer over these functions; a Python user calls the same ones.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,7 +24,10 @@ from noetl_celery.engine.orchestrator import start_new
 from noetl_celery.engine.rerun import origin as rerun_made_from
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
 from noetl_celery.store import repo
+from noetl_celery.store import schedules as schedule_store
 from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
+
+log = logging.getLogger(__name__)
 
 EMBEDDED_CONCURRENCY = 4  # worker threads of `noetl-celery run`
 POLL_INTERVAL = 0.05  # seconds between status reads while waiting
@@ -61,14 +65,21 @@ def _insert_execution(
 
 
 Start = Callable[[Connection, ExecutionState, Callable[[int, int], None]], list[Any]]
+Claim = Callable[[Connection, int], None]
 
 
-def create_started(plan: Plan, database_url: str, start: Start = start_new) -> tuple[int, list[Any]]:
+def create_started(
+    plan: Plan, database_url: str, start: Start = start_new, claim: Claim | None = None
+) -> tuple[int, list[Any]]:
     """A new execution of `plan` and the decision of its start (`start`: orchestrator.start_new,
-    or a rerun's start), in one transaction; returns its id and the dispatches to publish."""
+    or a rerun's start), in one transaction; returns its id and the dispatches to publish.
+    `claim(conn, execution_id)` runs first in that transaction (a schedule's claim of its fire
+    time): if it raises, nothing is recorded."""
     ensure_schema(database_url)
     execution_id = new_execution_id()
     with decision_transaction(database_url) as conn:  # the execution row and its start: both or neither
+        if claim is not None:
+            claim(conn, execution_id)
         dispatches = start(
             conn,
             new_state(plan, execution_id),
@@ -79,7 +90,7 @@ def create_started(plan: Plan, database_url: str, start: Start = start_new) -> t
     return execution_id, dispatches
 
 
-def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
+def submit(plan: Plan, settings: noetl_settings.Settings | None = None, *, claim: Claim | None = None) -> int:
     """Create the execution and decide its start in the same transaction, as on_event would
     (the start rows and the first step's messages are recorded with the execution), then publish
     those messages. The first task so starts one broker hop and one commit sooner than through
@@ -87,23 +98,34 @@ def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
 
     A start that cannot be decided leaves nothing behind. A broker that cannot be reached
     raises BrokerUnavailable, and the execution is removed again with every row its start
-    wrote: nothing is left of what the user was told did not start."""
+    wrote: nothing is left of what the user was told did not start.
+
+    `claim(conn, execution_id)` runs first in the start's transaction (a schedule's claim of its
+    fire time, noetl_celery/schedules.py): if it raises, nothing is recorded. A claimed start is
+    kept when the broker cannot be reached (its claim is spent): the sweeper publishes its first
+    messages from the stored dispatch list when their deadline passes."""
     from noetl_celery.app import app
 
     settings = settings or app.conf.noetl_settings
-    execution_id, dispatches = create_started(plan, settings.database_url)
-    _publish_start(settings, execution_id, dispatches)
+    execution_id, dispatches = create_started(plan, settings.database_url, claim=claim)
+    _publish_start(settings, execution_id, dispatches, keep=claim is not None)
     return execution_id
 
 
-def _publish_start(settings: noetl_settings.Settings, execution_id: int, dispatches: list[Any]) -> None:
+def _publish_start(
+    settings: noetl_settings.Settings, execution_id: int, dispatches: list[Any], *, keep: bool = False
+) -> None:
     """Publish a new execution's first messages; when the broker cannot be reached, remove it
-    again with every row its start wrote and raise BrokerUnavailable."""
+    again with every row its start wrote and raise BrokerUnavailable (`keep`: leave a claimed
+    start to the sweeper, which publishes its stored first messages once their deadline passes)."""
     from noetl_celery.app import SUBMIT_RETRY_POLICY, publish
 
     try:
         publish(dispatches, retry_policy=SUBMIT_RETRY_POLICY)
     except Exception as exc:
+        if keep:
+            log.warning("execution %s started, its first messages wait for the broker: %s", execution_id, exc)
+            return
         with transaction(settings.database_url) as conn:
             repo.delete_unpublished_execution(conn, execution_id)
         raise BrokerUnavailable(
@@ -120,7 +142,25 @@ def cancel(database_url: str, execution_id: int, reason: str | None = None) -> l
     with transaction(database_url) as conn:
         if repo.execution_head(conn, execution_id) is None:
             raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
-        return end_tree(conn, execution_id, "cancelled", "execution.cancelled", error)
+        ended = end_tree(conn, execution_id, "cancelled", "execution.cancelled", error)
+    if execution_id in ended:
+        _notify_now(database_url, execution_id)
+    return ended
+
+
+def _notify_now(database_url: str, execution_id: int) -> None:
+    """Enqueue the failure webhook of an execution this process ended (the sweep's scan would
+    find it too, a sweep later)."""
+    from noetl_celery import webhooks
+    from noetl_celery.app import app, current_settings, enqueue_notifications
+
+    if not (app.conf.noetl_embedded or app.conf.noetl_settings.broker_url):
+        return  # no worker would take it: the sweep of the deployment's workers sends it
+    try:
+        if webhooks.wanted(current_settings(), execution_id, database_url):
+            enqueue_notifications([execution_id])
+    except Exception as exc:  # the cancel is recorded; the sweep finds the notification
+        log.warning("webhook of execution %s not enqueued: %s", execution_id, exc)
 
 
 def resume(settings: noetl_settings.Settings, execution_id: int) -> int:
@@ -155,6 +195,7 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
             raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
         variables = repo.load_variables(conn, execution_id)
         made_from = rerun_made_from(conn, execution_id) or {}
+        scheduled = schedule_store.started_by(conn, execution_id)
         children = [
             {
                 "execution_id": c["execution_id"],
@@ -180,6 +221,7 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
         "vars": variables.get("vars", {}),
         "created_at": row["created_at"].isoformat() if row["created_at"] else None,
         "finished_at": row["finished_at"].isoformat() if row["finished_at"] else None,
+        "scheduled": scheduled,
     }
 
 

@@ -46,6 +46,7 @@ DEFAULT_SWEEP_INTERVAL = 5.0  # seconds between sweeps for overdue attempts (0: 
 DEFAULT_SWEEP_TIMEOUT = 10.0  # seconds: PostgreSQL ends a sweep transaction stuck longer (a frozen sweeper)
 DEFAULT_MAX_REPUBLISHES = 3  # times an overdue attempt is published again before it is `lost`
 DEFAULT_MAX_DELIVERIES = 3  # deliveries of a task that kill its worker process before `worker_lost`
+DEFAULT_SCHEDULE_GRACE = 10.0  # seconds a fire time may be late and still run (older: missed; schedules.py)
 EMBEDDED_BROKER = "memory://localhost/"
 AUTH_PREFIX = "NOETL_AUTH_"  # NOETL_AUTH_<NAME>: the credential <name> (JSON object or string)
 CREDENTIALS_FILE_ENV = "NOETL_CREDENTIALS_FILE"  # JSON/YAML file: credential name -> credential
@@ -119,6 +120,8 @@ class Settings:
     flower_url: str | None = None  # Flower's base URL: the dashboard links each attempt to its task page
     dashboard_url: str | None = None  # the dashboard's base URL: Flower's args line links each task to its execution
     dashboard_token: str | None = field(default=None, repr=False)  # enables the dashboard's cancel/resume
+    schedule_grace: float = DEFAULT_SCHEDULE_GRACE  # NOETL_SCHEDULE_GRACE (noetl_celery/schedules.py)
+    webhook_url: str | None = field(default=None, repr=False)  # NOETL_WEBHOOK_URL (noetl_celery/webhooks.py)
     # the limits as load() saw them; noetl_celery.limits reads each again (`limit`) when it is used
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
     max_playbook_bytes: int = DEFAULT_MAX_PLAYBOOK_BYTES
@@ -170,6 +173,8 @@ class Settings:
             "NOETL_FLOWER_URL": mask_url(self.flower_url) if self.flower_url else "(none)",
             "NOETL_DASHBOARD_URL": mask_url(self.dashboard_url) if self.dashboard_url else "(none)",
             "NOETL_DASHBOARD_TOKEN": MASK if self.dashboard_token else "(none)",
+            "NOETL_SCHEDULE_GRACE": f"{self.schedule_grace:g} s",
+            "NOETL_WEBHOOK_URL": webhook_shown(self.webhook_url),
             MAX_RESULT_BYTES_ENV: f"{self.max_result_bytes} bytes",
             MAX_PLAYBOOK_BYTES_ENV: f"{self.max_playbook_bytes} bytes",
             MAX_YAML_NODES_ENV: str(self.max_yaml_nodes),
@@ -245,6 +250,8 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             flower_url=(env.get("NOETL_FLOWER_URL") or "").rstrip("/") or None,
             dashboard_url=(env.get("NOETL_DASHBOARD_URL") or "").rstrip("/") or None,
             dashboard_token=env.get("NOETL_DASHBOARD_TOKEN") or None,
+            schedule_grace=_float(env, "NOETL_SCHEDULE_GRACE", DEFAULT_SCHEDULE_GRACE),
+            webhook_url=(env.get("NOETL_WEBHOOK_URL") or "").strip() or None,
             max_result_bytes=int(limit(MAX_RESULT_BYTES_ENV, env)),
             max_playbook_bytes=int(limit(MAX_PLAYBOOK_BYTES_ENV, env)),
             max_yaml_nodes=int(limit(MAX_YAML_NODES_ENV, env)),
@@ -434,3 +441,12 @@ def require_broker(settings: Settings) -> str:
             "separate worker processes and `noetl-celery submit`; `noetl-celery run` needs none"
         )
     return settings.broker_url
+
+
+def webhook_shown(url: str | None) -> str:
+    """A webhook URL as `config` shows it: scheme and host only (the path of many webhook URLs,
+    Slack's among them, is their secret)."""
+    if not url:
+        return "(none)"
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}{':' + str(parts.port) if parts.port else ''}/{MASK}"

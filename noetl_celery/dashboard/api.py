@@ -615,8 +615,11 @@ class OpenApi(Api):
 
 
 def routes(common: dict[str, Any], runs: bool) -> list[tuple[str, type, dict[str, Any]]]:
+    from noetl_celery.dashboard.schedules_api import schedule_routes
+
     api = {**common, "runs": runs}
     return [
+        *schedule_routes(api),
         (r"/health", Health, api),
         (r"/api/health", Health, api),
         (r"/api/openapi\.json", OpenApi, api),

@@ -6,6 +6,7 @@ from typing import Any
 
 from noetl_celery import __version__
 from noetl_celery.dashboard.api import STATUSES
+from noetl_celery.dashboard.schedules_api import schedule_paths
 
 JSON = "application/json"
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
@@ -34,7 +35,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         400: "a bad body or parameter; `field` names it",
         401: "no or a wrong Bearer token",
         403: "writes are disabled (no NOETL_DASHBOARD_TOKEN on the server)",
-        404: "no such execution or catalog path",
+        404: "no such execution, catalog path or schedule",
         409: "refused by the engine",
         501: "not offered by this server",
         503: "no worker, or the broker or the event store cannot be reached",
@@ -290,5 +291,6 @@ def document() -> dict[str, Any]:
                     "responses": _errors(501),
                 }
             },
+            **schedule_paths(_ok, _errors, _body, _object, BEARER, WRITE),
         },
     }

@@ -49,7 +49,7 @@ TOP_KEYS = frozenset(
 METADATA_KEYS = frozenset({"name", "path", "description", "version", "labels", "tags"})
 EXECUTOR_KEYS = frozenset({"profile", "version", "requires", "spec"})
 EXECUTOR_SPEC_KEYS = frozenset(
-    {"entry_step", "final_step", "no_next_is_error", "policy", "timeout", "strict_templates"}
+    {"entry_step", "final_step", "no_next_is_error", "policy", "timeout", "strict_templates", "webhook"}
 )
 CANONICAL_WORKBOOK_KEYS = frozenset({"name", "desc", "tool", "assert"})
 DEFAULT_ENTRY_STEP = "start"
@@ -156,6 +156,7 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
         final_step=final if isinstance(final, str) else None,
         no_next_is_error=bool(executor.get("no_next_is_error")),
         strict_templates=bool(executor.get("strict_templates")),
+        webhook=executor.get("webhook") if isinstance(executor.get("webhook"), str) else None,
         steps=steps,
         source_file=source_path(ctx.file),
         timeout=_playbook_timeout(ctx, top, executor),
@@ -238,7 +239,7 @@ def _executor(ctx: Context, top: LDict) -> dict[str, Any]:
     check_keys(ctx, executor, EXECUTOR_KEYS, "executor")
     spec = expect_mapping(ctx, executor.get("spec") or LDict(), line_of(executor, "spec"), "executor.spec") or LDict()
     check_keys(ctx, spec, EXECUTOR_SPEC_KEYS, "executor.spec")
-    for key in ("entry_step", "final_step"):
+    for key in ("entry_step", "final_step", "webhook"):
         if key in spec:
             expect_str(ctx, spec[key], line_of(spec, key), f"executor.spec.{key}")
     boolean(ctx, spec, "no_next_is_error", "executor.spec")

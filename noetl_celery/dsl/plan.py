@@ -200,6 +200,9 @@ class Plan(_Model):
     # `executor.spec.strict_templates`: an undefined name fails wherever it is rendered (by default
     # tool args, sinks, set/vars and arcs render leniently, as NoETL renders them)
     strict_templates: bool = False
+    # `executor.spec.webhook`: called once when an execution of this playbook fails or is
+    # cancelled (noetl_celery/webhooks.py), instead of NOETL_WEBHOOK_URL
+    webhook: str | None = None
     steps: dict[str, Step]
     source_file: str | None = None
     timeout: float | None = None  # seconds the whole execution may take (None: no limit)

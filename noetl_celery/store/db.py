@@ -318,6 +318,15 @@ def ensure_schema(url: str) -> None:
     _migrated.add(key)
 
 
+def head_revision() -> str:
+    """The newest revision of the schema this version knows (the one `migrate` brings a store to)."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None
+    return head
+
+
 def check_revision(url: str) -> None:
     """SchemaOutOfDate when the store at `url` has no schema or an older one than this version."""
     from alembic.runtime.migration import MigrationContext

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -159,3 +159,54 @@ class CatalogEntry(Base):
     source_file: Mapped[str | None] = mapped_column(String(1000))
     content: Mapped[str] = mapped_column(Text)
     registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Schedule(Base):
+    """A playbook fired by Celery beat (noetl_celery/schedules.py): a cron expression in its time
+    zone, or every `interval_s` seconds. Only fire times after `anchor_at` count."""
+
+    __tablename__ = "noetl_schedule"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    playbook: Mapped[str] = mapped_column(String(1000))  # a catalog path, or a playbook file
+    cron: Mapped[str | None] = mapped_column(String(200))
+    interval_s: Mapped[int | None] = mapped_column(Integer)
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")
+    workload: Mapped[Any | None] = mapped_column(Json)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    missed: Mapped[str] = mapped_column(String(16), default="latest")  # latest | skip
+    anchor_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ScheduleRun(Base):
+    """One fire time of one schedule, claimed by a beat: the primary key is the claim."""
+
+    __tablename__ = "noetl_schedule_run"
+    __table_args__ = (Index("ix_noetl_schedule_run_execution", "execution_id"),)
+
+    schedule: Mapped[str] = mapped_column(String(200), primary_key=True)
+    fire_time: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    outcome: Mapped[str] = mapped_column(String(16))  # started | skipped | refused
+    execution_id: Mapped[int | None] = mapped_column(BigInteger)
+    claimed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    detail: Mapped[Any | None] = mapped_column(Json)
+
+
+class Notification(Base):
+    """The failure webhook of one ended execution (noetl_celery/webhooks.py)."""
+
+    __tablename__ = "noetl_notification"
+
+    execution_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    url: Mapped[str | None] = mapped_column(String(2000))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    next_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    gave_up_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

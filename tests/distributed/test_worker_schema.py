@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from noetl_celery.store.check import safe_url
-from noetl_celery.store.db import current_revision, migrate
+from noetl_celery.store.db import current_revision, head_revision, migrate
 from tests.support.workers import WorkerStartError
+
+HEAD = head_revision()  # the revision `migrate` brings a store to
 
 
 def test_a_worker_refuses_a_store_at_an_old_revision(fresh_postgres, worker_factory):
@@ -20,7 +22,7 @@ def test_a_worker_refuses_a_store_at_an_old_revision(fresh_postgres, worker_fact
     lines = [line for line in log.splitlines() if "is at revision 0002" in line]
     assert lines, worker.log_tail()
     assert (
-        f"the event store at {safe_url(fresh_postgres.url)} is at revision 0002, this version needs 0006_scale: "
+        f"the event store at {safe_url(fresh_postgres.url)} is at revision 0002, this version needs {HEAD}: "
         "run `noetl-celery migrate`" in lines[0]
     )
     assert "Traceback" not in log and " ready." not in log

@@ -10,7 +10,7 @@
   and the candidates of `noetl-celery prune`.
 
 Revision ID: 0006_scale
-Revises: 0004
+Revises: 0005_schedules
 Create Date: 2026-11-25
 """
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0006_scale"
-down_revision = "0004"
+down_revision = "0005_schedules"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,195 @@
+"""The schedules' routes of the REST API (noetl_celery/schedules.py; `celery -A noetl_celery beat`
+fires them). Reads are open; add, remove, pause and resume need the Bearer token, as every write.
+
+    GET    /api/schedules                 the schedules, with last and next fire times
+    POST   /api/schedules                 add one: {name, playbook, cron | every, timezone,
+                                          workload, missed, paused, replace}
+    GET    /api/schedules/{name}          one, with its latest fire times and their executions
+    DELETE /api/schedules/{name}          remove it (the record of its runs stays)
+    POST   /api/schedules/{name}/pause    pause it
+    POST   /api/schedules/{name}/resume   resume it from now on
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from noetl_celery.dashboard.api import Api, ApiError, optional, workload
+from noetl_celery.dashboard.server import Base
+from noetl_celery.store import views
+
+MAX_RUNS = 1000
+
+
+class _ScheduleApi(Api):
+    async def schedule_call(self, fn: Any, *args: Any) -> Any:
+        from noetl_celery.schedules import ScheduleError, ScheduleNotFound
+
+        def run() -> Any:
+            try:
+                return fn(*args)
+            except ScheduleError as exc:
+                raise ApiError(400, str(exc), exc.field) from None
+            except ScheduleNotFound as exc:
+                raise ApiError(404, str(exc)) from None
+
+        return await self.call(run)
+
+
+class Schedules(_ScheduleApi):
+    async def get(self) -> None:
+        from noetl_celery import schedules
+
+        items = await self.schedule_call(schedules.list_all, self.noetl.database_url)
+        self.answer({"schedules": items})
+
+    async def post(self) -> None:
+        from noetl_celery import schedules
+
+        self.require_token()
+        body = self.json_body()
+        name = optional(body, "name", str, "the schedule's name")
+        if name is None:
+            raise ApiError(400, "name: expected the schedule's name", "name")
+        playbook = optional(body, "playbook", str, "a catalog path or a playbook file on the server")
+        if playbook is None:
+            raise ApiError(400, "playbook: expected a catalog path (or a playbook file on the server)", "playbook")
+        cron = optional(body, "cron", str, "a cron expression")
+        every = optional(body, "every", int, "whole seconds")
+        timezone = optional(body, "timezone", str, "an IANA time zone name", "UTC")
+        missed = optional(body, "missed", str, "latest or skip", "latest")
+        paused = optional(body, "paused", bool, "true or false", False)
+        replace = optional(body, "replace", bool, "true or false", False)
+        overrides = workload(body)
+        url = self.noetl.database_url
+
+        def add() -> dict[str, Any]:
+            values = schedules.validate(
+                name,
+                playbook,
+                cron=cron,
+                every=every,
+                timezone=timezone,
+                workload=overrides,
+                missed=missed,
+                paused=paused,
+            )
+            return schedules.add(url, values, replace=replace)
+
+        self.answer(await self.schedule_call(add), status=201)
+
+
+class ScheduleOne(_ScheduleApi):
+    async def get(self, name: str) -> None:
+        from noetl_celery import schedules
+
+        runs = self.int_arg("runs") or 20
+        if not 1 <= runs <= MAX_RUNS:
+            raise ApiError(400, f"runs: from 1 to {MAX_RUNS}, got {runs}", "runs")
+        self.answer(await self.schedule_call(schedules.get, self.noetl.database_url, name, runs))
+
+    async def delete(self, name: str) -> None:
+        from noetl_celery import schedules
+
+        self.require_token()
+        await self.schedule_call(schedules.remove, self.noetl.database_url, name)
+        self.answer({"name": name, "removed": True})
+
+
+class SchedulePause(_ScheduleApi):
+    async def post(self, name: str, action: str) -> None:
+        from noetl_celery import schedules
+
+        self.require_token()
+        self.json_body()
+        item = await self.schedule_call(schedules.set_paused, self.noetl.database_url, name, action == "pause")
+        self.answer(item)
+
+
+class SchedulesPage(Base):
+    """The dashboard's list of schedules (/schedules)."""
+
+    async def get(self) -> None:
+        from noetl_celery import schedules
+
+        items = await asyncio.get_running_loop().run_in_executor(None, schedules.list_all, self.noetl.database_url)
+        self.page("schedules.html", schedules=views.mask(items))
+
+
+def schedule_routes(api: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
+    page = {k: v for k, v in api.items() if k != "runs"}
+    return [
+        (r"/schedules", SchedulesPage, page),
+        (r"/api/schedules", Schedules, api),
+        (r"/api/schedules/([A-Za-z0-9][A-Za-z0-9_.:-]*)/(pause|resume)", SchedulePause, api),
+        (r"/api/schedules/([A-Za-z0-9][A-Za-z0-9_.:-]*)", ScheduleOne, api),
+    ]
+
+
+SCHEDULE_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def schedule_paths(ok: Any, errors: Any, body: Any, obj: Any, bearer: Any, write: tuple[int, ...]) -> dict[str, Any]:
+    """The OpenAPI paths of these routes (openapi.py's helpers passed in)."""
+    schedule = obj(
+        {
+            "name": {"type": "string"},
+            "playbook": {"type": "string", "description": "a catalog path, or a playbook file on the server"},
+            "cron": {"type": ["string", "null"], "description": "5 fields, or 6 with seconds first"},
+            "every": {"type": ["integer", "null"], "minimum": 1, "description": "interval in seconds"},
+            "timezone": {"type": "string", "description": "IANA name of the cron's time zone (default UTC)"},
+            "workload": {"type": "object", "description": "overrides merged as `--set` does"},
+            "missed": {"type": "string", "enum": ["latest", "skip"]},
+            "paused": {"type": "boolean"},
+        },
+        ["name", "playbook"],
+    )
+    return {
+        "/api/schedules": {
+            "get": {
+                "summary": "The schedules `celery -A noetl_celery beat` fires, with last and next fire times",
+                "responses": {"200": ok("schedules")},
+            },
+            "post": {
+                "summary": "Add a schedule (cron or every); replace: true overwrites one of that name",
+                "security": bearer,
+                "requestBody": body(
+                    {**schedule, "properties": {**schedule["properties"], "replace": {"type": "boolean"}}}
+                ),
+                "responses": {"201": ok("the schedule"), **errors(*write, 404)},
+            },
+        },
+        "/api/schedules/{name}": {
+            "get": {
+                "summary": "A schedule and its latest fire times, each with the execution it started",
+                "parameters": [
+                    SCHEDULE_NAME,
+                    {"name": "runs", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS}},
+                ],
+                "responses": {"200": ok("the schedule and its runs"), **errors(400, 404)},
+            },
+            "delete": {
+                "summary": "Remove a schedule (the record of what it started stays)",
+                "security": bearer,
+                "parameters": [SCHEDULE_NAME],
+                "responses": {"200": ok("removed"), **errors(401, 403, 404)},
+            },
+        },
+        "/api/schedules/{name}/pause": {
+            "post": {
+                "summary": "Pause a schedule: no fire time starts until it is resumed",
+                "security": bearer,
+                "parameters": [SCHEDULE_NAME],
+                "responses": {"200": ok("the schedule"), **errors(*write, 404)},
+            }
+        },
+        "/api/schedules/{name}/resume": {
+            "post": {
+                "summary": "Resume a schedule from now on (fire times while paused do not run)",
+                "security": bearer,
+                "parameters": [SCHEDULE_NAME],
+                "responses": {"200": ok("the schedule"), **errors(*write, 404)},
+            }
+        },
+    }

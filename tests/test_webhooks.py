@@ -1,0 +1,144 @@
+"""Failure webhooks: `noetl-celery server` (its embedded worker and sweeper) calls a real HTTP
+receiver on loopback once per failed or cancelled execution, with its id, playbook, failed step
+and masked error; a refused delivery is tried again with backoff, and a delivered one never."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from noetl_celery import webhooks
+from tests.support.webhook_receiver import receiver
+from tests.test_server import SLOW_LOOP, Server
+
+SECRET = "s3cr3t-api-token-value"  # Server's NOETL_AUTH_API_TOKEN: a configured secret
+
+FAILING = f"""apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {{name: hook_fails, path: tests/hook_fails}}
+workflow:
+  - step: start
+    tool: {{kind: python, code: "result = 1"}}
+    next:
+      arcs: [{{step: boom}}]
+  - step: boom
+    tool: {{kind: python, code: "raise ValueError('bad token {SECRET}')"}}
+"""
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_backoff_doubles_up_to_its_cap():
+    assert [webhooks.backoff(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert webhooks.backoff(30) == webhooks.BACKOFF_MAX
+
+
+def test_a_failed_and_a_cancelled_execution_are_each_notified_once(tmp_path):
+    # the global URL refuses its first delivery; the cancelled playbook names its own URL
+    with receiver({"/global": [503]}) as hooks:
+        slow = SLOW_LOOP.replace(
+            "workload: {n: 400, sleep: 0.2}",
+            f"workload: {{n: 400, sleep: 0.2}}\nexecutor: {{spec: {{webhook: '{hooks.url}/own'}}}}",
+        )
+        server = Server(
+            tmp_path / "home",
+            tmp_path / "server.log",
+            settings={"NOETL_WEBHOOK_URL": f"{hooks.url}/global", "NOETL_SWEEP_INTERVAL": "0.5"},
+        )
+        try:
+            assert server.register(FAILING).status_code == 200
+            assert server.register(slow).status_code == 200
+            failed = server.post("/api/execute", {"path": "tests/hook_fails"}).json()["execution_id"]
+            running = server.post("/api/execute", {"path": "tests/api_slow_loop"}).json()["execution_id"]
+            assert server.wait_end(failed)["status"] == "failed"
+            server.wait_started(running, "work")
+            assert server.post(f"/api/executions/{running}/cancel", {"reason": "enough"}).status_code == 200
+
+            wait_for(lambda: any(c["status"] == 200 for c in hooks.on("/global")), 30, "the global delivery")
+            wait_for(lambda: len(hooks.on("/own")) == 1, 30, "the playbook's own webhook")
+            # several sweeps later: nothing more was sent
+            time.sleep(3 * 0.5 + 1.5)
+        finally:
+            assert server.stop() == 0, server.log_path.read_text()[-3000:]
+
+    first, second = hooks.on("/global")  # exactly two: one refused, then the delivery
+    assert (first["status"], second["status"]) == (503, 200)
+    assert first["body"]["attempt"] == 1 and second["body"]["attempt"] == 2
+    assert second["at"] - first["at"] >= webhooks.backoff(1) * 0.9  # tried again after its backoff
+    body = second["body"]
+    assert body["execution_id"] == str(failed) and body["playbook"] == "hook_fails"
+    assert (body["status"], body["failed_step"], body["path"]) == ("failed", "boom", "tests/hook_fails")
+    assert "ValueError" in str(body["error"]) and SECRET not in str(body) and "***" in str(body["error"])
+    assert second["headers"]["Idempotency-Key"] == f"noetl-execution-{failed}"
+
+    [own] = hooks.on("/own")
+    assert own["status"] == 200
+    assert own["body"]["execution_id"] == str(running) and own["body"]["status"] == "cancelled"
+    assert own["body"]["error"]["message"] == "enough"
+    assert len(hooks.calls) == 3
+    log = server.log_path.read_text()
+    assert SECRET not in log
+
+
+def _ended(url: str, execution_id: int, status: str, webhook: str | None = None, parent: int | None = None) -> None:
+    from noetl_celery.store import repo
+    from noetl_celery.store.db import ensure_schema, transaction
+
+    ensure_schema(url)
+    plan = {"name": f"p{execution_id}", "webhook": webhook}
+    with transaction(url) as conn:
+        repo.create_execution(conn, execution_id=execution_id, plan=plan, workload={}, parent_execution_id=parent)
+        repo.finish_execution(conn, execution_id, status, error={"message": "x"}, failed_step="s")
+
+
+class Answer:
+    def __init__(self, status_code: int):
+        self.status_code = status_code
+
+
+def test_the_scan_the_lease_and_the_retries_in_the_store(sqlite_url):
+    from noetl_celery import settings as noetl_settings
+
+    _ended(sqlite_url, 1, "failed")
+    _ended(sqlite_url, 2, "cancelled", webhook="http://127.0.0.1:9/own")
+    _ended(sqlite_url, 3, "completed", webhook="http://127.0.0.1:9/own")
+    _ended(sqlite_url, 4, "failed", webhook="http://127.0.0.1:9/own", parent=2)  # a child: its parent's business
+    without = noetl_settings.load({"NOETL_DATABASE_URL": sqlite_url})
+    with_url = noetl_settings.load({"NOETL_DATABASE_URL": sqlite_url, "NOETL_WEBHOOK_URL": "http://127.0.0.1:9/g"})
+    assert webhooks.pending(without) == [2]  # no setting: only a playbook's own webhook
+    assert sorted(webhooks.pending(with_url)) == [1, 2]
+
+    calls: list[str] = []
+
+    def refused(url, **_):
+        calls.append(url)
+        raise ConnectionError("refused")
+
+    assert webhooks.deliver(with_url, 1, post=refused) == ("retry", 1.0)
+    assert webhooks.deliver(with_url, 1, post=refused) == ("held", None)  # not due before its backoff
+    assert webhooks.pending(with_url) == [2]  # 1 waits for its next try
+    assert webhooks.deliver(with_url, 2, post=lambda url, **_: (calls.append(url), Answer(200))[1]) == (
+        "delivered",
+        None,
+    )
+    assert webhooks.deliver(with_url, 2, post=refused) == ("held", None)  # delivered: never again
+    assert calls == ["http://127.0.0.1:9/g", "http://127.0.0.1:9/own"]
+    assert webhooks.deliver(with_url, 3, post=refused) == ("gone", None)  # completed: nothing to say
+
+
+def test_a_playbooks_own_webhook_is_a_string_in_executor_spec():
+    from noetl_celery.compiler import compile_playbook
+    from noetl_celery.errors import PlaybookError
+
+    text = FAILING.replace("workflow:", "executor: {spec: {webhook: 'https://hooks.example/x'}}\nworkflow:", 1)
+    assert compile_playbook("p.yaml", text=text).webhook == "https://hooks.example/x"
+    assert compile_playbook("p.yaml", text=FAILING).webhook is None
+    with pytest.raises(PlaybookError, match="executor.spec.webhook"):
+        compile_playbook("p.yaml", text=text.replace("'https://hooks.example/x'", "5"))
