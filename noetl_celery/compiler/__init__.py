@@ -60,7 +60,9 @@ def child_problems(plan: Plan, catalog: resolve.Catalog | None, seen: frozenset[
             where = f"{name}.tool.path" if len(step.tasks) == 1 else f"{name}.tool.{task.label}.path"
             found = resolve.find(path, plan.source_file, catalog)
             if found is None:
-                problems.append(Problem(file, task.line, where, resolve.not_found_message(path, plan.source_file)))
+                problems.append(
+                    Problem(file, task.line, where, resolve.not_found_message(path, plan.source_file, catalog))
+                )
                 continue
             if path in seen:
                 continue  # a playbook that calls itself: the nesting limit stops it at run time

@@ -15,11 +15,14 @@ from typing import Any, Literal
 from noetl_celery import cursors
 from noetl_celery.dsl.legacy import (
     STEP_KEYS,
+    TASK_RESULT_HINTS,
     Workbook,
     arc,
     check_workbook_call_keys,
     legacy_arcs,
     resolve_workbook,
+    workbook_call_args,
+    workbook_entry_name,
 )
 from noetl_celery.dsl.plan import DEFAULT_PARALLEL_CAP, Action, Loop, Routing, Task
 from noetl_celery.dsl.policy_forms import BACKOFF_KEYS, retry_action, task_policy
@@ -59,7 +62,6 @@ ROUTE_MODES: dict[str, Literal["exclusive", "inclusive"]] = {
 }
 NO_MATCH_ACTIONS = (None, "quiet", "error")
 # task-level result hints NoETL reads when it externalises a result (advisory here: Task.hints)
-TASK_RESULT_HINTS = ("output", "output_select", "result")
 ARC_KEYS = frozenset({"step", "when", "args", "set"})
 # `next.arcs[].set` (NoETL's Arc.set): assigned when the arc is taken; a bare key is a ctx variable
 ARC_SET_SCOPES = {"ctx": "set_ctx", "vars": "set_vars"}
@@ -141,15 +143,17 @@ def task_from_mapping(
         return None
     if tool["kind"] == WORKBOOK_KIND and not label_key:
         check_workbook_call_keys(ctx, tool, WORKBOOK_CALL_KEYS, path)
+        name, key = workbook_entry_name(tool)
         return resolve_workbook(
             ctx,
             workbook,
-            tool.get("name"),
-            tool.get("args"),
+            name,
+            workbook_call_args(tool),
             tool.get("auth"),
             label,
-            line_of(tool, "name") or line,
+            line_of(tool, key) or line,
             path,
+            key,
         )
     if tool["kind"] == WORKBOOK_KIND:
         ctx.problem(

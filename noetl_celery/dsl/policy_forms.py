@@ -52,7 +52,8 @@ ACTION_KEYS = frozenset({"do", "attempts", "backoff", "delay", "max_delay", "jit
     SET_SCOPES.values()
 )
 BACKOFF_KEYS = frozenset({"max_attempts", "initial_delay", "backoff_multiplier", "max_delay", "jitter", "backoff"})
-FLAT_RETRY_KEYS = BACKOFF_KEYS - {"backoff"} | {"retry_when", "stop_when"}
+# `retry_on` (a list of error names): accepted and, as in NoETL, not read: every error is retried
+FLAT_RETRY_KEYS = BACKOFF_KEYS - {"backoff"} | {"retry_when", "stop_when", "retry_on"}
 ON_ERROR_KEYS = BACKOFF_KEYS | {"when"}
 ON_SUCCESS_KEYS = frozenset({"while", "max_attempts", "next_call", "collect", "merge_path", "per_iteration"})
 NEXT_CALL_KEYS = frozenset({"params", "body", "headers", "url", "args"})

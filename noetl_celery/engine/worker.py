@@ -154,6 +154,7 @@ def _run_sink(
     # `this` is the legacy dialect's name for the result a sink writes
     result = as_step_result(outcome.data)
     scope = {**context, "result": result, "this": result, "response": response_view(outcome.data), "data": outcome.data}
+    scope["data"] = sink_data(sink.config, scope, strict)
     return _call(
         sink.kind,
         sink.config,
@@ -165,6 +166,20 @@ def _run_sink(
         store=store,
         strict=strict,
     )
+
+
+def sink_data(config: dict[str, Any], scope: dict[str, Any], strict: bool) -> Any:
+    """`data` in a sink's templates: the sink's own `args` rendered, as NoETL binds them (a sink
+    without args keeps the task's result). A render that fails is left to the sink's own render,
+    which reports it."""
+    args = config.get("args")
+    if not isinstance(args, dict):
+        return scope["data"]
+    try:
+        with lenient(strict):
+            return plain(render_value(args, scope))
+    except TemplateError:
+        return scope["data"]
 
 
 def bounded(body: dict[str, Any]) -> dict[str, Any]:
