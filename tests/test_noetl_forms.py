@@ -548,3 +548,93 @@ def test_task_level_output_on_postgres_keeps_the_whole_result(sqlite_url, tmp_pa
     status = _run(sqlite_url, tmp_path, M15_TASK_OUTPUT, env=pg_local)
     assert status["results"]["start"]["rows"] == [{"one": 1}]
     assert status["results"]["start"]["command_0"]["rows"] == [{"one": 1}]
+
+
+# --- validate: a {{ name }} the playbook never gives, with its line and the nearest name ------------
+
+TYPO = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: typo}
+workload: {limit: 3}
+workflow:
+  - step: process
+    tool: {kind: python, code: "result = {'n': 1}"}
+    next: {arcs: [{step: report}]}
+  - step: report
+    tool:
+      kind: python
+      input: {n: "{{ proces.n }}", l: "{{ limt }}", ok: "{{ process.n + limit }}"}
+      code: "result = n"
+"""
+
+TYPO_WARNINGS = [
+    "pb.yaml:13: workflow[1](report).tool.input.l: warning: 'limt' in '{{ limt }}' is no step, task, workload, "
+    "ctx, vars or built-in name of this playbook; did you mean 'limit'?",
+    "pb.yaml:13: workflow[1](report).tool.input.n: warning: 'proces' in '{{ proces.n }}' is no step, task, "
+    "workload, ctx, vars or built-in name of this playbook; did you mean 'process'?",
+]
+
+
+def test_validate_reports_a_name_that_is_nowhere_with_its_line_and_the_nearest(tmp_path):
+    from tests.support.engines import cli
+
+    path = _write(tmp_path, TYPO)
+    env = {"NOETL_HOME": str(tmp_path / "home")}
+    proc = cli(["validate", str(path)], env)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(line.replace(str(tmp_path) + "/", "") for line in proc.stderr.splitlines()) == TYPO_WARNINGS
+    strict = cli(["validate", "--strict", str(path)], env)
+    assert strict.returncode == 2
+    assert sorted(line.replace(str(tmp_path) + "/", "") for line in strict.stderr.splitlines()) == [
+        line.replace(": warning: ", ": ") for line in TYPO_WARNINGS
+    ]
+    fixed = cli(["validate", str(_write(tmp_path, TYPO.replace("proces.", "process.").replace("limt", "limit")))], env)
+    assert (fixed.returncode, fixed.stderr) == (0, "")
+
+
+def test_a_name_that_is_nowhere_is_a_problem_where_templates_render_strictly(tmp_path):
+    text = TYPO.replace("metadata: {name: typo}", "metadata: {name: typo}\nexecutor: {spec: {strict_templates: true}}")
+    with pytest.raises(PlaybookError) as raised:
+        compile_source(str(_write(tmp_path, text)))
+    assert sorted(p.message.split(" in ")[0] for p in raised.value.problems) == ["'limt'", "'proces'"]
+    warnings: list[Any] = []
+    compile_source(str(_write(tmp_path, TYPO, "lenient.yaml")), warnings=warnings)
+    assert sorted((w.line, w.path) for w in warnings) == [
+        (13, "workflow[1](report).tool.input.l"),
+        (13, "workflow[1](report).tool.input.n"),
+    ]
+
+
+def test_names_given_anywhere_in_the_playbook_are_not_reported(tmp_path):
+    text = """
+    apiVersion: noetl.io/v2
+    kind: Playbook
+    metadata: {name: given}
+    workload: {base: 1}
+    ctx: {page: 1}
+    keychain: [{name: api_token}]
+    workbook:
+      - {name: helper, tool: python, code: "result = 1"}
+    workflow:
+      - step: start
+        loop: {in: "{{ [1, 2] }}", iterator: num}
+        tool:
+          - first: {kind: python, code: "result = 1", spec: {policy: {rules: [{else: {then: {do: continue, set: {iter.seen: 1}}}}]}}}
+          - second:
+              kind: python
+              input:
+                a: "{{ first + num + iter.seen + base + page + ctx.page + loop_index + later_var }}"
+                b: "{% set local = 1 %}{% for x in [1] %}{{ local + x }}{% endfor %}"
+                c: "{{ given_by_set + execution_id | string + job.uuid + api_token }}"
+              code: "result = {{ not_rendered }}"
+        set: {vars.later_var: 1}
+        next: {arcs: [{step: end, args: {passed: 1}}]}
+      - step: end
+        tool: {kind: python, input: {p: "{{ passed }}", s: "{{ start }}"}, code: "result = p"}
+    """
+    warnings: list[Any] = []
+    compile_source(str(_write(tmp_path, text)), {"given_by_set": 1}, warnings=warnings)
+    assert warnings == []
+    compile_source(str(tmp_path / "pb.yaml"), {}, warnings=warnings)
+    assert [w.message.split(" in ")[0] for w in warnings] == ["'given_by_set'"]

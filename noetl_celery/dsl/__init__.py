@@ -17,6 +17,7 @@ from noetl_celery import credentials, limits
 from noetl_celery.dsl.canonical import build_loop, canonical_tasks, routing, task_from_mapping
 from noetl_celery.dsl.case import compile_case
 from noetl_celery.dsl.legacy import Workbook, legacy_tasks, workbook_entry_task
+from noetl_celery.dsl.names import check_names
 from noetl_celery.dsl.plan import Plan, Policy, Routing, Rule, Sink, Step, Task
 from noetl_celery.dsl.policy_forms import admit_rules, legacy_retry, when_admit
 from noetl_celery.dsl.validate import (
@@ -38,7 +39,7 @@ from noetl_celery.dsl.validate import (
 from noetl_celery.dsl.workload import ctx_with_overrides, render_workload
 from noetl_celery.dsl.yaml_lines import LDict, line_of, load_yaml, plain
 from noetl_celery.errors import PlaybookError, Problem, TemplateError
-from noetl_celery.templating import BUILTIN_NAMES, render_string
+from noetl_celery.templating import BUILTIN_NAMES, render_string, strict_rendering
 
 __all__ = ["PlaybookError", "load_plan"]
 
@@ -60,11 +61,20 @@ RESULT_SELECTORS = frozenset({"output_select", "select"})  # hints that keep par
 SET_BARE_SCOPE = "ctx"  # step-level `set: {x: ...}` (renames era): a bare key is an execution variable
 
 
-def load_plan(source: str | Path, *, text: str | None = None, overrides: dict[str, Any] | None = None) -> Plan:
+def load_plan(
+    source: str | Path,
+    *,
+    text: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    warnings: list[Problem] | None = None,
+) -> Plan:
     """Read the playbook at `source` (or `text`, named `source` in problems) and return its Plan.
 
     `overrides` is deep-merged over the playbook's workload. Raises PlaybookError carrying every
-    problem found (file, line, key path, message).
+    problem found (file, line, key path, message). A `{{ name }}` the playbook never gives
+    (dsl/names.py) is a problem where templates render strictly (the playbook's
+    `executor.spec.strict_templates` or NOETL_STRICT_TEMPLATES), else a warning appended to
+    `warnings` (templates render leniently: the name reads as empty and is noted at run time).
     """
     file = str(source)
     if text is None:
@@ -76,6 +86,12 @@ def load_plan(source: str | Path, *, text: str | None = None, overrides: dict[st
     plan = _plan(ctx, document, overrides or {}) if document is not None else None
     if document is not None:
         check_templates(ctx, document)
+        names = Context(file=file, problems=[])
+        check_names(names, document, list(overrides or {}))
+        if plan is not None and strict_rendering(plan.strict_templates):
+            ctx.problems.extend(names.problems)
+        elif warnings is not None:
+            warnings.extend(names.problems)
     if ctx.problems or plan is None:
         raise PlaybookError(sorted(ctx.problems, key=lambda p: (p.line or 0, p.path)))
     return plan
