@@ -638,3 +638,42 @@ def test_names_given_anywhere_in_the_playbook_are_not_reported(tmp_path):
     assert warnings == []
     compile_source(str(tmp_path / "pb.yaml"), {}, warnings=warnings)
     assert [w.message.split(" in ")[0] for w in warnings] == ["'given_by_set'"]
+
+
+# --- task-level set: (m15) ---------------------------------------------------------------------------
+
+TASK_SET = """
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: taskset}
+workflow:
+  - step: start
+    tool:
+      - first:
+          kind: python
+          code: "result = {'n': 2}"
+          set: {ctx.n: "{{ output.data.n }}", seen: true, vars.v: "{{ output.data.n * 10 }}"}
+          output_select: [n]
+      - second: {kind: python, input: {n: "{{ ctx.n }}"}, code: "result = n"}
+    next: {arcs: [{step: end}]}
+  - step: end
+    tool: {kind: python, input: {n: "{{ ctx.n }}", v: "{{ vars.v }}"}, code: "result = [n, v]"}
+"""
+
+
+def test_task_level_set_writes_when_the_task_succeeds(sqlite_url, tmp_path):
+    status = _run(sqlite_url, tmp_path, TASK_SET)
+    assert (status["results"]["start"], status["results"]["end"]) == (2, [2, 20])
+    assert status["ctx"] == {"n": 2, "seen": True} and status["vars"] == {"v": 20}
+
+
+def test_task_level_set_joins_the_tasks_own_policy(sqlite_url, tmp_path):
+    text = TASK_SET.replace(
+        "          output_select: [n]",
+        "          spec: {policy: {rules: [{when: '{{ output.data.n > 1 }}', then: {do: continue, set: {ctx.n: 5}}}]}}",
+    )
+    status = _run(sqlite_url, tmp_path, text)
+    assert status["ctx"] == {"n": 5, "seen": True}  # the rule's own assignment wins, the task's others join it
+    failing = TASK_SET.replace("result = {'n': 2}", "raise ValueError('no')")
+    code, status = run_playbook(sqlite_url, _write(tmp_path, failing))
+    assert (code, status["status"], status["ctx"]) == (1, "failed", {})

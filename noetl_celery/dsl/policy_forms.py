@@ -164,6 +164,24 @@ def _sets(ctx: Context, then: LDict, path: str) -> dict[str, Any]:
     return assignments(ctx, then, path, SET_SCOPES, bare="ctx")
 
 
+def with_task_sets(policy: Policy | None, sets: dict[str, dict[str, Any]], source: str) -> Policy:
+    """A task's own `set:` as its policy writes it: on success. Each rule of the task's policy
+    that continues on an ok outcome writes it too (its own assignments win), and a last rule
+    continues every other ok outcome with it; without a policy, an error still fails the task."""
+    sets = {block: values for block, values in sets.items() if values}
+    rules: list[Rule] = []
+    for rule in policy.rules if policy is not None else []:
+        then = rule.then
+        if rule.on != "error" and then.do == "continue":
+            then = then.model_copy(update={block: {**values, **getattr(then, block)} for block, values in sets.items()})
+        rules.append(rule.model_copy(update={"then": then}))
+    then = Action(do="continue").model_copy(update=sets)
+    rules.append(Rule(on="ok", then=then, source=source))
+    if policy is None:
+        rules.append(Rule(on="error", then=Action(do="fail"), source=source))
+    return Policy(rules=rules)
+
+
 def backoff_kind(ctx: Context, mapping: LDict, path: str) -> BackoffKind | None:
     value = mapping.get("backoff")
     if value is None:
