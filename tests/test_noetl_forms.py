@@ -504,12 +504,12 @@ workflow:
     sink:
       tool: postgres
       auth: pg_local
-      args: {id: 7, a: "{{ result.payload.a }}"}
-      statement: "CREATE TABLE sunk AS SELECT {{ data.id }} AS id, {{ data.a }} AS a"
+      args: {id: 7, a: "{{ result.payload.a }}", whole: "{{ data }}"}
+      statement: "CREATE TABLE sunk AS SELECT {{ data.id }} AS id, {{ data.a }} AS a, {{ data.whole.payload.a }} AS w"
   - step: check
     tool: postgres
     auth: pg_local
-    command: "SELECT id, a FROM sunk"
+    command: "SELECT * FROM sunk"
 """
 
 
@@ -517,13 +517,17 @@ def test_sink_data_is_the_sinks_rendered_args(sqlite_url, tmp_path, pg_local):
     text = M12_SINK_DATA.replace("  - step: check", "    next: check\n  - step: check")
     status = _run(sqlite_url, tmp_path, text, env=pg_local)
     assert status["results"]["start"] == {"payload": {"a": 1}}
-    assert status["results"]["check"]["rows"] == [{"id": 7, "a": 1}]
+    # args render with `data` the task's data; the sink's other fields read the rendered args as `data`
+    assert status["results"]["check"]["rows"] == [{"id": 7, "a": 1, "w": 1}]
 
 
 def test_a_sink_without_args_still_reads_the_result_as_data(sqlite_url, tmp_path, pg_local):
     text = (
-        M12_SINK_DATA.replace('      args: {id: 7, a: "{{ result.payload.a }}"}\n', "")
-        .replace("{{ data.id }} AS id, {{ data.a }} AS a", "1 AS id, {{ data.payload.a }} AS a")
+        M12_SINK_DATA.replace('      args: {id: 7, a: "{{ result.payload.a }}", whole: "{{ data }}"}\n', "")
+        .replace(
+            "{{ data.id }} AS id, {{ data.a }} AS a, {{ data.whole.payload.a }} AS w",
+            "1 AS id, {{ data.payload.a }} AS a",
+        )
         .replace("  - step: check", "    next: check\n  - step: check")
     )
     status = _run(sqlite_url, tmp_path, text, env=pg_local)
