@@ -580,21 +580,24 @@ TYPO_WARNINGS = [
 ]
 
 
-def test_validate_reports_a_name_that_is_nowhere_with_its_line_and_the_nearest(tmp_path):
-    from tests.support.engines import cli
+def test_validate_reports_a_name_that_is_nowhere_with_its_line_and_the_nearest(tmp_path, monkeypatch):
+    from click.testing import CliRunner
 
+    from noetl_celery.cli import cli
+
+    monkeypatch.setenv("NOETL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("NOETL_STRICT_TEMPLATES", raising=False)
     path = _write(tmp_path, TYPO)
-    env = {"NOETL_HOME": str(tmp_path / "home")}
-    proc = cli(["validate", str(path)], env)
-    assert proc.returncode == 0, proc.stderr
-    assert sorted(line.replace(str(tmp_path) + "/", "") for line in proc.stderr.splitlines()) == TYPO_WARNINGS
-    strict = cli(["validate", "--strict", str(path)], env)
-    assert strict.returncode == 2
-    assert sorted(line.replace(str(tmp_path) + "/", "") for line in strict.stderr.splitlines()) == [
-        line.replace(": warning: ", ": ") for line in TYPO_WARNINGS
-    ]
-    fixed = cli(["validate", str(_write(tmp_path, TYPO.replace("proces.", "process.").replace("limt", "limit")))], env)
-    assert (fixed.returncode, fixed.stderr) == (0, "")
+
+    def validate(*args: str) -> tuple[int, list[str]]:
+        result = CliRunner().invoke(cli, ["validate", *args])
+        return result.exit_code, sorted(line.replace(str(tmp_path) + "/", "") for line in result.stderr.splitlines())
+
+    assert validate(str(path)) == (0, TYPO_WARNINGS)
+    assert validate("--strict", str(path)) == (2, [line.replace(": warning: ", ": ") for line in TYPO_WARNINGS])
+    assert validate("--strict", "--set", "limt=1", str(path)) == (2, [TYPO_WARNINGS[1].replace(": warning: ", ": ")])
+    fixed = _write(tmp_path, TYPO.replace("proces.", "process.").replace("limt", "limit"), "fixed.yaml")
+    assert validate(str(fixed)) == (0, [])
 
 
 def test_a_name_that_is_nowhere_is_a_problem_where_templates_render_strictly(tmp_path):
