@@ -6,8 +6,9 @@ Redis named by env BENCH_COUNTER_URL (set by bench/loops.py and bench/latency.py
 when unset), so the tasks are the same whichever broker carries them.
 
 - `noetl.bench_noop` (bench/loops.py): counts itself.
-- `noetl.bench_chain_step` (bench/latency.py): returns its argument; given `key`, it first
-  writes its end time there (the last task of a raw 3-task chain).
+- `noetl.bench_chain_step` (bench/latency.py, bench/executions.py): returns its argument; given
+  `key`, it first writes its end time there, given `counter_key` it counts itself there (the last
+  task of a raw 3-task chain).
 - `noetl.bench_retry_once` (bench/latency.py): the first attempt calls `self.retry(countdown=0)`
   and carries its start and end times in the retry's kwargs; the second attempt writes the four
   times to `key`.
@@ -36,10 +37,13 @@ def bench_noop(counter_key: str | None = None) -> None:
 
 
 @app.task(name=BENCH_CHAIN_STEP, acks_late=True, ignore_result=True)
-def bench_chain_step(x: Any = None, key: str | None = None) -> Any:
-    """A no-op link of a raw chain; the last link (given `key`) records when it ended."""
+def bench_chain_step(x: Any = None, key: str | None = None, counter_key: str | None = None) -> Any:
+    """A no-op link of a raw chain; the last link records when it ended (given `key`) or counts
+    itself (given `counter_key`: bench/executions.py's many chains)."""
     if key:
         _bench_redis().set(key, repr(time.time()))
+    if counter_key:
+        _bench_redis().incr(counter_key)
     return x
 
 

@@ -484,6 +484,50 @@ def truncate_store(database_url: str) -> None:
         conn.close()
 
 
+class StoreBytes:
+    """Bytes a run adds to the store: the noetl_* tables with their indexes and TOAST
+    (pg_total_relation_size, after truncation before the run), the WAL written meanwhile
+    (pg_current_wal_lsn; server-wide, so other clients of the server count too: run it alone),
+    and the rows' own size (pg_column_size of the run's event rows), each per unit. With
+    `settle` seconds, the sizes are read again after that wait, as the sweeper's pass over the
+    run's rows (46 s after they are written) leaves them."""
+
+    TABLES = (
+        "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND c.relname LIKE 'noetl%%'"
+    )
+
+    def __init__(self, reader: StoreReader):
+        self.reader = reader
+        self.size0, self.lsn0 = self._sample()
+
+    def _sample(self) -> tuple[int, str]:
+        size = int(self.reader.one(self.TABLES)[0])
+        lsn = self.reader.one("SELECT pg_current_wal_lsn()::text")[0]
+        return size, lsn
+
+    def _figures(self, n: int) -> dict[str, Any]:
+        size, lsn = self._sample()
+        wal = self.reader.one("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (lsn, self.lsn0))[0]
+        return {
+            "store_bytes_per_unit": round((size - self.size0) / n, 1),
+            "wal_bytes_per_unit": round(float(wal) / n, 1),
+        }
+
+    def result(self, execution_id: int, n: int, settle: float = 0.0) -> dict[str, Any]:
+        self.reader.all_or_none("CHECKPOINT")  # not needed for the sizes; keeps the WAL figure of each run apart
+        own = self.reader.one(
+            "SELECT coalesce(sum(pg_column_size(e.*)), 0) FROM noetl_event e WHERE execution_id = %s",
+            (execution_id,),
+        )[0]
+        out: dict[str, Any] = {"row_bytes_per_unit": round(int(own) / n, 1), **self._figures(n)}
+        if settle > 0:
+            time.sleep(settle)
+            out["after_settle"] = {"seconds": settle, **self._figures(n)}
+        return out
+
+
 class StoreReader:
     """A plain psycopg2 connection (autocommit) for the benchmark's own reads."""
 
@@ -674,6 +718,7 @@ def run_noetl(
         return progress_reader.loop_progress(eid) if (progress_reader and eid) else None
 
     profiles: list[subprocess.Popen] = []
+    store_bytes = StoreBytes(reader)
     waits = PgWaitSampler(ctx.database_url) if ctx.args.pg_waits else contextlib.nullcontext()
     try:
         with (
@@ -696,6 +741,7 @@ def run_noetl(
             err = reader.one("SELECT error FROM noetl_execution WHERE execution_id = %s", (execution_id,))
             raise BenchError(f"noetl: execution {execution_id} ended {status}: {err[0] if err else None}")
         metrics = loop_metrics(reader, execution_id, n)
+        metrics["bytes"] = store_bytes.result(execution_id, n, ctx.args.settle)
     finally:
         for p in profiles:
             with contextlib.suppress(Exception):
@@ -727,6 +773,7 @@ def run_cursor(ctx: Context, n: int, workers: list[Any]) -> dict[str, Any]:
 
     truncate_store(ctx.database_url)
     reader = StoreReader(ctx.database_url)
+    store_bytes = StoreBytes(reader)
     try:
         t0 = time.perf_counter()
         execution_id = runner.submit(compile_playbook(CURSOR_PLAYBOOK, overrides={"n": n}), ctx.settings)
@@ -754,6 +801,7 @@ def run_cursor(ctx: Context, n: int, workers: list[Any]) -> dict[str, Any]:
             "SELECT meta FROM noetl_event WHERE execution_id = %s AND step = %s AND event_type = 'iterator.completed'",
             (execution_id, LOOP_STEP),
         )
+        bytes_per_row = store_bytes.result(execution_id, n, ctx.args.settle)
     finally:
         reader.close()
     loop_s = (marks["iterator.completed"] - marks["iterator.started"]).total_seconds()
@@ -769,6 +817,7 @@ def run_cursor(ctx: Context, n: int, workers: list[Any]) -> dict[str, Any]:
         "event_rows_loop_step": step_rows,
         "event_rows_per_row": round(step_rows / n, 4),
         "event_rows_by_type": rows,
+        "bytes": bytes_per_row,
     }
 
 
@@ -1112,6 +1161,30 @@ def table(results: dict[str, Any]) -> str:
                     f"busy {c['machine_utilisation_pct']}%"
                 )
         out.append(f"  {r['mode']:6} {r['workers']}w N={r['n']:<6} " + " | ".join(parts))
+    out += ["", "Bytes per unit (noetl): the rows' own size, store (tables + indexes), WAL [after --settle]"]
+    units = [
+        (r, label, part)
+        for r in results["runs"]
+        for label, part in [
+            ("iteration", r.get("noetl")),
+            *((f"batch={b}", x) for b, x in (r.get("batched") or {}).items()),
+        ]
+    ]
+    units += [({**r, "n": r["cursor_n"]}, "cursor row", r.get("cursor")) for r in results.get("cursor_runs", [])]
+    for r, label, part in units:
+        b = (part or {}).get("bytes")
+        if b:
+            settled = b.get("after_settle")
+            tail = (
+                f" [after {settled['seconds']:g} s: store {settled['store_bytes_per_unit']}, "
+                f"WAL {settled['wal_bytes_per_unit']}]"
+                if settled
+                else ""
+            )
+            out.append(
+                f"  {r['mode']:6} {r['workers']}w N={r['n']:<6} {label}: rows {b['row_bytes_per_unit']}, "
+                f"store {b['store_bytes_per_unit']}, WAL {b['wal_bytes_per_unit']}{tail}"
+            )
     mem = results.get("memory")
     if mem:
         out.append("")
@@ -1174,6 +1247,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_eager_window(p)
     p.add_argument("--pause", type=float, default=1.0, help="seconds of rest before each measured run")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        help="after each noetl run, wait this many seconds and measure the store's bytes per unit again "
+        "(e.g. 60: after the sweeper's pass over the run's rows; default 0: no second measure)",
+    )
     p.add_argument(
         "--timeout-base",
         type=float,

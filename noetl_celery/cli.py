@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-import yaml
 
 from noetl_celery import secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler import compile_source, describe
-from noetl_celery.dsl import nest_dotted
 from noetl_celery.dsl.plan import Plan
+from noetl_celery.dsl.set_values import parse_assignments
 from noetl_celery.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -50,20 +49,8 @@ SUMMARY_WIDTH = 70  # characters of a result/error shown per event row in the ta
 
 def _parse_sets(values: tuple[str, ...]) -> dict[str, Any]:
     """`--set a.b=1` -> {"a": {"b": 1}}; values are read as YAML scalars (numbers, booleans, lists)."""
-    flat: dict[str, Any] = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected key=value, got {item!r}", param_hint="--set")
-        try:
-            value = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
-            value = raw
-        if isinstance(value, int) and raw.strip().lstrip("+-").startswith("0") and len(raw.strip()) > 1:
-            value = raw  # "01234" is a code with a leading zero, not YAML 1.1's octal
-        flat[key] = value
     try:
-        return nest_dotted(flat)
+        return parse_assignments(values)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--set") from None
 
@@ -602,6 +589,74 @@ def resume(execution_id: int, as_json: bool, timeout: float | None, quiet: bool)
         echo(f"error: {exc}", err=True)
         sys.exit(EXIT_INVALID)
     echo(f"execution {execution_id}: resumed (epoch {epoch})")
+
+
+@cli.command()
+@click.argument("execution_id", type=int)
+@click.option(
+    "--from", "from_step", default=None, metavar="STEP", help="Start at STEP; the steps before it keep their results."
+)
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a parameter of the old execution.")
+@click.option("--latest", is_flag=True, help="The playbook registered at its catalog path now, not the stored plan.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome (embedded) or the new id as one JSON object.")
+@click.option("--timeout", type=float, default=None, help="Embedded: give up (and cancel) after this many seconds.")
+@click.option("--quiet", "-q", is_flag=True, help="Embedded: no progress while it runs.")
+def rerun(
+    execution_id: int,
+    from_step: str | None,
+    sets: tuple[str, ...],
+    latest: bool,
+    as_json: bool,
+    timeout: float | None,
+    quiet: bool,
+) -> None:
+    """Run an execution again as a NEW execution that records `rerun_of` (the old one is left as
+    it is): the whole playbook with the old parameters (overridden by --set), or with --from STEP
+    from that step, the steps that completed before it keeping their results (copied, not run).
+    `resume` instead continues the same execution with its stored plan. With a broker, its workers
+    run it and this returns at once; on the embedded default it runs here to its end, as `run`."""
+    from noetl_celery.engine.rerun import RerunRefused
+
+    overrides = _parse_sets(sets)
+    settings = noetl_settings.load()
+    refused = (ExecutionNotFound, RerunRefused, PlaybookError, ConfigurationError, BrokerUnavailable)
+    if settings.broker_url is None:
+        from noetl_celery.store.db import ensure_schema
+
+        ensure_schema(settings.database_url)
+        progress = _progress(settings.database_url, quiet, as_json)
+        try:
+            status = runner.rerun_embedded(
+                execution_id,
+                overrides,
+                from_step=from_step,
+                latest=latest,
+                timeout=timeout,
+                on_poll=progress.poll if progress else None,
+                on_started=lambda new_id: echo(f"execution {new_id}: rerun of {execution_id}", err=True),
+            )
+        except refused as exc:
+            _refused(exc)
+        except (KeyboardInterrupt, Interrupted) as exc:
+            _interrupted(getattr(exc, "execution_id", None))
+        _end_of_run(status, progress, as_json, timeout)
+    try:
+        new_id = runner.rerun(settings, execution_id, overrides, from_step=from_step, latest=latest)
+    except refused as exc:
+        _refused(exc)
+    if as_json:
+        _print_json({"execution_id": new_id, "rerun_of": execution_id, "from_step": from_step, "status": "running"})
+    else:
+        echo(f"execution {new_id}: rerun of {execution_id}" + (f" from step {from_step}" if from_step else ""))
+
+
+def _refused(exc: Exception) -> NoReturn:
+    if isinstance(exc, PlaybookError):
+        for problem in exc.problems:
+            echo(str(problem), err=True)
+    else:
+        echo(f"error: {exc}", err=True)
+    sys.exit(EXIT_INVALID)
 
 
 @cli.command()

@@ -22,6 +22,7 @@ from typing import Any
 
 import kombu.transport
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 SCHEMES = ("redis", "rediss")
@@ -34,6 +35,24 @@ class Channel(kombu_redis.Channel):  # type: ignore[misc]
             raise RedisConnectionError("the broker connection of this channel is closed")
         params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)
         return params
+
+    def _put_fanout(self, exchange: Any, message: Any, routing_key: Any, **kwargs: Any) -> None:
+        """Publish a fanout message (Celery's task events, for Flower) with one client per channel.
+
+        kombu builds a new ``redis.Redis`` for every fanout publish; its constructor costs about as
+        much as the PUBLISH itself, and a worker's main process sends several task events per
+        task. The client kept here shares the channel's connection pool, as kombu's would, and
+        is built again when the pool is (after a reconnection)."""
+        if kwargs.get("_publish_batch") is not None:
+            super()._put_fanout(exchange, message, routing_key, **kwargs)
+            return
+        pool = self.pool
+        client = self.__dict__.get("_fanout_client")
+        if client is None or client.connection_pool is not pool:
+            client = self.__dict__["_fanout_client"] = self._create_client()
+        payload = dumps(message)
+        for topic in self._get_publish_topics(exchange, routing_key):
+            client.publish(topic, payload)
 
 
 class Transport(kombu_redis.Transport):  # type: ignore[misc]

@@ -12,12 +12,13 @@ dispatched are compared with the recorded ones (not ids, timestamps or deadlines
 decision that differs is reported.
 
 What cannot be decided again is refused rather than guessed: an execution that was resumed
-(resume archives and rewrites rows). An end from outside the decisions (a cancel, a playbook
-timeout, an internal failure) is applied to the scratch store where the log has it, so that the
-outcomes after it are decided as they were: recorded and ignored. A cursor claim's rows are
-read from the item message its decision sent; an iteration's outcome from `meta.reported` where
-its row shows the iteration's end. A jittered retry delay is compared as the range the new code
-draws it from (`policy_eval.drawn`).
+(resume archives and rewrites rows), and a rerun (engine/rerun.py: its start is not on_event's).
+An end from outside the decisions (a cancel, a playbook timeout, an internal failure) is
+applied to the scratch store where the log has it, so that the outcomes after it are decided as
+they were: recorded and ignored. A cursor claim's rows are read from the item message its
+decision sent; an iteration's outcome from `meta.reported` where its row shows the iteration's
+end. A jittered retry delay is compared as the range the new code draws it from
+(`policy_eval.drawn`).
 """
 
 from __future__ import annotations
@@ -204,6 +205,11 @@ def recorded_decisions(conn: Any, rows: list[dict[str, Any]]) -> list[Decision]:
             raise ReplayError(
                 f"execution {row['execution_id']} was resumed (row {row['id']}): resume archives and "
                 "rewrites the rows of what it runs again, so the log no longer holds the decisions made"
+            )
+        if kind == ev.EXECUTION_STARTED and (row.get("meta") or {}).get("rerun_of") is not None:
+            raise ReplayError(
+                f"execution {row['execution_id']} is a rerun of {row['meta']['rerun_of']}: its start (the "
+                "results it kept, the step it started at) was made by the rerun, not decided by on_event"
             )
         if kind in RECORDS:
             continue

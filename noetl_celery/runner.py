@@ -16,10 +16,11 @@ from sqlalchemy import Connection
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler import compile_playbook, resolve
 from noetl_celery.dsl.plan import Plan
-from noetl_celery.engine.context import new_state
+from noetl_celery.engine.context import ExecutionState, new_state
 from noetl_celery.engine.ids import new_execution_id
 from noetl_celery.engine.lifecycle import end_tree
 from noetl_celery.engine.orchestrator import start_new
+from noetl_celery.engine.rerun import origin as rerun_made_from
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
 from noetl_celery.store import repo
 from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
@@ -59,6 +60,25 @@ def _insert_execution(
     )
 
 
+Start = Callable[[Connection, ExecutionState, Callable[[int, int], None]], list[Any]]
+
+
+def create_started(plan: Plan, database_url: str, start: Start = start_new) -> tuple[int, list[Any]]:
+    """A new execution of `plan` and the decision of its start (`start`: orchestrator.start_new,
+    or a rerun's start), in one transaction; returns its id and the dispatches to publish."""
+    ensure_schema(database_url)
+    execution_id = new_execution_id()
+    with decision_transaction(database_url) as conn:  # the execution row and its start: both or neither
+        dispatches = start(
+            conn,
+            new_state(plan, execution_id),
+            lambda pending, version: _insert_execution(
+                conn, plan, execution_id, pending=pending, state_version=version
+            ),
+        )
+    return execution_id, dispatches
+
+
 def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
     """Create the execution and decide its start in the same transaction, as on_event would
     (the start rows and the first step's messages are recorded with the execution), then publish
@@ -68,29 +88,27 @@ def submit(plan: Plan, settings: noetl_settings.Settings | None = None) -> int:
     A start that cannot be decided leaves nothing behind. A broker that cannot be reached
     raises BrokerUnavailable, and the execution is removed again with every row its start
     wrote: nothing is left of what the user was told did not start."""
-    from noetl_celery.app import SUBMIT_RETRY_POLICY, app, publish
+    from noetl_celery.app import app
 
     settings = settings or app.conf.noetl_settings
-    url = settings.database_url
-    ensure_schema(url)
-    execution_id = new_execution_id()
-    with decision_transaction(url) as conn:  # the execution row and its start: both or neither
-        dispatches = start_new(
-            conn,
-            new_state(plan, execution_id),
-            lambda pending, version: _insert_execution(
-                conn, plan, execution_id, pending=pending, state_version=version
-            ),
-        )
+    execution_id, dispatches = create_started(plan, settings.database_url)
+    _publish_start(settings, execution_id, dispatches)
+    return execution_id
+
+
+def _publish_start(settings: noetl_settings.Settings, execution_id: int, dispatches: list[Any]) -> None:
+    """Publish a new execution's first messages; when the broker cannot be reached, remove it
+    again with every row its start wrote and raise BrokerUnavailable."""
+    from noetl_celery.app import SUBMIT_RETRY_POLICY, publish
+
     try:
         publish(dispatches, retry_policy=SUBMIT_RETRY_POLICY)
     except Exception as exc:
-        with transaction(url) as conn:
+        with transaction(settings.database_url) as conn:
             repo.delete_unpublished_execution(conn, execution_id)
         raise BrokerUnavailable(
             f"cannot reach the broker at {_safe_url(settings.broker_url or '')}: {_first_line(exc)}"
         ) from exc
-    return execution_id
 
 
 def cancel(database_url: str, execution_id: int, reason: str | None = None) -> list[int]:
@@ -136,6 +154,7 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
         if row is None:
             raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
         variables = repo.load_variables(conn, execution_id)
+        made_from = rerun_made_from(conn, execution_id) or {}
         children = [
             {
                 "execution_id": c["execution_id"],
@@ -154,6 +173,8 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
         "failed_step": row["failed_step"],
         "parent_execution_id": row["parent_execution_id"],
         "children": children,
+        "rerun_of": made_from.get("rerun_of"),
+        "from_step": made_from.get("from_step"),
         "results": variables.get("result", {}),
         "ctx": variables.get("ctx", {}),
         "vars": variables.get("vars", {}),
@@ -265,6 +286,31 @@ def resume_embedded(
         if on_resumed is not None:
             on_resumed(epoch)
         return execution_id
+
+    return _run_here(settings, start, timeout, on_poll)
+
+
+def rerun_embedded(
+    execution_id: int,
+    overrides: dict[str, Any] | None = None,
+    *,
+    from_step: str | None = None,
+    latest: bool = False,
+    timeout: float | None = None,
+    on_poll: Callable[[int], None] | None = None,
+    on_started: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """`rerun` without a broker: make the rerun and run it with an embedded worker to its end, as
+    `run` does (`on_started` is told the new execution's id); returns its final status. A rerun
+    that cannot be made is refused before the worker starts."""
+    settings = noetl_settings.load()
+    made = prepare_rerun(settings.database_url, execution_id, overrides or {}, from_step=from_step, latest=latest)
+
+    def start() -> int:
+        new_id = start_rerun(settings, *made)
+        if on_started is not None:
+            on_started(new_id)
+        return new_id
 
     return _run_here(settings, start, timeout, on_poll)
 
@@ -396,19 +442,65 @@ def compile_registered(path: str, overrides: dict[str, Any], database_url: str) 
     return compile_playbook(found.source, text=found.text, overrides=overrides, catalog=lookup)
 
 
-def rerun(settings: noetl_settings.Settings, execution_id: int, overrides: dict[str, Any] | None = None) -> int:
-    """Run an execution's stored plan again as a new execution, with its workload deep-merged
-    with `overrides`; returns the new execution id. The original is left as it is."""
-    from noetl_celery.dsl import deep_merge
+def rerun(
+    settings: noetl_settings.Settings,
+    execution_id: int,
+    overrides: dict[str, Any] | None = None,
+    *,
+    from_step: str | None = None,
+    latest: bool = False,
+) -> int:
+    """A new execution made from execution `execution_id` (engine/rerun.py), which is left as it
+    is; returns the new id. Its workload is the old one deep-merged with `overrides`; its plan the
+    old execution's, or with `latest` the playbook registered at its catalog path now. With
+    `from_step` the steps that completed before that step's last run keep their results (copied,
+    not run) and the run starts at it; without, it starts at the entry step. `noetl-celery rerun`,
+    the API's rerun and the dashboard's call this. Raises RerunRefused when it cannot be made."""
+    made = prepare_rerun(settings.database_url, execution_id, overrides or {}, from_step=from_step, latest=latest)
+    return start_rerun(settings, *made)
 
-    ensure_schema(settings.database_url)
-    with transaction(settings.database_url) as conn:
-        row = repo.get_execution(conn, execution_id)
-    if row is None:
-        raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(settings.database_url)}")
-    plan = Plan.model_validate(row["plan"])
-    plan = plan.model_copy(update={"workload": deep_merge(row["workload"] or {}, overrides or {})})
-    return submit(plan, settings)
+
+def start_rerun(settings: noetl_settings.Settings, plan: Plan, made: Any) -> int:
+    """Create the rerun `prepare_rerun` made, decide its start and publish it; returns its id."""
+    from noetl_celery.engine import rerun as reruns
+
+    new_id, dispatches = create_started(
+        plan, settings.database_url, lambda conn, state, row: reruns.start(conn, state, row, made)
+    )
+    _publish_start(settings, new_id, dispatches)
+    return new_id
+
+
+def prepare_rerun(
+    database_url: str, execution_id: int, overrides: dict[str, Any], *, from_step: str | None, latest: bool
+) -> tuple[Plan, Any]:
+    """The plan of a rerun of `execution_id` and what it starts from (engine.rerun.Rerun)."""
+    from noetl_celery.dsl import deep_merge
+    from noetl_celery.engine import rerun as reruns
+
+    ensure_schema(database_url)
+    with transaction(database_url) as conn:
+        old = reruns.old_execution(conn, execution_id)
+    workload = deep_merge(old["workload"] or {}, overrides)
+    made = reruns.Rerun(rerun_of=execution_id, from_step=from_step)
+    if latest:
+        path = old["playbook_path"]
+        with transaction(database_url) as conn:
+            entry = repo.find_playbook(conn, path) if path else None
+        if entry is None:
+            where = f"at its path {path!r}" if path else "(its playbook has no metadata.path)"
+            raise reruns.RerunRefused(
+                f"latest: execution {execution_id}'s playbook is not registered in the catalog {where}", "latest"
+            )
+        plan = compile_registered(path, workload, database_url)
+        made.plan_source, made.registered_at = "catalog", entry["registered_at"].isoformat()
+    else:
+        plan = Plan.model_validate(old["plan"])
+        plan = plan.model_copy(update={"workload": workload})
+    if from_step is not None:
+        with transaction(database_url) as conn:
+            reruns.seed(conn, old, plan, made)
+    return plan, made
 
 
 def cleanup(database_url: str, older_than_minutes: float, dry_run: bool, reason: str | None = None) -> list[int]:

@@ -105,3 +105,31 @@ def test_the_example_loop_processes_every_entry_once_and_dead_letters_the_poison
         "pending": 0,
         "stats": {"processed": 60, "failed": 0, "slots": 4},
     }
+
+
+def test_another_slots_entry_is_taken_over_only_past_reclaim_seconds(redis_url: str, stream: str) -> None:
+    """Default reclaim_seconds = 2 x lease + 30 (150 s for a 60 s lease): an entry idle past one
+    lease may belong to a live slot whose next claim the sweeper has yet to re-publish."""
+    r = redis_client(redis_url)
+    claim(redis_url, stream)  # creates the group
+    entry = r.xadd(stream, {"n": "1"}).decode()
+    assert claim(redis_url, stream, slot="run:0")[0]["id"] == entry
+    r.xclaim(stream, "noetl", "run:0", 0, [entry], idle=100_000, justid=True)  # past the lease only
+    assert claim(redis_url, stream, slot="run:1") == []
+    r.xclaim(stream, "noetl", "run:0", 0, [entry], idle=160_000, justid=True)  # past 2 x 60 + 30
+    assert claim(redis_url, stream, slot="run:1")[0]["id"] == entry
+    r.xclaim(stream, "noetl", "run:1", 0, [entry], idle=20_000, justid=True)
+    assert claim(redis_url, stream, slot="run:2", reclaim_seconds=10)[0]["id"] == entry
+
+
+def test_wait_seconds_keeps_an_empty_claim_waiting(redis_url: str, stream: str) -> None:
+    import threading
+
+    assert claim(redis_url, stream) == []
+    timer = threading.Timer(0.5, lambda: redis_client(redis_url).xadd(stream, {"n": "9"}))
+    timer.start()
+    try:
+        (row,) = claim(redis_url, stream, wait_seconds=10)
+    finally:
+        timer.cancel()
+    assert row["n"] == "9"

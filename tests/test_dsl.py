@@ -617,13 +617,15 @@ def test_cursor_loop_rules_are_enforced() -> None:
     assert both == ["pb.yaml:8: workflow[0](start).loop: a loop needs exactly one of in (or collection) and cursor"]
     no_mode = texts(V10, head + "      cursor: {kind: postgres, claim: x}\n      spec: {mode: parallel}\n")
     assert no_mode == ["pb.yaml:10: workflow[0](start).loop.spec.mode: mode: cursor goes with cursor: (and only there)"]
-    bad_kind = texts(V10, head + "      cursor: {kind: mysql, claim: x}\n")
+    bad_kind = texts(V10, head + "      cursor: {kind: oracle, claim: x}\n")
     assert bad_kind == [
         (
-            "pb.yaml:9: workflow[0](start).loop.cursor.kind: cursor kind 'mysql' is not supported "
-            "(known: postgres, redis_stream, sqlite)"
+            "pb.yaml:9: workflow[0](start).loop.cursor.kind: cursor kind 'oracle' is not supported "
+            "(known: mysql, nats, postgres, redis_stream, sqlite)"
         )
     ]
+    assert compile_text(V10, head + "      cursor: {kind: mysql, table: jobs}\n").steps["start"].loop is not None
+    assert compile_text(V10, head + "      cursor: {kind: nats, stream: JOBS}\n").steps["start"].loop is not None
     plan = compile_text(V10, head + "      cursor: {kind: redis_stream, stream: s}\n")  # no claim SQL
     assert plan.steps["start"].loop is not None
     assert plan.steps["start"].loop.cursor == {"kind": "redis_stream", "stream": "s"}

@@ -6,15 +6,16 @@ slots see the claim at once, and return `Outcome.ok({"rows": [...]})` with each 
 mapping of column -> value (zero rows: the slot is over), or an error Outcome carrying the
 database's message. Drivers never raise for a failure of the claim itself.
 
-Registered here: `postgres` (noetl_celery/cursors/postgres.py), `sqlite`
-(noetl_celery/cursors/sqlite.py) and `redis_stream` (noetl_celery/cursors/redis_stream.py: no
-SQL; its cursor keys arrive rendered in `call.options`, and `call.done` lists the rows of the
-slot's previous claim whose chains are over, to acknowledge). A further driver (MySQL with
-`SELECT ... FOR UPDATE SKIP LOCKED` then `UPDATE`) is a module that decorates its claim function
-with `@register("mysql")` (`keys=` its own cursor keys, `needs_claim=False` without SQL) and is
-listed in `_load_builtin_drivers`; the validator then accepts `cursor.kind: mysql` and the
-worker runs it. Keep the contract: one claim = one committed
-transaction, rows as mappings, errors as Outcomes.
+Registered here: `postgres` (noetl_celery/cursors/postgres.py) and `sqlite`
+(noetl_celery/cursors/sqlite.py), which run the cursor's claim SQL, and the queue drivers
+without SQL, `redis_stream`, `mysql` (a work table, FOR UPDATE SKIP LOCKED) and `nats` (a
+JetStream pull consumer): their cursor keys arrive rendered in `call.options`, and `call.done`
+lists the rows of the slot's previous claim whose chains are over, to acknowledge; they share
+`reclaim_seconds` and `wait_seconds` (below). A further driver is a module that decorates its
+claim function with `@register("kind")` (`keys=` its own cursor keys, `needs_claim=False` without
+SQL) and is listed in `_load_builtin_drivers`; the validator then accepts `cursor.kind: kind`
+and the worker runs it. Keep the contract: one claim = one committed transaction (or its
+queue's equivalent), rows as mappings, errors as Outcomes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ from typing import Any
 from noetl_celery.tools.base import Outcome
 
 SLOT_PARAM = "__worker_slot_id"  # bound by every driver: the slot's unique id
+DEFAULT_LEASE_SECONDS = 300.0  # a frame without lease_seconds
+# A row claimed by another slot is taken over once its claim is older than `reclaim_seconds`
+# (a cursor key), by default 2 x lease_seconds + RECLAIM_MARGIN: a live slot's row may wait, on top
+# of its chain (each attempt within the lease), for the sweeper to re-publish a lost claim or
+# attempt, which it does only after the lease plus its grace (deadlines.lease) and a sweep interval.
+RECLAIM_MARGIN = 30.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,25 @@ class ClaimCall:
     timeout: float | None = None  # seconds
     options: dict[str, Any] = field(default_factory=dict)  # the cursor's own keys (drivers without SQL)
     done: list[Any] = field(default_factory=list)  # rows of the slot's previous claim, their chains over
+
+
+def reclaim_seconds(call: ClaimCall) -> float:
+    """Seconds after which another slot's unfinished row counts as abandoned (see RECLAIM_MARGIN)."""
+    given = call.options.get("reclaim_seconds")
+    if given not in (None, ""):
+        value = float(given)
+        if value <= 0:
+            raise ValueError("reclaim_seconds must be above 0")
+        return value
+    return 2 * (call.timeout or DEFAULT_LEASE_SECONDS) + RECLAIM_MARGIN
+
+
+def wait_seconds(call: ClaimCall, *aliases: str) -> float:
+    """How long an empty claim keeps polling for a new row (`wait_seconds`, default 0: not at all)."""
+    for key in ("wait_seconds", *aliases):
+        if call.options.get(key) not in (None, ""):
+            return max(float(call.options[key]), 0.0)
+    return 0.0
 
 
 ClaimFn = Callable[[ClaimCall], Outcome]
@@ -73,7 +99,7 @@ def needs_claim(kind: str) -> bool:
 
 def _load_builtin_drivers() -> None:
     # Importing the modules registers them (lazily: they import the tools they run through).
-    from noetl_celery.cursors import postgres, redis_stream, sqlite  # noqa: F401
+    from noetl_celery.cursors import mysql, nats, postgres, redis_stream, sqlite  # noqa: F401
 
 
 def get_driver(kind: str) -> ClaimFn | None:

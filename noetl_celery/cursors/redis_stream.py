@@ -2,20 +2,23 @@
 
 Cursor keys: `stream` (required), `group` (default "noetl"; created at the stream's start, with
 the stream, when missing), `dead_letter` (default "<stream>:dead"), `max_deliveries` (default 5),
-`block_seconds` (default 0). `auth:` names a redis:// URL (or a mapping with `url`). The consumer
-is the slot (`__worker_slot_id`), so each slot's entries are its own in the group's pending list.
+`wait_seconds` (or `block_seconds`, default 0), `reclaim_seconds`. `auth:` names a redis:// URL
+(or a mapping with `url`). The consumer is the slot (`__worker_slot_id`), so each slot's entries
+are its own in the group's pending list.
 
 A claim, in one call:
 1. XACK the entries of the slot's previous claim (`call.done`): the next claim is dispatched only
    when the previous row's chain is over (done or failed), so that is "XACK when done".
 2. Take back an entry this slot was given and never finished (its claim's worker died before the
-   engine recorded the claim), then an entry of any consumer idle past `lease_seconds` (the
-   frame's, `call.timeout`) with XAUTOCLAIM: the lease must cover a row's whole chain.
-3. Else XREADGROUP one new entry (`>`), waiting up to `block_seconds` when it is above 0.
+   engine recorded the claim), then an entry of any consumer idle past `reclaim_seconds` (default
+   2 x the frame's `lease_seconds` + 30: see cursors.RECLAIM_MARGIN) with XAUTOCLAIM: a slot
+   that is gone (its execution ended or lost) no longer holds its entry.
+3. Else XREADGROUP one new entry (`>`), waiting up to `wait_seconds` (alias `block_seconds`) when
+   it is above 0.
 An entry taken back whose delivery count is past `max_deliveries` is a poison entry: it is added
 to the dead-letter stream (its fields plus `source_id`, `source_stream`, `deliveries`) and acked
 in one MULTI/EXEC, and the claim looks further. Nothing found: zero rows, the slot is over (an
-empty stream at the moment of the claim ends the slot unless `block_seconds` keeps it waiting).
+empty stream at the moment of the claim ends the slot unless `wait_seconds` keeps it waiting).
 
 A row is `{"id": entry id, "deliveries": n, **fields}` (field names and values as text).
 """
@@ -27,13 +30,14 @@ from typing import Any
 
 import redis
 
-from noetl_celery.cursors import SLOT_PARAM, ClaimCall, register
+from noetl_celery.cursors import SLOT_PARAM, ClaimCall, reclaim_seconds, register, wait_seconds
 from noetl_celery.tools.base import Outcome
 
 DEFAULT_GROUP = "noetl"
 DEFAULT_MAX_DELIVERIES = 5
-DEFAULT_LEASE_SECONDS = 300.0
-KEYS = frozenset({"stream", "group", "dead_letter", "max_deliveries", "block_seconds"})
+KEYS = frozenset(
+    {"stream", "group", "dead_letter", "max_deliveries", "block_seconds", "wait_seconds", "reclaim_seconds"}
+)
 
 _clients: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -108,12 +112,12 @@ def claim_redis_stream(call: ClaimCall) -> Outcome:
     dead = str(opts.get("dead_letter") or f"{stream}:dead")
     try:
         limit = int(opts.get("max_deliveries") or DEFAULT_MAX_DELIVERIES)
-        block_ms = int(float(opts.get("block_seconds") or 0) * 1000)
+        block_ms = int(wait_seconds(call, "block_seconds") * 1000)
+        lease_ms = int(reclaim_seconds(call) * 1000)
         url = _url(call.credential)
     except (TypeError, ValueError) as exc:
         return Outcome.fail("invalid_args", f"redis_stream cursor: {exc}")
     consumer = str(call.params.get(SLOT_PARAM) or "noetl")
-    lease_ms = int((call.timeout or DEFAULT_LEASE_SECONDS) * 1000)
     r = _client(url)
     try:
         done = [row["id"] for row in call.done if isinstance(row, dict) and row.get("id")]

@@ -365,6 +365,7 @@ class ExecutionJson(Api):
                 "path": row["playbook_path"],
                 "status": row["status"],
                 "parent_execution_id": row["parent_execution_id"],
+                "rerun": data["rerun"],
                 "workload": data["workload"],
                 "done": data["done"],
                 "total": data["total"],
@@ -426,16 +427,40 @@ class Cancel(Api):
 
 
 class Rerun(Api):
-    async def post(self, execution_id: str) -> None:
-        from noetl_celery import runner
+    """A new execution made from this one (runner.rerun, as `noetl-celery rerun`): NoETL's body
+    (`workload`, `resource_kind`), plus `from_step` (start there, the steps before it keep their
+    results) and `latest` (the playbook registered at its path now, not the stored plan)."""
 
+    async def post(self, execution_id: str) -> None:
         self.require_token()
         body = self.json_body()
         resource_kind(body)
         overrides = workload(body)
+        from_step = optional(body, "from_step", str, "a step name")
+        latest = optional(body, "latest", bool, "true or false", False)
         self.require_runner()
-        new_id = await self.call(runner.rerun, self.noetl, int(execution_id), overrides)
-        self.answer({"execution_id": new_id, "rerun_of": int(execution_id), "status": "running"})
+        settings, old = self.noetl, int(execution_id)
+        new_id = await self.call(rerun_or_refusal, settings, old, overrides, from_step, latest)
+        self.answer(
+            {
+                "execution_id": new_id,
+                "rerun_of": old,
+                "from_step": from_step,
+                "latest": latest,
+                "status": "running",
+            }
+        )
+
+
+def rerun_or_refusal(settings: Any, execution_id: int, overrides: dict[str, Any], from_step: Any, latest: bool) -> int:
+    """runner.rerun, its refusal as a 400 naming the field (or 409 when none is wrong)."""
+    from noetl_celery import runner
+    from noetl_celery.engine.rerun import RerunRefused
+
+    try:
+        return runner.rerun(settings, execution_id, overrides, from_step=from_step, latest=latest)
+    except RerunRefused as exc:
+        raise ApiError(400 if exc.field else 409, str(exc), exc.field) from None
 
 
 class Cleanup(Api):

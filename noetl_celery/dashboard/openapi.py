@@ -57,6 +57,44 @@ CONTENT = {
 }
 
 
+def _rerun(started: dict[str, Any]) -> dict[str, Any]:
+    """POST /api/executions/{id}/rerun: NoETL's body, and the project's from_step and latest."""
+    body = _object(
+        {
+            "workload": {**WORKLOAD, "description": "deep-merged over the OLD execution's workload"},
+            "resource_kind": {"type": "string", "enum": ["playbook"]},
+            "from_step": {
+                "type": "string",
+                "description": "start at this step; the steps that completed before its last run keep their "
+                "results (copied, not run). Absent: the whole playbook runs again",
+            },
+            "latest": {
+                "type": "boolean",
+                "description": "the playbook registered at the execution's catalog path now, not its stored plan",
+            },
+        }
+    )
+    answer = {
+        **started,
+        "properties": {
+            **started["properties"],
+            "rerun_of": {"type": "integer"},
+            "from_step": {"type": ["string", "null"]},
+            "latest": {"type": "boolean"},
+        },
+    }
+    return {
+        "post": {
+            "summary": "A new execution made from this one (noetl-celery rerun): whole, or from a step; "
+            "with changed parameters, or the latest registered version",
+            "security": BEARER,
+            "parameters": [EXECUTION_ID],
+            "requestBody": _body(body, required=False),
+            "responses": {"200": _ok("started", answer), **_errors(*WRITE, 404, 409, 503)},
+        }
+    }
+
+
 def document() -> dict[str, Any]:
     started = _object(
         {
@@ -178,17 +216,7 @@ def document() -> dict[str, Any]:
                     },
                 }
             },
-            "/api/executions/{execution_id}/rerun": {
-                "post": {
-                    "summary": "Run the execution's plan again as a new execution, workload merged",
-                    "security": BEARER,
-                    "parameters": [EXECUTION_ID],
-                    "requestBody": _body(
-                        _object({"workload": WORKLOAD, "resource_kind": {"type": "string"}}), required=False
-                    ),
-                    "responses": {"200": _ok("started", started), **_errors(*WRITE, 404, 503)},
-                }
-            },
+            "/api/executions/{execution_id}/rerun": _rerun(started),
             "/api/executions/cleanup": {
                 "post": {
                     "summary": "Cancel top-level executions running for longer than older_than_minutes",

@@ -59,9 +59,10 @@ def _environment() -> jinja2.Environment:
 class Base(tornado.web.RequestHandler):
     """Shared by every page: the store, the templates, and authentication."""
 
-    def initialize(self, settings: noetl_settings.Settings, templates: jinja2.Environment) -> None:
+    def initialize(self, settings: noetl_settings.Settings, templates: jinja2.Environment, runs: bool = False) -> None:
         self.noetl = settings
         self.templates = templates
+        self.runs = runs  # executions started here run (a broker's workers, or an embedded worker)
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a store read on a thread (the queries are synchronous; the server stays responsive)."""
@@ -76,13 +77,15 @@ class Base(tornado.web.RequestHandler):
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
         can_control = self.can_control()
+        can_launch = self.noetl.dashboard_token is not None and self.runs  # launch and rerun (launch.py)
         # the hidden _xsrf field of the action forms (and the _xsrf cookie, set on first use); a
         # read-only dashboard has no forms and sets no cookie
-        xsrf = Markup(self.xsrf_form_html()) if can_control else Markup("")
+        xsrf = Markup(self.xsrf_form_html()) if can_control or can_launch else Markup("")
         self.finish(
             self.templates.get_template(template).render(
                 flower_url=self.noetl.flower_url,
                 can_control=can_control,
+                can_launch=can_launch,
                 xsrf_form_html=xsrf,
                 poll_ms=LIVE_POLL_MS,
                 **values,
@@ -179,12 +182,22 @@ def _execution(conn: Any, execution_id: int, timeline: bool = True) -> dict[str,
         "timeline": layout.timeline(views.attempts(conn, execution_id)) if timeline else None,
         "children": views.list_executions(conn, parent=execution_id),
         "failure": views.failure(conn, row),
+        "rerun": rerun_origin(conn, execution_id),
         "duration_s": views.duration_s(row["created_at"], row["finished_at"], views._now(row["created_at"])),
     }
 
 
+def rerun_origin(conn: Any, execution_id: int) -> dict[str, Any] | None:
+    """What made the execution when a rerun did (engine/rerun.py), else None."""
+    from noetl_celery.engine.rerun import origin
+
+    return origin(conn, execution_id)
+
+
 def _full(conn: Any, execution_id: int, filters: dict[str, Any]) -> dict[str, Any]:
     data = _execution(conn, execution_id)
+    path = data["execution"]["playbook_path"]
+    data["registered"] = (repo.find_playbook(conn, path) or {}).get("registered_at") if path else None
     data["events"] = views.events_page(conn, execution_id, **filters)
     data["event_total"] = views.event_counts(conn, execution_id)
     return data
@@ -292,7 +305,7 @@ class Control(Base):
 def make_app(settings: noetl_settings.Settings | None = None, *, runs: bool = False) -> tornado.web.Application:
     """The dashboard's pages and the REST API (api.py); `runs`: executions started through the API
     run (a broker's workers, or this process's embedded worker)."""
-    from noetl_celery.dashboard import api
+    from noetl_celery.dashboard import api, launch
 
     settings = settings or noetl_settings.load()
     ensure_schema(settings.database_url)
@@ -300,11 +313,12 @@ def make_app(settings: noetl_settings.Settings | None = None, *, runs: bool = Fa
     return tornado.web.Application(
         [
             (r"/", ExecutionsPage, common),
-            (r"/executions/(\d+)", ExecutionPage, common),
+            (r"/executions/(\d+)", ExecutionPage, {**common, "runs": runs}),
             (r"/executions/(\d+)/live", LivePanel, common),
             (r"/executions/(\d+)/(cancel|resume)", Control, common),
             (r"/api/executions/(\d+)", api.ExecutionJson, {**common, "runs": runs}),
             *api.routes(common, runs),
+            *launch.routes(common, runs),
         ],
         # Control checks the token (check_xsrf_cookie). The cookie goes with no other site's POST
         # (SameSite=Lax) and no script can read it (other ports of this host share its cookies).

@@ -1,11 +1,17 @@
-"""Cursor loops on real Redis, PostgreSQL and worker processes: NoETL's page-continuation flow on
-two workers against the mock API, and a worker SIGKILLed in the middle of a 2,000-row loop."""
+"""Cursor loops on real worker processes: NoETL's page-continuation flow on two workers against the
+mock API, and a worker SIGKILLed in the middle of a 2,000-row loop on each cursor driver's real
+server (PostgreSQL, Redis stream, MariaDB/MySQL, NATS JetStream)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -13,12 +19,12 @@ from sqlalchemy import text
 from noetl_celery.mockapi import PATIENT_MAX_PAGES, PATIENT_PAGE_MULTIPLIER, PATIENT_TYPE_OFFSETS, start_mock_api
 from noetl_celery.runner import wait
 from noetl_celery.store.db import get_engine
+from tests.support import services as svc
 from tests.support.corpus import CORPUS
 from tests.support.engines import submit
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE_CONTINUATION = CORPUS / "cursor" / "pft_page_continuation.yaml"
-ROWS = ROOT / "tests" / "playbooks" / "cursor_rows_pg.yaml"
 RUN_TIMEOUT = 600  # seconds one execution may take on a loaded machine
 
 
@@ -80,38 +86,6 @@ def republished(url: str, execution_id: int) -> list[dict]:
         return [dict(r._mapping) for r in rows]
 
 
-def item_ids(url: str, execution_id: int) -> Counter:
-    return Counter(
-        e["meta"]["row"]["id"] for e in events(url, execution_id, "drain") if e["event_type"] == "cursor.item.done"
-    )
-
-
-def test_a_worker_killed_mid_cursor_loop_loses_no_row_and_repeats_none(pg_env, store_url, worker_factory):
-    worker_env = {**pg_env, "NOETL_VISIBILITY_TIMEOUT": "8", "NOETL_RESTORE_INTERVAL": "2"}
-    victim = worker_factory(env=worker_env, concurrency=2, name="victim@%h")
-    worker_factory(env=worker_env, concurrency=2, name="survivor@%h")
-    execution_id = submit(pg_env, ROWS, rows=2000, row_sleep=0.005)
-    deadline = time.monotonic() + RUN_TIMEOUT
-    done = 0
-    while time.monotonic() < deadline:
-        done = sum(item_ids(store_url, execution_id).values())
-        if done >= 300:
-            break
-        time.sleep(0.2)
-    assert 300 <= done < 2000, f"{done} rows done before the kill"
-    victim.kill()
-    status = wait(store_url, execution_id, timeout=RUN_TIMEOUT)
-    assert status["status"] == "completed", status.get("error")
-    ids = item_ids(store_url, execution_id)
-    assert set(ids) == set(range(1, 2001)), f"missing: {sorted(set(range(1, 2001)) - set(ids))[:10]}"
-    assert max(ids.values()) == 1, [i for i, c in ids.items() if c > 1][:10]
-    kinds = Counter(e["event_type"] for e in events(store_url, execution_id, "drain"))
-    assert kinds["iterator.completed"] == 1  # loop.done once
-    assert kinds["cursor.slot.ended"] == 8
-    assert status["results"]["drain"] == {"stats": {"processed": 2000, "failed": 0, "slots": 8}}
-    assert status["results"]["verify"]["rows"] == [{"done": 2000, "open": 0}]
-
-
 PFT_FLOW = CORPUS / "cursor" / "pft_flow.yaml"
 
 
@@ -164,40 +138,139 @@ def test_pft_flow_with_mds_batch_sub_playbooks_on_two_workers(pg_env, store_url,
     assert status["children"] and {c["status"] for c in status["children"]} == {"completed"}, status["children"]
 
 
-ROWS_REDIS = ROOT / "tests" / "playbooks" / "cursor_rows_redis.yaml"
+# --- a worker SIGKILLed in the middle of a 2,000-row cursor loop, on each driver's real server
+
+POISON = 3  # entries a vanished consumer already took `max_deliveries` times (mysql, redis_stream, nats)
 
 
-def item_numbers(url: str, execution_id: int) -> Counter:
-    return Counter(
-        int(e["meta"]["row"]["n"]) for e in events(url, execution_id, "drain") if e["event_type"] == "cursor.item.done"
+@dataclass
+class Queue:
+    """One driver's work queue for the loop: the playbook, its workload, how a row names its
+    number, and what the playbook's `verify` step must read back."""
+
+    playbook: Path
+    workload: dict[str, Any]
+    number: Callable[[dict], int]
+    verify: Any
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def postgres_queue(request) -> Iterator[Queue]:
+    pg_dsn = request.getfixturevalue("pg_dsn")
+    yield Queue(
+        ROOT / "tests" / "playbooks" / "cursor_rows_pg.yaml",
+        {},
+        lambda row: int(row["id"]),
+        {"rows": [{"done": 2000, "open": 0}]},
+        env={"NOETL_AUTH_PG_K8S": pg_dsn},
     )
 
 
-def test_a_worker_killed_mid_redis_stream_loop_loses_no_entry_and_repeats_none(
-    env, store_url, redis_url, worker_factory
-):
-    worker_env = {**env, "NOETL_VISIBILITY_TIMEOUT": "8", "NOETL_RESTORE_INTERVAL": "2"}
-    victim = worker_factory(env=worker_env, concurrency=2, name="victim@%h")
-    worker_factory(env=worker_env, concurrency=2, name="survivor@%h")
-    stream = f"test:cursor_rows:{time.time_ns()}"
-    execution_id = submit(env, ROWS_REDIS, rows=2000, row_sleep=0.005, redis_url=redis_url, stream=stream)
-    deadline = time.monotonic() + RUN_TIMEOUT
-    done = 0
-    while time.monotonic() < deadline:
-        done = sum(item_numbers(store_url, execution_id).values())
-        if done >= 300:
-            break
-        time.sleep(0.2)
-    assert 300 <= done < 2000, f"{done} entries done before the kill"
-    victim.kill()
-    status = wait(store_url, execution_id, timeout=RUN_TIMEOUT)
-    assert status["status"] == "completed", status.get("error")
-    numbers = item_numbers(store_url, execution_id)
-    assert set(numbers) == set(range(1, 2001)), f"missing: {sorted(set(range(1, 2001)) - set(numbers))[:10]}"
-    assert max(numbers.values()) == 1, [n for n, c in numbers.items() if c > 1][:10]
-    kinds = Counter(e["event_type"] for e in events(store_url, execution_id, "drain"))
-    assert kinds["iterator.completed"] == 1  # loop.done once
-    assert kinds["cursor.slot.ended"] == 8
-    assert status["results"]["drain"] == {"stats": {"processed": 2000, "failed": 0, "slots": 8}}
-    # every entry acknowledged, none dead-lettered
-    assert status["results"]["verify"] == {"done": 2000, "pending": 0, "dead": 0}
+@contextlib.contextmanager
+def redis_stream_queue(request) -> Iterator[Queue]:
+    redis_url = request.getfixturevalue("redis_url")
+    yield Queue(
+        ROOT / "tests" / "playbooks" / "cursor_rows_redis.yaml",
+        {"redis_url": redis_url, "stream": f"test:cursor_rows:{time.time_ns()}", "poison": POISON},
+        lambda row: int(row["n"]),
+        {"done": 2000, "pending": 0, "dead": list(range(-POISON, 0))},
+    )
+
+
+@contextlib.contextmanager
+def mysql_queue(request) -> Iterator[Queue]:
+    with svc.fresh_mysql_database(svc.mysql_server_url()) as url:
+        yield Queue(
+            ROOT / "tests" / "playbooks" / "cursor_rows_mysql.yaml",
+            {"mysql_url": url, "poison": POISON},
+            lambda row: int(row["n"]),
+            {"done": 2000, "open": 0, "dead": list(range(-POISON, 0))},
+        )
+
+
+@contextlib.contextmanager
+def nats_queue(request) -> Iterator[Queue]:
+    import asyncio
+
+    import nats
+
+    url = svc.nats_server_url()
+    tag = uuid.uuid4().hex[:10]
+    stream, bucket = f"T{tag}", f"kv_{tag}"
+
+    async def on_js(fn: Callable[[Any], Any]) -> None:
+        nc = await nats.connect(url)
+        try:
+            await fn(nc.jetstream())
+        finally:
+            await nc.close()
+
+    async def drop(js: Any) -> None:
+        for name in (stream, f"{stream}_DEAD", f"KV_{bucket}"):
+            with contextlib.suppress(Exception):  # one the run did not create
+                await js.delete_stream(name)
+
+    asyncio.run(on_js(lambda js: js.create_key_value(bucket=bucket)))
+    try:
+        yield Queue(
+            ROOT / "tests" / "playbooks" / "cursor_rows_nats.yaml",
+            {"nats_url": url, "stream": stream, "bucket": bucket, "poison": POISON},
+            lambda row: int(row["data"]["n"]),
+            {"done": 2000, "unacked": 0, "pending": 0, "dead": list(range(-POISON, 0))},
+        )
+    finally:
+        asyncio.run(on_js(drop))
+
+
+QUEUES = {"postgres": postgres_queue, "redis_stream": redis_stream_queue, "mysql": mysql_queue, "nats": nats_queue}
+
+
+def item_numbers(url: str, execution_id: int, number: Callable[[dict], int]) -> Counter:
+    return Counter(
+        number(e["meta"]["row"]) for e in events(url, execution_id, "drain") if e["event_type"] == "cursor.item.done"
+    )
+
+
+@pytest.mark.parametrize(
+    "driver",
+    [
+        "postgres",
+        pytest.param("redis_stream", marks=pytest.mark.slow),
+        pytest.param("mysql", marks=pytest.mark.slow),
+        pytest.param("nats", marks=pytest.mark.slow),
+    ],
+)
+def test_a_worker_killed_mid_cursor_loop_loses_no_row_and_repeats_none(request, driver, env, store_url, worker_factory):
+    """2,000 rows, 8 slots, two workers; the victim is SIGKILLed once 300 rows are done. Every row
+    is done once (one cursor.item.done row each), loop.done comes once, all 8 slots end, and the
+    poison entries (mysql, redis_stream, nats) are dead-lettered, never run."""
+    with QUEUES[driver](request) as queue:
+        run_env = {**env, **queue.env}
+        worker_env = {**run_env, "NOETL_VISIBILITY_TIMEOUT": "8", "NOETL_RESTORE_INTERVAL": "2"}
+        victim = worker_factory(env=worker_env, concurrency=2, name="victim@%h")
+        worker_factory(env=worker_env, concurrency=2, name="survivor@%h")
+        execution_id = submit(run_env, queue.playbook, rows=2000, row_sleep=0.005, **queue.workload)
+        deadline = time.monotonic() + RUN_TIMEOUT
+        done = 0
+        while time.monotonic() < deadline:
+            done = sum(item_numbers(store_url, execution_id, queue.number).values())
+            if done >= 300:
+                break
+            time.sleep(0.2)
+        assert 300 <= done < 2000, f"{done} rows done before the kill"
+        victim.kill()
+        status = wait(store_url, execution_id, timeout=RUN_TIMEOUT)
+        assert status["status"] == "completed", status.get("error")
+        numbers = item_numbers(store_url, execution_id, queue.number)
+        expected = set(range(1, 2001))
+        assert set(numbers) == expected, (
+            f"missing: {sorted(expected - set(numbers))[:10]}, extra: {sorted(set(numbers) - expected)[:10]}"
+        )
+        assert max(numbers.values()) == 1, [n for n, c in numbers.items() if c > 1][:10]
+        kinds = Counter(e["event_type"] for e in events(store_url, execution_id, "drain"))
+        assert kinds["iterator.completed"] == 1  # loop.done once
+        assert kinds["cursor.slot.ended"] == 8
+        assert status["results"]["drain"] == {"stats": {"processed": 2000, "failed": 0, "slots": 8}}
+        verify = status["results"]["verify"]
+        assert {k: verify[k] for k in queue.verify} == queue.verify, verify

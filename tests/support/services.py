@@ -63,6 +63,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1202,3 +1203,79 @@ class OwnRedis:
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- MariaDB / MySQL, NATS
+
+MYSQL_URL_ENV = "NOETL_TEST_MYSQL_URL"
+DEFAULT_MYSQL_URL = "mysql://root@127.0.0.1:3306"
+NATS_URL_ENV = "NOETL_TEST_NATS_URL"
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+def mysql_server_url() -> str:
+    """The MariaDB/MySQL server tests use (a user that may create databases), or unavailable()."""
+    url = os.environ.get(MYSQL_URL_ENV, DEFAULT_MYSQL_URL)
+    parts = urlsplit(url)
+    if not _tcp_answers(parts.hostname, parts.port or 3306, ANSWER_TIMEOUT):
+        unavailable(f"no MySQL/MariaDB server at {parts.hostname}:{parts.port or 3306} (set {MYSQL_URL_ENV})")
+    return url
+
+
+def _mysql_connect(url: str, database: str | None = None):
+    import pymysql
+
+    parts = urlsplit(url)
+    return pymysql.connect(
+        host=parts.hostname,
+        port=parts.port or 3306,
+        user=unquote(parts.username or "root"),
+        password=unquote(parts.password or ""),
+        database=database,
+        autocommit=True,
+        connect_timeout=5,
+    )
+
+
+@contextlib.contextmanager
+def fresh_mysql_database(server_url: str, prefix: str = "noetl_test_") -> Iterator[str]:
+    """A MySQL database of the caller's own (its URL), dropped afterwards."""
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    conn = _mysql_connect(server_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{name}`")
+    finally:
+        conn.close()
+    try:
+        yield f"{server_url.rstrip('/')}/{name}"
+    finally:
+        conn = _mysql_connect(server_url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        finally:
+            conn.close()
+
+
+def mysql_query(url: str, sql: str, params: Sequence[object] = ()) -> list[dict]:
+    """Run one statement on the database `url` names; its rows as mappings."""
+    import pymysql
+
+    parts = urlsplit(url)
+    conn = _mysql_connect(url, parts.path.strip("/") or None)
+    try:
+        with conn.cursor(pymysql.cursors.DictCursor) as cur:
+            cur.execute(sql, params or None)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def nats_server_url() -> str:
+    """The NATS server (with JetStream) tests use, or unavailable()."""
+    url = os.environ.get(NATS_URL_ENV, DEFAULT_NATS_URL)
+    parts = urlsplit(url)
+    if not _tcp_answers(parts.hostname, parts.port or 4222, ANSWER_TIMEOUT):
+        unavailable(f"no NATS server at {parts.hostname}:{parts.port or 4222} (set {NATS_URL_ENV})")
+    return url

@@ -1,0 +1,249 @@
+"""Many small executions against as many raw Celery chains, on Redis or RabbitMQ + PostgreSQL.
+
+    python -m bench.executions [--broker redis|amqp] [--n 2000] [--pairs 2] [--workers 1]
+                               [--concurrency 2] [--eager-window S] [--json-out FILE]
+
+Against the same worker processes (`celery -A bench.app worker`), each pair runs, in alternating
+order:
+- noetl: N executions of bench/playbooks/three_steps.yaml (three python steps, one after
+  another), submitted back to back by this process as `noetl-celery submit` does
+  (`runner.submit`, one call per execution), until every one has its end row;
+- raw: N chains of three no-op `noetl.bench_chain_step` tasks (`chain(...).apply_async()`, one
+  call per chain), the last link counting itself in Redis, until the count is N.
+
+Reported per side: wall time from the first submit to the last end (executions/s), the time the
+submitting calls took, CPU seconds of the worker processes, the database, the broker and this
+process (bench.loops.CpuMeter), and rows written per execution. The ratio is noetl's rate over
+raw's in the same pair. A benchmark, not a test: it never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.latency import CHAIN_PLAYBOOK
+from bench.loops import (
+    COUNTER_URL_ENV,
+    BenchError,
+    CpuMeter,
+    StoreReader,
+    _now,
+    add_eager_window,
+    check_alive,
+    log,
+    log_problems,
+    open_services,
+    report,
+    start_workers,
+    stop_workers,
+)
+
+POLL = 0.05
+CONFIG_ARGS = ("broker", "n", "pairs", "workers", "concurrency", "eager_window", "timeout")
+
+
+class Runs:
+    def __init__(self, args: argparse.Namespace, redis: Any, settings: Any, database_url: str, workers: list[Any]):
+        from noetl_celery.compiler import compile_playbook
+
+        self.args = args
+        self.redis = redis
+        self.settings = settings
+        self.workers = workers
+        self.reader = StoreReader(database_url)
+        self.plan = compile_playbook(CHAIN_PLAYBOOK)
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def _wait(self, what: str, done: Any, n: int, t0: float) -> float:
+        """Poll `done()` (how many have ended) until it reaches n; the time.perf_counter() then."""
+        last, last_change, last_check = -1, time.perf_counter(), time.perf_counter()
+        while True:
+            count = done()
+            now = time.perf_counter()
+            if count >= n:
+                return now
+            if count != last:
+                last, last_change = count, now
+            if now - t0 > self.args.timeout:
+                raise BenchError(f"{what}: {count} of {n} ended after {self.args.timeout:.0f} s")
+            if now - last_change > 60:
+                raise BenchError(f"{what}: stuck at {count} of {n} for 60 s")
+            if now - last_check > 0.5:
+                check_alive(self.workers)
+                last_check = now
+            time.sleep(POLL)
+
+    def noetl(self, n: int) -> dict[str, Any]:
+        from noetl_celery import runner
+
+        first_id = None
+        with CpuMeter(self.workers) as cpu:
+            t0 = time.perf_counter()
+            ids = [runner.submit(self.plan, self.settings) for _ in range(n)]
+            t_sent = time.perf_counter()
+            first_id = min(ids)
+
+            def ended() -> int:
+                row = self.reader.one(
+                    "SELECT count(*) FROM noetl_event WHERE execution_id >= %s AND event_type IN "
+                    "('execution.completed', 'execution.failed', 'execution.cancelled')",
+                    (first_id,),
+                )
+                return int(row[0]) if row else 0
+
+            t_end = self._wait("noetl", ended, n, t0)
+        failed = self.reader.one(
+            "SELECT count(*) FROM noetl_event WHERE execution_id >= %s AND event_type <> 'execution.completed' "
+            "AND event_type IN ('execution.failed', 'execution.cancelled')",
+            (first_id,),
+        )
+        if failed and failed[0]:
+            raise BenchError(f"noetl: {failed[0]} of {n} executions did not complete")
+        rows = self.reader.one("SELECT count(*) FROM noetl_event WHERE execution_id >= %s", (first_id,))
+        elapsed = t_end - t0
+        return {
+            "n": n,
+            "elapsed_s": round(elapsed, 3),
+            "submit_s": round(t_sent - t0, 3),
+            "per_s": round(n / elapsed, 1),
+            "rows_per_execution": round(int(rows[0]) / n, 3) if rows else None,
+            "cpu": cpu.result(n),
+        }
+
+    def raw(self, n: int) -> dict[str, Any]:
+        from celery import chain
+
+        from bench.app import bench_chain_step
+
+        key = f"bench:executions:{uuid.uuid4().hex}"
+        with CpuMeter(self.workers) as cpu:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                chain(bench_chain_step.s(1), bench_chain_step.s(), bench_chain_step.s(counter_key=key)).apply_async()
+            t_sent = time.perf_counter()
+            t_end = self._wait("raw", lambda: int(self.redis.get(key) or 0), n, t0)
+        self.redis.delete(key)
+        elapsed = t_end - t0
+        return {
+            "n": n,
+            "elapsed_s": round(elapsed, 3),
+            "submit_s": round(t_sent - t0, 3),
+            "per_s": round(n / elapsed, 1),
+            "cpu": cpu.result(n),
+        }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| pair | noetl executions/s | raw chains/s | rate noetl/raw | submit noetl/raw "
+        "| worker CPU ms per execution, noetl / raw | rows per execution |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, pair in enumerate(results["pairs"], 1):
+        if "error" in pair:
+            lines.append(f"| {i} | {pair['error']} | | | | | |")
+            continue
+        no, raw = pair["noetl"], pair["raw"]
+
+        def worker_ms(side: dict[str, Any]) -> float:
+            per = side["cpu"]["cpu_ms_per_item"]
+            return round(per["worker_main"] + per["worker_children"], 2)
+
+        lines.append(
+            f"| {i} ({pair['order']}) | {no['per_s']} | {raw['per_s']} | {pair['rate_ratio']} | "
+            f"{_ratio(no['submit_s'], raw['submit_s'])} | {worker_ms(no)} / {worker_ms(raw)} | "
+            f"{no['rows_per_execution']} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.executions", description=__doc__.split("\n\n")[0])
+    p.add_argument("--broker", choices=("redis", "amqp"), default="redis")
+    p.add_argument("--n", type=int, default=2000, help="executions (and raw chains) per side (default 2000)")
+    p.add_argument("--pairs", type=int, default=2, help="noetl/raw pairs, order alternating (default 2)")
+    p.add_argument("--warmup", type=int, default=50, help="unreported executions and chains first (default 50)")
+    p.add_argument("--workers", type=int, default=1, help="worker instances (default 1)")
+    p.add_argument("--concurrency", type=int, default=2, help="prefork processes per worker (default 2)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds one side may take (default 900)")
+    p.add_argument("--redis-db", type=int, default=14, help="Redis database index to claim (default 14)")
+    p.add_argument("--json-out", help="also write the JSON results to this file")
+    p.add_argument("--keep-logs", action="store_true", help="keep the worker logs (path printed)")
+    add_eager_window(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results: dict[str, Any] = {"benchmark": "bench.executions", "started_at": _now(), "pairs": []}
+    log_dir = Path(tempfile.mkdtemp(prefix="noetl-executions-"))
+    failed = False
+    from tests.support import services as svc
+
+    with contextlib.ExitStack() as stack:
+        services = open_services(stack, args.broker, args.redis_db, args.eager_window)
+        results["machine"] = services.machine
+        results["config"] = {k: getattr(args, k) for k in CONFIG_ARGS}
+        client = svc.redis_client(services.redis_url)
+        stack.callback(client.close)
+        env = {
+            "NOETL_BROKER_URL": services.broker_url,
+            COUNTER_URL_ENV: services.redis_url,
+            "NOETL_DATABASE_URL": services.database_url,
+        }
+        if args.eager_window:
+            env["NOETL_EAGER_WINDOW"] = str(args.eager_window)
+        workers: list[Any] = []
+        runs: Runs | None = None
+        try:
+            log(f"== {args.workers} worker(s) -c {args.concurrency} prefork, broker {args.broker}, N={args.n}")
+            workers = start_workers(args.workers, args.concurrency, env, log_dir, "executions")
+            runs = Runs(args, client, services.settings, services.database_url, workers)
+            if args.warmup:
+                runs.noetl(args.warmup)
+                runs.raw(args.warmup)
+            for i in range(args.pairs):
+                order = ("noetl", "raw") if i % 2 == 0 else ("raw", "noetl")
+                pair: dict[str, Any] = {"order": "/".join(order)}
+                try:
+                    for side in order:
+                        time.sleep(1.0)
+                        pair[side] = getattr(runs, side)(args.n)
+                        log(f"   pair {i + 1} {side}: {pair[side]['per_s']}/s")
+                    pair["rate_ratio"] = _ratio(pair["noetl"]["per_s"], pair["raw"]["per_s"])
+                except BenchError as exc:
+                    pair["error"] = str(exc)
+                    failed = True
+                    log(f"   FAILED: {exc}")
+                results["pairs"].append(pair)
+        except KeyboardInterrupt:
+            results["interrupted"] = True
+            failed = True
+        except Exception as exc:  # noqa: BLE001 - e.g. a worker that would not start
+            results["fatal"] = f"{type(exc).__name__}: {exc}"
+            failed = True
+            log(f"FAILED: {results['fatal']}")
+        finally:
+            if runs is not None:
+                runs.close()
+            results["worker_log_problems"] = log_problems(workers)
+            errors = stop_workers(workers)
+            if errors:
+                results["worker_stop_errors"] = errors
+    return report(table(results), results, args.json_out, log_dir, failed=failed, keep_logs=args.keep_logs)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,192 @@
+"""The nats cursor driver on the machine's NATS JetStream (a stream, consumer and buckets of each
+test's own): the claim contract (row or nothing, ack when done, take back, dead letter) and a
+loop run in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from noetl_celery import cursors
+from noetl_celery.cursors import SLOT_PARAM, ClaimCall
+from tests.support import services as svc
+from tests.support.harness import run_playbook
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ROOT / "tests" / "playbooks" / "cursor_rows_nats.yaml"
+
+
+async def _js(url: str, fn: Any) -> Any:
+    import nats
+
+    nc = await nats.connect(url)
+    try:
+        return await fn(nc.jetstream())
+    finally:
+        await nc.close()
+
+
+def js_call(url: str, fn: Any) -> Any:
+    return asyncio.run(_js(url, fn))
+
+
+@pytest.fixture
+def nats_url() -> str:
+    return svc.nats_server_url()
+
+
+@pytest.fixture
+def names(nats_url: str) -> Iterator[dict[str, str]]:
+    """A stream (subjects <stream>.>), a dead-letter subject, a slots bucket and a KV bucket of
+    this test's own, all deleted after it."""
+    tag = uuid.uuid4().hex[:10]
+    made = {"stream": f"T{tag}", "dead": f"T{tag}_dead.jobs", "slots": f"slots_{tag}", "bucket": f"kv_{tag}"}
+
+    async def create(js: Any) -> None:
+        await js.add_stream(name=made["stream"], subjects=[f"{made['stream']}.>"])
+        await js.create_key_value(bucket=made["bucket"])
+
+    async def delete(js: Any) -> None:
+        for stream in (made["stream"], f"{made['stream']}_DEAD", f"KV_{made['slots']}", f"KV_{made['bucket']}"):
+            with contextlib.suppress(Exception):  # one this test did not create
+                await js.delete_stream(stream)
+
+    js_call(nats_url, create)
+    yield made
+    js_call(nats_url, delete)
+
+
+def publish(url: str, stream: str, *values: Any) -> None:
+    async def go(js: Any) -> None:
+        for value in values:
+            await js.publish(f"{stream}.jobs", json.dumps(value).encode())
+
+    js_call(url, go)
+
+
+def claim(url: str, names: dict[str, str], slot: str = "run:0", done: list[Any] | None = None, **options: Any) -> Any:
+    call = ClaimCall(
+        sql="",
+        params={SLOT_PARAM: slot},
+        credential={"url": url},
+        timeout=options.pop("lease", 60),
+        options={"stream": names["stream"], "slots_bucket": names["slots"], "dead_letter": names["dead"], **options},
+        done=done or [],
+    )
+    outcome = cursors.claim("nats", call)
+    assert outcome.status == "ok", outcome.error
+    return outcome.data["rows"]
+
+
+def consumer_state(url: str, stream: str) -> tuple[int, int]:
+    async def go(js: Any) -> tuple[int, int]:
+        info = await js.consumer_info(stream, "noetl")
+        return info.num_ack_pending, info.num_pending
+
+    return js_call(url, go)
+
+
+def test_row_or_nothing_ack_when_done_and_take_back(nats_url: str, names: dict[str, str]) -> None:
+    assert claim(nats_url, names) == []  # an empty stream ends the slot (the consumer is created)
+    publish(nats_url, names["stream"], {"n": 1}, "two")
+
+    (row,) = claim(nats_url, names, slot="run:0")
+    assert {k: row[k] for k in ("seq", "subject", "deliveries", "data")} == {
+        "seq": 1,
+        "subject": f"{names['stream']}.jobs",
+        "deliveries": 1,
+        "data": {"n": 1},
+    }
+    assert row["ack"].startswith(f"$JS.ACK.{names['stream']}.noetl.")
+    # the slot's claim died before it was recorded: the slot's next claim gets the same message
+    (again,) = claim(nats_url, names, slot="run:0")
+    assert again == row
+    # another slot gets the next message, not the one held
+    (other,) = claim(nats_url, names, slot="run:1")
+    assert (other["seq"], other["data"]) == (2, "two")
+    assert consumer_state(nats_url, names["stream"]) == (2, 0)
+    # done: acked by the slot's next claim, which finds nothing more
+    assert claim(nats_url, names, slot="run:0", done=[again]) == []
+    assert claim(nats_url, names, slot="run:1", done=[other]) == []
+    assert consumer_state(nats_url, names["stream"]) == (0, 0)
+
+
+def test_an_unacked_message_comes_back_after_ack_wait_and_the_poison_is_dead_lettered(
+    nats_url: str, names: dict[str, str]
+) -> None:
+    publish(nats_url, names["stream"], {"n": 7})
+    short = {"reclaim_seconds": 1, "max_deliveries": 2}
+    (first,) = claim(nats_url, names, slot="a", **short)
+    assert first["deliveries"] == 1
+    # slot a is gone: after AckWait (1 s) the server hands the message to the next fetch
+    (second,) = claim(nats_url, names, slot="b", wait_seconds=5, **short)
+    assert (second["seq"], second["deliveries"]) == (first["seq"], 2)
+    # gone again: its third delivery is past max_deliveries, so it goes to the dead letter
+    assert claim(nats_url, names, slot="c", wait_seconds=3, **short) == []
+
+    async def dead(js: Any) -> Any:
+        info = await js.stream_info(f"{names['stream']}_DEAD")
+        return info.state.messages, await js.get_msg(f"{names['stream']}_DEAD", 1)
+
+    count, msg = js_call(nats_url, dead)
+    assert count == 1 and json.loads(msg.data) == {"n": 7} and msg.subject == names["dead"]
+    assert {k: v for k, v in msg.headers.items() if k.startswith("Noetl-")} == {
+        "Noetl-Source-Stream": names["stream"],
+        "Noetl-Source-Sequence": "1",
+        "Noetl-Source-Subject": f"{names['stream']}.jobs",
+        "Noetl-Deliveries": "3",
+    }
+    assert consumer_state(nats_url, names["stream"]) == (0, 0)
+
+
+def test_wait_seconds_keeps_an_empty_claim_waiting(nats_url: str, names: dict[str, str]) -> None:
+    assert claim(nats_url, names) == []
+    timer = threading.Timer(0.5, publish, (nats_url, names["stream"], {"n": 3}))
+    timer.start()
+    try:
+        (row,) = claim(nats_url, names, wait_seconds=10)
+    finally:
+        timer.cancel()
+    assert row["data"] == {"n": 3}
+
+
+def test_bad_options_a_missing_stream_and_an_unreachable_server_are_named(nats_url: str) -> None:
+    def error(credential: Any, **options: Any) -> dict:
+        out = cursors.claim("nats", ClaimCall(sql="", params={SLOT_PARAM: "s"}, credential=credential, options=options))
+        assert out.status == "error" and out.error is not None
+        return out.error
+
+    assert error({"url": nats_url})["message"] == "nats cursor needs `stream:` (the JetStream stream)"
+    missing = error({"url": nats_url}, stream=f"absent_{uuid.uuid4().hex[:8]}")
+    assert missing["kind"] == "not_found" and "no JetStream stream" in missing["message"], missing
+    port = svc.free_port()
+    refused = error(f"nats://app:s3cret-pw@127.0.0.1:{port}", stream="s")
+    assert refused == {
+        "kind": "connection",
+        "message": f"nats cursor: cannot reach a NATS server at nats://127.0.0.1:{port}",
+        "retryable": True,
+    }
+
+
+def test_a_loop_drains_the_stream_and_dead_letters_the_poison(
+    nats_url: str, names: dict[str, str], tmp_path: Path
+) -> None:
+    js_call(nats_url, lambda js: js.delete_stream(names["stream"]))  # the playbook creates its stream
+    code, status = run_playbook(
+        f"sqlite:///{tmp_path / 'noetl.sqlite'}",
+        ROWS,
+        {"nats_url": nats_url, "stream": names["stream"], "bucket": names["bucket"], "rows": 40, "poison": 2},
+        {"NOETL_HOME": str(tmp_path)},
+    )
+    assert code == 0, status
+    assert status["results"]["start"] == {"seeded": 42, "poison_deliveries": [5, 5]}
+    assert status["results"]["drain"] == {"stats": {"processed": 40, "failed": 0, "slots": 8}}
+    assert status["results"]["verify"] == {"done": 40, "unacked": 0, "pending": 0, "dead": [-2, -1]}
