@@ -55,10 +55,19 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, Any]:
         raise click.BadParameter(str(exc), param_hint="--set") from None
 
 
-def _catalog_lookup(path: str) -> Any:
+class _CatalogLookup:
     """A catalog lookup in the store, which is opened only when a playbook names one (a playbook
-    of plain files validates without SQLAlchemy or a store)."""
-    return runner.catalog(noetl_settings.load().database_url)(path)
+    of plain files validates without SQLAlchemy or a store); `paths()` (the registered paths, for
+    the nearest one a missing sub-playbook suggests) only after a lookup found nothing."""
+
+    def __call__(self, path: str) -> Any:
+        return runner.catalog(noetl_settings.load().database_url)(path)
+
+    def paths(self) -> list[str]:
+        return list(runner.catalog(noetl_settings.load().database_url).paths())  # type: ignore[attr-defined]
+
+
+_catalog_lookup = _CatalogLookup()
 
 
 def _compile(path: str, sets: tuple[str, ...] = (), strict_names: bool = False) -> Plan:

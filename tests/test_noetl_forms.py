@@ -684,3 +684,19 @@ def test_task_level_set_joins_the_tasks_own_policy(sqlite_url, tmp_path):
     failing = TASK_SET.replace("result = {'n': 2}", "raise ValueError('no')")
     code, status = run_playbook(sqlite_url, _write(tmp_path, failing))
     assert (code, status["status"], status["ctx"]) == (1, "failed", {})
+
+
+def test_validate_suggests_the_nearest_registered_sub_playbook(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from noetl_celery.cli import cli
+
+    monkeypatch.setenv("NOETL_HOME", str(tmp_path / "home"))
+    child = _write(tmp_path / "elsewhere", CHILD.replace("tests/fidelity/child", "shared/reports/monthly"), "c.yaml")
+    assert CliRunner().invoke(cli, ["register", str(child)]).exit_code == 0
+    parent = _write(tmp_path, M08_PLAYBOOK_PAYLOAD.replace('"{{ child }}"', "shared/reports/montly"))
+    result = CliRunner().invoke(cli, ["validate", str(parent)])
+    assert result.exit_code == 2
+    assert result.stderr.strip().endswith(
+        "(more directories: NOETL_PLAYBOOK_PATH); did you mean 'shared/reports/monthly'?"
+    )
