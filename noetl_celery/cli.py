@@ -12,6 +12,7 @@ Everything printed passes through the secret registry's mask.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from noetl_celery.errors import (
     ExecutionNotFound,
     Interrupted,
     PlaybookError,
+    Problem,
 )
 from noetl_celery.lazy import lazy_module
 from noetl_celery.store.check import check_broker_url, describe_infrastructure_error
@@ -53,16 +55,33 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, Any]:
         raise click.BadParameter(str(exc), param_hint="--set") from None
 
 
-def _catalog_lookup(path: str) -> Any:
+class _CatalogLookup:
     """A catalog lookup in the store, which is opened only when a playbook names one (a playbook
-    of plain files validates without SQLAlchemy or a store)."""
-    return runner.catalog(noetl_settings.load().database_url)(path)
+    of plain files validates without SQLAlchemy or a store); `paths()` (the registered paths, for
+    the nearest one a missing sub-playbook suggests) only after a lookup found nothing."""
+
+    def __call__(self, path: str) -> Any:
+        return runner.catalog(noetl_settings.load().database_url)(path)
+
+    def paths(self) -> list[str]:
+        return list(runner.catalog(noetl_settings.load().database_url).paths())  # type: ignore[attr-defined]
 
 
-def _compile(path: str, sets: tuple[str, ...] = ()) -> Plan:
-    """A playbook file, or the catalog path of a registered playbook (`noetl-celery register`)."""
+_catalog_lookup = _CatalogLookup()
+
+
+def _compile(path: str, sets: tuple[str, ...] = (), strict_names: bool = False) -> Plan:
+    """A playbook file, or the catalog path of a registered playbook (`noetl-celery register`).
+    A `{{ name }}` the playbook never gives is printed as a warning (`file:line: path: warning:
+    ...`, on stderr), or is a problem with `strict_names` (or where templates render strictly)."""
+    warnings: list[Problem] = []
     try:
-        return compile_source(path, _parse_sets(sets), _catalog_lookup)
+        plan = compile_source(path, _parse_sets(sets), _catalog_lookup, warnings)
+        if strict_names and warnings:
+            raise PlaybookError(warnings)
+        for warning in warnings:
+            echo(str(dataclasses.replace(warning, message=f"warning: {warning.message}")), err=True)
+        return plan
     except PlaybookError as exc:
         for problem in exc.problems:
             echo(str(problem), err=True)
@@ -120,9 +139,15 @@ def cli(debug: bool) -> None:
 
 @cli.command()
 @click.argument("playbook", type=click.Path(dir_okay=False))
-def validate(playbook: str) -> None:
-    """Check a playbook; prints `file:line: path: message` per problem (exit 2)."""
-    plan = _compile(playbook)
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="A workload value the run will give.")
+@click.option(
+    "--strict", is_flag=True, help="A {{ name }} the playbook never gives is a problem, not a warning (exit 2)."
+)
+def validate(playbook: str, sets: tuple[str, ...], strict: bool) -> None:
+    """Check a playbook; prints `file:line: path: message` per problem (exit 2). A `{{ name }}`
+    that is no step, task, workload, ctx, vars or built-in name of the playbook is printed as a
+    warning with the nearest name (a problem with --strict or strict templates)."""
+    plan = _compile(playbook, sets, strict_names=strict)
     echo(f"{playbook}: valid {plan.dialect} playbook '{plan.name}' with {len(plan.steps)} steps")
 
 

@@ -75,10 +75,52 @@ def env_var_name(name: str) -> str:
     return ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
 
 
+# NoETL's auth `provider`/`source` values that name a cloud secret manager: not reachable here
+SECRET_MANAGER_PROVIDERS = frozenset(
+    {
+        "secret_manager",
+        "secretmanager",
+        "google_secret_manager",
+        "gcp",
+        "google",
+        "aws",
+        "aws_secrets_manager",
+        "azure",
+        "azure_key_vault",
+        "vault",
+        "hashicorp_vault",
+    }
+)
+
+
+def secret_manager_refusal(ref: Any) -> str | None:
+    """Why `ref` cannot be resolved when it (or one of its aliases, NoETL's `{alias: {provider:
+    secret_manager, key: ...}}`) asks a cloud secret manager; None otherwise."""
+    items: list[tuple[str | None, Any]] = [(None, ref)]
+    if isinstance(ref, dict):
+        items += [(str(alias), value) for alias, value in ref.items() if isinstance(value, dict)]
+    for alias, item in items:
+        if not isinstance(item, dict):
+            continue
+        for key in ("provider", "source"):
+            value = item.get(key)
+            if isinstance(value, str) and value.lower() in SECRET_MANAGER_PROVIDERS:
+                where = f"auth alias '{alias}'" if alias else "auth"
+                return (
+                    f"{where}: {key} '{value}' is a cloud secret manager, which this engine cannot read; "
+                    f"give the credential as {ENV_PREFIX}<NAME> or in {FILE_ENV} and name it "
+                    "with `credential: <name>`"
+                )
+    return None
+
+
 def resolve(ref: Any) -> Any | None:
     """The credential `ref` names (a mapping or a string), None for no ref."""
     if ref is None or ref == "":
         return None
+    refused = secret_manager_refusal(ref)
+    if refused is not None:
+        raise CredentialError(refused)
     cred_type: str | None = None
     if isinstance(ref, dict):
         cred_type = ref.get("type")

@@ -413,13 +413,17 @@ def _safe_url(url: str) -> str:
 # --- the playbook catalog ------------------------------------------------------------------
 
 
-def catalog(database_url: str) -> resolve.Catalog:
-    """Catalog lookups in the store (a store that cannot be read has no entries)."""
+class _StoreCatalog:
+    """Catalog lookups in the store (a store that cannot be read has no entries); `paths()` lists
+    the registered paths, for the nearest one a missing sub-playbook path suggests."""
 
-    def lookup(path: str) -> resolve.Found | None:
+    def __init__(self, database_url: str):
+        self.database_url = database_url
+
+    def __call__(self, path: str) -> resolve.Found | None:
         try:
-            ensure_schema(database_url)
-            with transaction(database_url) as conn:
+            ensure_schema(self.database_url)
+            with transaction(self.database_url) as conn:
                 entry = repo.find_playbook(conn, path)
         except Exception:  # an unreachable store: fall back to the files
             return None
@@ -427,7 +431,18 @@ def catalog(database_url: str) -> resolve.Catalog:
             return None
         return resolve.Found(path=path, source=entry["source_file"] or f"catalog:{path}", text=entry["content"])
 
-    return lookup
+    def paths(self) -> list[str]:
+        try:
+            ensure_schema(self.database_url)
+            with transaction(self.database_url) as conn:
+                return [entry["path"] for entry in repo.list_playbooks(conn)]
+        except Exception:  # an unreachable store lists nothing
+            return []
+
+
+def catalog(database_url: str) -> resolve.Catalog:
+    """Catalog lookups in the store (a store that cannot be read has no entries)."""
+    return _StoreCatalog(database_url)
 
 
 def register(files: list[str], database_url: str) -> list[Plan]:

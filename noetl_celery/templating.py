@@ -211,13 +211,16 @@ class TruncatedResult(StepResult):
 
 class LoopResult(StepResult):
     """A loop step's result ({results: [...], stats: {...}}): the legacy aliases `.data` and
-    `.result` answer the per-iteration results, as NoETL's aggregated iterator result does."""
+    `.result` answer the per-iteration results, as NoETL's aggregated iterator result does, and
+    that list also answers `.results` and `.stats` (the seed design's `iterator_completed` data:
+    `{{ step.data.results }}`)."""
 
     __slots__ = ()
 
     def alias(self, name: str) -> Any:
         if name in LEGACY_ALIASES:
-            return as_step_result(self.get("results"))
+            results = self.get("results")
+            return IterationResults(results, self) if isinstance(results, list) else as_step_result(results)
         return super().alias(name)
 
 
@@ -289,6 +292,22 @@ class RowsResult(StepList):
         return super().alias(name)
 
 
+class IterationResults(StepList):
+    """A loop step's per-iteration results (`step.data`): a list that also answers the loop
+    result's own keys by name (`step.data.results`, `step.data.stats`)."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, results: list[Any], fields: Mapping[str, Any]):
+        super().__init__(results)
+        self.fields = dict(fields)
+
+    def alias(self, name: str) -> Any:
+        if name in self.fields:
+            return as_step_result(self.fields[name])
+        return super().alias(name)
+
+
 def rows_result(value: Any) -> Any:
     """A duckdb step's stored result ({rows, row_count, columns, ...}) as a RowsResult; any other
     value (a failed or truncated result) as_step_result wraps it."""
@@ -298,7 +317,7 @@ def rows_result(value: Any) -> Any:
 
 
 _SCALAR_WRAPPERS: tuple[tuple[type, type], ...] = ((str, StepStr), (int, StepInt), (float, StepFloat))
-for _base, _wrapper in ((list, StepList), (list, RowsResult), *_SCALAR_WRAPPERS):
+for _base, _wrapper in ((list, StepList), (list, RowsResult), (list, IterationResults), *_SCALAR_WRAPPERS):
     _wrapper.__module__ = "builtins"  # error messages name the plain type: "'list object' has no ..."
     _wrapper.__name__ = _wrapper.__qualname__ = _base.__name__
 
@@ -424,15 +443,15 @@ class PlaybookEnvironment(SandboxedEnvironment):
             if isinstance(obj, Lenient):
                 return None
             return self.undefined(obj=obj, name=attribute)
-        if isinstance(obj, RowsResult) and attribute in obj.fields:
-            return obj.fields[attribute]
+        if isinstance(obj, (RowsResult, IterationResults)) and attribute in obj.fields:
+            return obj.alias(attribute)
         if isinstance(obj, _Aliased) and attribute in LEGACY_ALIASES:
             return obj
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
-        if isinstance(obj, RowsResult) and isinstance(argument, str) and argument in obj.fields:
-            return obj.fields[argument]
+        if isinstance(obj, (RowsResult, IterationResults)) and isinstance(argument, str) and argument in obj.fields:
+            return obj.alias(argument)
         if isinstance(obj, _Aliased) and argument in LEGACY_ALIASES:
             return obj
         if isinstance(obj, Mapping) and argument not in obj:

@@ -215,16 +215,18 @@ def test_yaml_tab_and_unquoted_template_are_explained() -> None:
         (V1, "tool: workbook\n    task: calc\n    with: {x: 1}"),
     ],
 )
-def test_a_workbook_call_with_task_and_with_names_the_missing_name(head, tool) -> None:
+def test_a_workbook_call_with_task_and_with_is_noetls_spelling(head, tool) -> None:
+    """`task:` names the entry (NoETL's key in every era), `with:` its arguments (the older era)."""
     body = (
         "workbook:\n  - name: calc\n    tool: python\n    code: 'def main(x):\\n    return x'\n"
         f"workflow:\n  - step: start\n    {tool}\n"
     )
-    found = texts(head, body)
-    assert any("a workbook call needs name: <workbook entry>" in text for text in found), found
-    assert any("unknown key 'task'; the workbook entry is named with name:" in text for text in found)
-    assert any("unknown key 'with'; the entry's arguments go in args:" in text for text in found)
-    assert not any("'None'" in text for text in found)
+    plan = compile_text(head, body)
+    task = plan.steps["start"].tasks[0]
+    assert (task.kind, task.config["args"]) == ("python", {"x": 1})
+    both = body.replace("task: calc", "task: calc, name: calc" if head == V2 else "task: calc\n    name: calc")
+    found = texts(head, both)
+    assert len(found) == 1 and "give task: or name:, not both" in found[0], found
 
 
 def test_a_misspelt_step_key_on_a_legacy_postgres_step_is_a_step_key() -> None:

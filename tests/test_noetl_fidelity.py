@@ -480,5 +480,11 @@ def test_a_sink_renders_leniently_and_notes_what_it_hid(sqlite_url, tmp_path):
     assert "'reslt' is undefined" in note
     (logged,) = [r for r in rows if r["event_type"] == "sink.event_log"]
     assert logged["result"] == {"n": 2, "typo": None}
+    # strict rendering: the typo is a name the playbook never gives, refused before it runs
+    from noetl_celery.errors import PlaybookError
+
+    with pytest.raises(PlaybookError, match=r"pb.yaml:10: .*'reslt' in .* did you mean 'result'\?"):
+        run_playbook(sqlite_url, _write(tmp_path, text), env=STRICT_ENV)
+    text = text.replace("{{ reslt.n }}", "{{ result.missing.n }}")  # a missing key still fails the sink
     code, status = run_playbook(sqlite_url, _write(tmp_path, text), env=STRICT_ENV)
     assert (code, status["status"], status["error"]["kind"]) == (1, "failed", "sink")

@@ -28,25 +28,34 @@ def compile_playbook(
     overrides: dict[str, Any] | None = None,
     catalog: resolve.Catalog | None = None,
     seen: frozenset[str] = frozenset(),
+    warnings: list[Problem] | None = None,
 ) -> Plan:
     """Load, validate and annotate a playbook. Sub-playbooks named by a static path are resolved
     and compiled too (a missing or invalid child is a problem at the parent task's line);
-    templated paths are resolved when the task runs."""
-    plan = load_plan(source, text=text, overrides=overrides)
+    templated paths are resolved when the task runs. `warnings`: see dsl.load_plan."""
+    plan = load_plan(source, text=text, overrides=overrides, warnings=warnings)
     problems = unsupported(plan) + child_problems(plan, catalog, seen | {plan.path or str(source)})
     if problems:
         raise PlaybookError(problems)
     return annotate_joins(plan)
 
 
-def compile_source(path: str, overrides: dict[str, Any] | None = None, catalog: resolve.Catalog | None = None) -> Plan:
+def compile_source(
+    path: str,
+    overrides: dict[str, Any] | None = None,
+    catalog: resolve.Catalog | None = None,
+    warnings: list[Problem] | None = None,
+) -> Plan:
     """The plan of a playbook file, or of the catalog path of a registered playbook when no such
-    file exists (`noetl-celery register`). `catalog`: the lookup (children are found in it too)."""
+    file exists (`noetl-celery register`). `catalog`: the lookup (children are found in it too);
+    `warnings`: see dsl.load_plan."""
     if catalog is not None and not Path(path).exists():
         found = catalog(path)
         if found is not None:
-            return compile_playbook(found.source, text=found.text, overrides=overrides, catalog=catalog)
-    return compile_playbook(path, overrides=overrides, catalog=catalog)
+            return compile_playbook(
+                found.source, text=found.text, overrides=overrides, catalog=catalog, warnings=warnings
+            )
+    return compile_playbook(path, overrides=overrides, catalog=catalog, warnings=warnings)
 
 
 def child_problems(plan: Plan, catalog: resolve.Catalog | None, seen: frozenset[str]) -> list[Problem]:
@@ -60,7 +69,9 @@ def child_problems(plan: Plan, catalog: resolve.Catalog | None, seen: frozenset[
             where = f"{name}.tool.path" if len(step.tasks) == 1 else f"{name}.tool.{task.label}.path"
             found = resolve.find(path, plan.source_file, catalog)
             if found is None:
-                problems.append(Problem(file, task.line, where, resolve.not_found_message(path, plan.source_file)))
+                problems.append(
+                    Problem(file, task.line, where, resolve.not_found_message(path, plan.source_file, catalog))
+                )
                 continue
             if path in seen:
                 continue  # a playbook that calls itself: the nesting limit stops it at run time

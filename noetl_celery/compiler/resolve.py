@@ -8,6 +8,7 @@ once per (file, mtime) per process.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,12 +87,52 @@ def find(catalog_path: str, parent_file: str | None, catalog: Catalog | None = N
     return Found(path=catalog_path, source=str(file), text=file.read_text(encoding="utf-8"))
 
 
-def not_found_message(catalog_path: str, parent_file: str | None) -> str:
+def known_playbooks(parent_file: str | None) -> dict[str, str]:
+    """What a sub-playbook path could have meant: {name: the metadata.path it stands for}, for
+    each playbook file in the search directories, by its metadata.path and by its file path
+    (relative to its directory, with and without its suffix, and absolute)."""
+    known: dict[str, str] = {}
+    for directory, recursive in search_dirs(parent_file):
+        if not directory.is_dir():
+            continue
+        files = directory.rglob("*") if recursive else directory.iterdir()
+        for count, file in enumerate(sorted(f for f in files if f.suffix in PLAYBOOK_SUFFIXES)):
+            if count >= MAX_FILES_SCANNED:
+                break
+            path = metadata_path(file)
+            if path is None:
+                continue
+            known.setdefault(path, path)
+            relative = file.relative_to(directory)
+            for name in (str(relative), str(relative.with_suffix("")), str(file)):
+                known.setdefault(name, path)
+    return known
+
+
+def not_found_message(catalog_path: str, parent_file: str | None, catalog: Catalog | None = None) -> str:
     places = ", ".join(str(d) for d, _ in search_dirs(parent_file)) or "(no directory)"
-    return (
+    message = (
         f"sub-playbook {catalog_path!r} not found: not registered (noetl-celery register FILE) and no "
         f"playbook with that metadata.path in {places} (more directories: {PLAYBOOK_PATH_ENV})"
     )
+    return message + nearest_playbook(catalog_path, parent_file, catalog)
+
+
+def nearest_playbook(catalog_path: str, parent_file: str | None, catalog: Catalog | None = None) -> str:
+    """ "; did you mean 'x'?" naming the nearest registered path or playbook file ("" for none).
+    A file named by its file path rather than its metadata.path is named with the path to write."""
+    known = known_playbooks(parent_file)
+    listed = getattr(catalog, "paths", None)
+    if callable(listed):
+        for path in listed():
+            known.setdefault(path, path)
+    if catalog_path in known:  # a file's own path: it is found by its metadata.path
+        return f"; the file {catalog_path!r} has metadata.path {known[catalog_path]!r}: name it by that path"
+    close = difflib.get_close_matches(catalog_path, list(known), n=1, cutoff=0.6)
+    if not close:
+        return ""
+    target = known[close[0]]
+    return f"; did you mean {target!r}?" if close[0] == target else f"; did you mean {target!r} ({close[0]})?"
 
 
 def is_template(value: Any) -> bool:

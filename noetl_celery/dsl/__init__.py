@@ -13,10 +13,11 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from noetl_celery import limits
+from noetl_celery import credentials, limits
 from noetl_celery.dsl.canonical import build_loop, canonical_tasks, routing, task_from_mapping
 from noetl_celery.dsl.case import compile_case
 from noetl_celery.dsl.legacy import Workbook, legacy_tasks, workbook_entry_task
+from noetl_celery.dsl.names import check_names
 from noetl_celery.dsl.plan import Plan, Policy, Routing, Rule, Sink, Step, Task
 from noetl_celery.dsl.policy_forms import admit_rules, legacy_retry, when_admit
 from noetl_celery.dsl.validate import (
@@ -35,9 +36,10 @@ from noetl_celery.dsl.validate import (
     suggest,
     tags,
 )
+from noetl_celery.dsl.workload import ctx_with_overrides, render_workload
 from noetl_celery.dsl.yaml_lines import LDict, line_of, load_yaml, plain
 from noetl_celery.errors import PlaybookError, Problem, TemplateError
-from noetl_celery.templating import BUILTIN_NAMES, render_string
+from noetl_celery.templating import BUILTIN_NAMES, render_string, strict_rendering
 
 __all__ = ["PlaybookError", "load_plan"]
 
@@ -59,11 +61,20 @@ RESULT_SELECTORS = frozenset({"output_select", "select"})  # hints that keep par
 SET_BARE_SCOPE = "ctx"  # step-level `set: {x: ...}` (renames era): a bare key is an execution variable
 
 
-def load_plan(source: str | Path, *, text: str | None = None, overrides: dict[str, Any] | None = None) -> Plan:
+def load_plan(
+    source: str | Path,
+    *,
+    text: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    warnings: list[Problem] | None = None,
+) -> Plan:
     """Read the playbook at `source` (or `text`, named `source` in problems) and return its Plan.
 
     `overrides` is deep-merged over the playbook's workload. Raises PlaybookError carrying every
-    problem found (file, line, key path, message).
+    problem found (file, line, key path, message). A `{{ name }}` the playbook never gives
+    (dsl/names.py) is a problem where templates render strictly (the playbook's
+    `executor.spec.strict_templates` or NOETL_STRICT_TEMPLATES), else a warning appended to
+    `warnings` (templates render leniently: the name reads as empty and is noted at run time).
     """
     file = str(source)
     if text is None:
@@ -75,6 +86,12 @@ def load_plan(source: str | Path, *, text: str | None = None, overrides: dict[st
     plan = _plan(ctx, document, overrides or {}) if document is not None else None
     if document is not None:
         check_templates(ctx, document)
+        names = Context(file=file, problems=[])
+        check_names(names, document, list(overrides or {}))
+        if plan is not None and strict_rendering(plan.strict_templates):
+            ctx.problems.extend(names.problems)
+        elif warnings is not None:
+            warnings.extend(names.problems)
     if ctx.problems or plan is None:
         raise PlaybookError(sorted(ctx.problems, key=lambda p: (p.line or 0, p.path)))
     return plan
@@ -142,8 +159,10 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
         return None
     entry = _entry_and_final(ctx, executor, steps)
     final = executor.get("final_step")
-    merged_workload = _deep_merge(plain(workload or {}), overrides)
-    _resolve_caps(ctx, merged_workload, plain(variables or {}))
+    root_ctx, overrides = ctx_with_overrides(plain(variables or {}), overrides, _deep_merge)
+    merged_workload = render_workload(_deep_merge(plain(workload or {}), overrides), root_ctx)
+    _resolve_caps(ctx, merged_workload, root_ctx)
+    _refuse_secret_managers(ctx, steps)
     return Plan(
         name=name or "",
         path=_optional_str(ctx, metadata, "path"),
@@ -151,7 +170,7 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
         dialect=_dialect(shapes, api_version),
         description=_optional_str(ctx, metadata, "description"),
         workload=merged_workload,
-        ctx=plain(variables or {}),
+        ctx=root_ctx,
         entry_step=entry,
         final_step=final if isinstance(final, str) else None,
         no_next_is_error=bool(executor.get("no_next_is_error")),
@@ -162,6 +181,21 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
         timeout=_playbook_timeout(ctx, top, executor),
         tags=tags(ctx, metadata, "metadata"),
     )
+
+
+def _refuse_secret_managers(ctx: Context, steps: dict[str, Step]) -> None:
+    """An `auth:` (of a task or its sink) that asks a cloud secret manager is refused by name."""
+    for index, (name, step) in enumerate(steps.items()):
+        for task in step.tasks:
+            for where, auth, line in (("tool", task.auth, task.line), ("sink", *_sink_auth(task))):
+                refused = credentials.secret_manager_refusal(auth)
+                if refused is not None:
+                    path = f"workflow[{index}]({name}).{where}.auth"
+                    ctx.problem(line if line is not None else step.line, path, refused)
+
+
+def _sink_auth(task: Task) -> tuple[Any, int | None]:
+    return (task.sink.auth, task.sink.line) if task.sink is not None else (None, None)
 
 
 def _resolve_caps(ctx: Context, workload: dict[str, Any], variables: dict[str, Any]) -> None:
@@ -317,6 +351,11 @@ def _workbook(ctx: Context, value: Any, line: int | None) -> Workbook:
     return workbook
 
 
+# Built-in names that only a policy condition sees (the attempt's outcome): a step may be named so,
+# as NoETL allows; its result reads by that name everywhere else (args, sinks, arcs, set).
+POLICY_ONLY_NAMES = frozenset({"success", "error"})
+
+
 def _workflow(ctx: Context, top: LDict, workbook: Workbook) -> tuple[dict[str, Step], set[str]]:
     if "workflow" not in top:
         return {}, set()
@@ -335,7 +374,7 @@ def _workflow(ctx: Context, top: LDict, workbook: Workbook) -> tuple[dict[str, S
         built = _step(ctx, step, line, path, workbook)
         if built is None:
             continue
-        if built.name in BUILTIN_NAMES:
+        if built.name in BUILTIN_NAMES - POLICY_ONLY_NAMES:
             ctx.problem(
                 line_of(step, "step"),
                 join(path, "step"),

@@ -15,14 +15,17 @@ from typing import Any, Literal
 from noetl_celery import cursors
 from noetl_celery.dsl.legacy import (
     STEP_KEYS,
+    TASK_RESULT_HINTS,
     Workbook,
     arc,
     check_workbook_call_keys,
     legacy_arcs,
     resolve_workbook,
+    workbook_call_args,
+    workbook_entry_name,
 )
 from noetl_celery.dsl.plan import DEFAULT_PARALLEL_CAP, Action, Loop, Routing, Task
-from noetl_celery.dsl.policy_forms import BACKOFF_KEYS, retry_action, task_policy
+from noetl_celery.dsl.policy_forms import BACKOFF_KEYS, SET_SCOPES, retry_action, task_policy, with_task_sets
 from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
@@ -51,6 +54,7 @@ from noetl_celery.templating import is_template
 from noetl_celery.tools.base import get_tool
 
 WORKBOOK_CALL_KEYS = frozenset({"kind", "name", "args", "auth"})
+TASK_SET_KEY = "set"  # a task's own `set:` (NoETL reads it): ctx/vars/iter written when the task succeeds
 STEP_INPUT_KEY = "input"  # renames era: a step's `input:` is its `args:`
 ROUTE_MODES: dict[str, Literal["exclusive", "inclusive"]] = {
     "exclusive": "exclusive",
@@ -59,7 +63,6 @@ ROUTE_MODES: dict[str, Literal["exclusive", "inclusive"]] = {
 }
 NO_MATCH_ACTIONS = (None, "quiet", "error")
 # task-level result hints NoETL reads when it externalises a result (advisory here: Task.hints)
-TASK_RESULT_HINTS = ("output", "output_select", "result")
 ARC_KEYS = frozenset({"step", "when", "args", "set"})
 # `next.arcs[].set` (NoETL's Arc.set): assigned when the arc is taken; a bare key is a ctx variable
 ARC_SET_SCOPES = {"ctx": "set_ctx", "vars": "set_vars"}
@@ -141,15 +144,17 @@ def task_from_mapping(
         return None
     if tool["kind"] == WORKBOOK_KIND and not label_key:
         check_workbook_call_keys(ctx, tool, WORKBOOK_CALL_KEYS, path)
+        name, key = workbook_entry_name(tool)
         return resolve_workbook(
             ctx,
             workbook,
-            tool.get("name"),
-            tool.get("args"),
+            name,
+            workbook_call_args(tool),
             tool.get("auth"),
             label,
-            line_of(tool, "name") or line,
+            line_of(tool, key) or line,
             path,
+            key,
         )
     if tool["kind"] == WORKBOOK_KIND:
         ctx.problem(
@@ -163,6 +168,10 @@ def task_from_mapping(
         return None
     fields = _fields(ctx, tool, path, label_key)
     hints = {key: plain(fields.pop(key)[0][key]) for key in TASK_RESULT_HINTS if key in fields}
+    task_sets = None
+    if TASK_SET_KEY in fields and TASK_SET_KEY not in spec.fields:  # NoETL's task-level `set:`
+        set_holder, set_path = fields.pop(TASK_SET_KEY)
+        task_sets = (assignments(ctx, set_holder, set_path, SET_SCOPES, bare="ctx"), join(set_path, TASK_SET_KEY))
     for key, (holder, holder_path) in fields.items():
         check_fields(ctx, spec, holder, [key], holder_path)
 
@@ -172,6 +181,8 @@ def task_from_mapping(
 
     config = {key: plain(read(key)[0]) for key in fields if key not in TASK_META_KEYS and key in spec.fields}
     policy = task_policy(ctx, *read("policy")) if "policy" in fields else None
+    if task_sets is not None:
+        policy = with_task_sets(policy, *task_sets)
     sink = build_sink(ctx, *read("sink")) if "sink" in fields else None
     auth = plain(read("auth")[0]) if "auth" in fields else None
     check_required(ctx, spec, config, line, path)

@@ -61,11 +61,10 @@ LEGACY_WORKBOOK_KEYS = frozenset({"name", "desc", "tool", "assert", "args", "aut
 NEXT_ENTRY_KEYS = frozenset({"step", "when", "then", "else", "args"})
 BRANCH_KEYS = frozenset({"step", "args"})
 
-WORKBOOK_NEEDS_NAME = "a workbook call needs name: <workbook entry>"
-WORKBOOK_OLD_KEYS = {  # NoETL's older spelling of a workbook call -> what to write here
-    "task": "the workbook entry is named with name: <workbook entry>",
-    "with": "the entry's arguments go in args:",
-}
+WORKBOOK_NEEDS_NAME = "a workbook call needs task: <workbook entry> (or name:)"
+WORKBOOK_TASK_KEY = "task"  # NoETL's key naming the workbook entry a call runs; `name:` is accepted too
+WORKBOOK_WITH_KEY = "with"  # NoETL's older key of a workbook call's arguments; `args:` is accepted too
+TASK_RESULT_HINTS = ("output", "output_select", "result")  # a task's result hints NoETL reads
 Workbook = dict[str, Task | None]  # entry name -> its task (None when the entry itself is broken)
 
 
@@ -100,6 +99,9 @@ def inline_task(ctx: Context, mapping: LDict, reserved: frozenset[str], label: s
     if spec is None:
         return None
     field_keys = [key for key in mapping if key not in reserved]
+    # NoETL reads a task's result hints (`result:`, `output:`, `output_select:`); kept, not tool fields
+    hints = {key: plain(mapping[key]) for key in TASK_RESULT_HINTS if key in field_keys}
+    field_keys = [key for key in field_keys if key not in TASK_RESULT_HINTS]
     for key in field_keys:
         if key in TASK_META_KEYS - {"policy"}:
             unknown_key(ctx, mapping, key, path, reserved | spec.fields - TASK_META_KEYS)
@@ -117,34 +119,55 @@ def inline_task(ctx: Context, mapping: LDict, reserved: frozenset[str], label: s
     check_required(ctx, spec, config, tool_line, tool_path)
     check_settings(ctx, spec, config, mapping, path)
     auth = plain(mapping.get("auth"))
-    return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, line=tool_line)
+    return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, line=tool_line, hints=hints)
 
 
 def check_workbook_call_keys(ctx: Context, mapping: LDict, allowed: frozenset[str], path: str) -> None:
-    """Unknown keys of a workbook call; NoETL's older `task:`/`with:` are named by what they are here."""
+    """Unknown keys of a workbook call. `task:` and `name:` both name the entry, `with:` and
+    `args:` both give its arguments (NoETL's eras spell them so), never both of a pair at once."""
+    for ours, noetls in (("name", WORKBOOK_TASK_KEY), ("args", WORKBOOK_WITH_KEY)):
+        if ours in mapping and noetls in mapping:
+            message = f"give {noetls}: or {ours}:, not both"
+            ctx.problem(line_of(mapping, noetls), join(path, noetls), message)
     for key in mapping:
-        if key in WORKBOOK_OLD_KEYS:
-            message = f"unknown key '{key}'; {WORKBOOK_OLD_KEYS[key]}"
-            ctx.problem(line_of(mapping, key), join(path, key), message)
-        elif key not in allowed:
+        if key not in allowed and key not in (WORKBOOK_TASK_KEY, WORKBOOK_WITH_KEY):
             unknown_key(ctx, mapping, key, path, allowed)
 
 
+def workbook_entry_name(mapping: LDict) -> tuple[Any, str]:
+    """The entry a workbook call names (`task:`, NoETL's key, or `name:`) and the key naming it."""
+    key = WORKBOOK_TASK_KEY if WORKBOOK_TASK_KEY in mapping else "name"
+    return mapping.get(key), key
+
+
+def workbook_call_args(mapping: LDict) -> Any:
+    """The arguments of a workbook call: `args:`, or NoETL's older `with:`."""
+    return mapping.get("args") if "args" in mapping else mapping.get(WORKBOOK_WITH_KEY)
+
+
 def _workbook_call(ctx: Context, step: LDict, label: str, path: str, workbook: Workbook) -> list[Task]:
-    name = step.get("name")
+    name, key = workbook_entry_name(step)
     if name is None:
         ctx.problem(line_of(step, "tool"), join(path, "tool"), WORKBOOK_NEEDS_NAME)
         return []
-    args = step.get("args")
-    task = resolve_workbook(ctx, workbook, name, args, step.get("auth"), label, line_of(step, "name"), path)
+    args = workbook_call_args(step)
+    task = resolve_workbook(ctx, workbook, name, args, step.get("auth"), label, line_of(step, key), path, key)
     return [task] if task is not None else []
 
 
 def resolve_workbook(
-    ctx: Context, workbook: Workbook, name: Any, args: Any, auth: Any, label: str, line: int | None, path: str
+    ctx: Context,
+    workbook: Workbook,
+    name: Any,
+    args: Any,
+    auth: Any,
+    label: str,
+    line: int | None,
+    path: str,
+    key: str = "name",
 ) -> Task | None:
     """A copy of workbook entry `name` as the step's task, the step's args merged over the entry's."""
-    name_path = join(path, "name")
+    name_path = join(path, key)
     if name is None:
         ctx.problem(line, path, WORKBOOK_NEEDS_NAME)
         return None

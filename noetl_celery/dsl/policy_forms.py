@@ -52,7 +52,8 @@ ACTION_KEYS = frozenset({"do", "attempts", "backoff", "delay", "max_delay", "jit
     SET_SCOPES.values()
 )
 BACKOFF_KEYS = frozenset({"max_attempts", "initial_delay", "backoff_multiplier", "max_delay", "jitter", "backoff"})
-FLAT_RETRY_KEYS = BACKOFF_KEYS - {"backoff"} | {"retry_when", "stop_when"}
+# `retry_on` (a list of error names): accepted and, as in NoETL, not read: every error is retried
+FLAT_RETRY_KEYS = BACKOFF_KEYS - {"backoff"} | {"retry_when", "stop_when", "retry_on"}
 ON_ERROR_KEYS = BACKOFF_KEYS | {"when"}
 ON_SUCCESS_KEYS = frozenset({"while", "max_attempts", "next_call", "collect", "merge_path", "per_iteration"})
 NEXT_CALL_KEYS = frozenset({"params", "body", "headers", "url", "args"})
@@ -161,6 +162,24 @@ def _sets(ctx: Context, then: LDict, path: str) -> dict[str, Any]:
     """`set_ctx`/`set_iter`/`set_vars` and the `set: {ctx.x: ..., iter.y: ...}` alias; a bare
     key (`set: {seen: ...}`) is a ctx variable, as NoETL reads it."""
     return assignments(ctx, then, path, SET_SCOPES, bare="ctx")
+
+
+def with_task_sets(policy: Policy | None, sets: dict[str, dict[str, Any]], source: str) -> Policy:
+    """A task's own `set:` as its policy writes it: on success. Each rule of the task's policy
+    that continues on an ok outcome writes it too (its own assignments win), and a last rule
+    continues every other ok outcome with it; without a policy, an error still fails the task."""
+    sets = {block: values for block, values in sets.items() if values}
+    rules: list[Rule] = []
+    for rule in policy.rules if policy is not None else []:
+        then = rule.then
+        if rule.on != "error" and then.do == "continue":
+            then = then.model_copy(update={block: {**values, **getattr(then, block)} for block, values in sets.items()})
+        rules.append(rule.model_copy(update={"then": then}))
+    then = Action(do="continue").model_copy(update=sets)
+    rules.append(Rule(on="ok", then=then, source=source))
+    if policy is None:
+        rules.append(Rule(on="error", then=Action(do="fail"), source=source))
+    return Policy(rules=rules)
 
 
 def backoff_kind(ctx: Context, mapping: LDict, path: str) -> BackoffKind | None:

@@ -249,8 +249,9 @@ def render_context(state: ExecutionState, scope: Scope, **extra: Any) -> dict[st
         workload=state.workload,
         ctx=ctx,
         vars=state.vars,
-        execution_id=state.execution_id,
-        parent_execution_id=state.parent_execution_id,
+        # strings, as NoETL passes them (`execution_id[:8]`); SQL text renders the same digits
+        execution_id=str(state.execution_id),
+        parent_execution_id=None if state.parent_execution_id is None else str(state.parent_execution_id),
         args=args,
         _prev=scope.prev,
         _attempt=scope.attempt,

@@ -28,6 +28,7 @@ from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
 from noetl_celery.errors import PlaybookError, TemplateError
 from noetl_celery.store import repo
 from noetl_celery.templating import plain, render_value
+from noetl_celery.tools import playbook as playbook_tool
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -82,7 +83,7 @@ def start_child(
     if found is None:
         _fail(decider, message, "playbook", resolve.not_found_message(path, decider.plan.source_file))
         return
-    child_input = config.get("input") if config.get("input") is not None else config.get("args")
+    child_input = playbook_tool.child_input(config)  # input:, args: or payload:
     if child_input is not None and not isinstance(child_input, dict):
         _fail(decider, message, "playbook", f"playbook input must be a mapping, not {type(child_input).__name__}")
         return

@@ -81,7 +81,10 @@ def _call(
     store: str | None = None,
     arc_args: dict[str, Any] | None = None,
     strict: bool = False,
+    prerendered: dict[str, Any] | None = None,
 ) -> Outcome:
+    """One tool call: render `config` (`prerendered`: fields already rendered, added as they are),
+    resolve the credential, run the tool."""
     spec = get_tool(kind)
     raw = spec.raw_fields if spec else frozenset()
     if auth is None and spec is not None and "credential" in spec.fields and "credential" in config:
@@ -91,7 +94,8 @@ def _call(
         config, auth = {**config, "auth": auth}, None
     try:
         with lenient(strict) as hidden:  # as NoETL renders a tool's fields: undefined is falsy
-            rendered = merge_arc_args(kind, plain(render_value(config, context, raw_keys=raw)), arc_args or {})
+            fields = {**plain(render_value(config, context, raw_keys=raw)), **(prerendered or {})}
+            rendered = merge_arc_args(kind, fields, arc_args or {})
         credential = _credential(auth, context)
     except TemplateError as exc:
         return Outcome.fail("template", str(exc))
@@ -154,9 +158,20 @@ def _run_sink(
     # `this` is the legacy dialect's name for the result a sink writes
     result = as_step_result(outcome.data)
     scope = {**context, "result": result, "this": result, "response": response_view(outcome.data), "data": outcome.data}
-    return _call(
+    config, rendered_args = sink.config, None
+    if isinstance(config.get("args"), dict):
+        # NoETL binds `data` to the sink's rendered args: they render first (with `data` the
+        # task's data), the other fields then see them as `data`
+        try:
+            with lenient(strict) as hidden:
+                rendered_args = plain(render_value(config["args"], scope))
+        except TemplateError as exc:
+            return Outcome.fail("template", str(exc))
+        config = {key: value for key, value in config.items() if key != "args"}
+        scope["data"] = rendered_args
+    outcome = _call(
         sink.kind,
-        sink.config,
+        config,
         sink.auth,
         scope,
         execution_id,
@@ -164,7 +179,11 @@ def _run_sink(
         source_file=source_file,
         store=store,
         strict=strict,
+        prerendered={"args": rendered_args} if rendered_args is not None else None,
     )
+    if rendered_args is not None and hidden:
+        outcome.meta[HIDDEN_META] = [*hidden, *outcome.meta.get(HIDDEN_META, [])]
+    return outcome
 
 
 def bounded(body: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ Two shapes:
   text leaves open, which is an error). `params` binds `%(name)s` (a mapping) or `%s` (a list)
   over the whole text; without `params` no parameters are passed, so a literal `%` needs no
   escaping. Data: {rows: [{column: value}] of the last statement ([] when it returns no rows),
-  row_count, columns, statusmessage}. `autocommit` is accepted and changes nothing.
+  row_count, columns, statusmessage} and, as NoETL numbers them, `command_0`, `command_1`, ...:
+  the same four keys for each statement of the text, in order. `autocommit` is accepted and changes nothing.
 * table write (the sink shape): `table` + `args` (a mapping column -> value, or a list of them)
   + `mode` insert | append (the same) | upsert (needs `key`: a column or a list of columns;
   ON CONFLICT (key) DO UPDATE SET the other columns; rows repeating a key keep the last one).
@@ -57,9 +58,9 @@ CONNECT_TIMEOUT = "10"  # seconds, unless the credential says otherwise
 PING_AFTER_IDLE = 30.0  # seconds; a cached connection idle longer is checked before use
 MAX_CONNECTIONS_PER_THREAD = 4
 INSERT_CHUNK = 1000  # rows per INSERT statement
-# NoETL's shape of a SQL result, kept beside `rows`: playbooks read `step.command_0.rows`. It
-# holds the last statement's result, as `rows` does (NoETL's later versions return only that).
-NOETL_RESULT_KEY = "command_0"
+# NoETL's shape of a SQL result, kept beside `rows`: `command_0`, `command_1`, ... one per
+# statement of the text, in order (playbooks read `step.command_0.rows`).
+NOETL_RESULT_PREFIX = "command_"
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 _CREDENTIAL_KEYS = {
     "host": "host",
@@ -350,18 +351,19 @@ def _run_text(conn: Any, dsn: str, password: str | None, timeout: float | None, 
             if not statements:
                 return Outcome.fail("invalid_args", "postgres: the SQL text holds no statement")
             _set_timeout(cur, timeout)
-            for statement in statements:
+            data: dict[str, Any] = {}
+            for index, statement in enumerate(statements):
                 cur.execute(statement)
                 done += 1
-            columns = [d.name for d in cur.description] if cur.description else []
-            fetched = cur.fetchall() if cur.description else []
-            data: dict[str, Any] = {
-                "rows": [to_jsonable(dict(zip(columns, row, strict=True))) for row in fetched],
-                "row_count": cur.rowcount,
-                "columns": columns,
-                "statusmessage": cur.statusmessage,
-            }
-            data[NOETL_RESULT_KEY] = {k: data[k] for k in ("rows", "row_count", "columns", "statusmessage")}
+                columns = [d.name for d in cur.description] if cur.description else []
+                fetched = cur.fetchall() if cur.description else []
+                data[f"{NOETL_RESULT_PREFIX}{index}"] = {
+                    "rows": [to_jsonable(dict(zip(columns, row, strict=True))) for row in fetched],
+                    "row_count": cur.rowcount,
+                    "columns": columns,
+                    "statusmessage": cur.statusmessage,
+                }
+            data = {**data[f"{NOETL_RESULT_PREFIX}{len(statements) - 1}"], **data}  # the last one's, beside
         if conn.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
             _end_open_transaction(conn, dsn)
             return Outcome.fail(

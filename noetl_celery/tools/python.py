@@ -15,7 +15,8 @@ Two styles, both found in real playbooks:
   global `result` afterwards (None when unset). Top-level `await` is allowed. A top-level
   `return value` (NoETL runs such code as a function body) ends the code: the value is the data.
 
-`libs:` ({alias: module} or [module]) binds imported modules in the code's namespace; `script:`
+`libs:` ({alias: module}, {alias: {from: module, import: name}}, or a list NoETL ignores: see
+import_libs) binds imported names in the code's namespace; `script:`
 (see tools/script.py) gives the code from an inline source, a file or a URL instead of `code:`.
 
 The data is returned unchanged (a `{status, data}` dict is NOT unwrapped), made
@@ -49,6 +50,7 @@ import inspect
 import io
 import linecache
 import logging
+import re
 import sys
 import threading
 import traceback
@@ -59,6 +61,7 @@ from types import CodeType, TracebackType
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
+from pydantic import Field
 
 from noetl_celery import secret_registry
 from noetl_celery.engine import process
@@ -74,6 +77,7 @@ STDOUT_LIMIT = 4000  # characters of captured print() output kept in Outcome.met
 STDERR_LIMIT = 4000  # characters of captured stderr output kept in Outcome.meta["stderr"]
 LOG_RECORDS_LIMIT = 100  # logging records kept in Outcome.meta["log"] (the first ones)
 LOG_RECORD_CHARS = 1000  # characters of one record's line
+LIBS_IGNORED_NOTE = "INFO libs: not imported (a list of libs is ignored, as in NoETL): "
 
 
 class _ThreadStream(io.TextIOBase):
@@ -315,30 +319,87 @@ def _user_traceback(exc: BaseException, filename: str) -> tuple[str, int | None]
     return text.replace(filename, "<code>"), (user_lines[-1] if user_lines else None)
 
 
+class LibImport(ToolSettings):
+    """`{Name: {from: module, import: Name}}`: `from module import Name as <alias>`."""
+
+    from_: str = Field(alias="from")
+    import_: str = Field(alias="import")
+
+
+VARS_CACHE_MODULE = "noetl.worker.vars_cache"
+VARS_CACHE_REFUSAL = (
+    f"{VARS_CACHE_MODULE} (NoETL's internal variable cache) is not available in this engine: "
+    "set variables with the step's `vars:` (or `set: {vars.x: ...}`) and read them as {{ vars.x }}"
+)
+_IMPORTS_VARS_CACHE = re.compile(r"\bnoetl\.worker\.vars_cache\b")
+
+
 class PythonSettings(ToolSettings):
     code: str | None = None
     script: scripts.Script | None = None
     args: dict[str, Any] | None = None
     input: dict[str, Any] | None = None
-    libs: dict[str, str] | list[str] | None = None
+    libs: dict[str, str | LibImport] | list[Any] | None = None
 
 
-def import_libs(libs: Any) -> dict[str, Any]:
-    """`libs:` as names bound in the code's namespace: {alias: module} or [module, ...].
+def noetl_module_refusal(exc: ImportError, code: str) -> str | None:
+    """The message for code that failed importing one of NoETL's own modules (`noetl.*`), None
+    otherwise (a playbook importing `noetl.worker.vars_cache` validates, as it does in NoETL, and
+    is refused here when the import runs)."""
+    name = exc.name or ""
+    if name in ("noetl", "noetl.worker", VARS_CACHE_MODULE) and _IMPORTS_VARS_CACHE.search(code):
+        return VARS_CACHE_REFUSAL
+    if name == "noetl" or name.startswith("noetl."):
+        return f"{name} is a module of NoETL itself, which this engine does not provide"
+    return None
 
-    `{np: numpy}` binds `np`; `[os.path]` binds `os` (as `import os.path` does). ImportError
-    names the module that failed.
+
+def import_libs(libs: Any) -> tuple[dict[str, Any], list[str]]:
+    """`libs:` as names bound in the code's namespace, and the list entries left unimported.
+
+    A mapping is read as NoETL reads it: `{np: numpy}` binds `np` to the module (`import numpy as
+    np`), `{Decimal: {from: decimal, import: Decimal}}` binds `Decimal` (`from decimal import
+    Decimal`); ImportError names the module that failed. A list is what NoETL ignores (its
+    entries are often pip names such as `psycopg2-binary`): an entry that imports as a module
+    is bound by its top name (`[os.path]` binds `os`, as `import os.path` does), any other entry
+    is left alone and returned, never an error.
     """
-    pairs = libs.items() if isinstance(libs, dict) else ((None, name) for name in libs or ())
     bound: dict[str, Any] = {}
-    for alias, module in pairs:
-        imported = importlib.import_module(str(module))
-        if alias is None:
-            top = str(module).split(".", 1)[0]
+    ignored: list[str] = []
+    if isinstance(libs, dict):
+        for alias, target in libs.items():
+            if isinstance(target, dict):
+                bound[str(alias)] = _import_from(str(target.get("from")), str(target.get("import")))
+            else:
+                bound[str(alias)] = importlib.import_module(str(target))
+        return bound, ignored
+    for entry in libs or ():
+        name = str(entry)
+        if not _MODULE_NAME.fullmatch(name):
+            ignored.append(name)
+            continue
+        try:
+            importlib.import_module(name)
+            top = name.split(".", 1)[0]
             bound[top] = importlib.import_module(top)
-        else:
-            bound[str(alias)] = imported
-    return bound
+        except ImportError:
+            ignored.append(name)
+    return bound, ignored
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _import_from(module: str, name: str) -> Any:
+    """`from module import name`: an attribute of the module, else its submodule `module.name`."""
+    imported = importlib.import_module(module)
+    try:
+        return getattr(imported, name)
+    except AttributeError:
+        try:
+            return importlib.import_module(f"{module}.{name}")
+        except ImportError:
+            raise ImportError(f"cannot import name '{name}' from '{module}'", name=f"{module}.{name}") from None
 
 
 @register(
@@ -361,7 +422,7 @@ def run_python(call: ToolCall) -> Outcome:
         return Outcome.fail("invalid_args", "python: `code` must be a non-empty string")
     secret_registry.seal_environment()  # neither the code nor its libs read NOETL_AUTH_* or the store's URL
     try:
-        libs = import_libs(call.config.get("libs"))
+        libs, libs_ignored = import_libs(call.config.get("libs"))
     except ImportError as exc:
         return Outcome.fail("invalid_args", f"python: libs: cannot import {exc.name or exc}: {exc}")
     raw_args = call.config.get("args")
@@ -415,10 +476,16 @@ def run_python(call: ToolCall) -> Outcome:
             raise
         text, line = _user_traceback(exc, filename)
         where = f" (line {line} of the code)" if line is not None else ""
+        refused = noetl_module_refusal(exc, code) if isinstance(exc, ImportError) else None
         outcome = Outcome.fail(
-            "exception", f"{type(exc).__name__}: {exc}{where}", traceback=text[-ERROR_TEXT_LIMIT:], line=line
+            "exception",
+            f"python: {refused}{where}" if refused else f"{type(exc).__name__}: {exc}{where}",
+            traceback=text[-ERROR_TEXT_LIMIT:],
+            line=line,
         )
     else:  # checked first: to_jsonable recurses, and the store refuses NaN, NUL, lone surrogates
         outcome = refuse_unstorable("python", data) or Outcome.ok(to_jsonable(data))
+    if libs_ignored:  # NoETL ignores a list of libs: these entries were not imported (a line of meta.log)
+        captured.log.insert(0, f"{LIBS_IGNORED_NOTE}{', '.join(libs_ignored)}"[:LOG_RECORD_CHARS])
     captured.into(outcome.meta)
     return outcome

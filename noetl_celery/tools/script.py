@@ -1,8 +1,9 @@
 """`script:` — code for the python and postgres tools read from somewhere else than `code:`/`command:`.
 
-Shape (NoETL's): `script: {uri, source: {type, code?, path?}}`. Decides which source types are
-read (inline: `source.code`; file: `uri` or `source.path`, relative to the playbook file's folder
-or absolute; http/https: a GET of `uri`) and which are refused (gcs, s3: object stores need
+Shape (NoETL's): `script: {uri, source: {type, code?, path?, endpoint?}}`. Decides which source
+types are read (inline: `source.code`; file: `uri` or `source.path`, relative to the playbook
+file's folder or absolute; http/https: a GET of `source.endpoint` when given, as NoETL does, else
+of `uri`) and which are refused (gcs, s3: object stores need
 cloud credentials this engine does not handle), with the same message at validate (literal
 values) and in the worker.
 """
@@ -34,6 +35,7 @@ class ScriptSource(BaseModel):
     type: str = "file"
     code: str | None = None
     path: str | None = None
+    endpoint: str | None = None  # http/https: the URL to GET (NoETL's spelling), before `uri`
 
     @field_validator("type")
     @classmethod
@@ -61,8 +63,8 @@ class Script(BaseModel):
         kind = self.source.type if self.source else "file"
         if kind == "inline" and self.source is not None and self.source.code is None:
             raise ValueError("an inline script needs source.code")
-        if kind != "inline" and not (self.uri or (self.source and self.source.path)):
-            raise ValueError(f"a {kind} script needs uri (or source.path)")
+        if kind != "inline" and not (self.uri or (self.source and (self.source.path or self.source.endpoint))):
+            raise ValueError(f"a {kind} script needs uri (or source.path, or source.endpoint for http)")
         return self
 
 
@@ -72,6 +74,8 @@ def load(script: dict[str, Any], source_file: str | None) -> str:
     source = parsed.source or ScriptSource()
     if source.type == "inline":
         return source.code or ""
+    if source.type in ("http", "https") and source.endpoint:
+        return _fetch(source.endpoint)  # NoETL fetches `source.endpoint`; `uri` then only names the script
     where = source.path or parsed.uri or ""
     if source.type in ("http", "https") or where.startswith(("http://", "https://")):
         return _fetch(where)

@@ -109,6 +109,14 @@ def environment(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        # the python tool moves credential variables out of os.environ (secret_registry's sealed
+        # copy, still read by credentials): drop the copy of each one set here, so that it does
+        # not outlive the block in this process
+        with secret_registry._lock:
+            for key in values:
+                if key not in os.environ:
+                    secret_registry._sealed.pop(key, None)
+            secret_registry._cache["key"] = None
 
 
 def cli_sets(values: Mapping[str, Any]) -> dict[str, Any]:
