@@ -1,6 +1,7 @@
 """The engine through PgBouncer in transaction pooling mode: the loop delivery tests of
-test_loop_delivery.py (imported, with their parametrization: a worker killed mid-loop on Redis
-and RabbitMQ, one iteration a message or batched; outcomes through the on_event queue), with the
+test_loop_delivery.py (a worker killed mid-loop, one iteration a message or batched; outcomes
+through the on_event queue; on Redis: the broker does not meet the pooler, and the RabbitMQ
+variants run against PostgreSQL directly in test_loop_delivery.py), with the
 workers, the submitting command and the sweeper connected to a PgBouncer of the test's own
 (pool_mode = transaction) instead of PostgreSQL. Nothing relies on session state there: the
 decisions' BEGIN rides on their first statement, the sweeper's lock is transaction-level and its
@@ -21,8 +22,16 @@ pytestmark = [
     pytest.mark.skipif(bouncers.available() is None, reason="pgbouncer is not installed (apt-get install pgbouncer)"),
 ]
 
-test_a_worker_killed_mid_loop_loses_no_iteration = test_loop_delivery.test_a_worker_killed_mid_loop_loses_no_iteration
 test_outcomes_through_the_on_event_queue = test_loop_delivery.test_outcomes_through_the_on_event_queue
+
+
+@pytest.mark.parametrize(
+    "playbook", [test_loop_delivery.LOOP, test_loop_delivery.BATCHED], ids=["one-per-message", "batched"]
+)
+def test_a_worker_killed_mid_loop_loses_no_iteration(playbook, env, store_url, worker_factory):
+    test_loop_delivery.test_a_worker_killed_mid_loop_loses_no_iteration(
+        "redis", playbook, env, store_url, worker_factory
+    )
 
 
 @pytest.fixture(scope="module")
