@@ -33,15 +33,14 @@ from bench.loops import (
     BenchError,
     CpuMeter,
     StoreReader,
+    WorkerRun,
     _now,
     add_eager_window,
     check_alive,
     log,
-    log_problems,
     open_services,
     report,
     start_workers,
-    stop_workers,
 )
 
 POLL = 0.05
@@ -189,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results: dict[str, Any] = {"benchmark": "bench.executions", "started_at": _now(), "pairs": []}
     log_dir = Path(tempfile.mkdtemp(prefix="noetl-executions-"))
-    failed = False
     from tests.support import services as svc
 
     with contextlib.ExitStack() as stack:
@@ -205,12 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         if args.eager_window:
             env["NOETL_EAGER_WINDOW"] = str(args.eager_window)
-        workers: list[Any] = []
-        runs: Runs | None = None
-        try:
+        with WorkerRun(results) as run:
             log(f"== {args.workers} worker(s) -c {args.concurrency} prefork, broker {args.broker}, N={args.n}")
-            workers = start_workers(args.workers, args.concurrency, env, log_dir, "executions")
-            runs = Runs(args, client, services.settings, services.database_url, workers)
+            run.workers.extend(start_workers(args.workers, args.concurrency, env, log_dir, "executions"))
+            runs = Runs(args, client, services.settings, services.database_url, run.workers)
+            run.closing.append(runs.close)
             if args.warmup:
                 runs.noetl(args.warmup)
                 runs.raw(args.warmup)
@@ -225,24 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                     pair["rate_ratio"] = _ratio(pair["noetl"]["per_s"], pair["raw"]["per_s"])
                 except BenchError as exc:
                     pair["error"] = str(exc)
-                    failed = True
+                    run.failed = True
                     log(f"   FAILED: {exc}")
                 results["pairs"].append(pair)
-        except KeyboardInterrupt:
-            results["interrupted"] = True
-            failed = True
-        except Exception as exc:  # noqa: BLE001 - e.g. a worker that would not start
-            results["fatal"] = f"{type(exc).__name__}: {exc}"
-            failed = True
-            log(f"FAILED: {results['fatal']}")
-        finally:
-            if runs is not None:
-                runs.close()
-            results["worker_log_problems"] = log_problems(workers)
-            errors = stop_workers(workers)
-            if errors:
-                results["worker_stop_errors"] = errors
-    return report(table(results), results, args.json_out, log_dir, failed=failed, keep_logs=args.keep_logs)
+    return report(table(results), results, args.json_out, log_dir, failed=run.failed, keep_logs=args.keep_logs)
 
 
 if __name__ == "__main__":

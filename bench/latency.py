@@ -52,15 +52,14 @@ from bench.loops import (
     REPO_ROOT,
     BenchError,
     StoreReader,
+    WorkerRun,
     _now,
     add_eager_window,
     check_alive,
     log,
-    log_problems,
     open_services,
     report,
     start_workers,
-    stop_workers,
 )
 
 CHAIN_PLAYBOOK = REPO_ROOT / "bench" / "playbooks" / "three_steps.yaml"
@@ -365,7 +364,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results: dict[str, Any] = {"benchmark": "bench.latency", "started_at": _now(), "cases": {}}
     log_dir = Path(tempfile.mkdtemp(prefix="noetl-latency-"))
-    failed = False
     from tests.support import services as svc
 
     with contextlib.ExitStack() as stack:
@@ -389,12 +387,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         if args.eager_window:
             env["NOETL_EAGER_WINDOW"] = str(args.eager_window)
-        workers: list[Any] = []
-        bench: Bench | None = None
-        try:
+        with WorkerRun(results) as run:
             log(f"== {args.workers} worker(s) -c {args.concurrency} prefork, mode {args.mode}, broker {args.broker}")
-            workers = start_workers(args.workers, args.concurrency, env, log_dir, f"lat-{args.mode}")
-            bench = Bench(args, client, database_url, settings, workers)
+            run.workers.extend(start_workers(args.workers, args.concurrency, env, log_dir, f"lat-{args.mode}"))
+            bench = Bench(args, client, database_url, settings, run.workers)
+            run.closing.append(bench.close)
             for case in args.cases:
                 log(f"   {case}: {args.warmup} warm-up + {args.runs} measured rounds (noetl and raw interleaved)")
                 try:
@@ -407,27 +404,12 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # noqa: BLE001 - record it, go on with the next case
                     err = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
                     results["cases"][case] = {"error": err}
-                    failed = True
+                    run.failed = True
                     log(f"   FAILED: {err}")
-        except KeyboardInterrupt:
-            results["interrupted"] = True
-            failed = True
-            log("interrupted: workers stopped, services cleaned up")
-        except Exception as exc:  # noqa: BLE001 - e.g. a worker that would not start
-            results["fatal"] = f"{type(exc).__name__}: {exc}"
-            failed = True
-            log(f"FAILED: {results['fatal']}")
-        finally:
-            if bench is not None:
-                bench.close()
-            results["worker_log_problems"] = log_problems(workers)
-            errors = stop_workers(workers)
-            if errors:
-                results["worker_stop_errors"] = errors
         results["finished_at"] = _now()
         results["loadavg_at_end"] = _load()
 
-    return report(table(results), results, args.json_out, log_dir, failed=failed, keep_logs=args.keep_logs)
+    return report(table(results), results, args.json_out, log_dir, failed=run.failed, keep_logs=args.keep_logs)
 
 
 if __name__ == "__main__":

@@ -418,6 +418,40 @@ def check_alive(workers: list[Any]) -> None:
 LOG_LEVEL_RE = re.compile(r"\[[^\]]*: (ERROR|WARNING|CRITICAL)/")
 
 
+class WorkerRun:
+    """The part of a benchmark that runs on its workers: `with WorkerRun(results) as run:` ...
+    `run.workers.extend(start_workers(...))`, `run.closing.append(reader.close)`. An interruption
+    or an error that ends the run is recorded in `results` (`run.failed` is then true); at the
+    end, whatever happened, `closing` is called, the workers' log problems recorded and the
+    workers stopped."""
+
+    def __init__(self, results: dict[str, Any]):
+        self.results = results
+        self.workers: list[Any] = []
+        self.closing: list[Callable[[], Any]] = []
+        self.failed = False
+
+    def __enter__(self) -> WorkerRun:
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        if kind is KeyboardInterrupt:
+            self.results["interrupted"] = True
+            log("interrupted: workers stopped, services cleaned up")
+        elif exc is not None and isinstance(exc, Exception):  # e.g. a worker that would not start
+            self.results["fatal"] = f"{type(exc).__name__}: {exc}"
+            log(f"FAILED: {self.results['fatal']}")
+        self.failed = self.failed or exc is not None
+        for close in self.closing:
+            with contextlib.suppress(Exception):
+                close()
+        self.results["worker_log_problems"] = log_problems(self.workers)
+        errors = stop_workers(self.workers)
+        if errors:
+            self.results["worker_stop_errors"] = errors
+        return kind is KeyboardInterrupt or (exc is not None and isinstance(exc, Exception))
+
+
 def log_problems(workers: list[Any]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for w in workers:
