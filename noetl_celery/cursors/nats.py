@@ -248,11 +248,10 @@ class _Slot:
 
 async def _run(call: ClaimCall, slot: _Slot) -> dict[str, Any] | None:
     from nats import errors as nats_errors
-    from nats.aio.client import Client as NATS
     from nats.js import errors as js_errors
 
     from noetl_celery.tools.nats import _Refused as ToolRefused
-    from noetl_celery.tools.nats import connection_options, shown_url
+    from noetl_celery.tools.nats import connect, connection_options, shown_url
 
     try:
         urls, options = connection_options(call.credential, {})
@@ -260,28 +259,10 @@ async def _run(call: ClaimCall, slot: _Slot) -> dict[str, Any] | None:
         raise _Refused(exc.kind, str(exc).replace("nats:", "nats cursor:", 1)) from None
     where = ", ".join(shown_url(u) for u in urls)
 
-    async def _quiet(exc: Exception) -> None:
-        return None
-
-    nc = NATS()
     try:
-        await asyncio.wait_for(
-            nc.connect(
-                urls,
-                connect_timeout=int(REQUEST_TIMEOUT),
-                allow_reconnect=False,
-                max_reconnect_attempts=1,
-                reconnect_time_wait=0,
-                error_cb=_quiet,
-                **options,
-            ),
-            timeout=2 * REQUEST_TIMEOUT * len(urls) + 1,
-        )
-    except Exception as exc:
-        last = nc.last_error or exc
-        if isinstance(last, nats_errors.AuthorizationError) or "authorization" in str(last).lower():
-            raise _Refused("authorization", f"nats cursor: the server at {where} refused the credential") from None
-        raise _Refused("connection", f"nats cursor: cannot reach a NATS server at {where}", True) from None
+        nc = await connect(urls, options, REQUEST_TIMEOUT, "nats cursor")
+    except ToolRefused as exc:
+        raise _Refused(exc.kind, str(exc), exc.retryable) from None
     try:
         return await slot.claim(nc)
     except js_errors.ServiceUnavailableError:

@@ -112,12 +112,7 @@ class Pages(Control):
 
     def allowed(self) -> bool:
         """Whether this write may go on; False when answered already (401 asking for credentials)."""
-        if self.noetl.dashboard_token is None:
-            raise tornado.web.HTTPError(403, reason="read-only dashboard: set NOETL_DASHBOARD_TOKEN to allow actions")
-        if not self.authorized():
-            self.set_status(401)
-            self.set_header("WWW-Authenticate", 'Basic realm="noetl-celery dashboard"')
-            self.finish("authentication required")
+        if not self.admitted():
             return False
         if not self.runs:
             raise tornado.web.HTTPError(

@@ -284,13 +284,20 @@ class Control(Base):
         if urlsplit(source).netloc.lower() not in hosts:
             raise tornado.web.HTTPError(403, "from %r", source, reason="cross-origin request refused")
 
-    def post(self, execution_id: str, action: str) -> None:
+    def admitted(self) -> bool:
+        """Whether this action may go on: 403 on a read-only dashboard; False when answered already
+        (401 asking for credentials)."""
         if self.noetl.dashboard_token is None:
             raise tornado.web.HTTPError(403, reason="read-only dashboard: set NOETL_DASHBOARD_TOKEN to allow actions")
         if not self.authorized():
             self.set_status(401)
             self.set_header("WWW-Authenticate", 'Basic realm="noetl-celery dashboard"')
             self.finish("authentication required")
+            return False
+        return True
+
+    def post(self, execution_id: str, action: str) -> None:
+        if not self.admitted():
             return
         fn = actions.available().get(action)
         if fn is None:

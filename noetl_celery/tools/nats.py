@@ -215,10 +215,12 @@ async def _operate(nc: Any, operation: str, cfg: dict[str, Any], where: str) -> 
         raise _Refused("invalid_args", f"nats: {key!r} is not a valid key") from None
 
 
-async def _run(urls: list[str], options: dict[str, Any], operation: str, cfg: dict[str, Any], timeout: float) -> Any:
+async def connect(urls: list[str], options: dict[str, Any], timeout: float, what: str = "nats") -> Any:
+    """A connected nats-py client (each server tried twice, no reconnection), or _Refused: kind
+    `authorization` when the server refused the credential, `connection` (retryable) when none
+    answered. `what` starts the messages ("nats", "nats cursor")."""
     from nats import errors as nats_errors
     from nats.aio.client import Client as NATS
-    from nats.js import errors as js_errors
 
     where = ", ".join(shown_url(u) for u in urls)
 
@@ -245,8 +247,18 @@ async def _run(urls: list[str], options: dict[str, Any], operation: str, cfg: di
         if isinstance(last, (nats_errors.AuthorizationError, nats_errors.InvalidUserCredentialsError)) or (
             "authorization" in str(last).lower()
         ):
-            raise _Refused("authorization", f"nats: the server at {where} refused the credential") from None
-        raise _Refused("connection", f"nats: cannot reach a NATS server at {where}", retryable=True) from None
+            raise _Refused("authorization", f"{what}: the server at {where} refused the credential") from None
+        raise _Refused("connection", f"{what}: cannot reach a NATS server at {where}", retryable=True) from None
+    return nc
+
+
+async def _run(urls: list[str], options: dict[str, Any], operation: str, cfg: dict[str, Any], timeout: float) -> Any:
+    from nats import errors as nats_errors
+    from nats.js import errors as js_errors
+
+    where = ", ".join(shown_url(u) for u in urls)
+
+    nc = await connect(urls, options, timeout)
     try:
         return await _operate(nc, operation, cfg, where)
     except js_errors.ServiceUnavailableError:
