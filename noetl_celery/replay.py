@@ -35,10 +35,10 @@ from typing import Any
 from sqlalchemy import insert, select
 
 from noetl_celery.engine import events as ev
-from noetl_celery.engine import orchestrator, policy_eval
 from noetl_celery.engine.context import STATE
+from noetl_celery.engine.decision import orchestrator, policy_eval
+from noetl_celery.engine.decision.units import REPORTED_META
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage
-from noetl_celery.engine.units import REPORTED_META
 from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import db, repo
 
@@ -55,8 +55,8 @@ OUTCOME_TYPES = frozenset(
     }
 )
 CLAIM_TYPES = frozenset({ev.CURSOR_CLAIMED, ev.CURSOR_SLOT_ENDED, ev.CURSOR_CLAIM_FAILED})
-CANCELLED = "execution.cancelled"  # runner.cancel's row (engine/lifecycle.py)
-RESUMED = "execution.resumed"  # engine/resume.py's row: rows before it were rewritten
+CANCELLED = "execution.cancelled"  # runner.cancel's row (engine/recovery/lifecycle.py)
+RESUMED = "execution.resumed"  # engine/recovery/resume.py's row: rows before it were rewritten
 # rows written beside the decisions, read by none: the sweeper's and the worker-loss records
 RECORDS = frozenset({"attempt.republished", "attempt.worker_lost"})
 # the columns compared: what a decision decides (not ids, timestamps, deadlines, durations)

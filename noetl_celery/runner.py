@@ -17,9 +17,9 @@ from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler import compile_playbook, resolve
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.engine.context import new_state
+from noetl_celery.engine.decision.orchestrator import start_new
 from noetl_celery.engine.ids import new_execution_id
-from noetl_celery.engine.lifecycle import end_tree
-from noetl_celery.engine.orchestrator import start_new
+from noetl_celery.engine.recovery.lifecycle import end_tree
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
 from noetl_celery.store import repo
 from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
@@ -106,10 +106,10 @@ def cancel(database_url: str, execution_id: int, reason: str | None = None) -> l
 
 
 def resume(settings: noetl_settings.Settings, execution_id: int) -> int:
-    """Resume a failed or cancelled execution (same execution, next epoch: engine/resume.py);
+    """Resume a failed or cancelled execution (same execution, next epoch: engine/recovery/resume.py);
     returns the new epoch. Raises ResumeRefused with the reason when it cannot resume."""
     from noetl_celery.app import publish
-    from noetl_celery.engine.resume import resume as resume_execution
+    from noetl_celery.engine.recovery.resume import resume as resume_execution
 
     ensure_schema(settings.database_url)
     epoch, dispatches = resume_execution(settings.database_url, execution_id)

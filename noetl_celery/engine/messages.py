@@ -12,7 +12,7 @@ execution with a clear error rather than losing it. Adding a field: give it a de
 new format only when an old reader would misread the message by ignoring the field.
 
 Formats: 1 is every ordinary message. 2 (BATCH_VERSION) is a batched loop message (`batch`: the
-iterations after the first, engine/batching.py) and the on_event payload of its outcomes: a
+iterations after the first, engine/decision/batching.py) and the on_event payload of its outcomes: a
 format-1 reader would run only the first iteration, so such messages say 2 and are written only
 by code that reads them. Everything else stays format 1, readable by older workers.
 
@@ -167,7 +167,7 @@ class TaskMessage:
     slot: dict[str, Any] | None = None
     # sub-playbooks: the finished child's outcome, when the parent's task still has a sink to run
     child: dict[str, Any] | None = None
-    # a batch (engine/batching.py): the iterations after this one, each as the fields in which
+    # a batch (engine/decision/batching.py): the iterations after this one, each as the fields in which
     # its message differs from this one; this message is the batch's first iteration
     batch: list[dict[str, Any]] | None = None
 

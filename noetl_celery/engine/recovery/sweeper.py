@@ -44,8 +44,8 @@ from typing import Any
 from sqlalchemy import Connection, and_, select, text, tuple_, update
 
 from noetl_celery.engine import deadlines
-from noetl_celery.engine.lifecycle import end_tree
 from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.engine.recovery.lifecycle import end_tree
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
 

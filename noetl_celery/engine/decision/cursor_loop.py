@@ -32,14 +32,14 @@ from noetl_celery import cursors
 from noetl_celery.dsl.plan import Action, Step
 from noetl_celery.engine import deadlines
 from noetl_celery.engine import events as ev
-from noetl_celery.engine.loops import fail_loop_start, record_loop_done
+from noetl_celery.engine.decision.loops import fail_loop_start, record_loop_done
+from noetl_celery.engine.decision.policy_eval import next_backoff
+from noetl_celery.engine.decision.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
-from noetl_celery.engine.policy_eval import next_backoff
-from noetl_celery.engine.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.store import repo
 
 if TYPE_CHECKING:
-    from noetl_celery.engine.orchestrator import Decider
+    from noetl_celery.engine.decision.orchestrator import Decider
 
 # How a claim that errors is tried again unless the cursor says (`cursor.retry`): 3 tries in
 # all, 0.5 s before the second and doubled for each further one; then the step fails with the

@@ -24,14 +24,15 @@ from sqlalchemy import Connection
 from noetl_celery import limits, settings
 from noetl_celery.compiler.names import shadow_label
 from noetl_celery.dsl.plan import Action, Step, Task
-from noetl_celery.engine import batching, cursor_loop, deadlines, loops, pagination, policy_eval, routing, subplaybooks
+from noetl_celery.engine import deadlines
 from noetl_celery.engine import events as ev
 from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.context import STATE, ExecutionState, Scope, message_scope, render_context
+from noetl_celery.engine.decision import batching, cursor_loop, loops, pagination, policy_eval, routing, subplaybooks
+from noetl_celery.engine.decision.select import select_part
+from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import attempt_key, run_id_for
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage, sanitize
-from noetl_celery.engine.select import select_part
-from noetl_celery.engine.units import RunRef, UnitEnd
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
 from noetl_celery.store.db import commit_suffix, decision_transaction, transaction

@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from noetl_celery import limits, settings
 from noetl_celery.dsl.plan import Step
 from noetl_celery.engine import events as ev
+from noetl_celery.engine.decision.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
-from noetl_celery.engine.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
 from noetl_celery.templating import evaluate_condition, plain, render_value
 
 if TYPE_CHECKING:
-    from noetl_celery.engine.orchestrator import Decider
+    from noetl_celery.engine.decision.orchestrator import Decider
 
 CACHED_COLLECTIONS = 64  # loop collections one process keeps in memory
 FAILURES_NAMED = 3  # failed iterations a failed loop step's error names (index + message)
@@ -117,7 +117,7 @@ class LoopStrategy(Protocol):
 def strategy_for(step: Step) -> LoopStrategy:
     assert step.loop is not None
     if step.loop.mode == "cursor":
-        from noetl_celery.engine.cursor_loop import CURSOR_LOOP
+        from noetl_celery.engine.decision.cursor_loop import CURSOR_LOOP
 
         return CURSOR_LOOP
     return COLLECTION_LOOP

@@ -25,9 +25,9 @@ from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 from sqlalchemy import and_, select
 
+from noetl_celery.engine.attempt.worker import already_done
 from noetl_celery.engine.messages import TaskMessage
-from noetl_celery.engine.sweeper import lost_outcome
-from noetl_celery.engine.worker import already_done
+from noetl_celery.engine.recovery.sweeper import lost_outcome
 from noetl_celery.errors import AttemptFailed
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction

@@ -32,7 +32,7 @@ from noetl_celery.templating import plain, render_value
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
-    from noetl_celery.engine.orchestrator import Decider
+    from noetl_celery.engine.decision.orchestrator import Decider
 
 PLAYBOOK_KIND = "playbook"
 MAX_NESTING = 16  # sub-playbook levels below a top-level execution

@@ -29,10 +29,10 @@ from typing import Any
 from sqlalchemy import Connection, and_, select, update
 
 from noetl_celery.engine.context import STATE
+from noetl_celery.engine.decision.orchestrator import Decider
+from noetl_celery.engine.decision.subplaybooks import EVENT_DISPATCH
 from noetl_celery.engine.messages import Dispatch, TaskMessage
-from noetl_celery.engine.orchestrator import Decider
-from noetl_celery.engine.resume_loops import reopen_loops
-from noetl_celery.engine.subplaybooks import EVENT_DISPATCH
+from noetl_celery.engine.recovery.resume_loops import reopen_loops
 from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
