@@ -31,7 +31,7 @@ from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
 from noetl_celery.engine.recovery import sweeper
-from noetl_celery.engine.transport import eager, process, verdict
+from noetl_celery.engine.transport import eager, process, verdict, worker_loss
 from noetl_celery.errors import AttemptFailed, ConfigurationError
 from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
@@ -277,6 +277,10 @@ def refuse_message(execution_id: int, payload: dict[str, Any], exc: MessageError
 def process_event(event: dict[str, Any]) -> list[Dispatch] | None:
     """on_event's body: `decide`, with every decided message published."""
     return decide(event)[0]
+
+
+# looked up on each call, so a test that replaces one of them is heard
+worker_loss.install(settings=lambda: current_settings(), report=lambda payload: process_event(payload))
 
 
 def decide(

@@ -17,11 +17,11 @@ from sqlalchemy import Connection
 from noetl_celery import credentials, limits, secret_registry
 from noetl_celery.dsl.plan import Sink, Task
 from noetl_celery.engine import deadlines
+from noetl_celery.engine import identity as process_identity
 from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.attempt.cursor_claim import run_claim
 from noetl_celery.engine.context import STATE, message_scope, render_context
 from noetl_celery.engine.messages import BATCH_EVENT, TaskMessage
-from noetl_celery.engine.transport import process
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import storable, to_jsonable, unstorable
 from noetl_celery.store import repo, views
@@ -295,7 +295,7 @@ def run_attempt(
     body = secret_registry.mask(body)
     report = {
         "queue_id": queue_id,
-        **process.identity(node),
+        **process_identity.identity(node),
         "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
         "duration_ms": round((time.time() - started) * 1000, 3),
     }

@@ -39,7 +39,7 @@ from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
 from noetl_celery.store import repo
 
 if TYPE_CHECKING:
-    from noetl_celery.engine.decision.orchestrator import Decider
+    from noetl_celery.engine.decision.port import DecisionPort
 
 # How a claim that errors is tried again unless the cursor says (`cursor.retry`): 3 tries in
 # all, 0.5 s before the second and doubled for each further one; then the step fails with the
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 CLAIM_RETRY = Action(do="retry", attempts=3, delay=0.5, backoff="exponential", max_delay=60.0)
 
 
-def _run_ref(decider: Decider, run_id: str) -> RunRef:
+def _run_ref(decider: DecisionPort, run_id: str) -> RunRef:
     context = (repo.get_loop(decider.conn, run_id) or {}).get("context") or {}
     return RunRef(run_id, context.get("frames", []), context.get("args", {}))
 
@@ -55,7 +55,7 @@ def _run_ref(decider: Decider, run_id: str) -> RunRef:
 class CursorLoop:
     """The pull-model loop strategy: `max_in_flight` slots, no known total."""
 
-    def start(self, decider: Decider, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
+    def start(self, decider: DecisionPort, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
         loop = step.loop
         assert loop is not None and loop.cursor is not None
         slots = max(loop.max_in_flight, 1)
@@ -89,7 +89,9 @@ class CursorLoop:
         for slot in range(slots):
             dispatch_claim(decider, step, run, slot=slot, claim=0, index=0, parent=key)
 
-    def unit_done(self, decider: Decider, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]) -> None:
+    def unit_done(
+        self, decider: DecisionPort, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]
+    ) -> None:
         """A row's chain is over: record it as the item's row, count it, go on with the slot."""
         assert message.slot is not None
         slot = message.slot
@@ -112,7 +114,7 @@ class CursorLoop:
                 **({"tolerated": True} if end.tolerated is not None else {}),
             }
         decider.count_iteration(message.run_id, ok=not failed, tolerated=end.tolerated is not None)
-        if not decider.running or decider.failure is not None:
+        if not decider.can_dispatch():
             return
         run = RunRef(message.run_id, message.frames, message.args)
         parent = row.get("event_id") or message.parent_event_id or ""
@@ -158,7 +160,7 @@ def lease_seconds(step: Step) -> float | None:
 
 
 def dispatch_claim(
-    decider: Decider,
+    decider: DecisionPort,
     step: Step,
     run: RunRef,
     *,
@@ -180,7 +182,7 @@ def dispatch_claim(
         parent_event_id=parent,
         slot={"id": slot, "claim": claim, "phase": "claim", "index": index, **({"done": done} if done else {})},
     )
-    decider.dispatches.append(
+    decider.send(
         Dispatch.task(
             message,
             countdown=countdown,
@@ -191,7 +193,7 @@ def dispatch_claim(
 
 
 def dispatch_row(
-    decider: Decider, step: Step, run: RunRef, *, slot: int, claim: int, index: int, rows: list[Any], parent: str
+    decider: DecisionPort, step: Step, run: RunRef, *, slot: int, claim: int, index: int, rows: list[Any], parent: str
 ) -> None:
     slots = max(step.loop.max_in_flight, 1) if step.loop else 1
     message = TaskMessage(
@@ -208,7 +210,7 @@ def dispatch_row(
     decider.dispatch_task(step, message, record_start=False)
 
 
-def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], report: dict[str, Any]) -> None:
+def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, Any], report: dict[str, Any]) -> None:
     """A claim's outcome: rows start the slot's next row, none ends the slot, an error retries."""
     assert message.slot is not None
     slot = message.slot
@@ -231,7 +233,7 @@ def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], 
         error=outcome.get("error"),
         meta={"slot": slot["id"], "claim": slot["claim"], "rows": len(rows)},
     )
-    if not decider.running or decider.failure is not None:
+    if not decider.can_dispatch():
         return
     run = RunRef(message.run_id, message.frames, message.args)
     if rows:
@@ -242,7 +244,7 @@ def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], 
         _slot_ended(decider, step, message.run_id, key)
     elif message.attempt < (claim_retry(step).attempts or 1):
         delay = next_backoff(claim_retry(step), message.attempt)
-        decider.rows[-1]["meta"]["retry_in"] = delay
+        decider.last_row()["meta"]["retry_in"] = delay
         dispatch_claim(
             decider,
             step,
@@ -267,7 +269,7 @@ def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], 
         )
 
 
-def _slot_ended(decider: Decider, step: Step, run_id: str, parent: str) -> None:
+def _slot_ended(decider: DecisionPort, step: Step, run_id: str, parent: str) -> None:
     counters = repo.end_loop_slot(decider.conn, run_id)
     if counters["slots_ended"] < counters["cap"] or not repo.complete_loop(decider.conn, run_id):
         return

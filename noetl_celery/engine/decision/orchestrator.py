@@ -59,6 +59,12 @@ class DuplicateEvent(Exception):
     """The causing event was recorded before: this delivery is a redelivery."""
 
 
+def loop_strategy(step: Step) -> loops.LoopStrategy:
+    """The strategy of a loop step: a cursor loop's slots, or a collection's iterations."""
+    assert step.loop is not None
+    return cursor_loop.CURSOR_LOOP if step.loop.mode == "cursor" else loops.COLLECTION_LOOP
+
+
 class Redecide(Exception):
     """A decision made on the cached head turned out stale (the execution is not running any
     more, or its state is newer than the cached one): roll back and decide the classic way."""
@@ -202,6 +208,21 @@ class Decider:
         return strict_rendering(self.plan.strict_templates)
 
     # --- recording -------------------------------------------------------------------------
+
+    def can_dispatch(self) -> bool:
+        return self.running and self.failure is None
+
+    def decided(self) -> list[dict[str, Any]]:
+        return self.rows
+
+    def last_row(self) -> dict[str, Any]:
+        return self.rows[-1]
+
+    def send(self, dispatch: Dispatch) -> None:
+        self.dispatches.append(dispatch)
+
+    def drop_unit(self) -> None:
+        self.pending -= 1
 
     def record(self, event_type: str, key: str, **fields: Any) -> str:
         row = {"execution_id": self.execution_id, "event_id": key, "event_type": event_type, **fields}
@@ -584,7 +605,7 @@ class Decider:
     def unit_done(self, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]) -> None:
         """A step run, or one loop element, is over: its loop strategy counts it, or the step ends."""
         if message.iteration is not None:
-            loops.strategy_for(step).unit_done(self, step, message, end, row)
+            loop_strategy(step).unit_done(self, step, message, end, row)
             return
         self.step_done(step, RunRef(message.run_id, message.frames, message.args), end)
 
@@ -757,7 +778,7 @@ class Decider:
             return
         self.pending += 1
         if step.loop is not None:
-            loops.strategy_for(step).start(self, step, RunRef(run_id, frames, args), start_key, context)
+            loop_strategy(step).start(self, step, RunRef(run_id, frames, args), start_key, context)
             return
         if not step.tasks:
             self.step_done(step, RunRef(run_id, frames, args), UnitEnd(ok=True, parent=start_key, data=args or None))

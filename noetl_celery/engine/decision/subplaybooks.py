@@ -32,7 +32,7 @@ from noetl_celery.templating import plain, render_value
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
-    from noetl_celery.engine.decision.orchestrator import Decider
+    from noetl_celery.engine.decision.port import DecisionPort
 
 PLAYBOOK_KIND = "playbook"
 MAX_NESTING = 16  # sub-playbook levels below a top-level execution
@@ -49,13 +49,13 @@ def catalog_for(conn: Connection) -> resolve.Catalog:
     return lookup
 
 
-def _fail(decider: Decider, message: TaskMessage, kind: str, text: str) -> None:
+def _fail(decider: DecisionPort, message: TaskMessage, kind: str, text: str) -> None:
     """The task fails without a child: decided as the attempt's outcome (its policy applies)."""
     decider.on_outcome(message, {"status": "error", "error": {"kind": kind, "message": text}}, {})
 
 
 def start_child(
-    decider: Decider, step: Step, task: Task, message: TaskMessage, key: str, record_start: bool, countdown: float
+    decider: DecisionPort, step: Step, task: Task, message: TaskMessage, key: str, record_start: bool, countdown: float
 ) -> None:
     context = render_context(decider.state, decider.scope_of(message, step))
     try:
@@ -138,9 +138,7 @@ def start_child(
             meta={"child_execution_id": child_id, "path": path},
         )
     start = {"kind": "start", "execution_id": child_id}
-    decider.dispatches.append(
-        Dispatch(kind=EVENT_DISPATCH, message=start, countdown=countdown, label=f"{step.name}:playbook")
-    )
+    decider.send(Dispatch(kind=EVENT_DISPATCH, message=start, countdown=countdown, label=f"{step.name}:playbook"))
 
 
 def _child_timeout(task_timeout: Any, playbook_timeout: float | None) -> float | None:

@@ -18,6 +18,8 @@ sweeper ends what stays without an outcome.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
@@ -29,6 +31,7 @@ from noetl_celery.engine.attempt.worker import already_done
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.engine.recovery.sweeper import lost_outcome
 from noetl_celery.errors import AttemptFailed
+from noetl_celery.settings import Settings
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
 
@@ -36,6 +39,24 @@ log = logging.getLogger(__name__)
 
 WORKER_LOST = "attempt.worker_lost"
 MAX_COUNTED = 50  # delivery rows looked at for one attempt
+
+
+@dataclass
+class Hooks:
+    """What a lost attempt needs from the app that runs it, installed by that app (app.py) when it
+    defines its tasks: the settings in force, and how an outcome is decided (on_event's body).
+    The transport never imports the app back."""
+
+    settings: Callable[[], Settings] | None = None
+    report: Callable[[dict[str, Any]], object] | None = None
+
+
+HOOKS = Hooks()
+
+
+def install(*, settings: Callable[[], Settings], report: Callable[[dict[str, Any]], object]) -> None:
+    HOOKS.settings = settings
+    HOOKS.report = report
 
 
 def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
@@ -128,9 +149,8 @@ class AttemptRequest(Request):
 
     def _give_up(self, message: dict[str, Any], reason: str) -> bool:
         """Count the lost delivery; True when the attempt has been reported as `worker_lost`."""
-        from noetl_celery.app import current_settings
-
-        settings = current_settings()
+        assert HOOKS.settings is not None, "worker_loss.install() was not called"
+        settings = HOOKS.settings()
         try:
             if already_done(settings.database_url, TaskMessage.from_dict(message)):
                 # it died in an attempt the message went on to run (engine/eager.py): requeued
@@ -152,10 +172,9 @@ class AttemptRequest(Request):
         return self._report(lost_outcome(message, "worker_lost", reason, "worker"))
 
     def _report(self, payload: dict[str, Any]) -> bool:
-        from noetl_celery.app import process_event
-
+        assert HOOKS.report is not None, "worker_loss.install() was not called"
         try:
-            process_event(payload)
+            HOOKS.report(payload)
             return True
         except Exception as err:  # the sweeper ends it when its deadline passes
             log.warning("could not record the end of an attempt: %s", err)
