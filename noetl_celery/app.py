@@ -35,6 +35,7 @@ from noetl_celery.engine.transport import eager, process, verdict, worker_loss
 from noetl_celery.errors import AttemptFailed, ConfigurationError
 from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
+from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,14 @@ def _store_delay(message: TaskMessage, exc: DBAPIError, timeout: float) -> None:
     delay = min(2**tries * 0.1, EVENT_DB_MAX_WAIT)
     log.warning("event store error, attempt delayed %.1fs (try %d): %s", delay, tries, exc.orig)
     publish(
-        [Dispatch(kind="run", message=message.evolve(store_tries=tries).to_dict(), countdown=delay, timeout=timeout)]
+        [
+            Dispatch(
+                kind=DispatchKind.RUN,
+                message=message.evolve(store_tries=tries).to_dict(),
+                countdown=delay,
+                timeout=timeout,
+            )
+        ]
     )
 
 
@@ -254,7 +262,7 @@ def on_event(self, execution_id: int, event: dict[str, Any]) -> None:  # type: i
     process.defer_termination()  # a group-wide SIGTERM lets this decision finish (engine/transport/process.py)
     try:
         check_version(event, "on_event payload")
-        if event.get("kind") == "wake":
+        if event.get("kind") == PayloadKind.WAKE:
             if worker.still_running(current_settings().database_url, int(event["execution_id"])):
                 publish([Dispatch.from_dict(event["dispatch"])], due=event.get("due"))
             return
@@ -298,7 +306,7 @@ def decide(
     except DataError as exc:  # the store refused a value: sending the event again cannot help
         reason = refused_value(exc)
         log.error("execution %s: %s", event.get("execution_id"), reason)
-        orchestrator.fail_internally(url, event, reason, kind="store_refused")
+        orchestrator.fail_internally(url, event, reason, kind=ErrorKind.STORE_REFUSED)
         return None, None
     except DBAPIError as exc:
         tries = int(event.get("tries", 0)) + 1
@@ -362,7 +370,7 @@ def publish(
     now = time.time()
     options: dict[str, Any] = {"retry_policy": retry_policy} if retry_policy else {}
     for dispatch in dispatches:
-        if dispatch.kind == "event":  # an event for on_event (a sub-playbook's start or end)
+        if dispatch.kind == DispatchKind.EVENT:  # an event for on_event (a sub-playbook's start or end)
             send_event(dispatch.message, countdown=max(dispatch.countdown, 0.0), retry_policy=retry_policy)
             continue
         wait = (due - now) if due is not None else dispatch.countdown
@@ -370,7 +378,7 @@ def publish(
             target = due if due is not None else now + wait
             send_event(
                 {
-                    "kind": "wake",
+                    "kind": PayloadKind.WAKE,
                     "execution_id": dispatch.message["execution_id"],
                     "dispatch": dispatch.to_dict(),
                     "due": target,

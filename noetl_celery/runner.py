@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from noetl_celery import settings as noetl_settings
+from noetl_celery import vocabulary as ev
 from noetl_celery.compiler import compile_playbook, resolve
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.engine.context import new_state
@@ -23,6 +24,7 @@ from noetl_celery.engine.recovery.lifecycle import end_tree
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
 from noetl_celery.store import repo
 from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
+from noetl_celery.vocabulary import ErrorKind
 
 EMBEDDED_CONCURRENCY = 4  # worker threads of `noetl-celery run`
 POLL_INTERVAL = 0.05  # seconds between status reads while waiting
@@ -98,11 +100,11 @@ def cancel(database_url: str, execution_id: int, reason: str | None = None) -> l
     it had already ended). Attempts in flight finish and their outcomes are recorded, but nothing
     is dispatched after them; delayed messages are dropped when they come due."""
     ensure_schema(database_url)
-    error = {"kind": "cancelled", "message": reason or "cancelled"}
+    error = {"kind": ErrorKind.CANCELLED, "message": reason or "cancelled"}
     with transaction(database_url) as conn:
         if repo.execution_head(conn, execution_id) is None:
             raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
-        return end_tree(conn, execution_id, "cancelled", "execution.cancelled", error)
+        return end_tree(conn, execution_id, "cancelled", ev.EXECUTION_CANCELLED, error)
 
 
 def resume(settings: noetl_settings.Settings, execution_id: int) -> int:

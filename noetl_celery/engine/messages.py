@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from noetl_celery.engine.deadlines import DEFAULT_TIMEOUT
 from noetl_celery.engine.ids import attempt_key, claim_key
 from noetl_celery.errors import NoetlError
+from noetl_celery.vocabulary import DispatchKind, PayloadKind
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def stamp(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, VERSION_FIELD: BATCH_VERSION if payload.get("kind") == BATCH_EVENT else MESSAGE_VERSION}
 
 
-BATCH_EVENT = "batch"  # on_event payload kind: the outcomes of a batch's iterations, in order
+BATCH_EVENT = PayloadKind.BATCH  # on_event payload kind: the outcomes of a batch's iterations, in order
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ class Dispatch:
     ) -> Dispatch:
         if countdown > 0:
             message = message.evolve(delayed=True)
-        return cls(kind="run", message=message.to_dict(), countdown=countdown, label=label, timeout=timeout)
+        return cls(kind=DispatchKind.RUN, message=message.to_dict(), countdown=countdown, label=label, timeout=timeout)
 
     def with_version(self, version: int) -> Dispatch:
         return replace(self, message={**self.message, "version": version})
@@ -272,7 +273,7 @@ class Dispatch:
         """One dispatch per attempt: itself, or a batch's iterations, each with its share of the
         batch's timeout (what resume and the loop's bookkeeping read per iteration)."""
         batch = self.message.get("batch")
-        if not batch or self.kind != "run":
+        if not batch or self.kind != DispatchKind.RUN:
             return [self]
         messages = TaskMessage.from_dict(self.message).members()
         share = self.timeout / len(messages)

@@ -37,6 +37,7 @@ from noetl_celery.templating import (
 )
 from noetl_celery.tools import settings as tool_settings
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, get_tool, refuse_unstorable, run_tool
+from noetl_celery.vocabulary import PayloadKind
 
 CALL_OVERRIDES = ("params", "body", "payload", "json", "headers", "args", "data")  # merged by next_call
 STORE_KEY_LENGTH = 12  # hex characters of the store URL's digest in ToolCall.store_key
@@ -300,7 +301,7 @@ def run_attempt(
         "duration_ms": round((time.time() - started) * 1000, 3),
     }
     return {
-        "kind": "outcome",
+        "kind": PayloadKind.OUTCOME,
         "execution_id": message.execution_id,
         "task": message.to_wire(),
         "outcome": body,

@@ -29,14 +29,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from noetl_celery import cursors
+from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Action, Step
 from noetl_celery.engine import deadlines
-from noetl_celery.engine import events as ev
 from noetl_celery.engine.decision.loops import fail_loop_start, record_loop_done
 from noetl_celery.engine.decision.policy_eval import next_backoff
 from noetl_celery.engine.decision.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
 from noetl_celery.store import repo
+from noetl_celery.vocabulary import ErrorKind
 
 if TYPE_CHECKING:
     from noetl_celery.engine.decision.port import DecisionPort
@@ -61,7 +62,11 @@ class CursorLoop:
         slots = max(loop.max_in_flight, 1)
         if cursors.needs_claim(str(loop.cursor.get("kind"))) and not isinstance(loop.cursor.get("claim"), str):
             fail_loop_start(
-                decider, step, run.run_id, parent, {"kind": "loop", "message": "cursor loop without a claim SQL"}
+                decider,
+                step,
+                run.run_id,
+                parent,
+                {"kind": ErrorKind.LOOP, "message": "cursor loop without a claim SQL"},
             )
             return
         repo.create_loop(
@@ -260,7 +265,7 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
     elif repo.complete_loop(decider.conn, message.run_id):
         reason = (outcome.get("error") or {}).get("message") or "claim failed"
         error = {
-            "kind": "cursor",
+            "kind": ErrorKind.CURSOR,
             "message": f"cursor claim of slot {slot['id']} failed after {message.attempt} attempts: {reason}",
             "slot": slot["id"],
         }
@@ -282,7 +287,7 @@ def _slot_ended(decider: DecisionPort, step: Step, run_id: str, parent: str) -> 
     error = (
         None
         if not fatal
-        else {"kind": "loop", "message": f"{fatal} of {stats['processed']} cursor rows failed", "stats": stats}
+        else {"kind": ErrorKind.LOOP, "message": f"{fatal} of {stats['processed']} cursor rows failed", "stats": stats}
     )
     decider.step_done(
         step,

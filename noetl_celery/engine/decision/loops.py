@@ -26,14 +26,15 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from noetl_celery import limits, settings
+from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Step
-from noetl_celery.engine import events as ev
 from noetl_celery.engine.decision.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
 from noetl_celery.templating import evaluate_condition, plain, render_value
+from noetl_celery.vocabulary import ErrorKind
 
 if TYPE_CHECKING:
     from noetl_celery.engine.decision.port import DecisionPort
@@ -195,7 +196,7 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
     try:
         items = build_items(step, context)
     except TemplateError as exc:
-        fail_loop_start(decider, step, run_id, parent, {"kind": "loop", "message": str(exc)})
+        fail_loop_start(decider, step, run_id, parent, {"kind": ErrorKind.LOOP, "message": str(exc)})
         return
     cap = loop_cap(step)
     total = len(items)
@@ -445,7 +446,7 @@ def finish_loop(
     if fatal:
         named = "; ".join(f"[{f['index']}] {f['message']}" for f in failures or [])
         error = {
-            "kind": "loop",
+            "kind": ErrorKind.LOOP,
             "message": f"{failed} of {total} iterations failed" + (f": {named}" if named else ""),
             "stats": stats,
         }

@@ -22,10 +22,10 @@ from typing import Any
 from sqlalchemy import Connection
 
 from noetl_celery import limits, settings
+from noetl_celery import vocabulary as ev
 from noetl_celery.compiler.names import shadow_label
 from noetl_celery.dsl.plan import Action, Step, Task
 from noetl_celery.engine import deadlines
-from noetl_celery.engine import events as ev
 from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.context import STATE, ExecutionState, Scope, message_scope, render_context
 from noetl_celery.engine.decision import batching, cursor_loop, loops, pagination, policy_eval, routing, subplaybooks
@@ -46,6 +46,7 @@ from noetl_celery.templating import (
     strict_rendering,
 )
 from noetl_celery.tools.base import get_tool
+from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +390,7 @@ class Decider:
             self.unit_done(
                 step,
                 message,
-                UnitEnd(ok=False, parent=row["event_id"], error={"kind": "template", "message": str(exc)}),
+                UnitEnd(ok=False, parent=row["event_id"], error={"kind": ErrorKind.TEMPLATE, "message": str(exc)}),
                 row,
             )
             return
@@ -425,7 +426,7 @@ class Decider:
                     UnitEnd(
                         ok=False,
                         parent=row["event_id"],
-                        error={"kind": "policy", "message": f"jump target {action.to!r} is not a task"},
+                        error={"kind": ErrorKind.POLICY, "message": f"jump target {action.to!r} is not a task"},
                     ),
                     row,
                 )
@@ -450,7 +451,7 @@ class Decider:
                     ok=False,
                     parent=row["event_id"],
                     data=data,
-                    error=(outcome.get("error") or {"kind": "policy", "message": "failed by policy rule"}),
+                    error=(outcome.get("error") or {"kind": ErrorKind.POLICY, "message": "failed by policy rule"}),
                 ),
                 row,
             )
@@ -488,7 +489,7 @@ class Decider:
                 self.unit_done(
                     step,
                     message,
-                    UnitEnd(ok=False, parent=row["event_id"], error={"kind": "template", "message": str(exc)}),
+                    UnitEnd(ok=False, parent=row["event_id"], error={"kind": ErrorKind.TEMPLATE, "message": str(exc)}),
                     row,
                 )
                 return True
@@ -578,7 +579,7 @@ class Decider:
                     ok=False,
                     parent=message.parent_event_id,
                     error={
-                        "kind": "routing",
+                        "kind": ErrorKind.ROUTING,
                         "message": f"more than {MAX_INLINE_DEPTH} steps or loop iterations without "
                         "work in a row (routing-only: no tool, noop, end, router): a cycle of steps "
                         "without work?",
@@ -597,7 +598,7 @@ class Decider:
             if message.iteration is None:  # noted on the step's step.completed row
                 self.hidden_notes.setdefault(message.run_id, []).extend(hidden)
         except TemplateError as exc:
-            outcome = {"status": "error", "error": {"kind": "template", "message": str(exc)}}
+            outcome = {"status": "error", "error": {"kind": ErrorKind.TEMPLATE, "message": str(exc)}}
         self.handle_outcome(step, task, message, outcome, row)
 
     # --- units: a step run, or one element of a loop ----------------------------------------
@@ -621,7 +622,7 @@ class Decider:
                     data, step.result_select, render_context(self.state, Scope(args=run.args, step=step.name))
                 )
             except TemplateError as exc:
-                end = end.evolve(ok=False, error={"kind": "template", "message": str(exc)})
+                end = end.evolve(ok=False, error={"kind": ErrorKind.TEMPLATE, "message": str(exc)})
         if not end.ok:
             self.fail_step(step.name, run_id, end.error, parent)
             return
@@ -653,7 +654,7 @@ class Decider:
                     self.set_variables("ctx", plain(render_value(arc.set_ctx, context)))
                     self.set_variables("vars", plain(render_value(arc.set_vars, context)))
         except TemplateError as exc:
-            self.fail_step(step.name, run_id, {"kind": "template", "message": str(exc)}, parent)
+            self.fail_step(step.name, run_id, {"kind": ErrorKind.TEMPLATE, "message": str(exc)}, parent)
             return
         meta: dict[str, Any] = {}
         if targets:
@@ -675,7 +676,7 @@ class Decider:
             step.next.on_no_match is None and self.plan.no_next_is_error
         )
         if not targets and step.next.arcs and no_match_fails and step.name != self.plan.final_step:
-            err = {"kind": "routing", "message": f"no arc of step {step.name!r} matched"}
+            err = {"kind": ErrorKind.ROUTING, "message": f"no arc of step {step.name!r} matched"}
             self.fail_execution(step.name, err, done_key)
             return
         self.route(step, targets, run.frames, done_key)
@@ -749,7 +750,7 @@ class Decider:
         )
         if self._too_deep():
             err = {
-                "kind": "routing",
+                "kind": ErrorKind.ROUTING,
                 "message": f"more than {MAX_INLINE_DEPTH} steps without work in a row (routing-only: no "
                 "tool, noop, end, router): a cycle of steps without work?",
             }
@@ -757,13 +758,13 @@ class Decider:
             return
         too_many = self._too_many_steps()
         if too_many is not None:
-            self.fail_execution(name, {"kind": "limit", "message": too_many}, start_key)
+            self.fail_execution(name, {"kind": ErrorKind.LIMIT, "message": too_many}, start_key)
             return
         context = render_context(self.state, Scope(args=args, step=name))
         try:
             allowed = routing.admitted(step.admit, context)
         except TemplateError as exc:
-            self.fail_execution(name, {"kind": "template", "message": str(exc)}, start_key)
+            self.fail_execution(name, {"kind": ErrorKind.TEMPLATE, "message": str(exc)}, start_key)
             return
         if not allowed:
             self.record(
@@ -944,7 +945,7 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
     """Decide on one event; returns what to publish (already recorded)."""
     execution_id = int(payload["execution_id"])
     kind = payload["kind"]
-    outcomes = outcomes_of(payload) if kind in ("outcome", BATCH_EVENT) else []
+    outcomes = outcomes_of(payload) if kind in (PayloadKind.OUTCOME, PayloadKind.BATCH) else []
     deferred = _deferred_state(url, execution_id, outcomes[0][0]) if outcomes else None
     try:
         try:
@@ -994,9 +995,9 @@ def _decide(
             decider = Decider(
                 connection=conn, state=state, running=head["status"] == "running", version=head["state_version"]
             )
-        if kind == "start":
+        if kind == PayloadKind.START:
             decider.start_execution()
-        elif kind in ("outcome", BATCH_EVENT):
+        elif kind in (PayloadKind.OUTCOME, PayloadKind.BATCH):
             for message, outcome, report in outcomes:
                 decider.depth = 0
                 decider.on_outcome(message, outcome, report)
@@ -1018,7 +1019,7 @@ def start_new(conn: Connection, state: ExecutionState, create_row: Callable[[int
     return decider.flush(last=True)
 
 
-def fail_internally(url: str, payload: dict[str, Any], reason: str, *, kind: str = "internal") -> None:
+def fail_internally(url: str, payload: dict[str, Any], reason: str, *, kind: str = ErrorKind.INTERNAL) -> None:
     """An event could not be decided (a defect, a lasting outage, a value the store refuses):
     fail the execution, recorded, rather than leave it running forever."""
     execution_id = int(payload["execution_id"])
@@ -1062,7 +1063,7 @@ def replay(url: str, execution_id: int, key: str, *, ran_by: str | None = None) 
             elapsed = _since(row)
             for stored in ((row or {}).get("meta") or {}).get("dispatch") or []:
                 dispatch = Dispatch.from_dict(stored)
-                if ran_by is not None and dispatch.kind == "run":
+                if ran_by is not None and dispatch.kind == DispatchKind.RUN:
                     attempt = dispatch.attempt_key()
                     if attempt in followed:
                         continue
@@ -1085,4 +1086,4 @@ def _since(row: dict[str, Any] | None) -> float:
 
 
 def start_payload(execution_id: int) -> dict[str, Any]:
-    return {"kind": "start", "execution_id": execution_id}
+    return {"kind": PayloadKind.START, "execution_id": execution_id}

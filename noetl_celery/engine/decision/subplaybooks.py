@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from noetl_celery import vocabulary as ev
 from noetl_celery.compiler import compile_playbook, resolve
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import render_context
@@ -28,6 +29,7 @@ from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
 from noetl_celery.errors import PlaybookError, TemplateError
 from noetl_celery.store import repo
 from noetl_celery.templating import plain, render_value
+from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
 
 PLAYBOOK_KIND = "playbook"
 MAX_NESTING = 16  # sub-playbook levels below a top-level execution
-EVENT_DISPATCH = "event"  # Dispatch.kind of an event for on_event (a child's start, its end)
+EVENT_DISPATCH = DispatchKind.EVENT  # Dispatch.kind of an event for on_event (a child's start, its end)
 
 
 def catalog_for(conn: Connection) -> resolve.Catalog:
@@ -129,7 +131,7 @@ def start_child(
     if record_start:
         first = message.iteration is not None and message.seq == 0 and message.attempt == 1
         decider.record(
-            "iteration.started" if first else "action.started",
+            ev.ITERATION_STARTED if first else ev.ACTION_STARTED,
             key + ".start",
             status="started",
             parent_event_id=message.parent_event_id,
@@ -137,7 +139,7 @@ def start_child(
             context=sanitize({"element": message.element, "input": child_input}),
             meta={"child_execution_id": child_id, "path": path},
         )
-    start = {"kind": "start", "execution_id": child_id}
+    start = {"kind": PayloadKind.START, "execution_id": child_id}
     decider.send(Dispatch(kind=EVENT_DISPATCH, message=start, countdown=countdown, label=f"{step.name}:playbook"))
 
 
@@ -172,7 +174,7 @@ def child_end(conn: Connection, execution_id: int, status: str, results: dict[st
             "status": "error",
             "meta": {"child": child},
             "error": {
-                "kind": "playbook",
+                "kind": ErrorKind.PLAYBOOK,
                 "child_execution_id": execution_id,
                 "root": root,
                 "message": f"sub-playbook {parent_task.get('path')!r} (execution {execution_id}) "
@@ -183,7 +185,7 @@ def child_end(conn: Connection, execution_id: int, status: str, results: dict[st
         message = TaskMessage.from_dict(parent_task["message"]).evolve(child=outcome)
         return Dispatch.task(message, label="child.sink")
     payload = {
-        "kind": "outcome",
+        "kind": PayloadKind.OUTCOME,
         "execution_id": link["parent_execution_id"],
         "task": parent_task["message"],
         "outcome": outcome,

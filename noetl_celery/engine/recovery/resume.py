@@ -28,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, select, update
 
+from noetl_celery import vocabulary as ev
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.decision.orchestrator import Decider
 from noetl_celery.engine.decision.subplaybooks import EVENT_DISPATCH
@@ -36,9 +37,10 @@ from noetl_celery.engine.recovery.resume_loops import reopen_loops
 from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
+from noetl_celery.vocabulary import DispatchKind
 
-OK_TYPES = ("action.completed", "iteration.completed", "page.completed")
-ENDING_KEYS = ("execution.failed", "execution.cancelled", "execution.completed")
+OK_TYPES = (ev.ACTION_COMPLETED, ev.ITERATION_COMPLETED, ev.PAGE_COMPLETED)
+ENDING_KEYS = (ev.EXECUTION_FAILED, ev.EXECUTION_CANCELLED, ev.EXECUTION_COMPLETED)
 
 
 class ResumeRefused(NoetlError):
@@ -62,7 +64,7 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
         decider = Decider(connection=conn, state=state, running=True, version=head.get("state_version", 0))
         timeout = _timeout(execution, {e["event_id"]: e for e in events}, epoch)
         decider.record(
-            "execution.resumed",
+            ev.EXECUTION_RESUMED,
             f"execution.resumed.e{epoch}",
             status="running",
             meta={"epoch": epoch, "from": status, **({"timeout": timeout} if timeout is not None else {})},
@@ -116,7 +118,7 @@ def _plan_redo(decider: Decider, events: list[dict[str, Any]], epoch: int, faile
     dispatched: dict[str, Dispatch] = {}
     for event in events:
         for raw in (event.get("meta") or {}).get("dispatch") or []:
-            if raw.get("kind", "run") != "run":
+            if raw.get("kind", DispatchKind.RUN) != DispatchKind.RUN:
                 continue  # an event for on_event (a sub-playbook's start or end), not an attempt
             for dispatch in Dispatch.from_dict(raw).members():  # a batch: each of its iterations
                 dispatched[dispatch.attempt_key()] = dispatch
@@ -151,7 +153,9 @@ def _plan_redo(decider: Decider, events: list[dict[str, Any]], epoch: int, faile
                 attempt=message.attempt + 1, replay=False, delayed=False, parent_event_id=f"execution.resumed.e{epoch}"
             )
             archive.append(f"{message.run_id}.step.done")
-            again.append(Dispatch(kind="run", message=retry.to_dict(), label=dispatch.label, timeout=dispatch.timeout))
+            again.append(
+                Dispatch(kind=DispatchKind.RUN, message=retry.to_dict(), label=dispatch.label, timeout=dispatch.timeout)
+            )
             pending += 1
     return {"archive": archive, "decide": decide, "dispatch": again, "pending": pending, "dispatched": dispatched}
 

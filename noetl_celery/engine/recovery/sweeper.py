@@ -43,11 +43,13 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, select, text, tuple_, update
 
+from noetl_celery import vocabulary as ev
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.engine.recovery.lifecycle import end_tree
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
+from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +61,9 @@ MAX_BATCHES = 8  # transactions of overdue rows per sweep (the next sweep goes o
 SWEEP_TIMEOUT = 10.0  # seconds: bounds each sweep transaction on PostgreSQL (NOETL_SWEEP_TIMEOUT)
 LOCK_WARN_AFTER = 30.0  # seconds without taking the sweep lock before a sweeper warns
 ADVISORY_LOCK_KEY = zlib.crc32(b"noetl_celery.sweeper")  # one sweeper per PostgreSQL database
-REPUBLISHED = "attempt.republished"
-RUN = "run"  # Dispatch.kind of a task attempt
-EVENT = "event"  # Dispatch.kind of an event for on_event (a sub-playbook's start or end)
+REPUBLISHED = ev.ATTEMPT_REPUBLISHED
+RUN = DispatchKind.RUN  # Dispatch.kind of a task attempt
+EVENT = DispatchKind.EVENT  # Dispatch.kind of an event for on_event (a sub-playbook's start or end)
 
 
 @dataclass
@@ -89,7 +91,7 @@ def lost_outcome(message: dict[str, Any], kind: str, reason: str, worker: str) -
     """The on_event payload of an attempt that ended without reporting (lost, worker_lost, timeout)."""
     error = {"kind": kind, "message": reason, "retryable": True}
     return {
-        "kind": "outcome",
+        "kind": PayloadKind.OUTCOME,
         "execution_id": message["execution_id"],
         "task": message,
         "outcome": {"status": "error", "data": None, "error": error, "http": None, "pg": None, "meta": {}},
@@ -231,8 +233,8 @@ def _timeouts(conn: Connection, now: Any, result: SweepResult) -> None:
         select(c.execution_id).where(and_(c.status == "running", c.deadline_at.is_not(None), c.deadline_at < now))
     ).all()
     for (execution_id,) in rows:
-        error = {"kind": "timeout", "message": "the execution ran past its playbook timeout"}
-        result.timed_out += end_tree(conn, int(execution_id), "failed", "execution.failed", error)
+        error = {"kind": ErrorKind.TIMEOUT, "message": "the execution ran past its playbook timeout"}
+        result.timed_out += end_tree(conn, int(execution_id), "failed", ev.EXECUTION_FAILED, error)
 
 
 def _missing_starts(conn: Connection, now: Any, result: SweepResult) -> None:
@@ -272,7 +274,7 @@ def _overdue(
         stored = [Dispatch.from_dict(d) for d in ((meta or {}).get("dispatch") or [])]
         ends = []
         for d in stored:
-            if d.kind == EVENT and d.message.get("kind") == "outcome":
+            if d.kind == EVENT and d.message.get("kind") == PayloadKind.OUTCOME:
                 parent_id = int(d.message["execution_id"])
                 key = TaskMessage.from_dict(d.message["task"]).outcome_key()
                 base = key.removesuffix(".done")

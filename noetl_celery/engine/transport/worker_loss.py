@@ -27,6 +27,7 @@ from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 from sqlalchemy import and_, select
 
+from noetl_celery import vocabulary as ev
 from noetl_celery.engine.attempt.worker import already_done
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.engine.recovery.sweeper import lost_outcome
@@ -34,10 +35,11 @@ from noetl_celery.errors import AttemptFailed
 from noetl_celery.settings import Settings
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
+from noetl_celery.vocabulary import ErrorKind
 
 log = logging.getLogger(__name__)
 
-WORKER_LOST = "attempt.worker_lost"
+WORKER_LOST = ev.ATTEMPT_WORKER_LOST
 MAX_COUNTED = 50  # delivery rows looked at for one attempt
 
 
@@ -88,7 +90,7 @@ def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
                     "iteration": attempt.iteration,
                     "page": attempt.page,
                     "parent_event_id": attempt.parent_event_id,
-                    "error": {"kind": "worker_lost", "message": reason[:500]},
+                    "error": {"kind": ErrorKind.WORKER_LOST, "message": reason[:500]},
                     "meta": {"delivery": count, **_batch_of(attempt)},
                 }
             ],
