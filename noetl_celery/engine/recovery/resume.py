@@ -26,7 +26,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, select, update
+from sqlalchemy import Connection
 
 from noetl_celery import vocabulary as ev
 from noetl_celery.engine.context import STATE
@@ -35,6 +35,7 @@ from noetl_celery.engine.decision.subplaybooks import EVENT_DISPATCH
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.engine.recovery.resume_loops import reopen_loops
 from noetl_celery.errors import ExecutionNotFound, NoetlError
+from noetl_celery.store import recovery as store_recovery
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
 from noetl_celery.vocabulary import DispatchKind
@@ -82,18 +83,11 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
             execution.get("failed_step") if status == "failed" else None,
         )
         _archive(conn, execution_id, epoch, redo["archive"] + loops["archive"])
-        conn.execute(
-            update(repo.EXECUTIONS)
-            .where(repo.EXECUTIONS.c.execution_id == execution_id)
-            .values(
-                status="running",
-                error=None,
-                failed_step=None,
-                finished_at=None,
-                epoch=epoch,
-                updated_at=repo.utcnow(),
-                deadline_at=repo.utcnow() + timedelta(seconds=timeout) if timeout is not None else None,
-            )
+        store_recovery.reopen_execution(
+            conn,
+            execution_id,
+            epoch=epoch,
+            deadline_at=repo.utcnow() + timedelta(seconds=timeout) if timeout is not None else None,
         )
         for message, outcome, row in redo["decide"]:
             step = decider.plan.steps[message.step]
@@ -168,11 +162,8 @@ def _plan_children(
     "in_flight": attempt key -> Dispatch of every task not settled (for engine/resume_loops.py)}.
     Only the last attempt of each task position counts (an earlier one was retried already); a
     task sent to a worker with its child's outcome (to run its sink) is an attempt like any other."""
-    c = repo.EXECUTIONS.c
     latest: dict[tuple[Any, ...], tuple[TaskMessage, str, Any]] = {}
-    for status, error, parent_task in conn.execute(
-        select(c.status, c.error, c.parent_task).where(c.parent_execution_id == execution_id)
-    ):
+    for status, error, parent_task in store_recovery.children(conn, execution_id):
         raw = (parent_task or {}).get("message")
         if not raw:
             continue
@@ -246,21 +237,12 @@ def _outcome(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _archive(conn: Connection, execution_id: int, epoch: int, keys: list[str]) -> None:
-    e = repo.EVENTS.c
-    for key in keys:
-        conn.execute(
-            update(repo.EVENTS)
-            .where(and_(e.execution_id == execution_id, e.event_id == key))
-            .values(event_id=f"{key}.e{epoch}")
-        )
+    store_recovery.archive_events(conn, execution_id, epoch, keys)
 
 
 def _rewrite(conn: Connection, execution_id: int, row: dict[str, Any]) -> None:
     """An outcome row decided now: its type and meta as the decision left them."""
     meta = {k: v for k, v in (row.get("meta") or {}).items() if k != "ignored"}
-    e = repo.EVENTS.c
-    conn.execute(
-        update(repo.EVENTS)
-        .where(and_(e.execution_id == execution_id, e.event_id == row["event_id"]))
-        .values(event_type=row["event_type"], result=row.get("result"), meta=meta or None)
+    store_recovery.rewrite_outcome(
+        conn, execution_id, row["event_id"], event_type=row["event_type"], result=row.get("result"), meta=meta or None
     )

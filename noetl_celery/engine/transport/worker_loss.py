@@ -25,7 +25,6 @@ from typing import Any
 from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
-from sqlalchemy import and_, select
 
 from noetl_celery import vocabulary as ev
 from noetl_celery.engine.attempt.worker import already_done
@@ -33,6 +32,7 @@ from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.engine.recovery.sweeper import lost_outcome
 from noetl_celery.errors import AttemptFailed
 from noetl_celery.settings import Settings
+from noetl_celery.store import recovery as store_recovery
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
 from noetl_celery.vocabulary import ErrorKind
@@ -67,14 +67,8 @@ def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
     key = attempt.outcome_key().removesuffix(".done")
     execution_id = int(message["execution_id"])
     candidates = [f"{key}.lost.{n}" for n in range(1, MAX_COUNTED + 1)]
-    e = repo.EVENTS.c
     with transaction(url) as conn:
-        seen = {
-            r[0]
-            for r in conn.execute(
-                select(e.event_id).where(and_(e.execution_id == execution_id, e.event_id.in_(candidates)))
-            )
-        }
+        seen = store_recovery.existing_keys(conn, execution_id, candidates)
         count = len(seen) + 1
         repo.insert_events(
             conn,
