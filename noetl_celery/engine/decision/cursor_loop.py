@@ -223,6 +223,9 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
     ok = outcome["status"] == "ok"
     rows = list((outcome.get("data") or {}).get("rows") or []) if ok else []
     kind = ev.CURSOR_CLAIMED if rows else ev.CURSOR_SLOT_ENDED if ok else ev.CURSOR_CLAIM_FAILED
+    # a failed claim tried again: its row says when, built once with the rest of it
+    retried = not ok and decider.can_dispatch() and message.attempt < (claim_retry(step).attempts or 1)
+    delay = next_backoff(claim_retry(step), message.attempt) if retried else 0.0
     key = decider.record(
         kind,
         message.outcome_key(),
@@ -236,7 +239,12 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
         worker=report.get("worker"),
         duration_ms=report.get("duration_ms"),
         error=outcome.get("error"),
-        meta={"slot": slot["id"], "claim": slot["claim"], "rows": len(rows)},
+        meta={
+            "slot": slot["id"],
+            "claim": slot["claim"],
+            "rows": len(rows),
+            **({"retry_in": delay} if retried else {}),
+        },
     )
     if not decider.can_dispatch():
         return
@@ -247,9 +255,7 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
         )
     elif ok:
         _slot_ended(decider, step, message.run_id, key)
-    elif message.attempt < (claim_retry(step).attempts or 1):
-        delay = next_backoff(claim_retry(step), message.attempt)
-        decider.last_row()["meta"]["retry_in"] = delay
+    elif retried:
         dispatch_claim(
             decider,
             step,
