@@ -28,9 +28,18 @@ from noetl_celery.dsl.plan import Action, Step, Task
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.context import STATE, ExecutionState, Scope, message_scope, render_context
-from noetl_celery.engine.decision import batching, cursor_loop, loops, pagination, policy_eval, routing, subplaybooks
+from noetl_celery.engine.decision import (
+    cursor_loop,
+    loops,
+    pagination,
+    policy_eval,
+    routing,
+    subplaybooks,
+    write,
+)
 from noetl_celery.engine.decision.select import select_part
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
+from noetl_celery.engine.decision.write import DuplicateEvent, Redecide
 from noetl_celery.engine.ids import attempt_key, run_id_for
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage, sanitize
 from noetl_celery.errors import TemplateError
@@ -56,19 +65,10 @@ MAX_INLINE_DEPTH = 1000
 START_KEY = ev.START_KEY
 
 
-class DuplicateEvent(Exception):
-    """The causing event was recorded before: this delivery is a redelivery."""
-
-
 def loop_strategy(step: Step) -> loops.LoopStrategy:
     """The strategy of a loop step: a cursor loop's slots, or a collection's iterations."""
     assert step.loop is not None
     return cursor_loop.CURSOR_LOOP if step.loop.mode == "cursor" else loops.COLLECTION_LOOP
-
-
-class Redecide(Exception):
-    """A decision made on the cached head turned out stale (the execution is not running any
-    more, or its state is newer than the cached one): roll back and decide the classic way."""
 
 
 @dataclass
@@ -799,115 +799,12 @@ class Decider:
     # --- writing ---------------------------------------------------------------------------
 
     def flush(self, *, last: bool = False) -> list[Dispatch]:
-        """Write everything decided; raises DuplicateEvent (and rolls back) on a redelivery.
-
-        `last`: nothing follows in the transaction; the write may commit it, and then refuses a
-        row that exists, raising Redecide (see `repo.record_decision`)."""
-        version = self.version
-        finished = False
-        bump: repo.Bump | None = None
-        if self.create_row is not None or self.pending or self.variables or self.failure is not None:
-            step = 1 if self.variables else 0
-            deferred, self.deferred = self.deferred, False
-            if self.create_row is not None:
-                pending, version = self.pending, self.version + step
-                self.create_row(pending, version)
-            elif deferred and (bump := self._bump_for_write(last, step)) is not None:
-                self.deferred = True  # the write checks the head
-                pending = 1 if bump.expected is None else bump.expected + bump.pending
-                version = self.version + step
-            else:
-                pending, version, status = repo.bump_execution(
-                    self.connection if deferred else self.conn, self.execution_id, pending=self.pending, version=step
-                )
-                if deferred and (status != "running" or version != self.version + step):
-                    raise Redecide()  # the update read the head: it moved on since the cached state
-            self.written_version = version
-            self.written_pending = None if bump is not None and bump.expected is None else pending
-            if self.running and self.failure is None and pending <= 0:
-                self.record(
-                    ev.EXECUTION_COMPLETED,
-                    ev.EXECUTION_COMPLETED,
-                    status="completed",
-                    parent_event_id=self.rows[-1]["event_id"] if self.rows else None,
-                )
-                if bump is not None:
-                    finished = bump.finish  # the write completes it
-                else:
-                    finished = repo.finish_execution(self.conn, self.execution_id, "completed")
-        if self.failure is not None:
-            repo.finish_execution(
-                self.conn, self.execution_id, "failed", error=self.failure["error"], failed_step=self.failure["step"]
-            )
-        dispatches = (
-            [d.with_version(version) for d in batching.group(self.plan, self.dispatches, self.durations_ms)]
-            if self.running
-            else []
-        )
-        if self.running and self.state.parent_execution_id is not None and (finished or self.failure is not None):
-            status = "failed" if self.failure is not None else "completed"
-            end = subplaybooks.child_end(
-                self.conn, self.execution_id, status, self.state.results, (self.failure or {}).get("error")
-            )
-            if end is not None:
-                dispatches.append(end)
-        causing = self.rows[0]
-        if dispatches:
-            causing["meta"] = {**(causing.get("meta") or {}), "dispatch": [d.to_dict() for d in dispatches]}
-            causing["deadline_at"] = deadlines.decision_deadline(repo.utcnow(), dispatches)
-        # the head is checked by the write when no statement read it, or when it counts an iteration
-        head_version = self.version if self.deferred or self.later_count is not None else None
-        self.deferred = False
-        try:
-            recorded = repo.record_decision(
-                self.connection,
-                self.rows,
-                self.variables,
-                new_keys=self.later_causes,
-                last=last,
-                head_version=head_version,
-                count=self.later_count,
-                bump=bump,
-            )
-        except repo.Conflict as exc:
-            raise Redecide() from exc
-        if not recorded.new:
-            raise DuplicateEvent(causing["event_id"])
-        self.written = recorded.stored
-        if bump is not None and self.variables:  # read back after the commit
-            if recorded.stored:
-                self.written_pending = recorded.pending
-            else:  # a later decision came first: keep_state leaves the state to be read again
-                self.written_version = None
-        return dispatches
-
-    def _bump_for_write(self, last: bool, step: int) -> repo.Bump | None:
-        """The execution counters' update the decision's strict last write can make (None: it is
-        made first, and returns the head). A decision that could end the execution needs the
-        pending count: the cached one is expected, and a wrong guess is refused by the write."""
-        if not (last and self.strict and self.failure is None and self.later_count is None):
-            return None
-        if self.pending >= 0:  # an outcome's unit was pending: the count stays above 0
-            return repo.Bump(self.pending, step)
-        known = self.state.pending
-        if known is None or known + self.pending < 0:
-            return None
-        if known + self.pending > 0:
-            return repo.Bump(self.pending, step, expected=known)
-        if self.state.parent_execution_id is not None or self.dispatches:  # a child's end reads its parent
-            return None
-        return repo.Bump(self.pending, step, expected=known, finish=True)
+        """Write everything decided (engine/decision/write.py); raises DuplicateEvent (and rolls
+        back) on a redelivery, Redecide when the head moved on."""
+        return write.flush(self, last=last)
 
     def keep_state(self, url: str) -> None:
-        """After the commit: the process's cached state becomes what this decision wrote when it
-        moved the execution exactly one version on from the state it read (no other decision
-        came between them); otherwise it is dropped, and read again when next needed."""
-        if not self.variables:
-            return
-        if self.written_version == self.version + 1 and self.state.version == self.version:
-            STATE.advance(url, self.state, self.written_version, self.written, self.written_pending)
-        else:
-            STATE.forget(url, self.execution_id)
+        write.keep_state(self, url)
 
 
 def _timestamp(value: Any) -> datetime | None:
