@@ -139,6 +139,48 @@ BATCH_EVENT = PayloadKind.BATCH  # on_event payload kind: the outcomes of a batc
 
 
 @dataclass(frozen=True)
+class OutcomeEvent:
+    """The on_event payload of one attempt's outcome (`kind: outcome`), built here only: by the
+    worker that ran it, by the sweeper or the transport for an attempt that never reported, and
+    by a child execution's end for its parent's `playbook` task. On the wire it is the plain dict
+    of `to_dict` (the same keys as ever); `from_dict` reads any payload of that kind, old ones too.
+
+    `task` is the attempt's task message as it travels (`TaskMessage.to_wire`, or the dict it was
+    stored as); `outcome` the tool's outcome (status, data, error, http, pg, meta); `report` where
+    and when it ran (queue_id, worker, pid, started_at, duration_ms)."""
+
+    execution_id: int
+    task: dict[str, Any]
+    outcome: dict[str, Any]
+    report: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": PayloadKind.OUTCOME,
+            "execution_id": self.execution_id,
+            "task": self.task,
+            "outcome": self.outcome,
+            "report": self.report,
+        }
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> OutcomeEvent:
+        return cls(payload["execution_id"], payload["task"], payload["outcome"], payload["report"])
+
+
+@dataclass(frozen=True)
+class BatchEvent:
+    """The on_event payload of a batch's outcomes (`kind: batch`), one OutcomeEvent dict per
+    iteration, in order (engine/decision/batching.py)."""
+
+    execution_id: int
+    events: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": PayloadKind.BATCH, "execution_id": self.execution_id, "events": self.events}
+
+
+@dataclass(frozen=True)
 class TaskMessage:
     """One attempt of one task of one step run (or of one loop iteration)."""
 

@@ -21,7 +21,7 @@ from noetl_celery.engine import identity as process_identity
 from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.attempt.cursor_claim import run_claim
 from noetl_celery.engine.context import STATE, message_scope, render_context
-from noetl_celery.engine.messages import BATCH_EVENT, TaskMessage
+from noetl_celery.engine.messages import BatchEvent, OutcomeEvent, TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import storable, to_jsonable, unstorable
 from noetl_celery.store import repo, views
@@ -37,7 +37,6 @@ from noetl_celery.templating import (
 )
 from noetl_celery.tools import settings as tool_settings
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, get_tool, refuse_unstorable, run_tool
-from noetl_celery.vocabulary import PayloadKind
 
 CALL_OVERRIDES = ("params", "body", "payload", "json", "headers", "args", "data")  # merged by next_call
 STORE_KEY_LENGTH = 12  # hex characters of the store URL's digest in ToolCall.store_key
@@ -300,13 +299,7 @@ def run_attempt(
         "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
         "duration_ms": round((time.time() - started) * 1000, 3),
     }
-    return {
-        "kind": PayloadKind.OUTCOME,
-        "execution_id": message.execution_id,
-        "task": message.to_wire(),
-        "outcome": body,
-        "report": report,
-    }
+    return OutcomeEvent(message.execution_id, message.to_wire(), body, report).to_dict()
 
 
 def execute_batch(
@@ -317,8 +310,5 @@ def execute_batch(
     outcomes are written in one transaction, so the first one tells)."""
     if message.replay and already_done(url, message):
         return None
-    return {
-        "kind": BATCH_EVENT,
-        "execution_id": message.execution_id,
-        "events": [run_attempt(url, member, queue_id=queue_id, node=node) for member in message.members()],
-    }
+    events = [run_attempt(url, member, queue_id=queue_id, node=node) for member in message.members()]
+    return BatchEvent(message.execution_id, events).to_dict()

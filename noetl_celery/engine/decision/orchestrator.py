@@ -41,7 +41,7 @@ from noetl_celery.engine.decision.select import select_part
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.decision.write import DuplicateEvent, Redecide
 from noetl_celery.engine.ids import attempt_key, run_id_for
-from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage, sanitize
+from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, OutcomeEvent, TaskMessage, sanitize
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
 from noetl_celery.store.db import commit_suffix, decision_transaction, transaction
@@ -834,8 +834,9 @@ def outcomes_of(payload: dict[str, Any]) -> list[Outcome]:
     outcome to each of its iterations."""
     if payload["kind"] == BATCH_EVENT:
         return [(TaskMessage.from_dict(e["task"]), e["outcome"], e["report"]) for e in payload["events"]]
-    message = TaskMessage.from_dict(payload["task"])
-    return [(member, payload["outcome"], payload["report"]) for member in message.members()]
+    event = OutcomeEvent.from_dict(payload)
+    message = TaskMessage.from_dict(event.task)
+    return [(member, event.outcome, event.report) for member in message.members()]
 
 
 def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:

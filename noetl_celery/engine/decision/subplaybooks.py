@@ -25,7 +25,7 @@ from noetl_celery.compiler import compile_playbook, resolve
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import render_context
 from noetl_celery.engine.ids import new_execution_id
-from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
+from noetl_celery.engine.messages import Dispatch, OutcomeEvent, TaskMessage, sanitize
 from noetl_celery.errors import PlaybookError, TemplateError
 from noetl_celery.store import repo
 from noetl_celery.templating import plain, render_value
@@ -184,11 +184,7 @@ def child_end(conn: Connection, execution_id: int, status: str, results: dict[st
     if parent_task.get("sink"):  # the parent's task writes the child's result: a worker runs its sink
         message = TaskMessage.from_dict(parent_task["message"]).evolve(child=outcome)
         return Dispatch.task(message, label="child.sink")
-    payload = {
-        "kind": PayloadKind.OUTCOME,
-        "execution_id": link["parent_execution_id"],
-        "task": parent_task["message"],
-        "outcome": outcome,
-        "report": {"worker": f"execution:{execution_id}"},
-    }
+    payload = OutcomeEvent(
+        link["parent_execution_id"], parent_task["message"], outcome, {"worker": f"execution:{execution_id}"}
+    ).to_dict()
     return Dispatch(kind=EVENT_DISPATCH, message=payload, label="child.done")

@@ -45,7 +45,7 @@ from sqlalchemy import Connection, and_, select, text, tuple_, update
 
 from noetl_celery import vocabulary as ev
 from noetl_celery.engine import deadlines
-from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.engine.messages import Dispatch, OutcomeEvent, TaskMessage
 from noetl_celery.engine.recovery.lifecycle import end_tree
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
@@ -90,13 +90,12 @@ class SweepResult:
 def lost_outcome(message: dict[str, Any], kind: str, reason: str, worker: str) -> dict[str, Any]:
     """The on_event payload of an attempt that ended without reporting (lost, worker_lost, timeout)."""
     error = {"kind": kind, "message": reason, "retryable": True}
-    return {
-        "kind": PayloadKind.OUTCOME,
-        "execution_id": message["execution_id"],
-        "task": message,
-        "outcome": {"status": "error", "data": None, "error": error, "http": None, "pg": None, "meta": {}},
-        "report": {"queue_id": None, "worker": worker, "started_at": None, "duration_ms": None},
-    }
+    return OutcomeEvent(
+        message["execution_id"],
+        message,
+        {"status": "error", "data": None, "error": error, "http": None, "pg": None, "meta": {}},
+        {"queue_id": None, "worker": worker, "started_at": None, "duration_ms": None},
+    ).to_dict()
 
 
 @contextmanager
