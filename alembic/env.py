@@ -5,5 +5,6 @@ alembic.ini's version_locations), so an installed wheel carries them too.
 """
 
 from noetl_celery.migrations import run_environment
+from noetl_celery.store.db import get_engine
 
-run_environment()
+run_environment(get_engine)

@@ -34,8 +34,10 @@ from sqlalchemy.engine import make_url
 
 from bench.recovery import server_url, wal_lsn
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine import orchestrator, sweeper, worker
+from noetl_celery.engine.attempt import worker
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import TaskMessage
+from noetl_celery.engine.recovery import sweeper
 from noetl_celery.runner import create_execution
 from noetl_celery.store import leases, repo, retention
 from noetl_celery.store.db import dispose_engine, migrate, transaction

@@ -37,7 +37,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine import orchestrator, sweeper
+from noetl_celery.engine.decision import orchestrator
+from noetl_celery.engine.recovery import sweeper
 from noetl_celery.runner import create_execution
 from noetl_celery.store import leases, repo
 from noetl_celery.store.db import dispose_engine, migrate, transaction

@@ -4,10 +4,10 @@
   outcome to `noetl.on_event`.
 - `noetl.on_event` (queue NOETL_EVENT_QUEUE): records the event and decides what runs next.
 Both are late-acknowledged and rejected on worker loss, so a killed worker loses nothing; a task
-that keeps killing its pool process ends as a `worker_lost` attempt (engine/worker_loss.py).
+that keeps killing its pool process ends as a `worker_lost` attempt (engine/transport/worker_loss.py).
 Each run_task message carries Celery soft/hard time limits derived from the attempt's timeout.
 Neither uses Celery retries, chords or groups: retries and loops are on_event's decisions.
-Every worker main process runs the sweeper (engine/sweeper.py) on a timer.
+Every worker main process runs the sweeper (engine/recovery/sweeper.py) on a timer.
 """
 
 from __future__ import annotations
@@ -26,12 +26,17 @@ from noetl_celery import limits as noetl_limits
 from noetl_celery import publisher, redis_transport, secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, attempt_shadow, event_shadow, execution_kwargsrepr
-from noetl_celery.engine import deadlines, eager, orchestrator, process, sweeper, verdict, worker
+from noetl_celery.engine import deadlines
+from noetl_celery.engine.attempt import worker
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
+from noetl_celery.engine.recovery import sweeper
+from noetl_celery.engine.transport import eager, process, verdict, worker_loss
 from noetl_celery.errors import AttemptFailed, ConfigurationError
 from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
 from noetl_celery.store import retention
+from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +138,7 @@ def current_settings() -> noetl_settings.Settings:
     bind=True,
     acks_late=True,
     ignore_result=True,
-    Request="noetl_celery.engine.worker_loss:AttemptRequest",
+    Request="noetl_celery.engine.transport.worker_loss:AttemptRequest",
     # a failed attempt (the playbook's own doing, recorded) is logged as one INFO line, without the
     # engine's traceback; any other exception is an engine fault and keeps ERROR and its traceback
     throws=(AttemptFailed,),
@@ -144,13 +149,13 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
     The outcome goes to on_event: called in this same job when NOETL_EVENT_DISPATCH=inline (the
     default: one message per attempt), or sent to the on_event queue when it is `queue`. An event
     store that is down or busy delays the attempt like on_event's events (see `_store_delay`).
-    Only then is Celery told how the attempt went (engine/verdict.py): a failed attempt raises
+    Only then is Celery told how the attempt went (engine/transport/verdict.py): a failed attempt raises
     AttemptFailed (or a Retry), after its decision is recorded and published. With
     NOETL_EAGER_WINDOW, an attempt due now that the decision dispatches may run here first
-    (engine/eager.py); Celery is still told about this message's own attempt.
+    (engine/transport/eager.py); Celery is still told about this message's own attempt.
     """
     started = time.monotonic()
-    process.defer_termination()  # a group-wide SIGTERM lets this attempt finish (engine/process.py)
+    process.defer_termination()  # a group-wide SIGTERM lets this attempt finish (engine/transport/process.py)
     try:
         task_message = TaskMessage.from_dict(message)
     except MessageError as exc:
@@ -184,7 +189,7 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
 
 
 def _run_eagerly(taken: Dispatch, window: eager.Window, request: Any) -> None:
-    """Run, here, the attempt a decision of this message took (engine/eager.py), then the one its
+    """Run, here, the attempt a decision of this message took (engine/transport/eager.py), then the one its
     decision takes, and so on. Each is decided and published like any other attempt."""
     url = current_settings().database_url
     dispatch: Dispatch | None = taken
@@ -241,7 +246,14 @@ def _store_delay(message: TaskMessage, exc: DBAPIError, timeout: float) -> None:
     delay = min(2**tries * 0.1, EVENT_DB_MAX_WAIT)
     log.warning("event store error, attempt delayed %.1fs (try %d): %s", delay, tries, exc.orig)
     publish(
-        [Dispatch(kind="run", message=message.evolve(store_tries=tries).to_dict(), countdown=delay, timeout=timeout)]
+        [
+            Dispatch(
+                kind=DispatchKind.RUN,
+                message=message.evolve(store_tries=tries).to_dict(),
+                countdown=delay,
+                timeout=timeout,
+            )
+        ]
     )
 
 
@@ -250,10 +262,10 @@ def on_event(self, execution_id: int, event: dict[str, Any]) -> None:  # type: i
     """Record one event and publish what it decides. If the publish fails after the decision was
     recorded, the event is not acknowledged: it goes back to the queue, and its redelivery
     re-publishes the stored messages."""
-    process.defer_termination()  # a group-wide SIGTERM lets this decision finish (engine/process.py)
+    process.defer_termination()  # a group-wide SIGTERM lets this decision finish (engine/transport/process.py)
     try:
         check_version(event, "on_event payload")
-        if event.get("kind") == "wake":
+        if event.get("kind") == PayloadKind.WAKE:
             if worker.still_running(current_settings().database_url, int(event["execution_id"])):
                 publish([Dispatch.from_dict(event["dispatch"])], due=event.get("due"))
             return
@@ -278,6 +290,10 @@ def process_event(event: dict[str, Any]) -> list[Dispatch] | None:
     return decide(event)[0]
 
 
+# looked up on each call, so a test that replaces one of them is heard
+worker_loss.install(settings=lambda: current_settings(), report=lambda payload: process_event(payload))
+
+
 def decide(
     event: dict[str, Any], take: Callable[[list[Dispatch]], Dispatch | None] | None = None
 ) -> tuple[list[Dispatch] | None, Dispatch | None]:
@@ -286,14 +302,14 @@ def decide(
     fails the execution, recorded. Raises PublishFailed when the decision is recorded but its
     messages could not be sent: the sweeper sends them from the stored dispatch list when their
     deadline passes. Returns what was decided (None when the event was delayed or failed) and the
-    dispatch `take` chose to run in this process (engine/eager.py), which is not published."""
+    dispatch `take` chose to run in this process (engine/transport/eager.py), which is not published."""
     url = current_settings().database_url
     try:
         dispatches = orchestrator.handle_event(url, event)
     except DataError as exc:  # the store refused a value: sending the event again cannot help
         reason = refused_value(exc)
         log.error("execution %s: %s", event.get("execution_id"), reason)
-        orchestrator.fail_internally(url, event, reason, kind="store_refused")
+        orchestrator.fail_internally(url, event, reason, kind=ErrorKind.STORE_REFUSED)
         return None, None
     except DBAPIError as exc:
         tries = int(event.get("tries", 0)) + 1
@@ -357,7 +373,7 @@ def publish(
     now = time.time()
     options: dict[str, Any] = {"retry_policy": retry_policy} if retry_policy else {}
     for dispatch in dispatches:
-        if dispatch.kind == "event":  # an event for on_event (a sub-playbook's start or end)
+        if dispatch.kind == DispatchKind.EVENT:  # an event for on_event (a sub-playbook's start or end)
             send_event(dispatch.message, countdown=max(dispatch.countdown, 0.0), retry_policy=retry_policy)
             continue
         wait = (due - now) if due is not None else dispatch.countdown
@@ -365,7 +381,7 @@ def publish(
             target = due if due is not None else now + wait
             send_event(
                 {
-                    "kind": "wake",
+                    "kind": PayloadKind.WAKE,
                     "execution_id": dispatch.message["execution_id"],
                     "dispatch": dispatch.to_dict(),
                     "due": target,
@@ -416,7 +432,7 @@ def attempt_argsrepr(message: TaskMessage, dashboard_url: str | None) -> str:
 @signals.worker_process_init.connect
 def _fresh_process(**_: Any) -> None:
     process.reset_after_fork()  # a forked child never reuses the parent's connections or caches
-    process.mark_pool_child()  # its attempts let a supervisor's SIGTERM pass (engine/process.py)
+    process.mark_pool_child()  # its attempts let a supervisor's SIGTERM pass (engine/transport/process.py)
 
 
 def sweep_once() -> sweeper.SweepResult:

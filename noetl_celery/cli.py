@@ -571,7 +571,7 @@ def resume(execution_id: int, as_json: bool, timeout: float | None, quiet: bool)
     """Continue a failed or cancelled execution from the steps that did not complete (the same
     execution, in its next epoch). With a broker, its workers run it and this returns at once;
     on the embedded default (no NOETL_BROKER_URL) it runs here to its end, as `run` does."""
-    from noetl_celery.engine.resume import ResumeRefused
+    from noetl_celery.engine.recovery.resume import ResumeRefused
 
     settings = noetl_settings.load()
     if settings.broker_url is None:
@@ -626,7 +626,7 @@ def rerun(
     from that step, the steps that completed before it keeping their results (copied, not run).
     `resume` instead continues the same execution with its stored plan. With a broker, its workers
     run it and this returns at once; on the embedded default it runs here to its end, as `run`."""
-    from noetl_celery.engine.rerun import RerunRefused
+    from noetl_celery.engine.recovery.rerun import RerunRefused
 
     overrides = _parse_sets(sets)
     settings = noetl_settings.load()

@@ -15,7 +15,7 @@ and the CLI agree, and `noetl-celery config` shows them with the other settings)
 - NOETL_MAX_LOOP_ITEMS: elements of a loop's rendered collection (default 100000; a cursor loop
   has no such bound);
 - NOETL_MAX_RESULT_DEPTH: nesting levels of a result (default 200; see `result_depth`).
-- NOETL_MAX_STEPS: step runs one execution may start (default 100000; engine/orchestrator.py).
+- NOETL_MAX_STEPS: step runs one execution may start (default 100000; engine/decision/orchestrator.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ dispatched are compared with the recorded ones (not ids, timestamps or deadlines
 decision that differs is reported.
 
 What cannot be decided again is refused rather than guessed: an execution that was resumed
-(resume archives and rewrites rows), and a rerun (engine/rerun.py: its start is not on_event's).
+(resume archives and rewrites rows), and a rerun (engine/recovery/rerun.py: its start is not on_event's).
 An end from outside the decisions (a cancel, a playbook timeout, an internal failure) is
 applied to the scratch store where the log has it, so that the outcomes after it are decided as
 they were: recorded and ignored. A cursor claim's rows are read from the item message its
@@ -35,13 +35,14 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
-from noetl_celery.engine import events as ev
-from noetl_celery.engine import orchestrator, policy_eval
+from noetl_celery import vocabulary as ev
 from noetl_celery.engine.context import STATE
+from noetl_celery.engine.decision import orchestrator, policy_eval
+from noetl_celery.engine.decision.units import REPORTED_META
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage
-from noetl_celery.engine.units import REPORTED_META
 from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import db, repo
+from noetl_celery.vocabulary import DispatchKind, PayloadKind
 
 # the rows that are an attempt's outcome (the cause of a decision, or one more outcome of a batch)
 OUTCOME_TYPES = frozenset(
@@ -56,10 +57,10 @@ OUTCOME_TYPES = frozenset(
     }
 )
 CLAIM_TYPES = frozenset({ev.CURSOR_CLAIMED, ev.CURSOR_SLOT_ENDED, ev.CURSOR_CLAIM_FAILED})
-CANCELLED = "execution.cancelled"  # runner.cancel's row (engine/lifecycle.py)
-RESUMED = "execution.resumed"  # engine/resume.py's row: rows before it were rewritten
+CANCELLED = ev.EXECUTION_CANCELLED  # runner.cancel's row (engine/recovery/lifecycle.py)
+RESUMED = ev.EXECUTION_RESUMED  # engine/recovery/resume.py's row: rows before it were rewritten
 # rows written beside the decisions, read by none: the sweeper's and the worker-loss records
-RECORDS = frozenset({"attempt.republished", "attempt.worker_lost"})
+RECORDS = frozenset({ev.ATTEMPT_REPUBLISHED, ev.ATTEMPT_WORKER_LOST})
 # the columns compared: what a decision decides (not ids, timestamps, deadlines, durations)
 COMPARED = (
     "event_type",
@@ -253,7 +254,7 @@ def _payload(conn: Any, row: dict[str, Any], messages: Messages) -> dict[str, An
     event = _event(conn, row, messages)
     if members and members[0] == row["event_id"]:
         return {"kind": BATCH_EVENT, "execution_id": execution_id, "events": [event]}
-    return {"kind": "outcome", "execution_id": execution_id, **event}
+    return {"kind": PayloadKind.OUTCOME, "execution_id": execution_id, **event}
 
 
 def _reported(row: dict[str, Any]) -> bool:
@@ -271,7 +272,7 @@ def _dispatched(rows: list[dict[str, Any]]) -> Messages:
     for row in rows:
         for stored in (row.get("meta") or {}).get("dispatch") or []:
             dispatch = Dispatch.from_dict(stored)
-            if dispatch.kind != "run":
+            if dispatch.kind != DispatchKind.RUN:
                 continue
             members = [TaskMessage.from_dict(m.message) for m in dispatch.members()]
             keys = [m.outcome_key() for m in members]
@@ -419,7 +420,7 @@ def _dispatches(row: dict[str, Any]) -> list[dict[str, Any]]:
     found = []
     for stored in (row.get("meta") or {}).get("dispatch") or []:
         dispatch = Dispatch.from_dict(stored)
-        if dispatch.kind != "run":  # a sub-playbook's start or end: an event for on_event
+        if dispatch.kind != DispatchKind.RUN:  # a sub-playbook's start or end: an event for on_event
             message = dispatch.message
             task = message.get("task") or {}
             found.append(

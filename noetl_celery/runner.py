@@ -15,17 +15,19 @@ from typing import Any
 from sqlalchemy import Connection
 
 from noetl_celery import settings as noetl_settings
+from noetl_celery import vocabulary as ev
 from noetl_celery.compiler import compile_playbook, resolve
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.engine.context import ExecutionState, new_state
+from noetl_celery.engine.decision.orchestrator import start_new
 from noetl_celery.engine.ids import new_execution_id
-from noetl_celery.engine.lifecycle import end_tree
-from noetl_celery.engine.orchestrator import start_new
-from noetl_celery.engine.rerun import origin as rerun_made_from
+from noetl_celery.engine.recovery.lifecycle import end_tree
+from noetl_celery.engine.recovery.rerun import origin as rerun_made_from
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
 from noetl_celery.store import repo
 from noetl_celery.store import schedules as schedule_store
 from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
+from noetl_celery.vocabulary import ErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +140,11 @@ def cancel(database_url: str, execution_id: int, reason: str | None = None) -> l
     it had already ended). Attempts in flight finish and their outcomes are recorded, but nothing
     is dispatched after them; delayed messages are dropped when they come due."""
     ensure_schema(database_url)
-    error = {"kind": "cancelled", "message": reason or "cancelled"}
+    error = {"kind": ErrorKind.CANCELLED, "message": reason or "cancelled"}
     with transaction(database_url) as conn:
         if repo.execution_head(conn, execution_id) is None:
             raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
-        ended = end_tree(conn, execution_id, "cancelled", "execution.cancelled", error)
+        ended = end_tree(conn, execution_id, "cancelled", ev.EXECUTION_CANCELLED, error)
     if execution_id in ended:
         _notify_now(database_url, execution_id)
     return ended
@@ -164,10 +166,10 @@ def _notify_now(database_url: str, execution_id: int) -> None:
 
 
 def resume(settings: noetl_settings.Settings, execution_id: int) -> int:
-    """Resume a failed or cancelled execution (same execution, next epoch: engine/resume.py);
+    """Resume a failed or cancelled execution (same execution, next epoch: engine/recovery/resume.py);
     returns the new epoch. Raises ResumeRefused with the reason when it cannot resume."""
     from noetl_celery.app import publish
-    from noetl_celery.engine.resume import resume as resume_execution
+    from noetl_celery.engine.recovery.resume import resume as resume_execution
 
     ensure_schema(settings.database_url)
     epoch, dispatches = resume_execution(settings.database_url, execution_id)
@@ -492,7 +494,7 @@ def rerun(
     from_step: str | None = None,
     latest: bool = False,
 ) -> int:
-    """A new execution made from execution `execution_id` (engine/rerun.py), which is left as it
+    """A new execution made from execution `execution_id` (engine/recovery/rerun.py), which is left as it
     is; returns the new id. Its workload is the old one deep-merged with `overrides`; its plan the
     old execution's, or with `latest` the playbook registered at its catalog path now. With
     `from_step` the steps that completed before that step's last run keep their results (copied,
@@ -504,7 +506,7 @@ def rerun(
 
 def start_rerun(settings: noetl_settings.Settings, plan: Plan, made: Any) -> int:
     """Create the rerun `prepare_rerun` made, decide its start and publish it; returns its id."""
-    from noetl_celery.engine import rerun as reruns
+    from noetl_celery.engine.recovery import rerun as reruns
 
     new_id, dispatches = create_started(
         plan, settings.database_url, lambda conn, state, row: reruns.start(conn, state, row, made)
@@ -518,7 +520,7 @@ def prepare_rerun(
 ) -> tuple[Plan, Any]:
     """The plan of a rerun of `execution_id` and what it starts from (engine.rerun.Rerun)."""
     from noetl_celery.dsl import deep_merge
-    from noetl_celery.engine import rerun as reruns
+    from noetl_celery.engine.recovery import rerun as reruns
 
     ensure_schema(database_url)
     with transaction(database_url) as conn:

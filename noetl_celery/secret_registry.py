@@ -6,7 +6,7 @@ output) instead of scrubbing in scattered places.
 
 Which values:
 - every configured credential: each NOETL_AUTH_* variable and each entry of the credentials file
-  (NOETL_CREDENTIALS_FILE), through `credentials.secret_values` (tokens, passwords, header values,
+  (NOETL_CREDENTIALS_FILE), through `secret_values.secret_values` (tokens, passwords, header values,
   the password inside a DSN or URL, basic-auth pairs);
 - the password of the store, broker, result-backend and default postgres URLs
   (NOETL_DATABASE_URL, NOETL_BROKER_URL, NOETL_RESULT_BACKEND, NOETL_POSTGRES_DSN);
@@ -36,6 +36,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, quote_plus
+
+from noetl_celery.errors import CredentialError
+from noetl_celery.secret_values import load_file_entries, secret_values
 
 MASK = "***"
 MIN_SECRET_LENGTH = 4  # characters; shorter values are not masked
@@ -85,8 +88,6 @@ def seal_environment() -> None:
 
 def register(value: Any) -> None:
     """Mask `value` (a string, or a credential: a mapping or a DSN) from now on, in this process."""
-    from noetl_celery.credentials import secret_values
-
     values = {value} if isinstance(value, str) and not _looks_structured(value) else secret_values(value)
     if isinstance(value, str):
         values |= secret_values(value)
@@ -103,8 +104,6 @@ def _looks_structured(value: str) -> bool:
 
 def _configured_values() -> set[str]:
     """The secret strings of the environment and the credentials file, as configured now."""
-    from noetl_celery.credentials import CredentialError, load_file_entries, secret_values
-
     env = environ()
     found: set[str] = set()
     for name, raw in env.items():

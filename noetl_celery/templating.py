@@ -41,7 +41,7 @@ from noetl_celery.errors import TemplateError
 from noetl_celery.jsonable import plain as plain  # re-exported: the engine renders, then makes plain
 
 TEMPLATE_MARKERS = ("{{", "{%")
-# Names every template sees (engine/context.py render_context, engine/policy_eval.py outcome_scope, the
+# Names every template sees (engine/context.py render_context, engine/decision/policy_eval.py outcome_scope, the
 # sink and routing scopes, Jinja's globals). A step of the same name would be hidden by them.
 BUILTIN_NAMES = frozenset(
     {

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 from sqlalchemy import and_, func, select
 
 from noetl_celery import secret_registry
+from noetl_celery import vocabulary as ev
 from noetl_celery.store import views
 from noetl_celery.store.db import transaction
 
@@ -26,15 +27,15 @@ FOLLOW_INTERVAL = 0.5  # seconds between reads of `events --follow`
 BAR_WIDTH = 30  # characters of a loop's progress bar
 LOOP_STEP_PERCENT = 10  # plain output: a line each time a loop passes another 10 %
 NOTICED = (
-    "step.completed",
-    "step.failed",
-    "step.skipped",
-    "retry.scheduled",
-    "retry.exhausted",
-    "iterator.started",
-    "iterator.completed",
-    "execution.completed",
-    "execution.failed",
+    ev.STEP_COMPLETED,
+    ev.STEP_FAILED,
+    ev.STEP_SKIPPED,
+    ev.RETRY_SCHEDULED,
+    ev.RETRY_EXHAUSTED,
+    ev.ITERATOR_STARTED,
+    ev.ITERATOR_COMPLETED,
+    ev.EXECUTION_COMPLETED,
+    ev.EXECUTION_FAILED,
 )
 NEW_EVENTS_LIMIT = 500  # rows read per poll
 
@@ -53,24 +54,24 @@ def describe_event(row: dict[str, Any]) -> str:
     """One human line for a noticed event."""
     kind, step = row["event_type"], row.get("step") or ""
     meta = row.get("meta") or {}
-    if kind == "retry.scheduled":
+    if kind == ev.RETRY_SCHEDULED:
         where = f" iteration {row['iteration']}" if row.get("iteration") is not None else ""
         return (
             f"retry     {step}{where}: attempt {row.get('attempt')} in {meta.get('delay', 0)} s "
             f"after: {str(meta.get('reason') or '')[:200]}"
         )
-    if kind == "retry.exhausted":
+    if kind == ev.RETRY_EXHAUSTED:
         return f"gave up   {step}: {meta.get('limit')} {meta.get('kind', 'attempts')} used"
-    if kind == "iterator.started" and meta.get("mode") == "cursor":
+    if kind == ev.ITERATOR_STARTED and meta.get("mode") == "cursor":
         return f"loop      {step}: cursor, {meta.get('slots')} slots pulling rows"
-    if kind == "iterator.started":
+    if kind == ev.ITERATOR_STARTED:
         return f"loop      {step}: {meta.get('total')} iterations, {meta.get('cap')} at a time"
-    if kind == "iterator.completed" and "processed" in meta:  # a cursor loop: rows, not a known total
+    if kind == ev.ITERATOR_COMPLETED and "processed" in meta:  # a cursor loop: rows, not a known total
         ok = (meta.get("processed") or 0) - (meta.get("failed") or 0)
         return f"loop      {step}: done, {meta.get('processed')} rows, {ok} ok, {meta.get('failed')} failed"
-    if kind == "iterator.completed":
+    if kind == ev.ITERATOR_COMPLETED:
         return f"loop      {step}: done, {meta.get('success')} ok, {meta.get('failed')} failed"
-    if kind == "step.failed":
+    if kind == ev.STEP_FAILED:
         return f"failed    {step}: {_message(row.get('error'))}"
     if kind.startswith("execution."):
         return f"{kind.split('.')[1]:9} execution" + (f": {_message(row.get('error'))}" if row.get("error") else "")

@@ -14,7 +14,8 @@ import pytest
 from noetl_celery.compiler import compile_playbook
 from noetl_celery.dsl import load_plan
 from noetl_celery.dsl.plan import Loop
-from noetl_celery.engine import batching, orchestrator, worker
+from noetl_celery.engine.attempt import worker
+from noetl_celery.engine.decision import batching, orchestrator
 from noetl_celery.engine.messages import (
     BATCH_VERSION,
     MESSAGE_VERSION,
@@ -25,7 +26,7 @@ from noetl_celery.engine.messages import (
     TaskMessage,
     wire,
 )
-from noetl_celery.engine.sweeper import lost_outcome
+from noetl_celery.engine.recovery.sweeper import lost_outcome
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
@@ -325,7 +326,7 @@ RESUMABLE = Path(__file__).resolve().parent / "playbooks" / "loop_resume.yaml"
 
 
 def test_a_failed_batched_loop_resumes_only_its_failed_iterations_each_alone(url, tmp_path):
-    from noetl_celery.engine.resume import resume
+    from noetl_celery.engine.recovery.resume import resume
     from noetl_celery.runner import execution_status
 
     playbook = tmp_path / "batched_resume.yaml"
@@ -355,7 +356,7 @@ def test_a_failed_batched_loop_resumes_only_its_failed_iterations_each_alone(url
 
 
 def test_a_batch_finishing_after_a_cancel_is_recorded_and_dispatches_nothing(url):
-    from noetl_celery.engine.lifecycle import end_tree
+    from noetl_celery.engine.recovery.lifecycle import end_tree
 
     execution_id, first = loop_started(url, 60)
     payload = run(url, first[0])

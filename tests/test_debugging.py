@@ -155,7 +155,7 @@ def test_a_failed_attempts_shown_input_is_masked_before_it_is_capped(monkeypatch
     """The rendered arguments kept with a failed attempt: raw fields left out, secret-named keys,
     the credential's values and configured secrets masked, each value capped; a secret at the
     edge of a truncated preview is masked first, so no part of it is kept."""
-    from noetl_celery.engine.worker import INPUT_VALUE_BYTES, shown_input
+    from noetl_celery.engine.attempt.worker import INPUT_VALUE_BYTES, shown_input
     from noetl_celery.limits import PREVIEW_CHARS, is_truncated
 
     monkeypatch.setenv("NOETL_AUTH_API_TOKEN", SECRET)

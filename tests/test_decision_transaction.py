@@ -12,8 +12,9 @@ import pytest
 from sqlalchemy import event, text
 
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.context import STATE
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo

@@ -1,4 +1,4 @@
-"""Eager attempts (engine/eager.py): which dispatch a message may run itself, its time limits, the
+"""Eager attempts (engine/transport/eager.py): which dispatch a message may run itself, its time limits, the
 setting, and the replay of a redelivered message that ran attempts itself (SQLite and
 PostgreSQL). The attempts themselves, on real workers and brokers, are in
 tests/distributed/test_eager_attempts.py."""
@@ -13,8 +13,11 @@ import pytest
 
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine import deadlines, eager, orchestrator, worker
+from noetl_celery.engine import deadlines
+from noetl_celery.engine.attempt import worker
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.engine.transport import eager
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.runner import create_execution
 

@@ -23,7 +23,7 @@ import pytest
 
 from noetl_celery import credentials, limits, secret_registry
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine.worker import bounded
+from noetl_celery.engine.attempt.worker import bounded
 from noetl_celery.errors import PlaybookError, TemplateError
 from noetl_celery.templating import evaluate_condition, render_string, render_value
 from noetl_celery.tools.base import Outcome, ToolCall, get_tool

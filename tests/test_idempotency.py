@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.attempt import worker
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
@@ -151,7 +152,7 @@ def test_a_cursor_rows_outcome_is_decided_without_a_separate_head_read(url, monk
 
 
 def test_nothing_is_dispatched_after_a_cancel_even_from_a_cached_cursor_row(url, tmp_path):
-    from noetl_celery.engine.lifecycle import end_tree
+    from noetl_celery.engine.recovery.lifecycle import end_tree
 
     execution_id, row = _cursor_row_ready(url, tmp_path / "queue.sqlite")
     outcome = attempt(url, row)
@@ -163,7 +164,7 @@ def test_nothing_is_dispatched_after_a_cancel_even_from_a_cached_cursor_row(url,
 
 
 def test_nothing_is_dispatched_after_a_cancel_even_from_a_cached_state(url):
-    from noetl_celery.engine.lifecycle import end_tree
+    from noetl_celery.engine.recovery.lifecycle import end_tree
 
     execution_id, iterations = _loop_started(url, n=60)  # 50 in flight, 10 waiting
     outcome = attempt(url, iterations[0])
@@ -181,7 +182,7 @@ def test_a_decision_waits_for_a_cancel_in_flight_and_then_dispatches_nothing(mig
     import threading
     import time
 
-    from noetl_celery.engine.lifecycle import end_tree
+    from noetl_celery.engine.recovery.lifecycle import end_tree
 
     url = migrated_postgres.url
     execution_id, iterations = _loop_started(url, n=60)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from noetl_celery.dsl.plan import Loop, Step
-from noetl_celery.engine.loops import build_items
+from noetl_celery.engine.decision.loops import build_items
 from noetl_celery.errors import TemplateError
 
 

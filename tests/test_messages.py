@@ -10,7 +10,8 @@ import pytest
 from celery import Celery
 
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.attempt import worker
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import (
     MESSAGE_VERSION,
     READ_VERSION,

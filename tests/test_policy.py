@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from noetl_celery.dsl.plan import Action, Policy, Rule
-from noetl_celery.engine.policy_eval import decide, next_backoff, outcome_scope
+from noetl_celery.engine.decision.policy_eval import decide, next_backoff, outcome_scope
 
 HTTP_503 = {
     "status": "error",

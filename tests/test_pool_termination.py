@@ -1,4 +1,4 @@
-"""How a pool process takes SIGTERM (engine/process.py) and what the python tool makes of the
+"""How a pool process takes SIGTERM (engine/transport/process.py) and what the python tool makes of the
 SystemExit with which billiard ends a pool process: in-process, with a forked child standing in
 for a prefork pool process. The real thing, a supervisor's stop of a whole worker, is
 tests/distributed/test_supervisor_stop.py."""
@@ -12,7 +12,7 @@ import time
 import pytest
 from billiard import common
 
-from noetl_celery.engine import process
+from noetl_celery.engine.transport import process
 from noetl_celery.tools.base import ToolCall, run_tool
 
 EXIT_CODE = "sys.exit(3)"

@@ -16,7 +16,7 @@ import pytest
 
 from noetl_celery import replay
 from noetl_celery.compiler import compile_source
-from noetl_celery.engine import policy_eval
+from noetl_celery.engine.decision import policy_eval
 from noetl_celery.mockapi import start_mock_api
 from noetl_celery.store import db, repo
 from tests.support.engines import REPO_ROOT, cli
@@ -254,7 +254,7 @@ def test_a_cancelled_execution_replays_its_ignored_outcomes(store, tmp_path):
 
 
 def test_a_resumed_execution_is_refused_naming_its_resume(store):
-    from noetl_celery.engine.resume import resume
+    from noetl_celery.engine.recovery.resume import resume
 
     code, status = run_playbook(store, REPO_ROOT / "tests/playbooks/loop_failures.yaml")
     assert code == 1

@@ -1,4 +1,4 @@
-"""Rerun (engine/rerun.py, runner.rerun, `noetl-celery rerun`): a new execution made from an old
+"""Rerun (engine/recovery/rerun.py, runner.rerun, `noetl-celery rerun`): a new execution made from an old
 one. In-process (the harness) for what it keeps and where it starts; the command line on the
 embedded default once."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from noetl_celery import runner
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine import rerun as reruns
+from noetl_celery.engine.recovery import rerun as reruns
 from noetl_celery.errors import ExecutionNotFound
 from noetl_celery.replay import ReplayError, replay
 from noetl_celery.store import repo

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine import orchestrator
-from noetl_celery.engine.resume import ResumeRefused, resume
-from noetl_celery.engine.sweeper import lost_outcome
+from noetl_celery.engine.decision import orchestrator
+from noetl_celery.engine.recovery.resume import ResumeRefused, resume
+from noetl_celery.engine.recovery.sweeper import lost_outcome
 from noetl_celery.runner import cancel, create_execution, execution_status
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
@@ -323,7 +323,7 @@ def _seconds_left(url: str, execution_id: int) -> float:
 
 
 def test_a_resumed_execution_gets_its_playbook_timeout_again_from_the_resume(tmp_path):
-    from noetl_celery.engine.sweeper import sweep
+    from noetl_celery.engine.recovery.sweeper import sweep
 
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     path = tmp_path / "timed.yaml"

@@ -8,8 +8,9 @@ from sqlalchemy import create_engine
 
 from noetl_celery import runner
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.context import STATE
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo

@@ -17,7 +17,8 @@ import pytest
 
 from noetl_celery import runner
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.attempt import worker
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.store.db import migrate
 

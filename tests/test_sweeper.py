@@ -8,9 +8,11 @@ from datetime import timedelta
 from sqlalchemy import update
 
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.engine import deadlines, orchestrator, sweeper
-from noetl_celery.engine.lifecycle import end_tree
+from noetl_celery.engine import deadlines
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch
+from noetl_celery.engine.recovery import sweeper
+from noetl_celery.engine.recovery.lifecycle import end_tree
 from noetl_celery.runner import create_execution
 from noetl_celery.store import leases, repo
 from noetl_celery.store.db import transaction

@@ -13,7 +13,7 @@ import pytest
 
 from noetl_celery import credentials
 from noetl_celery.dsl import load_plan
-from noetl_celery.engine import worker
+from noetl_celery.engine.attempt import worker
 from noetl_celery.tools.base import Outcome
 from tests.test_tool_settings import V2, compile_text, one_step, problems
 

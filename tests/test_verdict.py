@@ -1,4 +1,4 @@
-"""What Celery is told about an attempt once on_event has decided (engine/verdict.py)."""
+"""What Celery is told about an attempt once on_event has decided (engine/transport/verdict.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from celery.exceptions import Retry
 
 from noetl_celery.engine.messages import Dispatch, TaskMessage
-from noetl_celery.engine.verdict import AttemptRetried, conclude
+from noetl_celery.engine.transport.verdict import AttemptRetried, conclude
 from noetl_celery.errors import AttemptFailed
 
 

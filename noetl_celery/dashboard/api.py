@@ -455,7 +455,7 @@ class Rerun(Api):
 def rerun_or_refusal(settings: Any, execution_id: int, overrides: dict[str, Any], from_step: Any, latest: bool) -> int:
     """runner.rerun, its refusal as a 400 naming the field (or 409 when none is wrong)."""
     from noetl_celery import runner
-    from noetl_celery.engine.rerun import RerunRefused
+    from noetl_celery.engine.recovery.rerun import RerunRefused
 
     try:
         return runner.rerun(settings, execution_id, overrides, from_step=from_step, latest=latest)

@@ -123,7 +123,7 @@ class Pages(Control):
     async def start(self, fn: Callable[[], int]) -> None:
         """Start an execution (`fn`, on a thread, returns its id) and show its page; a refusal is
         answered 4xx with the reason."""
-        from noetl_celery.engine.rerun import RerunRefused
+        from noetl_celery.engine.recovery.rerun import RerunRefused
 
         try:
             new_id = await asyncio.get_running_loop().run_in_executor(None, fn)

@@ -188,8 +188,8 @@ def _execution(conn: Any, execution_id: int, timeline: bool = True) -> dict[str,
 
 
 def rerun_origin(conn: Any, execution_id: int) -> dict[str, Any] | None:
-    """What made the execution when a rerun did (engine/rerun.py), else None."""
-    from noetl_celery.engine.rerun import origin
+    """What made the execution when a rerun did (engine/recovery/rerun.py), else None."""
+    from noetl_celery.engine.recovery.rerun import origin
 
     return origin(conn, execution_id)
 

@@ -119,7 +119,7 @@ class Loop(_Model):
     mode: LoopMode = "sequential"
     max_in_flight: int = 1
     chunk_size: int | None = None
-    # iterations sent together in one Celery message (engine/batching.py): a count, or "auto"
+    # iterations sent together in one Celery message (engine/decision/batching.py): a count, or "auto"
     batch: int | Literal["auto"] = 1
     enumerate: bool = False
     where: Condition = None
@@ -130,7 +130,7 @@ class Loop(_Model):
     frame: dict[str, Any] | None = None
     # cursor: the loop's result also lists every row's result (`results`, in completion order)
     aggregate: bool = False
-    # cursor: how a claim that errors is tried again (None: CLAIM_RETRY of engine/cursor_loop.py)
+    # cursor: how a claim that errors is tried again (None: CLAIM_RETRY of engine/decision/cursor_loop.py)
     claim_retry: Action | None = None
 
 

@@ -39,7 +39,7 @@ def timeout_of(kind: str, config: dict[str, Any]) -> float:
 
 def time_limits(timeout: float, window: float = 0.0) -> tuple[float, float]:
     """(soft, hard) Celery time limits, in seconds, for a message whose attempt may run `timeout`
-    seconds and which may go on, for `window` seconds, running attempts it decides (engine/eager.py).
+    seconds and which may go on, for `window` seconds, running attempts it decides (engine/transport/eager.py).
     A window is at most OUTCOME_MARGIN: the lease of each attempt still covers its limits."""
     soft = timeout + SOFT_LIMIT_GRACE + window
     return soft, soft + HARD_LIMIT_GRACE

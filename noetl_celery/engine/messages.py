@@ -12,7 +12,7 @@ execution with a clear error rather than losing it. Adding a field: give it a de
 new format only when an old reader would misread the message by ignoring the field.
 
 Formats: 1 is every ordinary message. 2 (BATCH_VERSION) is a batched loop message (`batch`: the
-iterations after the first, engine/batching.py) and the on_event payload of its outcomes: a
+iterations after the first, engine/decision/batching.py) and the on_event payload of its outcomes: a
 format-1 reader would run only the first iteration, so such messages say 2 and are written only
 by code that reads them. Everything else stays format 1, readable by older workers.
 
@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from noetl_celery.engine.deadlines import DEFAULT_TIMEOUT
 from noetl_celery.engine.ids import attempt_key, claim_key
 from noetl_celery.errors import NoetlError
+from noetl_celery.vocabulary import DispatchKind, PayloadKind
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,49 @@ def stamp(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, VERSION_FIELD: BATCH_VERSION if payload.get("kind") == BATCH_EVENT else MESSAGE_VERSION}
 
 
-BATCH_EVENT = "batch"  # on_event payload kind: the outcomes of a batch's iterations, in order
+BATCH_EVENT = PayloadKind.BATCH  # on_event payload kind: the outcomes of a batch's iterations, in order
+
+
+@dataclass(frozen=True)
+class OutcomeEvent:
+    """The on_event payload of one attempt's outcome (`kind: outcome`), built here only: by the
+    worker that ran it, by the sweeper or the transport for an attempt that never reported, and
+    by a child execution's end for its parent's `playbook` task. On the wire it is the plain dict
+    of `to_dict` (the same keys as ever); `from_dict` reads any payload of that kind, old ones too.
+
+    `task` is the attempt's task message as it travels (`TaskMessage.to_wire`, or the dict it was
+    stored as); `outcome` the tool's outcome (status, data, error, http, pg, meta); `report` where
+    and when it ran (queue_id, worker, pid, started_at, duration_ms)."""
+
+    execution_id: int
+    task: dict[str, Any]
+    outcome: dict[str, Any]
+    report: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": PayloadKind.OUTCOME,
+            "execution_id": self.execution_id,
+            "task": self.task,
+            "outcome": self.outcome,
+            "report": self.report,
+        }
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> OutcomeEvent:
+        return cls(payload["execution_id"], payload["task"], payload["outcome"], payload["report"])
+
+
+@dataclass(frozen=True)
+class BatchEvent:
+    """The on_event payload of a batch's outcomes (`kind: batch`), one OutcomeEvent dict per
+    iteration, in order (engine/decision/batching.py)."""
+
+    execution_id: int
+    events: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": PayloadKind.BATCH, "execution_id": self.execution_id, "events": self.events}
 
 
 @dataclass(frozen=True)
@@ -167,7 +210,7 @@ class TaskMessage:
     slot: dict[str, Any] | None = None
     # sub-playbooks: the finished child's outcome, when the parent's task still has a sink to run
     child: dict[str, Any] | None = None
-    # a batch (engine/batching.py): the iterations after this one, each as the fields in which
+    # a batch (engine/decision/batching.py): the iterations after this one, each as the fields in which
     # its message differs from this one; this message is the batch's first iteration
     batch: list[dict[str, Any]] | None = None
 
@@ -244,7 +287,7 @@ class Dispatch:
     ) -> Dispatch:
         if countdown > 0:
             message = message.evolve(delayed=True)
-        return cls(kind="run", message=message.to_dict(), countdown=countdown, label=label, timeout=timeout)
+        return cls(kind=DispatchKind.RUN, message=message.to_dict(), countdown=countdown, label=label, timeout=timeout)
 
     def with_version(self, version: int) -> Dispatch:
         return replace(self, message={**self.message, "version": version})
@@ -272,7 +315,7 @@ class Dispatch:
         """One dispatch per attempt: itself, or a batch's iterations, each with its share of the
         batch's timeout (what resume and the loop's bookkeeping read per iteration)."""
         batch = self.message.get("batch")
-        if not batch or self.kind != "run":
+        if not batch or self.kind != DispatchKind.RUN:
             return [self]
         messages = TaskMessage.from_dict(self.message).members()
         share = self.timeout / len(messages)

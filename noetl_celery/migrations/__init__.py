@@ -7,8 +7,10 @@ of the source tree point at the same `versions/` for developers who run `alembic
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 
 def script_location() -> Path:
@@ -16,13 +18,16 @@ def script_location() -> Path:
     return Path(str(files(__name__)))
 
 
-def run_environment() -> None:
-    """Alembic's env.py body: run the migrations on the configured database."""
+def run_environment(engine_factory: Callable[[str], Any] | None = None) -> None:
+    """Alembic's env.py body: run the migrations on the configured database.
+
+    A SQLite store is migrated on the store's own engine (WAL, busy timeout): `engine_factory`,
+    or the one store.db's Alembic configuration carries (`noetl_engine_factory`). The migrations
+    never import the store's engines, which import them."""
     from alembic import context
     from sqlalchemy import create_engine, pool
 
     from noetl_celery import settings as noetl_settings
-    from noetl_celery.store.db import get_engine
     from noetl_celery.store.models import Base
 
     config = context.config
@@ -37,7 +42,11 @@ def run_environment() -> None:
             context.run_migrations()
         return
     # SQLite DDL runs on the store's own engine (WAL, busy timeout); Alembic batches ALTERs.
-    connectable = get_engine(url) if url.startswith("sqlite") else create_engine(url, poolclass=pool.NullPool)
+    factory = engine_factory or config.attributes.get("noetl_engine_factory")
+    if url.startswith("sqlite") and factory is not None:
+        connectable = factory(url)
+    else:
+        connectable = create_engine(url, poolclass=pool.NullPool)
     with connectable.connect() as connection:
         context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
         with context.begin_transaction():

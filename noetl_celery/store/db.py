@@ -32,6 +32,9 @@ _BEGIN_PENDING = "noetl_begin_pending"
 
 _engines: dict[tuple[int, str], Engine] = {}
 _migrated: set[tuple[int, str]] = set()
+# the Alembic scripts shipped in the package (noetl_celery/migrations), found by path: the
+# migrations import the store (its models and engines), the store never imports them
+MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 _lock = threading.Lock()
 
 
@@ -240,12 +243,11 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
     """Alembic's configuration for `url`, reading the migrations shipped in the package."""
     from alembic.config import Config
 
-    from noetl_celery.migrations import script_location
-
     config = Config()
-    config.set_main_option("script_location", str(script_location()))
+    config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     config.attributes["noetl_url"] = url
+    config.attributes["noetl_engine_factory"] = get_engine  # SQLite: migrated on the store's engine
     return config
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, or_, select
 
 from noetl_celery import credentials, secret_registry
+from noetl_celery import vocabulary as ev
 from noetl_celery.store.models import Event, Execution, Join, LoopState
 
 EVENTS = Event.__table__
@@ -26,8 +27,8 @@ EVENT_PAGE_SIZE = 100  # event rows per page of the log
 EXECUTION_PAGE_SIZE = 50  # executions per page of the list
 GANTT_ATTEMPTS = 300  # most recent attempts drawn in the timeline
 FAILED_ATTEMPTS_SHOWN = 10  # attempts listed under a failed step
-STEP_EVENTS = ("step.started", "step.completed", "step.failed", "step.skipped")
-START_EVENTS = ("action.started", "iteration.started")  # rows whose context holds the input
+STEP_EVENTS = (ev.STEP_STARTED, ev.STEP_COMPLETED, ev.STEP_FAILED, ev.STEP_SKIPPED)
+START_EVENTS = (ev.ACTION_STARTED, ev.ITERATION_STARTED)  # rows whose context holds the input
 MASK = "***"
 ATTEMPT_OUTPUT = ("stdout", "stderr", "log")  # what a python attempt wrote, in its row's meta
 
@@ -124,7 +125,7 @@ def progress_of(conn: Connection, execution_ids: list[int]) -> dict[int, tuple[i
         .where(and_(e.execution_id.in_(execution_ids), e.event_type.in_(STEP_EVENTS)))
         .group_by(e.execution_id, e.event_type)
     ):
-        if event_type == "step.started":
+        if event_type == ev.STEP_STARTED:
             total[execution_id] += int(count)
         else:
             done[execution_id] += int(count)
@@ -314,7 +315,7 @@ def failure(conn: Connection, execution: dict[str, Any]) -> dict[str, Any] | Non
             .where(
                 and_(
                     e.execution_id == execution["execution_id"],
-                    e.event_type.in_(("action.failed", "iteration.failed")),
+                    e.event_type.in_((ev.ACTION_FAILED, ev.ITERATION_FAILED)),
                     e.step == step,
                 )
             )

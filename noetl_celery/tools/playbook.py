@@ -1,6 +1,6 @@
 """The `playbook` tool: run another playbook as a child execution.
 
-Its tasks never reach a worker: on_event starts the child (engine/subplaybooks.py) and finishes
+Its tasks never reach a worker: on_event starts the child (engine/decision/subplaybooks.py) and finishes
 the task when the child ends. `run_playbook` only answers a message that reached a worker anyway.
 """
 

@@ -64,7 +64,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from pydantic import Field
 
 from noetl_celery import secret_registry
-from noetl_celery.engine import process
+from noetl_celery.engine.transport import process
 from noetl_celery.fd_masking import masking_file_descriptors
 from noetl_celery.jsonable import to_jsonable
 from noetl_celery.tools import script as scripts
@@ -472,7 +472,7 @@ def run_python(call: ToolCall) -> Outcome:
         if process.pool_terminating():
             # the pool process is being ended (billiard's SIGTERM handler raised SystemExit, or
             # the code's cleanup failed while it unwound): not the code's error. Let it through:
-            # the attempt ends as interrupted (engine/worker_loss.py) and is delivered again.
+            # the attempt ends as interrupted (engine/transport/worker_loss.py) and is delivered again.
             raise
         text, line = _user_traceback(exc, filename)
         where = f" (line {line} of the code)" if line is not None else ""

@@ -1,4 +1,4 @@
-"""Eager attempts (NOETL_EAGER_WINDOW, engine/eager.py): the worker that decides an attempt due now
+"""Eager attempts (NOETL_EAGER_WINDOW, engine/transport/eager.py): the worker that decides an attempt due now
 runs it in the same job, without a broker hop. Real Redis or RabbitMQ, real PostgreSQL, real
 worker processes; the submitting command and the workers share the setting, as a deployment does.
 """

@@ -12,8 +12,9 @@ from noetl_celery import settings as noetl_settings
 from noetl_celery.app import configure
 from noetl_celery.compiler import compile_playbook
 from noetl_celery.compiler.names import RUN_TASK
-from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.context import STATE
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import TaskMessage, wire
 from noetl_celery.runner import create_execution, wait
 from noetl_celery.store import repo

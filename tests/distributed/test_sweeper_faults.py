@@ -26,8 +26,9 @@ from noetl_celery import settings as noetl_settings
 from noetl_celery.app import _late, configure
 from noetl_celery.compiler import compile_playbook
 from noetl_celery.compiler.names import RUN_TASK
-from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.context import STATE
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import TaskMessage, wire
 from noetl_celery.runner import create_execution, wait
 from noetl_celery.store.db import get_engine
@@ -42,7 +43,7 @@ PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 # the workers' default NOETL_SWEEP_TIMEOUT), takes the lock, and freezes itself inside it.
 HOLDER = """
 import os, signal, sys, time
-from noetl_celery.engine import sweeper
+from noetl_celery.engine.recovery import sweeper
 while True:
     with sweeper.sweep_transaction(sys.argv[1]) as conn:
         if conn is not None:

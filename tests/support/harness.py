@@ -26,7 +26,8 @@ from noetl_celery import runner, secret_registry
 from noetl_celery.cli import _exit_for, _parse_sets
 from noetl_celery.compiler import compile_source
 from noetl_celery.dsl.plan import Plan
-from noetl_celery.engine import orchestrator, worker
+from noetl_celery.engine.attempt import worker
+from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 
 NODE = "harness@localhost"  # the worker name recorded on the harness's attempts

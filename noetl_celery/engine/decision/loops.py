@@ -1,4 +1,4 @@
-"""Loops: which strategy runs a loop step, and the collection strategy (one task per element).
+"""Loops: the collection strategy (one task per element) and what every loop strategy shares.
 
 A loop strategy decides how a loop step starts (`start`) and what happens when one of its units
 is over (`unit_done`): the decider calls only these two. `CollectionLoop` runs a materialised
@@ -26,17 +26,18 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from noetl_celery import limits, settings
+from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Step
-from noetl_celery.engine import events as ev
+from noetl_celery.engine.decision.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
-from noetl_celery.engine.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
 from noetl_celery.templating import evaluate_condition, plain, render_value
+from noetl_celery.vocabulary import ErrorKind
 
 if TYPE_CHECKING:
-    from noetl_celery.engine.orchestrator import Decider
+    from noetl_celery.engine.decision.port import DecisionPort
 
 CACHED_COLLECTIONS = 64  # loop collections one process keeps in memory
 FAILURES_NAMED = 3  # failed iterations a failed loop step's error names (index + message)
@@ -59,7 +60,7 @@ def _remember(run_id: str, items: list[Any]) -> None:
             _collections.popitem(last=False)
 
 
-def _collection(decider: Decider, run_id: str) -> list[Any]:
+def _collection(decider: DecisionPort, run_id: str) -> list[Any]:
     with _lock:
         items = _collections.get(run_id)
     if items is None:
@@ -107,35 +108,28 @@ def build_items(step: Step, context: dict[str, Any]) -> list[Any]:
 class LoopStrategy(Protocol):
     """How one kind of loop starts and counts its finished units (all inside on_event)."""
 
-    def start(self, decider: Decider, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None: ...
+    def start(self, decider: DecisionPort, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None: ...
 
     def unit_done(
-        self, decider: Decider, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]
+        self, decider: DecisionPort, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]
     ) -> None: ...
 
 
-def strategy_for(step: Step) -> LoopStrategy:
-    assert step.loop is not None
-    if step.loop.mode == "cursor":
-        from noetl_celery.engine.cursor_loop import CURSOR_LOOP
-
-        return CURSOR_LOOP
-    return COLLECTION_LOOP
-
-
-def fail_loop_start(decider: Decider, step: Step, run_id: str, parent: str, err: dict[str, Any]) -> None:
+def fail_loop_start(decider: DecisionPort, step: Step, run_id: str, parent: str, err: dict[str, Any]) -> None:
     """A loop that cannot start (its collection or cursor is unusable) fails its step."""
-    decider.pending -= 1
+    decider.drop_unit()
     decider.fail_step(step.name, run_id, err, parent)
 
 
 class CollectionLoop:
     """A rendered list, `cap` iterations in flight, results aggregated in collection order."""
 
-    def start(self, decider: Decider, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
+    def start(self, decider: DecisionPort, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
         start_loop(decider, step, run, parent, context)
 
-    def unit_done(self, decider: Decider, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]) -> None:
+    def unit_done(
+        self, decider: DecisionPort, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]
+    ) -> None:
         failed = end.failed
         why = iteration_error(end.error or end.tolerated, step.tasks[message.task_index].label) if failed else None
         if row.get("event_type", "").startswith(ev.ACTION_PREFIX) and row.get("execution_id"):
@@ -163,7 +157,7 @@ class CollectionLoop:
                 result=end.data,
                 error=why,
             )
-            row = decider.rows[-1]
+            row = decider.last_row()
         iteration_done(
             decider,
             step,
@@ -195,14 +189,14 @@ def loop_cap(step: Step) -> int:
     return 1 if step.loop.mode == "sequential" else max(step.loop.max_in_flight, 1)
 
 
-def start_loop(decider: Decider, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
+def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
     loop = step.loop
     assert loop is not None
     run_id, frames, args = run.run_id, run.frames, run.args
     try:
         items = build_items(step, context)
     except TemplateError as exc:
-        fail_loop_start(decider, step, run_id, parent, {"kind": "loop", "message": str(exc)})
+        fail_loop_start(decider, step, run_id, parent, {"kind": ErrorKind.LOOP, "message": str(exc)})
         return
     cap = loop_cap(step)
     total = len(items)
@@ -239,7 +233,7 @@ def start_loop(decider: Decider, step: Step, run: RunRef, parent: str, context: 
 
 
 def _dispatch_iteration(
-    decider: Decider,
+    decider: DecisionPort,
     step: Step,
     run_id: str,
     index: int,
@@ -269,7 +263,7 @@ def _dispatch_iteration(
 
 
 def dispatch_queued(
-    decider: Decider, step: Step, run_id: str, entry: list[Any], context: dict[str, Any], parent: str
+    decider: DecisionPort, step: Step, run_id: str, entry: list[Any], context: dict[str, Any], parent: str
 ) -> None:
     """Send a queued entry [index, task index, seq, attempt(, source)] of a resumed loop. With a
     source (the event whose dispatch list sent the failed attempt), the attempt's own message runs
@@ -296,7 +290,7 @@ def dispatch_queued(
     )
 
 
-def _failed_message(decider: Decider, source: str, key: str) -> TaskMessage | None:
+def _failed_message(decider: DecisionPort, source: str, key: str) -> TaskMessage | None:
     row = repo.find_event(decider.conn, decider.execution_id, source)
     for raw in ((row or {}).get("meta") or {}).get("dispatch") or []:
         for message in TaskMessage.from_dict(raw.get("message") or {}).members():  # a batch: each iteration
@@ -318,7 +312,7 @@ def next_entry(counters: dict[str, Any], iteration: int | None) -> list[Any] | N
 
 
 def iteration_done(
-    decider: Decider,
+    decider: DecisionPort,
     step: Step,
     message: TaskMessage,
     *,
@@ -333,7 +327,7 @@ def iteration_done(
     counters = decider.count_iteration(message.run_id, ok=ok, tolerated=tolerated, unless_last=shape)
     done, total = counters["done"], counters["total"]
     entry = next_entry(counters, message.iteration)
-    if entry is not None and decider.running and decider.failure is None:
+    if entry is not None and decider.can_dispatch():
         context = {"frames": message.frames, "args": message.args}
         dispatch_queued(decider, step, message.run_id, entry, context, row["event_id"])
     if done is None or done < total:  # None: counted by the decision's last write, never the last
@@ -355,7 +349,7 @@ def iteration_done(
     )
 
 
-def _final_rows(decider: Decider, run_id: str) -> dict[int, dict[str, Any]]:
+def _final_rows(decider: DecisionPort, run_id: str) -> dict[int, dict[str, Any]]:
     """Each iteration's last end row (a resumed iteration's new end outranks its old failure)."""
     rows: list[dict[str, Any]] = []
     for kind in (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED):
@@ -367,13 +361,13 @@ def _final_rows(decider: Decider, run_id: str) -> dict[int, dict[str, Any]]:
     for r in sorted(rows, key=lambda r: r["id"]):
         if r["iteration"] is not None:
             final[r["iteration"]] = r
-    for r in decider.rows:  # decided in this same event, not written yet
+    for r in decider.decided():  # decided in this same event, not written yet
         if r.get("run_id") == run_id and r.get("event_type") in (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED):
             final[r["iteration"]] = r
     return final
 
 
-def _first_failures(decider: Decider, message: TaskMessage, *, ok: bool, current: Any) -> list[dict[str, Any]]:
+def _first_failures(decider: DecisionPort, message: TaskMessage, *, ok: bool, current: Any) -> list[dict[str, Any]]:
     """The failed iterations in index order, at most FAILURES_NAMED: {index, kind, message, task}."""
     found = {
         i: r.get("error")
@@ -395,7 +389,7 @@ def _first_failures(decider: Decider, message: TaskMessage, *, ok: bool, current
     return failures
 
 
-def _ordered_results(decider: Decider, message: TaskMessage, total: int, *, ok: bool, data: Any) -> list[Any]:
+def _ordered_results(decider: DecisionPort, message: TaskMessage, total: int, *, ok: bool, data: Any) -> list[Any]:
     """Every iteration's result in collection order (the current one is not written yet)."""
     by_index = {
         i: (r.get("result") if r["event_type"] == ev.ITERATION_COMPLETED else None)
@@ -406,7 +400,14 @@ def _ordered_results(decider: Decider, message: TaskMessage, total: int, *, ok: 
 
 
 def record_loop_done(
-    decider: Decider, step: Step, run_id: str, parent: str | None, stats: dict[str, Any], *, fatal: int, tolerated: int
+    decider: DecisionPort,
+    step: Step,
+    run_id: str,
+    parent: str | None,
+    stats: dict[str, Any],
+    *,
+    fatal: int,
+    tolerated: int,
 ) -> str:
     """The loop's one `iterator.completed` row (any loop kind); returns its key."""
     return decider.record(
@@ -421,7 +422,7 @@ def record_loop_done(
 
 
 def finish_loop(
-    decider: Decider,
+    decider: DecisionPort,
     step: Step,
     run_id: str,
     parent: str | None,
@@ -445,7 +446,7 @@ def finish_loop(
     if fatal:
         named = "; ".join(f"[{f['index']}] {f['message']}" for f in failures or [])
         error = {
-            "kind": "loop",
+            "kind": ErrorKind.LOOP,
             "message": f"{failed} of {total} iterations failed" + (f": {named}" if named else ""),
             "stats": stats,
         }

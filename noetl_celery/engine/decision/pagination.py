@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Collect, Task
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.store import repo
@@ -83,7 +84,7 @@ def collect_pages(conn: Connection, execution_id: int, message: TaskMessage, tas
     first_seq = message.seq - (message.page - 1)
     pages: dict[int, Any] = {}
     for row in repo.run_events(
-        conn, execution_id, message.run_id, "page.completed", columns=("iteration", "task", "event_id", "result")
+        conn, execution_id, message.run_id, ev.PAGE_COMPLETED, columns=("iteration", "task", "event_id", "result")
     ):
         if row["iteration"] != message.iteration or row["task"] != task.label:
             continue

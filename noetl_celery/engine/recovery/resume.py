@@ -26,19 +26,22 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, select, update
+from sqlalchemy import Connection
 
+from noetl_celery import vocabulary as ev
 from noetl_celery.engine.context import STATE
+from noetl_celery.engine.decision.orchestrator import Decider
+from noetl_celery.engine.decision.subplaybooks import EVENT_DISPATCH
 from noetl_celery.engine.messages import Dispatch, TaskMessage
-from noetl_celery.engine.orchestrator import Decider
-from noetl_celery.engine.resume_loops import reopen_loops
-from noetl_celery.engine.subplaybooks import EVENT_DISPATCH
+from noetl_celery.engine.recovery.resume_loops import reopen_loops
 from noetl_celery.errors import ExecutionNotFound, NoetlError
+from noetl_celery.store import recovery as store_recovery
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
+from noetl_celery.vocabulary import DispatchKind
 
-OK_TYPES = ("action.completed", "iteration.completed", "page.completed")
-ENDING_KEYS = ("execution.failed", "execution.cancelled", "execution.completed")
+OK_TYPES = (ev.ACTION_COMPLETED, ev.ITERATION_COMPLETED, ev.PAGE_COMPLETED)
+ENDING_KEYS = (ev.EXECUTION_FAILED, ev.EXECUTION_CANCELLED, ev.EXECUTION_COMPLETED)
 
 
 class ResumeRefused(NoetlError):
@@ -62,7 +65,7 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
         decider = Decider(connection=conn, state=state, running=True, version=head.get("state_version", 0))
         timeout = _timeout(execution, {e["event_id"]: e for e in events}, epoch)
         decider.record(
-            "execution.resumed",
+            ev.EXECUTION_RESUMED,
             f"execution.resumed.e{epoch}",
             status="running",
             meta={"epoch": epoch, "from": status, **({"timeout": timeout} if timeout is not None else {})},
@@ -80,18 +83,11 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
             execution.get("failed_step") if status == "failed" else None,
         )
         _archive(conn, execution_id, epoch, redo["archive"] + loops["archive"])
-        conn.execute(
-            update(repo.EXECUTIONS)
-            .where(repo.EXECUTIONS.c.execution_id == execution_id)
-            .values(
-                status="running",
-                error=None,
-                failed_step=None,
-                finished_at=None,
-                epoch=epoch,
-                updated_at=repo.utcnow(),
-                deadline_at=repo.utcnow() + timedelta(seconds=timeout) if timeout is not None else None,
-            )
+        store_recovery.reopen_execution(
+            conn,
+            execution_id,
+            epoch=epoch,
+            deadline_at=repo.utcnow() + timedelta(seconds=timeout) if timeout is not None else None,
         )
         for message, outcome, row in redo["decide"]:
             step = decider.plan.steps[message.step]
@@ -116,7 +112,7 @@ def _plan_redo(decider: Decider, events: list[dict[str, Any]], epoch: int, faile
     dispatched: dict[str, Dispatch] = {}
     for event in events:
         for raw in (event.get("meta") or {}).get("dispatch") or []:
-            if raw.get("kind", "run") != "run":
+            if raw.get("kind", DispatchKind.RUN) != DispatchKind.RUN:
                 continue  # an event for on_event (a sub-playbook's start or end), not an attempt
             for dispatch in Dispatch.from_dict(raw).members():  # a batch: each of its iterations
                 dispatched[dispatch.attempt_key()] = dispatch
@@ -151,7 +147,9 @@ def _plan_redo(decider: Decider, events: list[dict[str, Any]], epoch: int, faile
                 attempt=message.attempt + 1, replay=False, delayed=False, parent_event_id=f"execution.resumed.e{epoch}"
             )
             archive.append(f"{message.run_id}.step.done")
-            again.append(Dispatch(kind="run", message=retry.to_dict(), label=dispatch.label, timeout=dispatch.timeout))
+            again.append(
+                Dispatch(kind=DispatchKind.RUN, message=retry.to_dict(), label=dispatch.label, timeout=dispatch.timeout)
+            )
             pending += 1
     return {"archive": archive, "decide": decide, "dispatch": again, "pending": pending, "dispatched": dispatched}
 
@@ -164,11 +162,8 @@ def _plan_children(
     "in_flight": attempt key -> Dispatch of every task not settled (for engine/resume_loops.py)}.
     Only the last attempt of each task position counts (an earlier one was retried already); a
     task sent to a worker with its child's outcome (to run its sink) is an attempt like any other."""
-    c = repo.EXECUTIONS.c
     latest: dict[tuple[Any, ...], tuple[TaskMessage, str, Any]] = {}
-    for status, error, parent_task in conn.execute(
-        select(c.status, c.error, c.parent_task).where(c.parent_execution_id == execution_id)
-    ):
+    for status, error, parent_task in store_recovery.children(conn, execution_id):
         raw = (parent_task or {}).get("message")
         if not raw:
             continue
@@ -242,21 +237,12 @@ def _outcome(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _archive(conn: Connection, execution_id: int, epoch: int, keys: list[str]) -> None:
-    e = repo.EVENTS.c
-    for key in keys:
-        conn.execute(
-            update(repo.EVENTS)
-            .where(and_(e.execution_id == execution_id, e.event_id == key))
-            .values(event_id=f"{key}.e{epoch}")
-        )
+    store_recovery.archive_events(conn, execution_id, epoch, keys)
 
 
 def _rewrite(conn: Connection, execution_id: int, row: dict[str, Any]) -> None:
     """An outcome row decided now: its type and meta as the decision left them."""
     meta = {k: v for k, v in (row.get("meta") or {}).items() if k != "ignored"}
-    e = repo.EVENTS.c
-    conn.execute(
-        update(repo.EVENTS)
-        .where(and_(e.execution_id == execution_id, e.event_id == row["event_id"]))
-        .values(event_type=row["event_type"], result=row.get("result"), meta=meta or None)
+    store_recovery.rewrite_outcome(
+        conn, execution_id, row["event_id"], event_type=row["event_type"], result=row.get("result"), meta=meta or None
     )

@@ -18,24 +18,47 @@ sweeper ends what stays without an outcome.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
-from sqlalchemy import and_, select
 
+from noetl_celery import vocabulary as ev
+from noetl_celery.engine.attempt.worker import already_done
 from noetl_celery.engine.messages import TaskMessage
-from noetl_celery.engine.sweeper import lost_outcome
-from noetl_celery.engine.worker import already_done
+from noetl_celery.engine.recovery.sweeper import lost_outcome
 from noetl_celery.errors import AttemptFailed
+from noetl_celery.settings import Settings
+from noetl_celery.store import recovery as store_recovery
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
+from noetl_celery.vocabulary import ErrorKind
 
 log = logging.getLogger(__name__)
 
-WORKER_LOST = "attempt.worker_lost"
+WORKER_LOST = ev.ATTEMPT_WORKER_LOST
 MAX_COUNTED = 50  # delivery rows looked at for one attempt
+
+
+@dataclass
+class Hooks:
+    """What a lost attempt needs from the app that runs it, installed by that app (app.py) when it
+    defines its tasks: the settings in force, and how an outcome is decided (on_event's body).
+    The transport never imports the app back."""
+
+    settings: Callable[[], Settings] | None = None
+    report: Callable[[dict[str, Any]], object] | None = None
+
+
+HOOKS = Hooks()
+
+
+def install(*, settings: Callable[[], Settings], report: Callable[[dict[str, Any]], object]) -> None:
+    HOOKS.settings = settings
+    HOOKS.report = report
 
 
 def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
@@ -44,14 +67,8 @@ def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
     key = attempt.outcome_key().removesuffix(".done")
     execution_id = int(message["execution_id"])
     candidates = [f"{key}.lost.{n}" for n in range(1, MAX_COUNTED + 1)]
-    e = repo.EVENTS.c
     with transaction(url) as conn:
-        seen = {
-            r[0]
-            for r in conn.execute(
-                select(e.event_id).where(and_(e.execution_id == execution_id, e.event_id.in_(candidates)))
-            )
-        }
+        seen = store_recovery.existing_keys(conn, execution_id, candidates)
         count = len(seen) + 1
         repo.insert_events(
             conn,
@@ -67,7 +84,7 @@ def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
                     "iteration": attempt.iteration,
                     "page": attempt.page,
                     "parent_event_id": attempt.parent_event_id,
-                    "error": {"kind": "worker_lost", "message": reason[:500]},
+                    "error": {"kind": ErrorKind.WORKER_LOST, "message": reason[:500]},
                     "meta": {"delivery": count, **_batch_of(attempt)},
                 }
             ],
@@ -128,9 +145,8 @@ class AttemptRequest(Request):
 
     def _give_up(self, message: dict[str, Any], reason: str) -> bool:
         """Count the lost delivery; True when the attempt has been reported as `worker_lost`."""
-        from noetl_celery.app import current_settings
-
-        settings = current_settings()
+        assert HOOKS.settings is not None, "worker_loss.install() was not called"
+        settings = HOOKS.settings()
         try:
             if already_done(settings.database_url, TaskMessage.from_dict(message)):
                 # it died in an attempt the message went on to run (engine/eager.py): requeued
@@ -152,10 +168,9 @@ class AttemptRequest(Request):
         return self._report(lost_outcome(message, "worker_lost", reason, "worker"))
 
     def _report(self, payload: dict[str, Any]) -> bool:
-        from noetl_celery.app import process_event
-
+        assert HOOKS.report is not None, "worker_loss.install() was not called"
         try:
-            process_event(payload)
+            HOOKS.report(payload)
             return True
         except Exception as err:  # the sweeper ends it when its deadline passes
             log.warning("could not record the end of an attempt: %s", err)

@@ -31,13 +31,14 @@ from typing import Any
 
 from noetl_celery.engine.deadlines import SOFT_LIMIT_GRACE
 from noetl_celery.engine.messages import Dispatch
+from noetl_celery.vocabulary import DispatchKind
 
 
 def eligible(dispatch: Dispatch) -> bool:
     """A dispatch this process could run itself: one attempt, due now, of this execution."""
     message = dispatch.message
     return (
-        dispatch.kind == "run"
+        dispatch.kind == DispatchKind.RUN
         and dispatch.countdown <= 0
         and not message.get("batch")
         and message.get("slot") is None

@@ -20,24 +20,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from noetl_celery import vocabulary as ev
 from noetl_celery.compiler import compile_playbook, resolve
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import render_context
 from noetl_celery.engine.ids import new_execution_id
-from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
+from noetl_celery.engine.messages import Dispatch, OutcomeEvent, TaskMessage, sanitize
 from noetl_celery.errors import PlaybookError, TemplateError
 from noetl_celery.store import repo
 from noetl_celery.templating import plain, render_value
 from noetl_celery.tools import playbook as playbook_tool
+from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
-    from noetl_celery.engine.orchestrator import Decider
+    from noetl_celery.engine.decision.port import DecisionPort
 
 PLAYBOOK_KIND = "playbook"
 MAX_NESTING = 16  # sub-playbook levels below a top-level execution
-EVENT_DISPATCH = "event"  # Dispatch.kind of an event for on_event (a child's start, its end)
+EVENT_DISPATCH = DispatchKind.EVENT  # Dispatch.kind of an event for on_event (a child's start, its end)
 
 
 def catalog_for(conn: Connection) -> resolve.Catalog:
@@ -50,13 +52,13 @@ def catalog_for(conn: Connection) -> resolve.Catalog:
     return lookup
 
 
-def _fail(decider: Decider, message: TaskMessage, kind: str, text: str) -> None:
+def _fail(decider: DecisionPort, message: TaskMessage, kind: str, text: str) -> None:
     """The task fails without a child: decided as the attempt's outcome (its policy applies)."""
     decider.on_outcome(message, {"status": "error", "error": {"kind": kind, "message": text}}, {})
 
 
 def start_child(
-    decider: Decider, step: Step, task: Task, message: TaskMessage, key: str, record_start: bool, countdown: float
+    decider: DecisionPort, step: Step, task: Task, message: TaskMessage, key: str, record_start: bool, countdown: float
 ) -> None:
     context = render_context(decider.state, decider.scope_of(message, step))
     try:
@@ -130,7 +132,7 @@ def start_child(
     if record_start:
         first = message.iteration is not None and message.seq == 0 and message.attempt == 1
         decider.record(
-            "iteration.started" if first else "action.started",
+            ev.ITERATION_STARTED if first else ev.ACTION_STARTED,
             key + ".start",
             status="started",
             parent_event_id=message.parent_event_id,
@@ -138,10 +140,8 @@ def start_child(
             context=sanitize({"element": message.element, "input": child_input}),
             meta={"child_execution_id": child_id, "path": path},
         )
-    start = {"kind": "start", "execution_id": child_id}
-    decider.dispatches.append(
-        Dispatch(kind=EVENT_DISPATCH, message=start, countdown=countdown, label=f"{step.name}:playbook")
-    )
+    start = {"kind": PayloadKind.START, "execution_id": child_id}
+    decider.send(Dispatch(kind=EVENT_DISPATCH, message=start, countdown=countdown, label=f"{step.name}:playbook"))
 
 
 def _child_timeout(task_timeout: Any, playbook_timeout: float | None) -> float | None:
@@ -175,7 +175,7 @@ def child_end(conn: Connection, execution_id: int, status: str, results: dict[st
             "status": "error",
             "meta": {"child": child},
             "error": {
-                "kind": "playbook",
+                "kind": ErrorKind.PLAYBOOK,
                 "child_execution_id": execution_id,
                 "root": root,
                 "message": f"sub-playbook {parent_task.get('path')!r} (execution {execution_id}) "
@@ -185,11 +185,7 @@ def child_end(conn: Connection, execution_id: int, status: str, results: dict[st
     if parent_task.get("sink"):  # the parent's task writes the child's result: a worker runs its sink
         message = TaskMessage.from_dict(parent_task["message"]).evolve(child=outcome)
         return Dispatch.task(message, label="child.sink")
-    payload = {
-        "kind": "outcome",
-        "execution_id": link["parent_execution_id"],
-        "task": parent_task["message"],
-        "outcome": outcome,
-        "report": {"worker": f"execution:{execution_id}"},
-    }
+    payload = OutcomeEvent(
+        link["parent_execution_id"], parent_task["message"], outcome, {"worker": f"execution:{execution_id}"}
+    ).to_dict()
     return Dispatch(kind=EVENT_DISPATCH, message=payload, label="child.done")

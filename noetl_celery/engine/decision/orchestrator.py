@@ -22,16 +22,26 @@ from typing import Any
 from sqlalchemy import Connection
 
 from noetl_celery import limits, settings
+from noetl_celery import vocabulary as ev
 from noetl_celery.compiler.names import shadow_label
 from noetl_celery.dsl.plan import Action, Step, Task
-from noetl_celery.engine import batching, cursor_loop, deadlines, loops, pagination, policy_eval, routing, subplaybooks
-from noetl_celery.engine import events as ev
+from noetl_celery.engine import deadlines
 from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.context import STATE, ExecutionState, Scope, message_scope, render_context
+from noetl_celery.engine.decision import (
+    cursor_loop,
+    loops,
+    pagination,
+    policy_eval,
+    routing,
+    subplaybooks,
+    write,
+)
+from noetl_celery.engine.decision.select import select_part
+from noetl_celery.engine.decision.units import RunRef, UnitEnd
+from noetl_celery.engine.decision.write import DuplicateEvent, Redecide
 from noetl_celery.engine.ids import attempt_key, run_id_for
-from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage, sanitize
-from noetl_celery.engine.select import select_part
-from noetl_celery.engine.units import RunRef, UnitEnd
+from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, OutcomeEvent, TaskMessage, sanitize
 from noetl_celery.errors import TemplateError
 from noetl_celery.store import repo
 from noetl_celery.store.db import commit_suffix, decision_transaction, transaction
@@ -45,6 +55,7 @@ from noetl_celery.templating import (
     strict_rendering,
 )
 from noetl_celery.tools.base import get_tool
+from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +65,10 @@ MAX_INLINE_DEPTH = 1000
 START_KEY = ev.START_KEY
 
 
-class DuplicateEvent(Exception):
-    """The causing event was recorded before: this delivery is a redelivery."""
-
-
-class Redecide(Exception):
-    """A decision made on the cached head turned out stale (the execution is not running any
-    more, or its state is newer than the cached one): roll back and decide the classic way."""
+def loop_strategy(step: Step) -> loops.LoopStrategy:
+    """The strategy of a loop step: a cursor loop's slots, or a collection's iterations."""
+    assert step.loop is not None
+    return cursor_loop.CURSOR_LOOP if step.loop.mode == "cursor" else loops.COLLECTION_LOOP
 
 
 @dataclass
@@ -201,6 +209,21 @@ class Decider:
         return strict_rendering(self.plan.strict_templates)
 
     # --- recording -------------------------------------------------------------------------
+
+    def can_dispatch(self) -> bool:
+        return self.running and self.failure is None
+
+    def decided(self) -> list[dict[str, Any]]:
+        return self.rows
+
+    def last_row(self) -> dict[str, Any]:
+        return self.rows[-1]
+
+    def send(self, dispatch: Dispatch) -> None:
+        self.dispatches.append(dispatch)
+
+    def drop_unit(self) -> None:
+        self.pending -= 1
 
     def record(self, event_type: str, key: str, **fields: Any) -> str:
         row = {"execution_id": self.execution_id, "event_id": key, "event_type": event_type, **fields}
@@ -367,7 +390,7 @@ class Decider:
             self.unit_done(
                 step,
                 message,
-                UnitEnd(ok=False, parent=row["event_id"], error={"kind": "template", "message": str(exc)}),
+                UnitEnd(ok=False, parent=row["event_id"], error={"kind": ErrorKind.TEMPLATE, "message": str(exc)}),
                 row,
             )
             return
@@ -403,7 +426,7 @@ class Decider:
                     UnitEnd(
                         ok=False,
                         parent=row["event_id"],
-                        error={"kind": "policy", "message": f"jump target {action.to!r} is not a task"},
+                        error={"kind": ErrorKind.POLICY, "message": f"jump target {action.to!r} is not a task"},
                     ),
                     row,
                 )
@@ -428,7 +451,7 @@ class Decider:
                     ok=False,
                     parent=row["event_id"],
                     data=data,
-                    error=(outcome.get("error") or {"kind": "policy", "message": "failed by policy rule"}),
+                    error=(outcome.get("error") or {"kind": ErrorKind.POLICY, "message": "failed by policy rule"}),
                 ),
                 row,
             )
@@ -466,7 +489,7 @@ class Decider:
                 self.unit_done(
                     step,
                     message,
-                    UnitEnd(ok=False, parent=row["event_id"], error={"kind": "template", "message": str(exc)}),
+                    UnitEnd(ok=False, parent=row["event_id"], error={"kind": ErrorKind.TEMPLATE, "message": str(exc)}),
                     row,
                 )
                 return True
@@ -556,7 +579,7 @@ class Decider:
                     ok=False,
                     parent=message.parent_event_id,
                     error={
-                        "kind": "routing",
+                        "kind": ErrorKind.ROUTING,
                         "message": f"more than {MAX_INLINE_DEPTH} steps or loop iterations without "
                         "work in a row (routing-only: no tool, noop, end, router): a cycle of steps "
                         "without work?",
@@ -575,7 +598,7 @@ class Decider:
             if message.iteration is None:  # noted on the step's step.completed row
                 self.hidden_notes.setdefault(message.run_id, []).extend(hidden)
         except TemplateError as exc:
-            outcome = {"status": "error", "error": {"kind": "template", "message": str(exc)}}
+            outcome = {"status": "error", "error": {"kind": ErrorKind.TEMPLATE, "message": str(exc)}}
         self.handle_outcome(step, task, message, outcome, row)
 
     # --- units: a step run, or one element of a loop ----------------------------------------
@@ -583,7 +606,7 @@ class Decider:
     def unit_done(self, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]) -> None:
         """A step run, or one loop element, is over: its loop strategy counts it, or the step ends."""
         if message.iteration is not None:
-            loops.strategy_for(step).unit_done(self, step, message, end, row)
+            loop_strategy(step).unit_done(self, step, message, end, row)
             return
         self.step_done(step, RunRef(message.run_id, message.frames, message.args), end)
 
@@ -599,7 +622,7 @@ class Decider:
                     data, step.result_select, render_context(self.state, Scope(args=run.args, step=step.name))
                 )
             except TemplateError as exc:
-                end = end.evolve(ok=False, error={"kind": "template", "message": str(exc)})
+                end = end.evolve(ok=False, error={"kind": ErrorKind.TEMPLATE, "message": str(exc)})
         if not end.ok:
             self.fail_step(step.name, run_id, end.error, parent)
             return
@@ -631,7 +654,7 @@ class Decider:
                     self.set_variables("ctx", plain(render_value(arc.set_ctx, context)))
                     self.set_variables("vars", plain(render_value(arc.set_vars, context)))
         except TemplateError as exc:
-            self.fail_step(step.name, run_id, {"kind": "template", "message": str(exc)}, parent)
+            self.fail_step(step.name, run_id, {"kind": ErrorKind.TEMPLATE, "message": str(exc)}, parent)
             return
         meta: dict[str, Any] = {}
         if targets:
@@ -653,7 +676,7 @@ class Decider:
             step.next.on_no_match is None and self.plan.no_next_is_error
         )
         if not targets and step.next.arcs and no_match_fails and step.name != self.plan.final_step:
-            err = {"kind": "routing", "message": f"no arc of step {step.name!r} matched"}
+            err = {"kind": ErrorKind.ROUTING, "message": f"no arc of step {step.name!r} matched"}
             self.fail_execution(step.name, err, done_key)
             return
         self.route(step, targets, run.frames, done_key)
@@ -727,7 +750,7 @@ class Decider:
         )
         if self._too_deep():
             err = {
-                "kind": "routing",
+                "kind": ErrorKind.ROUTING,
                 "message": f"more than {MAX_INLINE_DEPTH} steps without work in a row (routing-only: no "
                 "tool, noop, end, router): a cycle of steps without work?",
             }
@@ -735,13 +758,13 @@ class Decider:
             return
         too_many = self._too_many_steps()
         if too_many is not None:
-            self.fail_execution(name, {"kind": "limit", "message": too_many}, start_key)
+            self.fail_execution(name, {"kind": ErrorKind.LIMIT, "message": too_many}, start_key)
             return
         context = render_context(self.state, Scope(args=args, step=name))
         try:
             allowed = routing.admitted(step.admit, context)
         except TemplateError as exc:
-            self.fail_execution(name, {"kind": "template", "message": str(exc)}, start_key)
+            self.fail_execution(name, {"kind": ErrorKind.TEMPLATE, "message": str(exc)}, start_key)
             return
         if not allowed:
             self.record(
@@ -756,7 +779,7 @@ class Decider:
             return
         self.pending += 1
         if step.loop is not None:
-            loops.strategy_for(step).start(self, step, RunRef(run_id, frames, args), start_key, context)
+            loop_strategy(step).start(self, step, RunRef(run_id, frames, args), start_key, context)
             return
         if not step.tasks:
             self.step_done(step, RunRef(run_id, frames, args), UnitEnd(ok=True, parent=start_key, data=args or None))
@@ -776,115 +799,12 @@ class Decider:
     # --- writing ---------------------------------------------------------------------------
 
     def flush(self, *, last: bool = False) -> list[Dispatch]:
-        """Write everything decided; raises DuplicateEvent (and rolls back) on a redelivery.
-
-        `last`: nothing follows in the transaction; the write may commit it, and then refuses a
-        row that exists, raising Redecide (see `repo.record_decision`)."""
-        version = self.version
-        finished = False
-        bump: repo.Bump | None = None
-        if self.create_row is not None or self.pending or self.variables or self.failure is not None:
-            step = 1 if self.variables else 0
-            deferred, self.deferred = self.deferred, False
-            if self.create_row is not None:
-                pending, version = self.pending, self.version + step
-                self.create_row(pending, version)
-            elif deferred and (bump := self._bump_for_write(last, step)) is not None:
-                self.deferred = True  # the write checks the head
-                pending = 1 if bump.expected is None else bump.expected + bump.pending
-                version = self.version + step
-            else:
-                pending, version, status = repo.bump_execution(
-                    self.connection if deferred else self.conn, self.execution_id, pending=self.pending, version=step
-                )
-                if deferred and (status != "running" or version != self.version + step):
-                    raise Redecide()  # the update read the head: it moved on since the cached state
-            self.written_version = version
-            self.written_pending = None if bump is not None and bump.expected is None else pending
-            if self.running and self.failure is None and pending <= 0:
-                self.record(
-                    ev.EXECUTION_COMPLETED,
-                    ev.EXECUTION_COMPLETED,
-                    status="completed",
-                    parent_event_id=self.rows[-1]["event_id"] if self.rows else None,
-                )
-                if bump is not None:
-                    finished = bump.finish  # the write completes it
-                else:
-                    finished = repo.finish_execution(self.conn, self.execution_id, "completed")
-        if self.failure is not None:
-            repo.finish_execution(
-                self.conn, self.execution_id, "failed", error=self.failure["error"], failed_step=self.failure["step"]
-            )
-        dispatches = (
-            [d.with_version(version) for d in batching.group(self.plan, self.dispatches, self.durations_ms)]
-            if self.running
-            else []
-        )
-        if self.running and self.state.parent_execution_id is not None and (finished or self.failure is not None):
-            status = "failed" if self.failure is not None else "completed"
-            end = subplaybooks.child_end(
-                self.conn, self.execution_id, status, self.state.results, (self.failure or {}).get("error")
-            )
-            if end is not None:
-                dispatches.append(end)
-        causing = self.rows[0]
-        if dispatches:
-            causing["meta"] = {**(causing.get("meta") or {}), "dispatch": [d.to_dict() for d in dispatches]}
-            causing["deadline_at"] = deadlines.decision_deadline(repo.utcnow(), dispatches)
-        # the head is checked by the write when no statement read it, or when it counts an iteration
-        head_version = self.version if self.deferred or self.later_count is not None else None
-        self.deferred = False
-        try:
-            recorded = repo.record_decision(
-                self.connection,
-                self.rows,
-                self.variables,
-                new_keys=self.later_causes,
-                last=last,
-                head_version=head_version,
-                count=self.later_count,
-                bump=bump,
-            )
-        except repo.Conflict as exc:
-            raise Redecide() from exc
-        if not recorded.new:
-            raise DuplicateEvent(causing["event_id"])
-        self.written = recorded.stored
-        if bump is not None and self.variables:  # read back after the commit
-            if recorded.stored:
-                self.written_pending = recorded.pending
-            else:  # a later decision came first: keep_state leaves the state to be read again
-                self.written_version = None
-        return dispatches
-
-    def _bump_for_write(self, last: bool, step: int) -> repo.Bump | None:
-        """The execution counters' update the decision's strict last write can make (None: it is
-        made first, and returns the head). A decision that could end the execution needs the
-        pending count: the cached one is expected, and a wrong guess is refused by the write."""
-        if not (last and self.strict and self.failure is None and self.later_count is None):
-            return None
-        if self.pending >= 0:  # an outcome's unit was pending: the count stays above 0
-            return repo.Bump(self.pending, step)
-        known = self.state.pending
-        if known is None or known + self.pending < 0:
-            return None
-        if known + self.pending > 0:
-            return repo.Bump(self.pending, step, expected=known)
-        if self.state.parent_execution_id is not None or self.dispatches:  # a child's end reads its parent
-            return None
-        return repo.Bump(self.pending, step, expected=known, finish=True)
+        """Write everything decided (engine/decision/write.py); raises DuplicateEvent (and rolls
+        back) on a redelivery, Redecide when the head moved on."""
+        return write.flush(self, last=last)
 
     def keep_state(self, url: str) -> None:
-        """After the commit: the process's cached state becomes what this decision wrote when it
-        moved the execution exactly one version on from the state it read (no other decision
-        came between them); otherwise it is dropped, and read again when next needed."""
-        if not self.variables:
-            return
-        if self.written_version == self.version + 1 and self.state.version == self.version:
-            STATE.advance(url, self.state, self.written_version, self.written, self.written_pending)
-        else:
-            STATE.forget(url, self.execution_id)
+        write.keep_state(self, url)
 
 
 def _timestamp(value: Any) -> datetime | None:
@@ -914,15 +834,16 @@ def outcomes_of(payload: dict[str, Any]) -> list[Outcome]:
     outcome to each of its iterations."""
     if payload["kind"] == BATCH_EVENT:
         return [(TaskMessage.from_dict(e["task"]), e["outcome"], e["report"]) for e in payload["events"]]
-    message = TaskMessage.from_dict(payload["task"])
-    return [(member, payload["outcome"], payload["report"]) for member in message.members()]
+    event = OutcomeEvent.from_dict(payload)
+    message = TaskMessage.from_dict(event.task)
+    return [(member, event.outcome, event.report) for member in message.members()]
 
 
 def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
     """Decide on one event; returns what to publish (already recorded)."""
     execution_id = int(payload["execution_id"])
     kind = payload["kind"]
-    outcomes = outcomes_of(payload) if kind in ("outcome", BATCH_EVENT) else []
+    outcomes = outcomes_of(payload) if kind in (PayloadKind.OUTCOME, PayloadKind.BATCH) else []
     deferred = _deferred_state(url, execution_id, outcomes[0][0]) if outcomes else None
     try:
         try:
@@ -972,9 +893,9 @@ def _decide(
             decider = Decider(
                 connection=conn, state=state, running=head["status"] == "running", version=head["state_version"]
             )
-        if kind == "start":
+        if kind == PayloadKind.START:
             decider.start_execution()
-        elif kind in ("outcome", BATCH_EVENT):
+        elif kind in (PayloadKind.OUTCOME, PayloadKind.BATCH):
             for message, outcome, report in outcomes:
                 decider.depth = 0
                 decider.on_outcome(message, outcome, report)
@@ -996,7 +917,7 @@ def start_new(conn: Connection, state: ExecutionState, create_row: Callable[[int
     return decider.flush(last=True)
 
 
-def fail_internally(url: str, payload: dict[str, Any], reason: str, *, kind: str = "internal") -> None:
+def fail_internally(url: str, payload: dict[str, Any], reason: str, *, kind: str = ErrorKind.INTERNAL) -> None:
     """An event could not be decided (a defect, a lasting outage, a value the store refuses):
     fail the execution, recorded, rather than leave it running forever."""
     execution_id = int(payload["execution_id"])
@@ -1040,7 +961,7 @@ def replay(url: str, execution_id: int, key: str, *, ran_by: str | None = None) 
             elapsed = _since(row)
             for stored in ((row or {}).get("meta") or {}).get("dispatch") or []:
                 dispatch = Dispatch.from_dict(stored)
-                if ran_by is not None and dispatch.kind == "run":
+                if ran_by is not None and dispatch.kind == DispatchKind.RUN:
                     attempt = dispatch.attempt_key()
                     if attempt in followed:
                         continue
@@ -1063,4 +984,4 @@ def _since(row: dict[str, Any] | None) -> float:
 
 
 def start_payload(execution_id: int) -> dict[str, Any]:
-    return {"kind": "start", "execution_id": execution_id}
+    return {"kind": PayloadKind.START, "execution_id": execution_id}

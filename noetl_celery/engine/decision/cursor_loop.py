@@ -29,17 +29,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from noetl_celery import cursors
+from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Action, Step
 from noetl_celery.engine import deadlines
-from noetl_celery.engine import events as ev
-from noetl_celery.engine.loops import fail_loop_start, record_loop_done
+from noetl_celery.engine.decision.loops import fail_loop_start, record_loop_done
+from noetl_celery.engine.decision.policy_eval import next_backoff
+from noetl_celery.engine.decision.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
-from noetl_celery.engine.policy_eval import next_backoff
-from noetl_celery.engine.units import RunRef, UnitEnd, rewrite_outcome_row
 from noetl_celery.store import repo
+from noetl_celery.vocabulary import ErrorKind
 
 if TYPE_CHECKING:
-    from noetl_celery.engine.orchestrator import Decider
+    from noetl_celery.engine.decision.port import DecisionPort
 
 # How a claim that errors is tried again unless the cursor says (`cursor.retry`): 3 tries in
 # all, 0.5 s before the second and doubled for each further one; then the step fails with the
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 CLAIM_RETRY = Action(do="retry", attempts=3, delay=0.5, backoff="exponential", max_delay=60.0)
 
 
-def _run_ref(decider: Decider, run_id: str) -> RunRef:
+def _run_ref(decider: DecisionPort, run_id: str) -> RunRef:
     context = (repo.get_loop(decider.conn, run_id) or {}).get("context") or {}
     return RunRef(run_id, context.get("frames", []), context.get("args", {}))
 
@@ -55,13 +56,17 @@ def _run_ref(decider: Decider, run_id: str) -> RunRef:
 class CursorLoop:
     """The pull-model loop strategy: `max_in_flight` slots, no known total."""
 
-    def start(self, decider: Decider, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
+    def start(self, decider: DecisionPort, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
         loop = step.loop
         assert loop is not None and loop.cursor is not None
         slots = max(loop.max_in_flight, 1)
         if cursors.needs_claim(str(loop.cursor.get("kind"))) and not isinstance(loop.cursor.get("claim"), str):
             fail_loop_start(
-                decider, step, run.run_id, parent, {"kind": "loop", "message": "cursor loop without a claim SQL"}
+                decider,
+                step,
+                run.run_id,
+                parent,
+                {"kind": ErrorKind.LOOP, "message": "cursor loop without a claim SQL"},
             )
             return
         repo.create_loop(
@@ -89,7 +94,9 @@ class CursorLoop:
         for slot in range(slots):
             dispatch_claim(decider, step, run, slot=slot, claim=0, index=0, parent=key)
 
-    def unit_done(self, decider: Decider, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]) -> None:
+    def unit_done(
+        self, decider: DecisionPort, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]
+    ) -> None:
         """A row's chain is over: record it as the item's row, count it, go on with the slot."""
         assert message.slot is not None
         slot = message.slot
@@ -112,7 +119,7 @@ class CursorLoop:
                 **({"tolerated": True} if end.tolerated is not None else {}),
             }
         decider.count_iteration(message.run_id, ok=not failed, tolerated=end.tolerated is not None)
-        if not decider.running or decider.failure is not None:
+        if not decider.can_dispatch():
             return
         run = RunRef(message.run_id, message.frames, message.args)
         parent = row.get("event_id") or message.parent_event_id or ""
@@ -158,7 +165,7 @@ def lease_seconds(step: Step) -> float | None:
 
 
 def dispatch_claim(
-    decider: Decider,
+    decider: DecisionPort,
     step: Step,
     run: RunRef,
     *,
@@ -180,7 +187,7 @@ def dispatch_claim(
         parent_event_id=parent,
         slot={"id": slot, "claim": claim, "phase": "claim", "index": index, **({"done": done} if done else {})},
     )
-    decider.dispatches.append(
+    decider.send(
         Dispatch.task(
             message,
             countdown=countdown,
@@ -191,7 +198,7 @@ def dispatch_claim(
 
 
 def dispatch_row(
-    decider: Decider, step: Step, run: RunRef, *, slot: int, claim: int, index: int, rows: list[Any], parent: str
+    decider: DecisionPort, step: Step, run: RunRef, *, slot: int, claim: int, index: int, rows: list[Any], parent: str
 ) -> None:
     slots = max(step.loop.max_in_flight, 1) if step.loop else 1
     message = TaskMessage(
@@ -208,7 +215,7 @@ def dispatch_row(
     decider.dispatch_task(step, message, record_start=False)
 
 
-def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], report: dict[str, Any]) -> None:
+def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, Any], report: dict[str, Any]) -> None:
     """A claim's outcome: rows start the slot's next row, none ends the slot, an error retries."""
     assert message.slot is not None
     slot = message.slot
@@ -216,6 +223,9 @@ def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], 
     ok = outcome["status"] == "ok"
     rows = list((outcome.get("data") or {}).get("rows") or []) if ok else []
     kind = ev.CURSOR_CLAIMED if rows else ev.CURSOR_SLOT_ENDED if ok else ev.CURSOR_CLAIM_FAILED
+    # a failed claim tried again: its row says when, built once with the rest of it
+    retried = not ok and decider.can_dispatch() and message.attempt < (claim_retry(step).attempts or 1)
+    delay = next_backoff(claim_retry(step), message.attempt) if retried else 0.0
     key = decider.record(
         kind,
         message.outcome_key(),
@@ -229,9 +239,14 @@ def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], 
         worker=report.get("worker"),
         duration_ms=report.get("duration_ms"),
         error=outcome.get("error"),
-        meta={"slot": slot["id"], "claim": slot["claim"], "rows": len(rows)},
+        meta={
+            "slot": slot["id"],
+            "claim": slot["claim"],
+            "rows": len(rows),
+            **({"retry_in": delay} if retried else {}),
+        },
     )
-    if not decider.running or decider.failure is not None:
+    if not decider.can_dispatch():
         return
     run = RunRef(message.run_id, message.frames, message.args)
     if rows:
@@ -240,9 +255,7 @@ def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], 
         )
     elif ok:
         _slot_ended(decider, step, message.run_id, key)
-    elif message.attempt < (claim_retry(step).attempts or 1):
-        delay = next_backoff(claim_retry(step), message.attempt)
-        decider.rows[-1]["meta"]["retry_in"] = delay
+    elif retried:
         dispatch_claim(
             decider,
             step,
@@ -258,7 +271,7 @@ def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], 
     elif repo.complete_loop(decider.conn, message.run_id):
         reason = (outcome.get("error") or {}).get("message") or "claim failed"
         error = {
-            "kind": "cursor",
+            "kind": ErrorKind.CURSOR,
             "message": f"cursor claim of slot {slot['id']} failed after {message.attempt} attempts: {reason}",
             "slot": slot["id"],
         }
@@ -267,7 +280,7 @@ def claim_done(decider: Decider, message: TaskMessage, outcome: dict[str, Any], 
         )
 
 
-def _slot_ended(decider: Decider, step: Step, run_id: str, parent: str) -> None:
+def _slot_ended(decider: DecisionPort, step: Step, run_id: str, parent: str) -> None:
     counters = repo.end_loop_slot(decider.conn, run_id)
     if counters["slots_ended"] < counters["cap"] or not repo.complete_loop(decider.conn, run_id):
         return
@@ -280,7 +293,7 @@ def _slot_ended(decider: Decider, step: Step, run_id: str, parent: str) -> None:
     error = (
         None
         if not fatal
-        else {"kind": "loop", "message": f"{fatal} of {stats['processed']} cursor rows failed", "stats": stats}
+        else {"kind": ErrorKind.LOOP, "message": f"{fatal} of {stats['processed']} cursor rows failed", "stats": stats}
     )
     decider.step_done(
         step,

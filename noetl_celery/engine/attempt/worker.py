@@ -16,11 +16,12 @@ from sqlalchemy import Connection
 
 from noetl_celery import credentials, limits, secret_registry
 from noetl_celery.dsl.plan import Sink, Task
-from noetl_celery.engine import deadlines, process
+from noetl_celery.engine import deadlines
+from noetl_celery.engine import identity as process_identity
 from noetl_celery.engine.arc_args import merge_arc_args
+from noetl_celery.engine.attempt.cursor_claim import run_claim
 from noetl_celery.engine.context import STATE, message_scope, render_context
-from noetl_celery.engine.cursor_claim import run_claim
-from noetl_celery.engine.messages import BATCH_EVENT, TaskMessage
+from noetl_celery.engine.messages import BatchEvent, OutcomeEvent, TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import storable, to_jsonable, unstorable
 from noetl_celery.store import repo, views
@@ -313,17 +314,11 @@ def run_attempt(
     body = secret_registry.mask(body)
     report = {
         "queue_id": queue_id,
-        **process.identity(node),
+        **process_identity.identity(node),
         "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
         "duration_ms": round((time.time() - started) * 1000, 3),
     }
-    return {
-        "kind": "outcome",
-        "execution_id": message.execution_id,
-        "task": message.to_wire(),
-        "outcome": body,
-        "report": report,
-    }
+    return OutcomeEvent(message.execution_id, message.to_wire(), body, report).to_dict()
 
 
 def execute_batch(
@@ -334,8 +329,5 @@ def execute_batch(
     outcomes are written in one transaction, so the first one tells)."""
     if message.replay and already_done(url, message):
         return None
-    return {
-        "kind": BATCH_EVENT,
-        "execution_id": message.execution_id,
-        "events": [run_attempt(url, member, queue_id=queue_id, node=node) for member in message.members()],
-    }
+    events = [run_attempt(url, member, queue_id=queue_id, node=node) for member in message.members()]
+    return BatchEvent(message.execution_id, events).to_dict()

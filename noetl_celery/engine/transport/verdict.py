@@ -18,6 +18,7 @@ from celery.exceptions import Retry
 
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage
 from noetl_celery.errors import AttemptFailed
+from noetl_celery.vocabulary import DispatchKind
 
 ERROR_TEXT_LIMIT = 300  # characters of an attempt's error shown as Flower's exception text
 
@@ -53,7 +54,7 @@ def next_attempt(message: TaskMessage, dispatches: list[Dispatch] | None) -> Dis
     for dispatch in dispatches or []:
         m = dispatch.message
         if (
-            dispatch.kind == "run"
+            dispatch.kind == DispatchKind.RUN
             and m.get("run_id") == message.run_id
             and m.get("step") == message.step
             and m.get("iteration") == message.iteration

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, and_, select
+from sqlalchemy import Connection
 
+from noetl_celery.store import recovery as store_recovery
 from noetl_celery.store import repo
 
 MAX_CHILD_DEPTH = 32  # levels of sub-playbooks followed when ending a tree of executions
@@ -43,19 +44,13 @@ def end_tree(conn: Connection, execution_id: int, status: str, event_type: str, 
                     row.update(_parent_notice(conn, eid, status, error))
                 repo.insert_events(conn, [row])
                 ended.append(eid)
-        c = repo.EXECUTIONS.c
-        level = [
-            int(r[0])
-            for r in conn.execute(
-                select(c.execution_id).where(and_(c.parent_execution_id.in_(level), c.status == "running"))
-            )
-        ]
+        level = store_recovery.running_children(conn, level)
     return ended
 
 
 def _parent_notice(conn: Connection, execution_id: int, status: str, error: dict[str, Any]) -> dict[str, Any]:
     """The dispatch list (and deadline: now) that tells a running parent its child has ended."""
-    from noetl_celery.engine.subplaybooks import child_end  # the decider's side of sub-playbooks
+    from noetl_celery.engine.decision.subplaybooks import child_end  # the decider's side of sub-playbooks
 
     end = child_end(conn, execution_id, status, {}, error)
     if end is None:

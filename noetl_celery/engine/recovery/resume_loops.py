@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from noetl_celery.engine import events as ev
-from noetl_celery.engine.loops import dispatch_queued
+from noetl_celery import vocabulary as ev
+from noetl_celery.engine.decision.loops import dispatch_queued
+from noetl_celery.engine.decision.orchestrator import Decider
 from noetl_celery.engine.messages import Dispatch
-from noetl_celery.engine.orchestrator import Decider
 from noetl_celery.store import repo
 
 END_TYPES = (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED)

@@ -45,11 +45,13 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from noetl_celery import vocabulary as ev
 from noetl_celery.engine import deadlines
-from noetl_celery.engine.lifecycle import end_tree
-from noetl_celery.engine.messages import Dispatch, TaskMessage
+from noetl_celery.engine.messages import Dispatch, OutcomeEvent, TaskMessage
+from noetl_celery.engine.recovery.lifecycle import end_tree
 from noetl_celery.store import leases, repo
 from noetl_celery.store.db import transaction
+from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,9 @@ SWEEP_BUDGET_MIN = 1.0
 SWEEP_TIMEOUT = 10.0  # seconds: bounds each sweep transaction on PostgreSQL (NOETL_SWEEP_TIMEOUT)
 LOCK_WARN_AFTER = 30.0  # seconds without taking the sweep lock before a sweeper warns
 ADVISORY_LOCK_KEY = zlib.crc32(b"noetl_celery.sweeper")  # one sweeper per PostgreSQL database
-REPUBLISHED = "attempt.republished"
-RUN = "run"  # Dispatch.kind of a task attempt
-EVENT = "event"  # Dispatch.kind of an event for on_event (a sub-playbook's start or end)
+REPUBLISHED = ev.ATTEMPT_REPUBLISHED
+RUN = DispatchKind.RUN  # Dispatch.kind of a task attempt
+EVENT = DispatchKind.EVENT  # Dispatch.kind of an event for on_event (a sub-playbook's start or end)
 
 
 @dataclass
@@ -92,13 +94,12 @@ class SweepResult:
 def lost_outcome(message: dict[str, Any], kind: str, reason: str, worker: str) -> dict[str, Any]:
     """The on_event payload of an attempt that ended without reporting (lost, worker_lost, timeout)."""
     error = {"kind": kind, "message": reason, "retryable": True}
-    return {
-        "kind": "outcome",
-        "execution_id": message["execution_id"],
-        "task": message,
-        "outcome": {"status": "error", "data": None, "error": error, "http": None, "pg": None, "meta": {}},
-        "report": {"queue_id": None, "worker": worker, "started_at": None, "duration_ms": None},
-    }
+    return OutcomeEvent(
+        message["execution_id"],
+        message,
+        {"status": "error", "data": None, "error": error, "http": None, "pg": None, "meta": {}},
+        {"queue_id": None, "worker": worker, "started_at": None, "duration_ms": None},
+    ).to_dict()
 
 
 @contextmanager
@@ -232,8 +233,8 @@ def sweep(
 
 def _timeouts(conn: Connection, now: Any, result: SweepResult) -> None:
     for execution_id in leases.timed_out(conn, now):
-        error = {"kind": "timeout", "message": "the execution ran past its playbook timeout"}
-        result.timed_out += end_tree(conn, execution_id, "failed", "execution.failed", error)
+        error = {"kind": ErrorKind.TIMEOUT, "message": "the execution ran past its playbook timeout"}
+        result.timed_out += end_tree(conn, execution_id, "failed", ev.EXECUTION_FAILED, error)
 
 
 def _missing_starts(conn: Connection, now: Any, result: SweepResult) -> None:
@@ -262,7 +263,7 @@ def _overdue(
         stored = [Dispatch.from_dict(d) for d in dispatch_list]
         ends = []
         for d in stored:
-            if d.kind == EVENT and d.message.get("kind") == "outcome":
+            if d.kind == EVENT and d.message.get("kind") == PayloadKind.OUTCOME:
                 parent_id = int(d.message["execution_id"])
                 key = TaskMessage.from_dict(d.message["task"]).outcome_key()
                 base = key.removesuffix(".done")

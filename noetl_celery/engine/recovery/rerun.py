@@ -25,11 +25,11 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, select
 
+from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Plan
-from noetl_celery.engine import events as ev
 from noetl_celery.engine.context import ExecutionState
+from noetl_celery.engine.decision.orchestrator import Decider
 from noetl_celery.engine.messages import Dispatch, sanitize
-from noetl_celery.engine.orchestrator import Decider
 from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import repo
 

@@ -20,31 +20,22 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 from types import FrameType
 from typing import Any
 
+from noetl_celery.engine.identity import DEFAULT_NODE_PREFIX as DEFAULT_NODE_PREFIX
+from noetl_celery.engine.identity import identity as identity
+from noetl_celery.engine.identity import node_name as node_name
+
 log = logging.getLogger(__name__)
-
-DEFAULT_NODE_PREFIX = "celery"  # Celery's node name without -n: celery@<host>
-
-
-def node_name(hostname: str | None = None) -> str:
-    """The Celery node name (`w2@host`, as Flower shows it); celery@<host> outside a worker."""
-    return hostname or f"{DEFAULT_NODE_PREFIX}@{socket.gethostname()}"
-
-
-def identity(hostname: str | None = None) -> dict[str, Any]:
-    """`worker` (the node name) and `pid` of the process running this attempt, read now."""
-    return {"worker": node_name(hostname), "pid": os.getpid()}
 
 
 def reset_after_fork() -> None:
     """Forget everything per process that a forked child inherited: pooled database
     connections, the publisher, cached execution states, loop collections and credential files."""
     from noetl_celery import credentials, publisher
-    from noetl_celery.engine import loops
     from noetl_celery.engine.context import STATE
+    from noetl_celery.engine.decision import loops
     from noetl_celery.store.db import dispose_engines
 
     dispose_engines()

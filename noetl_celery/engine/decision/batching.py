@@ -27,6 +27,7 @@ from typing import Any
 
 from noetl_celery.dsl.plan import Loop, Plan
 from noetl_celery.engine.messages import BATCH_VERSION, VERSION_FIELD, Dispatch
+from noetl_celery.vocabulary import DispatchKind
 
 AUTO_MAX = 32  # iterations of one message with `batch: auto`
 AUTO_MESSAGES = 8  # with `batch: auto`, the loop's cap is spread over at least this many messages
@@ -55,7 +56,7 @@ def _batchable(plan: Plan, dispatch: Dispatch) -> Loop | None:
     loop = step.loop if step is not None else None
     if loop is None or loop.batch == 1:  # the common case, settled first: every decision asks
         return None
-    if dispatch.kind != "run" or dispatch.countdown > 0 or message.get("iteration") is None:
+    if dispatch.kind != DispatchKind.RUN or dispatch.countdown > 0 or message.get("iteration") is None:
         return None
     if message.get("batch") or message.get("store_tries"):
         return None

@@ -1,0 +1,196 @@
+"""The write of a decision: how what the Decider decided reaches the event store in one round trip.
+
+The Decider (orchestrator.py) decides *what* happens: rows, dispatches, variables, counter
+changes, the end of the execution. This module owns *how* it is written: the execution
+counters' update (or the new execution's insert), the one-statement write of rows and
+variables (`repo.record_decision`), the optimistic concurrency of a decision made on a cached
+head (a moved head raises Redecide, and the caller decides again the classic way), the
+duplicate check of a redelivered event (DuplicateEvent), and the process's state cache after
+the commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from sqlalchemy import Connection
+
+from noetl_celery import vocabulary as ev
+from noetl_celery.engine import deadlines
+from noetl_celery.engine.context import STATE, ExecutionState
+from noetl_celery.engine.decision import batching, subplaybooks
+from noetl_celery.engine.messages import Dispatch
+from noetl_celery.store import repo
+
+
+class DuplicateEvent(Exception):
+    """The causing event was recorded before: this delivery is a redelivery."""
+
+
+class Redecide(Exception):
+    """A decision made on the cached head turned out stale (the execution is not running any
+    more, or its state is newer than the cached one): roll back and decide the classic way."""
+
+
+class Decided(Protocol):
+    """The decision in progress as the write reads it (the Decider's accumulated fields)."""
+
+    connection: Connection
+    state: ExecutionState
+    running: bool
+    rows: list[dict[str, Any]]
+    dispatches: list[Dispatch]
+    variables: dict[str, dict[str, Any]]
+    version: int
+    pending: int
+    failure: dict[str, Any] | None
+    deferred: bool
+    later_causes: list[str]
+    written: dict[str, dict[str, Any]]
+    written_version: int | None
+    written_pending: int | None
+    create_row: Callable[[int, int], None] | None
+    durations_ms: dict[str, list[float]]
+    strict: bool
+    later_count: repo.IterationCount | None
+
+    @property
+    def conn(self) -> Connection: ...
+
+    @property
+    def execution_id(self) -> int: ...
+
+    @property
+    def plan(self) -> Any: ...
+
+    def record(self, event_type: str, key: str, **fields: Any) -> str: ...
+
+
+def flush(d: Decided, *, last: bool = False) -> list[Dispatch]:
+    """Write everything decided; raises DuplicateEvent (and rolls back) on a redelivery.
+
+    `last`: nothing follows in the transaction; the write may commit it, and then refuses a
+    row that exists, raising Redecide (see `repo.record_decision`)."""
+    version, finished, bump = _counters(d, last)
+    if d.failure is not None:
+        repo.finish_execution(d.conn, d.execution_id, "failed", error=d.failure["error"], failed_step=d.failure["step"])
+    dispatches = _dispatches(d, version, finished)
+    causing = d.rows[0]
+    if dispatches:
+        causing["meta"] = {**(causing.get("meta") or {}), "dispatch": [x.to_dict() for x in dispatches]}
+        causing["deadline_at"] = deadlines.decision_deadline(repo.utcnow(), dispatches)
+    _record(d, last, bump)
+    return dispatches
+
+
+def _counters(d: Decided, last: bool) -> tuple[int, bool, repo.Bump | None]:
+    """The execution counters' change (pending units, state version), and the execution's end
+    when no unit is pending any more: (the version written, whether it finished, the bump the
+    last write makes instead of a statement now)."""
+    version = d.version
+    finished = False
+    bump: repo.Bump | None = None
+    if d.create_row is None and not d.pending and not d.variables and d.failure is None:
+        return version, finished, bump
+    step = 1 if d.variables else 0
+    deferred, d.deferred = d.deferred, False
+    if d.create_row is not None:
+        pending, version = d.pending, d.version + step
+        d.create_row(pending, version)
+    elif deferred and (bump := _bump_for_write(d, last, step)) is not None:
+        d.deferred = True  # the write checks the head
+        pending = 1 if bump.expected is None else bump.expected + bump.pending
+        version = d.version + step
+    else:
+        pending, version, status = repo.bump_execution(
+            d.connection if deferred else d.conn, d.execution_id, pending=d.pending, version=step
+        )
+        if deferred and (status != "running" or version != d.version + step):
+            raise Redecide()  # the update read the head: it moved on since the cached state
+    d.written_version = version
+    d.written_pending = None if bump is not None and bump.expected is None else pending
+    if d.running and d.failure is None and pending <= 0:
+        d.record(
+            ev.EXECUTION_COMPLETED,
+            ev.EXECUTION_COMPLETED,
+            status="completed",
+            parent_event_id=d.rows[-1]["event_id"] if d.rows else None,
+        )
+        if bump is not None:
+            finished = bump.finish  # the write completes it
+        else:
+            finished = repo.finish_execution(d.conn, d.execution_id, "completed")
+    return version, finished, bump
+
+
+def _dispatches(d: Decided, version: int, finished: bool) -> list[Dispatch]:
+    """The messages to publish: grouped into batches, stamped with the state version, and a
+    child execution's end for its parent."""
+    if not d.running:
+        return []
+    dispatches = [x.with_version(version) for x in batching.group(d.plan, d.dispatches, d.durations_ms)]
+    if d.state.parent_execution_id is not None and (finished or d.failure is not None):
+        status = "failed" if d.failure is not None else "completed"
+        end = subplaybooks.child_end(d.conn, d.execution_id, status, d.state.results, (d.failure or {}).get("error"))
+        if end is not None:
+            dispatches.append(end)
+    return dispatches
+
+
+def _record(d: Decided, last: bool, bump: repo.Bump | None) -> None:
+    """The one-statement write of rows and variables (the head checked in it when no statement
+    read it, or when it counts an iteration)."""
+    head_version = d.version if d.deferred or d.later_count is not None else None
+    d.deferred = False
+    try:
+        recorded = repo.record_decision(
+            d.connection,
+            d.rows,
+            d.variables,
+            new_keys=d.later_causes,
+            last=last,
+            head_version=head_version,
+            count=d.later_count,
+            bump=bump,
+        )
+    except repo.Conflict as exc:
+        raise Redecide() from exc
+    if not recorded.new:
+        raise DuplicateEvent(d.rows[0]["event_id"])
+    d.written = recorded.stored
+    if bump is not None and d.variables:  # read back after the commit
+        if recorded.stored:
+            d.written_pending = recorded.pending
+        else:  # a later decision came first: keep_state leaves the state to be read again
+            d.written_version = None
+
+
+def _bump_for_write(d: Decided, last: bool, step: int) -> repo.Bump | None:
+    """The execution counters' update the decision's strict last write can make (None: it is
+    made first, and returns the head). A decision that could end the execution needs the
+    pending count: the cached one is expected, and a wrong guess is refused by the write."""
+    if not (last and d.strict and d.failure is None and d.later_count is None):
+        return None
+    if d.pending >= 0:  # an outcome's unit was pending: the count stays above 0
+        return repo.Bump(d.pending, step)
+    known = d.state.pending
+    if known is None or known + d.pending < 0:
+        return None
+    if known + d.pending > 0:
+        return repo.Bump(d.pending, step, expected=known)
+    if d.state.parent_execution_id is not None or d.dispatches:  # a child's end reads its parent
+        return None
+    return repo.Bump(d.pending, step, expected=known, finish=True)
+
+
+def keep_state(d: Decided, url: str) -> None:
+    """After the commit: the process's cached state becomes what this decision wrote when it
+    moved the execution exactly one version on from the state it read (no other decision
+    came between them); otherwise it is dropped, and read again when next needed."""
+    if not d.variables:
+        return
+    if d.written_version == d.version + 1 and d.state.version == d.version:
+        STATE.advance(url, d.state, d.written_version, d.written, d.written_pending)
+    else:
+        STATE.forget(url, d.execution_id)
