@@ -169,12 +169,14 @@ class Scope:
 
 
 def job_of(state: ExecutionState) -> dict[str, Any]:
-    """`job`: the execution as NoETL playbooks name it (`job.uuid` is stable for the execution)."""
+    """`job`: the execution as NoETL playbooks name it (`job.uuid` is stable for the execution;
+    its ids are strings, as `execution_id` is)."""
+    parent = state.parent_execution_id
     return {
         "uuid": str(uuid.uuid5(JOB_UUID_NAMESPACE, str(state.execution_id))),
-        "id": state.execution_id,
-        "execution_id": state.execution_id,
-        "parent_execution_id": state.parent_execution_id,
+        "id": str(state.execution_id),
+        "execution_id": str(state.execution_id),
+        "parent_execution_id": None if parent is None else str(parent),
         "name": state.plan.name,
         "path": state.plan.path,
     }
