@@ -191,13 +191,15 @@ def test_migrate_says_the_revision_it_reached_and_refuses_to_go_back(either_stor
     if url.startswith("sqlite"):  # an empty file: migrate creates the schema
         first = cli(["migrate"], env)
         assert first.returncode == 0, first.stderr
-        assert first.stdout.strip().endswith("is at revision 0004 (was empty)"), first.stdout
+        assert first.stdout.strip().endswith("is at revision 0007_blobs (was empty)"), first.stdout
     same = cli(["migrate"], env)
-    assert same.returncode == 0 and same.stdout.strip().endswith("is at revision 0004: nothing to do"), same.stdout
+    assert same.returncode == 0 and same.stdout.strip().endswith("is at revision 0007_blobs: nothing to do"), (
+        same.stdout
+    )
     back = cli(["migrate", "--revision", "0002"], env)
     assert back.returncode == 2
-    assert "is at revision 0004, past 0002: `noetl-celery migrate` only upgrades" in back.stderr, back.stderr
-    assert current_revision(url) == "0004"
+    assert "is at revision 0007_blobs, past 0002: `noetl-celery migrate` only upgrades" in back.stderr, back.stderr
+    assert current_revision(url) == "0007_blobs"
     downgrade(url, "0002")
     by_file = cli(["migrate", "--revision", "0003_cursor_subplaybooks.py"], env)
     assert by_file.returncode == 0, by_file.stderr

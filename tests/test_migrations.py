@@ -111,7 +111,7 @@ def test_store_migrate_and_downgrade_functions(database_url):
 def test_noetl_celery_migrate_uses_noetl_database_url(database_url, tmp_path):
     proc = cli(["migrate"], {"NOETL_DATABASE_URL": database_url, "NOETL_HOME": str(tmp_path / "home")})
     assert proc.returncode == 0, proc.stderr
-    assert "is at revision 0004 (was empty)" in proc.stdout
+    assert "is at revision 0007_blobs (was empty)" in proc.stdout
     assert_schema(database_url)
     assert not (tmp_path / "home" / "noetl.sqlite").exists()  # the configured store, not the embedded one
 
