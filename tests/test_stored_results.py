@@ -217,3 +217,37 @@ def test_a_stored_value_is_masked_and_the_limit_of_what_is_stored_truncates(sqli
     with transaction(sqlite_url) as conn:
         too_big = blobs.put(conn, 1, list(range(20_000)))
     assert limits.is_truncated(too_big) and _rows(sqlite_url, "SELECT count(*) AS n FROM noetl_blob") == [{"n": 1}]
+
+
+def test_a_200000_element_python_result_starts_its_loop_at_the_default_settings(sqlite_url, monkeypatch, tmp_path):
+    """The case of the issue, at the default settings: list(range(200000)) (1.29 MB of JSON) is
+    stored once, the loop starts over all of it, and its first iterations run on their elements.
+    Running all 200,000 iterations is bench.fanout's job (docs/benchmarks.md)."""
+    monkeypatch.delenv("NOETL_MAX_RESULT_BYTES")
+    path = tmp_path / "fanout.yaml"
+    path.write_text(
+        "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: fanout}\nworkflow:\n"
+        "  - step: start\n    tool: {kind: python, code: 'result = list(range(200000))'}\n"
+        "    next: {arcs: [{step: work}]}\n"
+        "  - step: work\n"
+        "    loop: {in: '{{ start }}', iterator: x, spec: {mode: parallel, max_in_flight: 100}}\n"
+        "    tool: {kind: python, args: {x: '{{ iter.x }}'}, code: 'result = x * 2'}\n"
+    )
+    harness = Harness(sqlite_url)
+    execution_id = harness.start(compile_source(str(path), {}, None))
+    for _ in range(1 + 150):  # the python step, then 150 iterations
+        assert harness.step()
+    (loop,) = _rows(
+        sqlite_url, "SELECT total, done, collection FROM noetl_loop WHERE execution_id = :e", e=execution_id
+    )
+    collection = _json(loop["collection"])
+    assert loop["total"] == 200_000 and loop["done"] == 150
+    assert limits.is_reference(collection) and collection["length"] == 200_000 and collection["size"] > 1_000_000
+    (stored,) = _rows(sqlite_url, "SELECT sha256 FROM noetl_blob WHERE execution_id = :e", e=execution_id)
+    assert stored["sha256"] == collection["sha256"]  # the result and the collection: one stored value
+    done = _rows(
+        sqlite_url,
+        "SELECT iteration, result FROM noetl_event WHERE execution_id = :e AND event_type = 'iteration.completed'",
+        e=execution_id,
+    )
+    assert len(done) == 150 and all(_json(r["result"]) == 2 * r["iteration"] for r in done)
