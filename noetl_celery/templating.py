@@ -634,6 +634,8 @@ def _defined(value: Any) -> Any:
         if isinstance(value, PlaybookUndefined) and value._hidden():
             return None
         value._fail_with_undefined_error()
+    if isinstance(value, Stored):  # a placeholder inside a rendered value (`{{ ctx }}`): read whole
+        return _defined(materialise(value))
     if isinstance(value, (list, tuple)) or type(value).__name__ == "generator":
         return [_defined(v) for v in value]
     if type(value) is dict:

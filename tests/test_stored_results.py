@@ -174,7 +174,9 @@ def test_a_reference_is_read_whole_and_never_rendered_as_the_value():
         assert render_value("{% for x in big %}{% if loop.last %}{{ x.i }}{% endif %}{% endfor %}", context) == "2999"
         shown = render_value("{{ big }}", context | {"big": Stored(ref, as_step_result)})
         assert limits.STORED not in json.dumps(shown)
-    assert len(reads) == 6
+        whole = render_value("{{ ctx }}", {"ctx": {"loop_results": Stored(ref, as_step_result)}})
+        assert whole == {"loop_results": value}  # a placeholder inside a rendered value is read too
+    assert len(reads) == 7
     with pytest.raises(TemplateError, match="stored by reference cannot be read here"):
         render_value("{{ big | length }}", context)  # no store to read from: an error, never the reference
 
