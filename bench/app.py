@@ -12,6 +12,8 @@ when unset), so the tasks are the same whichever broker carries them.
 - `noetl.bench_retry_once` (bench/latency.py): the first attempt calls `self.retry(countdown=0)`
   and carries its start and end times in the retry's kwargs; the second attempt writes the four
   times to `key`.
+- `noetl.bench_echo` / `noetl.bench_collect` (bench/fanout.py): a raw `group` + chord, each task
+  returning its element, the chord's callback writing how many results it got and their sum.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from noetl_celery.app import app, current_settings
 BENCH_NOOP = "noetl.bench_noop"
 BENCH_CHAIN_STEP = "noetl.bench_chain_step"
 BENCH_RETRY_ONCE = "noetl.bench_retry_once"
+BENCH_ECHO = "noetl.bench_echo"
+BENCH_COLLECT = "noetl.bench_collect"
 
 _redis_client: Any = None
 
@@ -61,6 +65,18 @@ def bench_retry_once(self: Any, key: str, start1: float | None = None, end1: flo
     )
 
 
+@app.task(name=BENCH_ECHO, acks_late=True)
+def bench_echo(x: Any) -> Any:
+    """Returns its element: a member of bench/fanout.py's raw chord."""
+    return x
+
+
+@app.task(name=BENCH_COLLECT, acks_late=True, ignore_result=True)
+def bench_collect(results: list[Any], key: str) -> None:
+    """The raw chord's callback: writes how many results it received and their sum to `key`."""
+    _bench_redis().set(key, f"{len(results)} {sum(int(r) for r in results)}")
+
+
 def _bench_redis() -> Any:
     global _redis_client
     if _redis_client is None:
@@ -70,4 +86,4 @@ def _bench_redis() -> Any:
     return _redis_client
 
 
-__all__ = ["app", "bench_chain_step", "bench_noop", "bench_retry_once"]
+__all__ = ["app", "bench_chain_step", "bench_collect", "bench_echo", "bench_noop", "bench_retry_once"]

@@ -16,6 +16,11 @@ and the CLI agree, and `noetl-celery config` shows them with the other settings)
   has no such bound);
 - NOETL_MAX_RESULT_DEPTH: nesting levels of a result (default 200; see `result_depth`).
 - NOETL_MAX_STEPS: step runs one execution may start (default 100000; engine/decision/orchestrator.py).
+- NOETL_MAX_STORED_BYTES: a result above NOETL_MAX_RESULT_BYTES is stored once outside its event
+  row (store/blobs.py) and the row holds its reference (`reference`); above this limit (JSON
+  size, default 256 MB) it is truncated instead (a marker), and cannot be read back.
+- NOETL_STORED_CACHE_BYTES: values stored by reference one process keeps decoded, least recently
+  used dropped first (JSON size of the values, default 64 MB).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ DEFAULT_TEMPLATE_TIMEOUT = settings.DEFAULT_TEMPLATE_TIMEOUT  # seconds per temp
 DEFAULT_TEMPLATE_MAX_BYTES = settings.DEFAULT_TEMPLATE_MAX_BYTES  # bytes one template operation may build
 PREVIEW_CHARS = 1000  # characters of a truncated value kept in its marker
 TRUNCATED = "__truncated__"  # the key that marks a truncated value
+STORED = "__stored__"  # the key that marks a reference to a value stored outside its row
 
 
 def max_result_bytes() -> int:
@@ -74,6 +80,14 @@ def max_result_depth() -> int:
     return depth
 
 
+def max_stored_bytes() -> int:
+    return int(settings.limit(settings.MAX_STORED_BYTES_ENV))
+
+
+def stored_cache_bytes() -> int:
+    return int(settings.limit(settings.STORED_CACHE_BYTES_ENV))
+
+
 def max_steps() -> int:
     return int(settings.limit(settings.MAX_STEPS_ENV))
 
@@ -91,6 +105,30 @@ def marker(size: int, sha256: str, preview: str, limit: int) -> dict[str, Any]:
     }
 
 
+def reference(execution_id: int, size: int, sha256: str, value: Any, text: str) -> dict[str, Any]:
+    """What an event row (or a variable, a loop's collection) holds instead of a value of `size`
+    bytes of JSON stored outside it (store/blobs.py), under (execution_id, sha256). Templates read
+    the whole value through it (templating: `materialise`); it is never taken for the value."""
+    ref: dict[str, Any] = {
+        STORED: True,
+        "execution_id": execution_id,
+        "sha256": sha256,
+        "size": size,
+        "type": type(value).__name__,
+        "preview": text[: PREVIEW_CHARS // 5],
+        "message": f"value of {size} bytes stored by reference (above NOETL_MAX_RESULT_BYTES); "
+        "templates read the whole value",
+    }
+    if isinstance(value, (list, dict)):
+        ref["length"] = len(value)
+    return ref
+
+
+def is_reference(value: Any) -> bool:
+    """A reference to a value stored outside its row (`reference`), whatever mapping holds it."""
+    return isinstance(value, dict) and value.get(STORED) is True and isinstance(value.get("sha256"), str)
+
+
 def is_truncated(value: Any) -> bool:
     return isinstance(value, dict) and value.get(TRUNCATED) is True
 
@@ -98,7 +136,7 @@ def is_truncated(value: Any) -> bool:
 def cap(value: Any, limit: int | None = None) -> Any:
     """`value` itself when its JSON is at most `limit` bytes, else its truncation marker."""
     limit = max_result_bytes() if limit is None else limit
-    if value is None or isinstance(value, (bool, int, float)) or is_truncated(value):
+    if value is None or isinstance(value, (bool, int, float)) or is_truncated(value) or is_reference(value):
         return value
     if isinstance(value, str) and len(value) * 4 <= limit:  # UTF-8 needs at most 4 bytes a character
         return value

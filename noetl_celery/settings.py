@@ -67,7 +67,11 @@ DEFAULT_TEMPLATE_TIMEOUT = 5.0  # seconds
 TEMPLATE_MAX_BYTES_ENV = "NOETL_TEMPLATE_MAX_BYTES"  # a string, list or number one template operation builds
 DEFAULT_TEMPLATE_MAX_BYTES = 1_000_000  # bytes
 MAX_LOOP_ITEMS_ENV = "NOETL_MAX_LOOP_ITEMS"  # elements of a loop's rendered collection
-DEFAULT_MAX_LOOP_ITEMS = 100_000
+DEFAULT_MAX_LOOP_ITEMS = 1_000_000  # a collection above NOETL_MAX_RESULT_BYTES is stored once, by reference
+MAX_STORED_BYTES_ENV = "NOETL_MAX_STORED_BYTES"  # a result stored by reference (outside its event row)
+DEFAULT_MAX_STORED_BYTES = 256_000_000  # bytes of JSON; above it a result is truncated (a marker)
+STORED_CACHE_BYTES_ENV = "NOETL_STORED_CACHE_BYTES"  # values stored by reference one process keeps decoded
+DEFAULT_STORED_CACHE_BYTES = 64_000_000  # bytes of their JSON (least recently used dropped first)
 MAX_RESULT_DEPTH_ENV = "NOETL_MAX_RESULT_DEPTH"  # nesting levels of a stored result
 DEFAULT_MAX_RESULT_DEPTH = 200
 STRICT_TEMPLATES_ENV = "NOETL_STRICT_TEMPLATES"  # 1: undefined names fail wherever they are rendered
@@ -82,6 +86,8 @@ LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limi
     MAX_LOOP_ITEMS_ENV: DEFAULT_MAX_LOOP_ITEMS,
     MAX_RESULT_DEPTH_ENV: DEFAULT_MAX_RESULT_DEPTH,
     MAX_STEPS_ENV: DEFAULT_MAX_STEPS,
+    MAX_STORED_BYTES_ENV: DEFAULT_MAX_STORED_BYTES,
+    STORED_CACHE_BYTES_ENV: DEFAULT_STORED_CACHE_BYTES,
 }
 WHOLE_LIMITS = frozenset(LIMIT_DEFAULTS) - {TEMPLATE_TIMEOUT_ENV}  # counts of bytes or nodes
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) holding the package
@@ -131,6 +137,8 @@ class Settings:
     max_loop_items: int = DEFAULT_MAX_LOOP_ITEMS
     max_result_depth: int = DEFAULT_MAX_RESULT_DEPTH
     max_steps: int = DEFAULT_MAX_STEPS
+    max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES
+    stored_cache_bytes: int = DEFAULT_STORED_CACHE_BYTES
     strict_templates: bool = False  # as load() saw it; templating reads it again at each use
     # the sweeper deletes the history of finished executions older than this (None: never; `prune`)
     prune_older_than: timedelta | None = None
@@ -183,6 +191,8 @@ class Settings:
             MAX_LOOP_ITEMS_ENV: str(self.max_loop_items),
             MAX_RESULT_DEPTH_ENV: f"{self.max_result_depth} levels",
             MAX_STEPS_ENV: str(self.max_steps),
+            MAX_STORED_BYTES_ENV: f"{self.max_stored_bytes} bytes",
+            STORED_CACHE_BYTES_ENV: f"{self.stored_cache_bytes} bytes",
             STRICT_TEMPLATES_ENV: "on" if self.strict_templates else "off (NoETL's lenient rendering)",
             DUCKDB_DIR_ENV: str(self.duckdb_dir),
             PLAYBOOK_PATH_ENV: os.pathsep.join(str(p) for p in self.playbook_path) or "(none)",
@@ -260,6 +270,8 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_loop_items=int(limit(MAX_LOOP_ITEMS_ENV, env)),
             max_result_depth=int(limit(MAX_RESULT_DEPTH_ENV, env)),
             max_steps=int(limit(MAX_STEPS_ENV, env)),
+            max_stored_bytes=int(limit(MAX_STORED_BYTES_ENV, env)),
+            stored_cache_bytes=int(limit(STORED_CACHE_BYTES_ENV, env)),
             strict_templates=strict_templates(env),
             prune_older_than=parse_age(env["NOETL_PRUNE_OLDER_THAN"], "NOETL_PRUNE_OLDER_THAN")
             if env.get("NOETL_PRUNE_OLDER_THAN")

@@ -15,6 +15,11 @@ Rules:
   so does a list or scalar result (`{{ step.result }}` of a step that returned a list is the list).
 - Only playbook text is rendered. Values that come from data (HTTP bodies, rows, step results)
   are inserted as values and never rendered again.
+- A value stored by reference (limits.reference: a result above NOETL_MAX_RESULT_BYTES, stored
+  outside its row by store/blobs.py) is read whole when a template uses it: by name (the
+  environment's context class), as an attribute or item, or held by a `Stored` placeholder that
+  knows how to wrap it. The reading function is the caller's (`reading`); a reference itself is
+  never rendered as if it were the value.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache
@@ -32,7 +37,7 @@ from jinja2 import TemplateAssertionError, TemplateSyntaxError, UndefinedError, 
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.filters import make_attrgetter
 from jinja2.nodes import Concat
-from jinja2.runtime import Undefined
+from jinja2.runtime import Context, Undefined
 from jinja2.sandbox import SandboxedEnvironment, SandboxedFormatter
 from markupsafe import Markup
 
@@ -349,6 +354,73 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
+# How the render being made reads a value stored by reference (None: it cannot; see `reading`).
+_READER: ContextVar[Callable[[Mapping[str, Any]], Any] | None] = ContextVar("noetl_stored_reader", default=None)
+
+
+@contextmanager
+def reading(reader: Callable[[Mapping[str, Any]], Any]) -> Iterator[None]:
+    """Renders inside the block read values stored by reference with `reader` (a reference ->
+    the whole value: store/blobs.py `reader` or `url_reader`)."""
+    token = _READER.set(reader)
+    try:
+        yield
+    finally:
+        _READER.reset(token)
+
+
+def read_stored(ref: Mapping[str, Any]) -> Any:
+    """The whole value a reference stands for (a TemplateError when it cannot be read here)."""
+    reader = _READER.get()
+    if reader is None:
+        raise TemplateError(
+            f"a value of {ref.get('size')} bytes stored by reference cannot be read here (no store to read it from)"
+        )
+    try:
+        return reader(ref)
+    except LookupError as exc:
+        raise TemplateError(str(exc)) from None
+
+
+class Stored:
+    """A name whose value is stored by reference, read (and wrapped by `wrap`: a step result
+    view) only when a template uses it."""
+
+    __slots__ = ("ref", "wrap")
+
+    def __init__(self, ref: Mapping[str, Any], wrap: Callable[[Any], Any]):
+        self.ref = ref
+        self.wrap = wrap
+
+    def __repr__(self) -> str:
+        return f"Stored({self.ref.get('size')} bytes, sha256 {str(self.ref.get('sha256'))[:12]})"
+
+
+def stored_or(value: Any, wrap: Callable[[Any], Any]) -> Any:
+    """`wrap(value)`, or a `Stored` placeholder that wraps it once read when it is a reference."""
+    if limits.is_reference(value):
+        return Stored(value, wrap)
+    return wrap(value)
+
+
+def materialise(value: Any) -> Any:
+    """A `Stored` placeholder or a reference as the whole value it stands for (a reference in
+    a step result view keeps that view's task results); any other value as it is."""
+    if isinstance(value, Stored):
+        return value.wrap(read_stored(value.ref))
+    if limits.is_reference(value):
+        task_results = value.task_results if isinstance(value, StepResult) else None
+        return as_step_result(read_stored(value), task_results)
+    return value
+
+
+class PlaybookContext(Context):
+    """Jinja's context, reading a name whose value is stored by reference whole (`materialise`)."""
+
+    def resolve_or_missing(self, key: str) -> Any:
+        return materialise(super().resolve_or_missing(key))
+
+
 def _refuse_truncated(obj: Mapping[str, Any], name: Any) -> None:
     """A clear error for reading into (or, `name` None, iterating) a value that was stored
     truncated (limits.cap)."""
@@ -363,9 +435,12 @@ def _refuse_truncated(obj: Mapping[str, Any], name: Any) -> None:
 
 def _guard_truncated(value: Any) -> Any:
     """A truncation marker found inside a value (an HTTP body, a field) answers as the result of
-    a truncated step does: its fields read, iterating it is an error."""
+    a truncated step does: its fields read, iterating it is an error. A reference found there is
+    read whole (`materialise`)."""
     if type(value) is dict and value.get(limits.TRUNCATED) is True:
         return TruncatedResult(value)
+    if isinstance(value, Stored) or (type(value) is dict and value.get(limits.STORED) is True):
+        return materialise(value)
     return value
 
 
@@ -385,6 +460,7 @@ class PlaybookEnvironment(SandboxedEnvironment):
     """Sandboxed, strict, key-first attribute lookup on mappings, within the template budget."""
 
     code_generator_class = _BoundedCodeGenerator
+    context_class = PlaybookContext
 
     def bounded_concat(self, values: tuple[Any, ...]) -> str:
         pieces = [str(v) for v in values]
@@ -426,6 +502,7 @@ class PlaybookEnvironment(SandboxedEnvironment):
         return bounded
 
     def getattr(self, obj: Any, attribute: str) -> Any:
+        obj = materialise(obj)
         if isinstance(obj, Mapping):
             if attribute in obj:
                 return _guard_truncated(obj[attribute])
@@ -450,6 +527,7 @@ class PlaybookEnvironment(SandboxedEnvironment):
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
+        obj = materialise(obj)
         if isinstance(obj, (RowsResult, IterationResults)) and isinstance(argument, str) and argument in obj.fields:
             return obj.alias(argument)
         if isinstance(obj, _Aliased) and argument in LEGACY_ALIASES:
@@ -575,6 +653,8 @@ def _defined(value: Any) -> Any:
         if isinstance(value, PlaybookUndefined) and value._hidden():
             return None
         value._fail_with_undefined_error()
+    if isinstance(value, Stored):  # a placeholder inside a rendered value (`{{ ctx }}`): read whole
+        return _defined(materialise(value))
     if isinstance(value, (list, tuple)) or type(value).__name__ == "generator":
         return [_defined(v) for v in value]
     if type(value) is dict:

@@ -330,7 +330,10 @@ def test_a_loop_over_a_truncated_result_fails_its_step_instead_of_iterating_the_
     from tests.support.engines import cli
 
     playbook = REPO_ROOT / "tests" / "playbooks" / "loop_many.yaml"
-    proc = cli(["run", str(playbook), "--json", "--set", "n=300000"], {"NOETL_HOME": str(tmp_path / "home")})
+    # list(range(300000)) is 2.3 MB of JSON: above the row cap it is stored by reference, unless it
+    # is above NOETL_MAX_STORED_BYTES too: then it is truncated, and cannot be looped over
+    env = {"NOETL_HOME": str(tmp_path / "home"), "NOETL_MAX_STORED_BYTES": "2000000"}
+    proc = cli(["run", str(playbook), "--json", "--set", "n=300000"], env)
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
     assert out["status"] == "failed" and out["failed_step"] == "work"
@@ -338,6 +341,7 @@ def test_a_loop_over_a_truncated_result_fails_its_step_instead_of_iterating_the_
     assert out["error"]["kind"] == "loop"
     assert "loop collection of step 'work' is a value that was truncated when stored" in out["error"]["message"]
     assert "NOETL_MAX_RESULT_BYTES" in out["error"]["message"]
+    assert "NOETL_MAX_STORED_BYTES" in out["error"]["message"]
     assert "work" not in out["results"]  # no iteration ran over the marker's keys
 
 

@@ -63,6 +63,6 @@ def test_a_collection_past_the_item_limit_is_refused_pointing_to_cursor_loops(mo
 def test_the_default_item_limit_refuses_five_million_elements_from_a_template():
     from noetl_celery import settings
 
-    assert settings.DEFAULT_MAX_LOOP_ITEMS == 100_000
-    with pytest.raises(TemplateError, match="has 5000000 elements, more than NOETL_MAX_LOOP_ITEMS \\(100000\\)"):
+    assert settings.DEFAULT_MAX_LOOP_ITEMS == 1_000_000
+    with pytest.raises(TemplateError, match="has 5000000 elements, more than NOETL_MAX_LOOP_ITEMS \\(1000000\\)"):
         build_items(Step(name="s", loop=Loop(collection="{{ big }}")), {"big": list(range(5_000_000))})

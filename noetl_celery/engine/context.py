@@ -13,14 +13,24 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
+from noetl_celery import limits
 from noetl_celery.dsl.plan import Plan, Step
 from noetl_celery.store import repo
 from noetl_celery.store.db import single_read
-from noetl_celery.templating import BUILTIN_NAMES, Lenient, LoopResult, as_step_result, rows_result
+from noetl_celery.templating import (
+    BUILTIN_NAMES,
+    Lenient,
+    LoopResult,
+    Stored,
+    as_step_result,
+    rows_result,
+    stored_or,
+)
 
 if TYPE_CHECKING:
     from noetl_celery.engine.messages import TaskMessage
@@ -204,6 +214,12 @@ def _with_loop_results(state: ExecutionState, scope: Scope) -> tuple[dict[str, A
     passes a loop's results on. Read from the stored result, never carried in messages."""
     step = state.plan.steps.get(scope.from_step) if scope.from_step else None
     done = state.results.get(scope.from_step) if scope.from_step else None
+    if step is not None and step.loop is not None and limits.is_reference(done):
+        # a loop's result stored by reference: its results are read when a template uses them
+        results: Any = stored_or(done, lambda v: as_step_result(v.get("results") if isinstance(v, dict) else None))
+        args = scope.args if LOOP_RESULTS in scope.args else {**scope.args, LOOP_RESULTS: results}
+        ctx = state.ctx if LOOP_RESULTS in state.ctx else {**state.ctx, LOOP_RESULTS: results}
+        return args, ctx
     if step is None or step.loop is None or not isinstance(done, dict) or not isinstance(done.get("results"), list):
         return scope.args, state.ctx
     results = done["results"]
@@ -224,12 +240,15 @@ def render_context(state: ExecutionState, scope: Scope, **extra: Any) -> dict[st
     context.update(state.ctx)  # ctx variables are bare names too (`{{ api_url }}`), as in NoETL
     for name, value in state.results.items():
         step = state.plan.steps.get(name)
+        # a result stored by reference (limits.reference) is read only when a template uses it
         if step is not None and step.loop is not None and isinstance(value, dict):
-            context[name] = LoopResult(value)
+            context[name] = stored_or(value, LoopResult)
         elif step is not None and len(step.tasks) == 1 and step.tasks[0].kind == DUCKDB_KIND:
-            context[name] = rows_result(value)
+            context[name] = stored_or(value, rows_result)
         else:
-            context[name] = as_step_result(value, state.task_results.get(name))
+            tasks = state.task_results.get(name)
+            wrap = partial(as_step_result, task_results=tasks)
+            context[name] = Stored(value, wrap) if limits.is_reference(value) else as_step_result(value, tasks)
     if scope.step and scope.task_results:
         # Inside a pipeline, `step.label` reads an earlier task's result of this very run, and so
         # does the bare label, as in NoETL (`{{ build.id }}`; it wins over a step or workload name,

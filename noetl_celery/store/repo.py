@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 
 from noetl_celery import limits, secret_registry
 from noetl_celery.store import db
-from noetl_celery.store.models import CatalogEntry, Event, Execution, Join, Lease, LoopState, Variable
+from noetl_celery.store.models import Blob, CatalogEntry, Event, Execution, Join, Lease, LoopState, Variable
 
 EVENTS = cast(Table, Event.__table__)
 EXECUTIONS = cast(Table, Execution.__table__)
@@ -36,6 +36,7 @@ JOINS = cast(Table, Join.__table__)
 LOOPS = cast(Table, LoopState.__table__)
 CATALOG = cast(Table, CatalogEntry.__table__)
 LEASES = cast(Table, Lease.__table__)
+BLOBS = cast(Table, Blob.__table__)
 
 
 def utcnow() -> datetime:
@@ -451,7 +452,13 @@ def record_decision(
     are read back after the commit, in the same round trip: a step's decision is one round trip.
     The stored variables, and the pending count, are returned only when no other decision came in
     between (the state version read back is the one this write set); otherwise none, and the
-    caller reads again."""
+    caller reads again.
+
+    A result or variable above NOETL_MAX_RESULT_BYTES is stored once outside its row, the row
+    holding its reference (store/blobs.py)."""
+    from noetl_celery.store import blobs
+
+    rows, variables = blobs.by_reference(conn, rows, variables)
     execution_id = rows[0]["execution_id"]
     dialect = conn.dialect
     commit = db.commit_suffix(conn) if last else None

@@ -30,6 +30,7 @@ from sqlalchemy import Connection, Table, func, select, text, tuple_
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.settings import parse_age
 from noetl_celery.store import repo
+from noetl_celery.store import schedules as schedule_store
 from noetl_celery.store.db import transaction
 
 FINISHED = ("completed", "failed", "cancelled")
@@ -37,7 +38,15 @@ PRUNING = "pruning"  # the status of an execution whose rows are being deleted
 BATCH = 200  # top-level executions examined (and trees marked) per transaction
 CHUNK = 5000  # rows deleted per transaction
 # the tables holding rows of an execution, deleted in this order; the execution rows go last
-TABLES: tuple[Table, ...] = (repo.EVENTS, repo.VARIABLES, repo.LOOPS, repo.JOINS, repo.LEASES)
+TABLES: tuple[Table, ...] = (
+    repo.EVENTS,
+    repo.VARIABLES,
+    repo.LOOPS,
+    repo.JOINS,
+    repo.LEASES,
+    repo.BLOBS,
+    schedule_store.NOTIFICATIONS,
+)
 __all__ = ["FINISHED", "Pruned", "parse_age", "prune"]
 
 

@@ -1,7 +1,9 @@
 """One attempt of one task on a worker: render, run the tool, run its sink, report the outcome.
 
 The worker never decides what runs next: it returns the outcome for on_event. It reads the plan
-and the execution state (cached per process) and writes nothing to the event store.
+and the execution state (cached per process) and writes nothing to the event store but a result
+above NOETL_MAX_RESULT_BYTES, stored once by reference (store/blobs.py) before it is reported:
+the outcome then carries the reference, never the value.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from noetl_celery.engine.context import STATE, message_scope, render_context
 from noetl_celery.engine.messages import BatchEvent, OutcomeEvent, TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import storable, to_jsonable, unstorable
-from noetl_celery.store import repo, views
+from noetl_celery.store import blobs, repo, views
 from noetl_celery.store.db import transaction
 from noetl_celery.templating import (
     HIDDEN_META,
     as_step_result,
     lenient,
     plain,
+    reading,
     render_value,
     response_view,
     strict_rendering,
@@ -187,11 +190,16 @@ def _run_sink(
     return outcome
 
 
-def bounded(body: dict[str, Any]) -> dict[str, Any]:
-    """An outcome whose data, error and meta each fit NOETL_MAX_RESULT_BYTES (else a marker)."""
+def bounded(body: dict[str, Any], url: str | None = None, execution_id: int | None = None) -> dict[str, Any]:
+    """An outcome whose data, error and meta each fit NOETL_MAX_RESULT_BYTES: data above it is
+    stored once by reference (with the store at `url`; see store/blobs.py), the others (and data
+    above NOETL_MAX_STORED_BYTES) are replaced by a truncation marker."""
     limit = limits.max_result_bytes()
     capped = dict(body)
-    capped["data"] = limits.cap(body.get("data"), limit)
+    if url is not None and execution_id is not None:
+        capped["data"] = blobs.put_new(url, execution_id, body.get("data"), masked=True)
+    else:
+        capped["data"] = limits.cap(body.get("data"), limit)
     for key in ("error", "meta"):  # field by field: error.kind and meta.sink.status stay readable
         value = body.get(key)
         if isinstance(value, dict):
@@ -260,6 +268,11 @@ def run_attempt(
     url: str, message: TaskMessage, *, queue_id: str | None = None, node: str | None = None
 ) -> dict[str, Any]:
     """Run one attempt, with no check of whether it should run; its on_event payload."""
+    with reading(blobs.url_reader(url)):  # templates read results stored by reference whole
+        return _run_attempt(url, message, queue_id=queue_id, node=node)
+
+
+def _run_attempt(url: str, message: TaskMessage, *, queue_id: str | None, node: str | None) -> dict[str, Any]:
     started = time.time()
     state = STATE.get(url, message.execution_id, min_version=message.version)
     step = state.plan.steps[message.step]
@@ -308,10 +321,10 @@ def run_attempt(
             outcome = Outcome(
                 status="error", data=outcome.data, error=error, http=outcome.http, pg=sink_outcome.pg, meta=outcome.meta
             )
-    body = bounded(storable_outcome(task.kind, outcome))
-    if secrets:
+    body = storable_outcome(task.kind, outcome)
+    if secrets:  # masked before it is bounded: a value stored by reference is stored masked
         body = credentials.scrub(body, secrets)
-    body = secret_registry.mask(body)
+    body = bounded(secret_registry.mask(body), url, message.execution_id)
     report = {
         "queue_id": queue_id,
         **process_identity.identity(node),

@@ -7,8 +7,11 @@ through slots, with no total known in advance.
 
 Collection loops: on_event fans a loop step out into one task per iteration (or per chunk), under a cap.
 
-- The collection is rendered once when the loop starts and stored once (noetl_loop.collection);
-  each iteration message carries only its own element. Processes cache the collection by run id.
+- The collection is rendered once when the loop starts and stored once (noetl_loop.collection;
+  above NOETL_MAX_RESULT_BYTES by reference, store/blobs.py: a collection that is a step's result
+  stored by reference is that same stored value); each iteration message carries only its own
+  element. Processes cache the collection by run id (one above the row cap through the bounded
+  cache of values stored by reference, NOETL_STORED_CACHE_BYTES).
 - At start, min(cap, total) iterations are dispatched (indexes 0 to cap - 1). Each finished
   iteration increments `done` atomically (in the transaction that records its completion row),
   and the completion of index i dispatches index i + cap if it exists: every index is sent once,
@@ -16,14 +19,15 @@ Collection loops: on_event fans a loop step out into one task per iteration (or 
   comes next needs no counter, so an iteration that is not the loop's last is counted and
   recorded by one statement (orchestrator `Decider.count_iteration`).
 - The completion that makes done == total marks the loop completed (a guarded UPDATE: exactly
-  once), aggregates the results in collection order from the iteration rows, and finishes the step.
+  once), aggregates the results in collection order from the iteration rows (read once), and
+  finishes the step.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from noetl_celery import limits, settings
 from noetl_celery import vocabulary as ev
@@ -32,17 +36,17 @@ from noetl_celery.engine.decision.units import RunRef, UnitEnd, rewrite_outcome_
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.errors import TemplateError
-from noetl_celery.store import repo
-from noetl_celery.templating import evaluate_condition, plain, render_value
+from noetl_celery.store import blobs, repo
+from noetl_celery.templating import evaluate_condition, materialise, plain, render_value
 from noetl_celery.vocabulary import ErrorKind
 
 if TYPE_CHECKING:
     from noetl_celery.engine.decision.port import DecisionPort
 
-CACHED_COLLECTIONS = 64  # loop collections one process keeps in memory
+CACHED_COLLECTIONS = 64  # loop collections (or their references) one process keeps in memory
 FAILURES_NAMED = 3  # failed iterations a failed loop step's error names (index + message)
 
-_collections: OrderedDict[str, list[Any]] = OrderedDict()
+_collections: OrderedDict[str, Any] = OrderedDict()  # run id -> its list, or the list's reference
 _lock = threading.Lock()
 
 
@@ -52,7 +56,7 @@ def forget_collections() -> None:
         _collections.clear()
 
 
-def _remember(run_id: str, items: list[Any]) -> None:
+def _remember(run_id: str, items: Any) -> None:
     with _lock:
         _collections[run_id] = items
         _collections.move_to_end(run_id)
@@ -65,20 +69,23 @@ def _collection(decider: DecisionPort, run_id: str) -> list[Any]:
         items = _collections.get(run_id)
     if items is None:
         row = repo.get_loop(decider.conn, run_id, with_collection=True)
-        items = list((row or {}).get("collection") or [])
+        items = (row or {}).get("collection") or []
         _remember(run_id, items)
-    return items
+    if limits.is_reference(items):  # stored by reference: the bounded cache of such values holds it
+        return cast(list[Any], blobs.fetch(decider.conn, cast(dict[str, Any], items)))
+    return cast(list[Any], items)
 
 
 def build_items(step: Step, context: dict[str, Any]) -> list[Any]:
     """Render the collection once and shape it into the per-task elements."""
     loop = step.loop
     assert loop is not None
-    value = render_value(loop.collection, context)
+    value = materialise(render_value(loop.collection, context))  # a reference is read whole
     if limits.is_truncated(value):
         raise TemplateError(
             f"loop collection of step {step.name!r} is a value that was truncated when stored "
-            f"({value.get('size')} bytes, limit {value.get('limit')} bytes, {settings.MAX_RESULT_BYTES_ENV}): "
+            f"({value.get('size')} bytes, limit {value.get('limit')} bytes, {settings.MAX_RESULT_BYTES_ENV}; "
+            f"above {settings.MAX_STORED_BYTES_ENV} a value is not stored by reference either): "
             "it cannot be iterated; move big data through a sink and loop over a reference "
             "(a cursor loop over a table), or raise the limit"
         )
@@ -200,6 +207,7 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
         return
     cap = loop_cap(step)
     total = len(items)
+    collection = blobs.put(decider.conn, decider.execution_id, items)  # above the row cap: by reference
     repo.create_loop(
         decider.conn,
         {
@@ -209,11 +217,11 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
             "mode": loop.mode,
             "total": total,
             "cap": cap,
-            "collection": items,
+            "collection": collection,
             "context": {"frames": frames, "args": args, "parent": parent},
         },
     )
-    _remember(run_id, items)
+    _remember(run_id, collection)
     key = decider.record(
         ev.ITERATOR_STARTED,
         f"{run_id}.loop.start",
@@ -334,8 +342,9 @@ def iteration_done(
         return
     if not repo.complete_loop(decider.conn, message.run_id):
         return
-    results = _ordered_results(decider, message, total, ok=ok, data=data)
-    failures = _first_failures(decider, message, ok=ok, current=error)
+    final = _final_rows(decider, message.run_id)  # every iteration's end row, read once
+    results = _ordered_results(final, message, total, ok=ok, data=data)
+    failures = _first_failures(final, message, ok=ok, current=error)
     finish_loop(
         decider,
         step,
@@ -352,11 +361,10 @@ def iteration_done(
 def _final_rows(decider: DecisionPort, run_id: str) -> dict[int, dict[str, Any]]:
     """Each iteration's last end row (a resumed iteration's new end outranks its old failure)."""
     rows: list[dict[str, Any]] = []
-    for kind in (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED):
-        for r in repo.run_events(
-            decider.conn, decider.execution_id, run_id, kind, columns=("id", "iteration", "result", "error")
-        ):
-            rows.append({**r, "event_type": kind})
+    for kind, column in ((ev.ITERATION_COMPLETED, "result"), (ev.ITERATION_FAILED, "error")):
+        for r in repo.run_events(decider.conn, decider.execution_id, run_id, kind, columns=("id", "iteration", column)):
+            r["event_type"] = kind
+            rows.append(r)
     final: dict[int, dict[str, Any]] = {}
     for r in sorted(rows, key=lambda r: r["id"]):
         if r["iteration"] is not None:
@@ -367,13 +375,11 @@ def _final_rows(decider: DecisionPort, run_id: str) -> dict[int, dict[str, Any]]
     return final
 
 
-def _first_failures(decider: DecisionPort, message: TaskMessage, *, ok: bool, current: Any) -> list[dict[str, Any]]:
+def _first_failures(
+    final: dict[int, dict[str, Any]], message: TaskMessage, *, ok: bool, current: Any
+) -> list[dict[str, Any]]:
     """The failed iterations in index order, at most FAILURES_NAMED: {index, kind, message, task}."""
-    found = {
-        i: r.get("error")
-        for i, r in _final_rows(decider, message.run_id).items()
-        if r["event_type"] == ev.ITERATION_FAILED
-    }
+    found = {i: r.get("error") for i, r in final.items() if r["event_type"] == ev.ITERATION_FAILED}
     if message.iteration is not None:
         if ok:
             found.pop(message.iteration, None)
@@ -389,12 +395,11 @@ def _first_failures(decider: DecisionPort, message: TaskMessage, *, ok: bool, cu
     return failures
 
 
-def _ordered_results(decider: DecisionPort, message: TaskMessage, total: int, *, ok: bool, data: Any) -> list[Any]:
+def _ordered_results(
+    final: dict[int, dict[str, Any]], message: TaskMessage, total: int, *, ok: bool, data: Any
+) -> list[Any]:
     """Every iteration's result in collection order (the current one is not written yet)."""
-    by_index = {
-        i: (r.get("result") if r["event_type"] == ev.ITERATION_COMPLETED else None)
-        for i, r in _final_rows(decider, message.run_id).items()
-    }
+    by_index = {i: (r.get("result") if r["event_type"] == ev.ITERATION_COMPLETED else None) for i, r in final.items()}
     by_index[message.iteration] = data if ok else None  # type: ignore[index]
     return [by_index.get(i) for i in range(total)]
 

@@ -43,13 +43,14 @@ from noetl_celery.engine.decision.write import DuplicateEvent, Redecide
 from noetl_celery.engine.ids import attempt_key, run_id_for
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, OutcomeEvent, TaskMessage, sanitize
 from noetl_celery.errors import TemplateError
-from noetl_celery.store import repo
+from noetl_celery.store import blobs, repo
 from noetl_celery.store.db import commit_suffix, decision_transaction, transaction
 from noetl_celery.templating import (
     HIDDEN_META,
     as_step_result,
     lenient,
     plain,
+    reading,
     render_value,
     response_view,
     strict_rendering,
@@ -874,7 +875,7 @@ def _decide(
     rows that may exist."""
     execution_id = int(payload["execution_id"])
     kind = payload["kind"]
-    with decision_transaction(url) as conn:
+    with decision_transaction(url) as conn, reading(blobs.reader(conn)):  # results stored by reference
         if state is not None:
             decider = Decider(
                 connection=conn,

@@ -3,7 +3,8 @@
 `result: {output_select: data.items}` (or `output: {select: ...}`) keeps only that part of the
 step's result: a dotted path (`data.items`, `rows.0.id`: a number indexes a list) or a template
 with `result` in scope (`"{{ result.data | first }}"`). A path that is not in the result is an
-error of the step, named with the path and the key that is missing.
+error of the step, named with the path and the key that is missing. A result stored by reference
+is read whole first.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from noetl_celery.errors import TemplateError
-from noetl_celery.templating import as_step_result, is_template, plain, render_string
+from noetl_celery.templating import as_step_result, is_template, materialise, plain, render_string
 
 
 def select_part(data: Any, selector: str, context: Mapping[str, Any]) -> Any:
     if is_template(selector):
         return plain(render_string(selector, {**context, "result": as_step_result(data)}))
-    value = data
+    value = materialise(data)
     walked: list[str] = []
     for part in selector.split("."):
         if isinstance(value, Mapping) and part in value:

@@ -32,16 +32,19 @@ log = logging.getLogger(__name__)
 
 def reset_after_fork() -> None:
     """Forget everything per process that a forked child inherited: pooled database
-    connections, the publisher, cached execution states, loop collections and credential files."""
+    connections, the publisher, cached execution states, loop collections, values stored by reference and credential
+    files."""
     from noetl_celery import credentials, publisher
     from noetl_celery.engine.context import STATE
     from noetl_celery.engine.decision import loops
+    from noetl_celery.store import blobs
     from noetl_celery.store.db import dispose_engines
 
     dispose_engines()
     publisher.forget()
     STATE.clear()
     loops.forget_collections()
+    blobs.CACHE.clear()  # values stored by reference the parent had read
     credentials.forget_cached_files()
 
 

@@ -1,0 +1,227 @@
+"""Values stored by reference: a result too big for its event row is stored once, outside it.
+
+A value whose JSON is above NOETL_MAX_RESULT_BYTES is written once to `noetl_blob`, under its
+execution and the SHA-256 of its JSON text (zlib-compressed when that saves a tenth or more), and
+what would have held it (an event row's `result`, a variable, a loop's collection) holds its
+reference instead (`limits.reference`: a small mapping with the digest, size, type, length and a
+short preview). The same value written again (the step's result beside its attempt's result, a
+loop's collection that is that result) is the same row: an insert that finds it does nothing.
+
+Reading: `read` gives the whole value, through a per-process cache of decoded values bounded by
+NOETL_STORED_CACHE_BYTES (the JSON size of what it holds; least recently used dropped first; a
+value bigger than the whole bound is not kept). Templates read references through `reader`
+(templating.reading); a reference is never rendered as if it were the value.
+
+A value above NOETL_MAX_STORED_BYTES is not stored: it is truncated (limits.marker), as every
+value above NOETL_MAX_RESULT_BYTES was before, and a loop over it fails naming the setting.
+
+Secrets: the value is masked (secret_registry) before it is encoded, as an event row's content is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy import Connection
+
+from noetl_celery import limits, secret_registry
+from noetl_celery.store import repo
+from noetl_celery.store.db import single_read, transaction
+
+PLAIN = "json"
+ZLIB = "json+zlib"
+COMPRESS_LEVEL = 1  # fast: the point is fewer bytes on the wire and on disk, not the last tenth
+COMPRESS_WHEN_SAVES = 0.9  # kept compressed only when it is at most this share of the text
+
+
+def encode(value: Any) -> tuple[str, bytes]:
+    """The JSON text of `value` as limits.cap measures it, and its UTF-8 bytes."""
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text, text.encode("utf-8")
+
+
+def _packed(raw: bytes) -> tuple[str, bytes]:
+    packed = zlib.compress(raw, COMPRESS_LEVEL)
+    if len(packed) <= len(raw) * COMPRESS_WHEN_SAVES:
+        return ZLIB, packed
+    return PLAIN, raw
+
+
+def _unpacked(encoding: str, data: bytes) -> Any:
+    raw = zlib.decompress(data) if encoding == ZLIB else data
+    return json.loads(raw)
+
+
+def _fits(value: Any, limit: int) -> bool:
+    """True when `value` surely fits `limit` without encoding it (as limits.cap skips it)."""
+    if value is None or isinstance(value, (bool, int, float)) or limits.is_truncated(value):
+        return True
+    if limits.is_reference(value):
+        return True
+    return isinstance(value, str) and len(value) * 4 <= limit
+
+
+_INSERT = (
+    "INSERT INTO noetl_blob (execution_id, sha256, size, encoding, data, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (execution_id, sha256) DO NOTHING"
+)
+_SELECT = "SELECT encoding, data FROM noetl_blob WHERE execution_id = ? AND sha256 = ?"
+
+
+def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False) -> Any:
+    """`value` as it may be stored in a row: itself when its JSON fits NOETL_MAX_RESULT_BYTES,
+    else a reference to it, stored once (in `conn`'s transaction), or, above
+    NOETL_MAX_STORED_BYTES, its truncation marker. `masked`: secrets are masked already."""
+    limit = limits.max_result_bytes()
+    if _fits(value, limit):
+        return value
+    if not masked:
+        value = secret_registry.mask(value)
+    text, raw = encode(value)
+    if len(raw) <= limit:
+        return value
+    digest = hashlib.sha256(raw).hexdigest()
+    if len(raw) > limits.max_stored_bytes():
+        return limits.marker(len(raw), digest, text, limit)
+    encoding, data = _packed(raw)
+    dialect = conn.dialect
+    repo._run(
+        conn,
+        repo._sql(dialect, "blob.insert", _INSERT),
+        (execution_id, digest, len(raw), encoding, data, repo._bound(dialect, repo.BLOBS, "created_at", repo.utcnow())),
+    )
+    ref = limits.reference(execution_id, len(raw), digest, value, text)
+    CACHE.keep(ref, value)
+    return ref
+
+
+def put_new(url: str, execution_id: int, value: Any, *, masked: bool = False) -> Any:
+    """`put` in a transaction of its own (a worker's result: before its outcome is reported)."""
+    if _fits(value, limits.max_result_bytes()):
+        return value
+    with transaction(url) as conn:
+        return put(conn, execution_id, value, masked=masked)
+
+
+def by_reference(
+    conn: Connection, rows: list[dict[str, Any]], variables: dict[str, dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """A decision's event rows and variables with every `result` and variable value above
+    NOETL_MAX_RESULT_BYTES stored once and replaced by its reference (`put`). A value stored
+    twice in one decision (a step's result: its variable and its step.completed row) is one row."""
+    limit = limits.max_result_bytes()
+    if all(_fits(r.get("result"), limit) for r in rows) and all(
+        _fits(v, limit) for values in variables.values() for v in values.values()
+    ):
+        return rows, variables
+    execution_id = rows[0]["execution_id"]
+    stored: dict[int, Any] = {}  # id of a value -> what was stored for it
+
+    def kept(value: Any) -> Any:
+        if _fits(value, limit):
+            return value
+        if id(value) not in stored:
+            stored[id(value)] = put(conn, execution_id, value)
+        return stored[id(value)]
+
+    new_rows = [{**r, "result": kept(r["result"])} if "result" in r else r for r in rows]
+    new_variables = {scope: {k: kept(v) for k, v in values.items()} for scope, values in variables.items()}
+    return new_rows, new_variables
+
+
+def fetch(conn: Connection, ref: Mapping[str, Any]) -> Any:
+    """The whole value of a reference, read through the process's cache."""
+    found = CACHE.get(ref)
+    if found is not _MISSING:
+        return found
+    row = repo._run(
+        conn, repo._sql(conn.dialect, "blob.select", _SELECT), (int(ref["execution_id"]), str(ref["sha256"]))
+    ).fetchone()
+    if row is None:
+        raise LookupError(
+            f"the value stored by reference {ref['sha256'][:12]} of execution {ref['execution_id']} is gone "
+            "(pruned with its execution?)"
+        )
+    value = _unpacked(row[0], bytes(row[1]))
+    CACHE.keep(ref, value)
+    return value
+
+
+def reader(conn: Connection) -> Callable[[Mapping[str, Any]], Any]:
+    """What templates read references with (templating.reading), in `conn`'s transaction."""
+    return lambda ref: fetch(conn, ref)
+
+
+def url_reader(url: str) -> Callable[[Mapping[str, Any]], Any]:
+    """What templates read references with, each read (not found in the cache) a statement of its own."""
+
+    def read(ref: Mapping[str, Any]) -> Any:
+        found = CACHE.get(ref)
+        if found is not _MISSING:
+            return found
+        with single_read(url) as conn:
+            return fetch(conn, ref)
+
+    return read
+
+
+_MISSING = object()
+
+
+class ValueCache:
+    """Decoded values stored by reference, least recently used dropped first, bounded by the JSON
+    size of what it holds (NOETL_STORED_CACHE_BYTES, read at each keep)."""
+
+    def __init__(self) -> None:
+        self._values: OrderedDict[tuple[int, str], tuple[int, Any]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(ref: Mapping[str, Any]) -> tuple[int, str]:
+        return int(ref["execution_id"]), str(ref["sha256"])
+
+    def get(self, ref: Mapping[str, Any]) -> Any:
+        key = self._key(ref)
+        with self._lock:
+            found = self._values.get(key)
+            if found is None:
+                return _MISSING
+            self._values.move_to_end(key)
+            return found[1]
+
+    def keep(self, ref: Mapping[str, Any], value: Any) -> None:
+        size, bound = int(ref["size"]), limits.stored_cache_bytes()
+        if size > bound:
+            return
+        key = self._key(ref)
+        with self._lock:
+            old = self._values.pop(key, None)
+            if old is not None:
+                self._bytes -= old[0]
+            self._values[key] = (size, value)
+            self._bytes += size
+            while self._bytes > bound:
+                _, (dropped, _) = self._values.popitem(last=False)
+                self._bytes -= dropped
+
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+            self._bytes = 0
+
+
+CACHE = ValueCache()

@@ -1,0 +1,255 @@
+"""Results above NOETL_MAX_RESULT_BYTES are stored once by reference (store/blobs.py): the event
+rows, the step's variable and the loop's collection hold the reference, templates read the whole
+value, and each process keeps at most NOETL_STORED_CACHE_BYTES of such values decoded.
+
+In-process (tests/support/harness.py) on SQLite and on PostgreSQL, with a small row cap so that
+a few thousand elements are "big"; the 200,000-element loop at the default settings runs on real
+workers (tests/distributed/test_big_results.py) and in bench.fanout."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+from sqlalchemy import text
+
+from noetl_celery import limits, secret_registry
+from noetl_celery.compiler import compile_source
+from noetl_celery.engine.context import STATE
+from noetl_celery.errors import TemplateError
+from noetl_celery.store import blobs
+from noetl_celery.store.db import transaction
+from noetl_celery.templating import Stored, as_step_result, reading, render_value
+from tests.support.harness import Harness
+
+CAP = 6_000  # NOETL_MAX_RESULT_BYTES in these tests: 300 small dicts are above it
+N = 300
+
+PLAYBOOK = f"""
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {{name: big_results}}
+workflow:
+  - step: start
+    tool:
+      kind: python
+      code: |
+        result = [{{"i": i, "name": "item-" + str(i)}} for i in range({N})]
+    next: {{arcs: [{{step: fan}}]}}
+  - step: fan
+    loop: {{in: "{{{{ start }}}}", iterator: x, spec: {{mode: parallel, max_in_flight: 50}}}}
+    tool:
+      kind: python
+      args: {{i: "{{{{ iter.x.i }}}}", name: "{{{{ iter.x.name }}}}"}}
+      code: |
+        result = {{"double": i * 2, "name": name}}
+    next: {{arcs: [{{step: check}}]}}
+  - step: check
+    tool:
+      kind: python
+      args:
+        count: "{{{{ start | length }}}}"
+        first: "{{{{ start[0].name }}}}"
+        last: "{{{{ start.result[-1].name }}}}"
+        text: "n={{{{ start | length }}}} first={{{{ start[0].i }}}}"
+        doubles: "{{{{ fan.results | map(attribute='double') | list }}}}"
+      code: |
+        result = {{"count": count, "first": first, "last": last, "text": text, "sum": sum(doubles)}}
+"""
+
+
+@pytest.fixture(autouse=True)
+def small_cap(monkeypatch):
+    monkeypatch.setenv("NOETL_MAX_RESULT_BYTES", str(CAP))
+    STATE.clear()
+    blobs.CACHE.clear()
+    yield
+    STATE.clear()
+    blobs.CACHE.clear()
+
+
+def _rows(url: str, sql: str, **params):
+    with transaction(url) as conn:
+        return [dict(r) for r in conn.execute(text(sql), params).mappings()]
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def test_a_result_above_the_cap_is_stored_once_and_looped_over(either_store, tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text(PLAYBOOK)
+    harness = Harness(either_store)
+    execution_id = harness.start(compile_source(str(path), {}, None))
+    harness.drain()
+    status = _rows(either_store, "SELECT status FROM noetl_execution WHERE execution_id = :e", e=execution_id)
+    assert status == [{"status": "completed"}]
+
+    # the loop read the whole list: every element, in order, and the next step read it by name
+    check = _rows(
+        either_store,
+        "SELECT result FROM noetl_event WHERE execution_id = :e AND step = 'check' AND event_type = 'step.completed'",
+        e=execution_id,
+    )
+    assert _json(check[0]["result"]) == {
+        "count": N,
+        "first": "item-0",
+        "last": f"item-{N - 1}",
+        "text": f"n={N} first=0",
+        "sum": sum(i * 2 for i in range(N)),
+    }
+
+    # the start step's result: one stored value, referenced by its attempt's row, its step row,
+    # its variable and the loop's collection
+    expected = [{"i": i, "name": "item-" + str(i)} for i in range(N)]
+    digest = blobs.hashlib.sha256(blobs.encode(expected)[1]).hexdigest()
+    refs = [
+        _json(r["result"])
+        for r in _rows(
+            either_store,
+            "SELECT result FROM noetl_event WHERE execution_id = :e AND step = 'start' "
+            "AND event_type IN ('action.completed', 'step.completed')",
+            e=execution_id,
+        )
+    ]
+    variable = _rows(
+        either_store,
+        "SELECT value FROM noetl_variable WHERE execution_id = :e AND scope = 'result' AND name = 'start'",
+        e=execution_id,
+    )
+    loop = _rows(either_store, "SELECT collection FROM noetl_loop WHERE execution_id = :e", e=execution_id)
+    held = [*refs, _json(variable[0]["value"]), _json(loop[0]["collection"])]
+    assert len(held) == 4
+    for ref in held:
+        assert limits.is_reference(ref) and ref["sha256"] == digest and ref["length"] == N, ref
+        assert len(json.dumps(ref)) < 1000  # the row holds a reference, not the list
+    stored = _rows(
+        either_store,
+        "SELECT sha256, size, encoding, data FROM noetl_blob WHERE execution_id = :e ORDER BY size",
+        e=execution_id,
+    )
+    by_digest = {r["sha256"]: r for r in stored}
+    assert len(by_digest) == len(stored)  # each value once
+    row = by_digest[digest]
+    raw = bytes(row["data"])
+    assert row["encoding"] == blobs.ZLIB and len(raw) < row["size"] / 2  # compressed
+    assert json.loads(zlib.decompress(raw)) == expected
+
+    # the loop's aggregated results (300 small dicts) are above the cap too: stored by reference
+    fan = _rows(
+        either_store,
+        "SELECT result FROM noetl_event WHERE execution_id = :e AND step = 'fan' AND event_type = 'step.completed'",
+        e=execution_id,
+    )
+    fan_ref = _json(fan[0]["result"])
+    assert limits.is_reference(fan_ref) and fan_ref["sha256"] in by_digest
+    assert len(stored) == 2
+
+
+def test_a_reference_is_read_whole_and_never_rendered_as_the_value():
+    value = [{"i": i} for i in range(3000)]
+    text_, raw = blobs.encode(value)
+    ref = limits.reference(7, len(raw), blobs.hashlib.sha256(raw).hexdigest(), value, text_)
+    reads = []
+
+    def reader(r):
+        reads.append(r["sha256"])
+        return value
+
+    context = {
+        "big": Stored(ref, as_step_result),  # a step's result, as render_context gives it
+        "nested": {"inner": ref},  # a reference inside a value (a pipeline's task result)
+        "other": as_step_result({"ok": True}),
+    }
+    assert reads == []  # nothing is read until a template uses it
+    with reading(reader):
+        assert render_value("{{ other.ok }}", context) is True
+        assert reads == []  # a render that does not use it does not read it
+        assert render_value("{{ big }}", context) == value
+        assert render_value("{{ big | length }}", context) == 3000
+        assert render_value("{{ big.result[2].i }}", context) == 2
+        assert render_value("{{ nested.inner[5].i }}", context) == 5
+        assert render_value("{% for x in big %}{% if loop.last %}{{ x.i }}{% endif %}{% endfor %}", context) == "2999"
+        shown = render_value("{{ big }}", context | {"big": Stored(ref, as_step_result)})
+        assert limits.STORED not in json.dumps(shown)
+        whole = render_value("{{ ctx }}", {"ctx": {"loop_results": Stored(ref, as_step_result)}})
+        assert whole == {"loop_results": value}  # a placeholder inside a rendered value is read too
+    assert len(reads) == 7
+    with pytest.raises(TemplateError, match="stored by reference cannot be read here"):
+        render_value("{{ big | length }}", context)  # no store to read from: an error, never the reference
+
+
+def test_the_cache_of_stored_values_is_bounded_by_bytes(monkeypatch):
+    monkeypatch.setenv("NOETL_STORED_CACHE_BYTES", "10000")
+    cache = blobs.ValueCache()
+
+    def ref(n: int, size: int) -> dict:
+        return {"execution_id": 1, "sha256": f"{n:064x}", "size": size}
+
+    for n in range(10):
+        cache.keep(ref(n, 3000), [n])
+        assert cache.held_bytes <= 10_000
+    assert len(cache) == 3 and cache.held_bytes == 9000
+    assert cache.get(ref(9, 3000)) == [9] and cache.get(ref(6, 3000)) is blobs._MISSING  # oldest dropped
+    cache.get(ref(7, 3000))  # used: kept over 8
+    cache.keep(ref(20, 3000), [20])
+    assert cache.get(ref(7, 3000)) == [7] and cache.get(ref(8, 3000)) is blobs._MISSING
+    cache.keep(ref(30, 20_000), [30])  # bigger than the whole bound: not kept, nothing dropped
+    assert cache.get(ref(30, 20_000)) is blobs._MISSING and len(cache) == 3
+
+
+def test_a_stored_value_is_masked_and_the_limit_of_what_is_stored_truncates(sqlite_url, monkeypatch):
+    from noetl_celery.store.db import migrate
+
+    migrate(sqlite_url)
+    secret = "s3cr3t-token-value"
+    secret_registry.register(secret)  # as the secrets tool registers what it read (masked from now on)
+    value = [f"row {i} {secret}" for i in range(2000)]
+    with transaction(sqlite_url) as conn:
+        ref = blobs.put(conn, 1, value)
+    assert limits.is_reference(ref) and secret not in json.dumps(ref)
+    (row,) = _rows(sqlite_url, "SELECT encoding, data FROM noetl_blob")
+    assert secret not in zlib.decompress(bytes(row["data"])).decode()
+    blobs.CACHE.clear()
+    with transaction(sqlite_url) as conn:
+        assert blobs.fetch(conn, ref)[5] == "row 5 ***"
+    monkeypatch.setenv("NOETL_MAX_STORED_BYTES", "30000")
+    with transaction(sqlite_url) as conn:
+        too_big = blobs.put(conn, 1, list(range(20_000)))
+    assert limits.is_truncated(too_big) and _rows(sqlite_url, "SELECT count(*) AS n FROM noetl_blob") == [{"n": 1}]
+
+
+def test_a_200000_element_python_result_starts_its_loop_at_the_default_settings(sqlite_url, monkeypatch, tmp_path):
+    """The case of the issue, at the default settings: list(range(200000)) (1.29 MB of JSON) is
+    stored once, the loop starts over all of it, and its first iterations run on their elements.
+    Running all 200,000 iterations is bench.fanout's job (docs/benchmarks.md)."""
+    monkeypatch.delenv("NOETL_MAX_RESULT_BYTES")
+    path = tmp_path / "fanout.yaml"
+    path.write_text(
+        "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: fanout}\nworkflow:\n"
+        "  - step: start\n    tool: {kind: python, code: 'result = list(range(200000))'}\n"
+        "    next: {arcs: [{step: work}]}\n"
+        "  - step: work\n"
+        "    loop: {in: '{{ start }}', iterator: x, spec: {mode: parallel, max_in_flight: 100}}\n"
+        "    tool: {kind: python, args: {x: '{{ iter.x }}'}, code: 'result = x * 2'}\n"
+    )
+    harness = Harness(sqlite_url)
+    execution_id = harness.start(compile_source(str(path), {}, None))
+    for _ in range(1 + 150):  # the python step, then 150 iterations
+        assert harness.step()
+    (loop,) = _rows(
+        sqlite_url, "SELECT total, done, collection FROM noetl_loop WHERE execution_id = :e", e=execution_id
+    )
+    collection = _json(loop["collection"])
+    assert loop["total"] == 200_000 and loop["done"] == 150
+    assert limits.is_reference(collection) and collection["length"] == 200_000 and collection["size"] > 1_000_000
+    (stored,) = _rows(sqlite_url, "SELECT sha256 FROM noetl_blob WHERE execution_id = :e", e=execution_id)
+    assert stored["sha256"] == collection["sha256"]  # the result and the collection: one stored value
+    done = _rows(
+        sqlite_url,
+        "SELECT iteration, result FROM noetl_event WHERE execution_id = :e AND event_type = 'iteration.completed'",
+        e=execution_id,
+    )
+    assert len(done) == 150 and all(_json(r["result"]) == 2 * r["iteration"] for r in done)
