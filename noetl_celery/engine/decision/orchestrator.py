@@ -21,7 +21,7 @@ from sqlalchemy import Connection
 
 from noetl_celery import vocabulary as ev
 from noetl_celery.engine.context import STATE, ExecutionState
-from noetl_celery.engine.decision import core
+from noetl_celery.engine.decision import core, write
 from noetl_celery.engine.decision.outcomes import OutcomeRules
 from noetl_celery.engine.decision.steps import StepFlow
 from noetl_celery.engine.decision.tasks import TaskFlow
@@ -83,11 +83,10 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
     outcomes = outcomes_of(payload) if kind in (PayloadKind.OUTCOME, PayloadKind.BATCH) else []
     deferred = _deferred_state(url, execution_id, outcomes[0][0]) if outcomes else None
     try:
-        try:
-            decided = _decide(url, payload, outcomes, deferred, strict=True)
-        except Redecide:
-            STATE.forget(url, execution_id)
-            decided = _decide(url, payload, outcomes, None, strict=False)
+        decided = write.decide_until_current(
+            lambda first: _decide(url, payload, outcomes, deferred if first else None, strict=first),
+            forget=lambda: STATE.forget(url, execution_id),
+        )
         if decided is None:
             return []
         decider, dispatches = decided

@@ -4,7 +4,7 @@ The Decider (orchestrator.py) decides *what* happens: rows, dispatches, variable
 changes, the end of the execution. This module owns *how* it is written: the execution
 counters' update (or the new execution's insert), the one-statement write of rows and
 variables (`repo.record_decision`), the optimistic concurrency of a decision made on a cached
-head (a moved head raises Redecide, and the caller decides again the classic way), the
+head (a moved head raises Redecide, and `decide_until_current` decides again the classic way), the
 duplicate check of a redelivered event (DuplicateEvent), and the process's state cache after
 the commit.
 """
@@ -12,7 +12,7 @@ the commit.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
@@ -35,7 +35,7 @@ class Redecide(Exception):
 
 
 class Decided(Protocol):
-    """The decision in progress as the write reads it (the Decider's accumulated fields)."""
+    """The decision in progress as the write reads it: its `Decision` value and the head it assumed."""
 
     connection: Connection
     state: ExecutionState
@@ -60,6 +60,22 @@ class Decided(Protocol):
     def plan(self) -> Any: ...
 
     def record(self, event_type: str, key: str, **fields: Any) -> str: ...
+
+
+T = TypeVar("T")
+
+
+def decide_until_current(decide: Callable[[bool], T], *, forget: Callable[[], None]) -> T:
+    """The redecide loop of one event: `decide(True)` first, strict (on the cached head when
+    there is one; its last write may commit, and refuses rows that exist); when that decision
+    turns out stale (Redecide), the process's cached state is forgotten (`forget`) and the event
+    is decided once more, `decide(False)`: the classic way, reading the head, which tells a
+    redelivery (DuplicateEvent) from rows that may exist."""
+    try:
+        return decide(True)
+    except Redecide:
+        forget()
+        return decide(False)
 
 
 def flush(d: Decided, *, last: bool = False) -> list[Dispatch]:
