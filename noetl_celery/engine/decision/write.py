@@ -4,7 +4,7 @@ The Decider (orchestrator.py) decides *what* happens: rows, dispatches, variable
 changes, the end of the execution. This module owns *how* it is written: the execution
 counters' update (or the new execution's insert), the one-statement write of rows and
 variables (`repo.record_decision`), the optimistic concurrency of a decision made on a cached
-head (a moved head raises Redecide, and the caller decides again the classic way), the
+head (a moved head raises Redecide, and `decide_until_current` decides again the classic way), the
 duplicate check of a redelivered event (DuplicateEvent), and the process's state cache after
 the commit.
 """
@@ -12,7 +12,7 @@ the commit.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
@@ -20,6 +20,7 @@ from noetl_celery import vocabulary as ev
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.context import STATE, ExecutionState
 from noetl_celery.engine.decision import batching, subplaybooks
+from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.messages import Dispatch
 from noetl_celery.store import repo
 
@@ -34,24 +35,18 @@ class Redecide(Exception):
 
 
 class Decided(Protocol):
-    """The decision in progress as the write reads it (the Decider's accumulated fields)."""
+    """The decision in progress as the write reads it: its `Decision` value and the head it assumed."""
 
     connection: Connection
     state: ExecutionState
     running: bool
-    rows: list[dict[str, Any]]
-    dispatches: list[Dispatch]
-    variables: dict[str, dict[str, Any]]
+    decision: Decision
     version: int
-    pending: int
-    failure: dict[str, Any] | None
     deferred: bool
-    later_causes: list[str]
     written: dict[str, dict[str, Any]]
     written_version: int | None
     written_pending: int | None
     create_row: Callable[[int, int], None] | None
-    durations_ms: dict[str, list[float]]
     strict: bool
     later_count: repo.IterationCount | None
 
@@ -67,16 +62,34 @@ class Decided(Protocol):
     def record(self, event_type: str, key: str, **fields: Any) -> str: ...
 
 
+T = TypeVar("T")
+
+
+def decide_until_current(decide: Callable[[bool], T], *, forget: Callable[[], None]) -> T:
+    """The redecide loop of one event: `decide(True)` first, strict (on the cached head when
+    there is one; its last write may commit, and refuses rows that exist); when that decision
+    turns out stale (Redecide), the process's cached state is forgotten (`forget`) and the event
+    is decided once more, `decide(False)`: the classic way, reading the head, which tells a
+    redelivery (DuplicateEvent) from rows that may exist."""
+    try:
+        return decide(True)
+    except Redecide:
+        forget()
+        return decide(False)
+
+
 def flush(d: Decided, *, last: bool = False) -> list[Dispatch]:
     """Write everything decided; raises DuplicateEvent (and rolls back) on a redelivery.
 
     `last`: nothing follows in the transaction; the write may commit it, and then refuses a
     row that exists, raising Redecide (see `repo.record_decision`)."""
     version, finished, bump = _counters(d, last)
-    if d.failure is not None:
-        repo.finish_execution(d.conn, d.execution_id, "failed", error=d.failure["error"], failed_step=d.failure["step"])
+    if d.decision.failure is not None:
+        repo.finish_execution(
+            d.conn, d.execution_id, "failed", error=d.decision.failure["error"], failed_step=d.decision.failure["step"]
+        )
     dispatches = _dispatches(d, version, finished)
-    causing = d.rows[0]
+    causing = d.decision.rows[0]
     if dispatches:
         causing["meta"] = {**(causing.get("meta") or {}), "dispatch": [x.to_dict() for x in dispatches]}
         causing["deadline_at"] = deadlines.decision_deadline(repo.utcnow(), dispatches)
@@ -91,12 +104,12 @@ def _counters(d: Decided, last: bool) -> tuple[int, bool, repo.Bump | None]:
     version = d.version
     finished = False
     bump: repo.Bump | None = None
-    if d.create_row is None and not d.pending and not d.variables and d.failure is None:
+    if d.create_row is None and not d.decision.pending and not d.decision.variables and d.decision.failure is None:
         return version, finished, bump
-    step = 1 if d.variables else 0
+    step = 1 if d.decision.variables else 0
     deferred, d.deferred = d.deferred, False
     if d.create_row is not None:
-        pending, version = d.pending, d.version + step
+        pending, version = d.decision.pending, d.version + step
         d.create_row(pending, version)
     elif deferred and (bump := _bump_for_write(d, last, step)) is not None:
         d.deferred = True  # the write checks the head
@@ -104,18 +117,18 @@ def _counters(d: Decided, last: bool) -> tuple[int, bool, repo.Bump | None]:
         version = d.version + step
     else:
         pending, version, status = repo.bump_execution(
-            d.connection if deferred else d.conn, d.execution_id, pending=d.pending, version=step
+            d.connection if deferred else d.conn, d.execution_id, pending=d.decision.pending, version=step
         )
         if deferred and (status != "running" or version != d.version + step):
             raise Redecide()  # the update read the head: it moved on since the cached state
     d.written_version = version
     d.written_pending = None if bump is not None and bump.expected is None else pending
-    if d.running and d.failure is None and pending <= 0:
+    if d.running and d.decision.failure is None and pending <= 0:
         d.record(
             ev.EXECUTION_COMPLETED,
             ev.EXECUTION_COMPLETED,
             status="completed",
-            parent_event_id=d.rows[-1]["event_id"] if d.rows else None,
+            parent_event_id=d.decision.rows[-1]["event_id"] if d.decision.rows else None,
         )
         if bump is not None:
             finished = bump.finish  # the write completes it
@@ -129,10 +142,14 @@ def _dispatches(d: Decided, version: int, finished: bool) -> list[Dispatch]:
     child execution's end for its parent."""
     if not d.running:
         return []
-    dispatches = [x.with_version(version) for x in batching.group(d.plan, d.dispatches, d.durations_ms)]
-    if d.state.parent_execution_id is not None and (finished or d.failure is not None):
-        status = "failed" if d.failure is not None else "completed"
-        end = subplaybooks.child_end(d.conn, d.execution_id, status, d.state.results, (d.failure or {}).get("error"))
+    dispatches = [
+        x.with_version(version) for x in batching.group(d.plan, d.decision.dispatches, d.decision.durations_ms)
+    ]
+    if d.state.parent_execution_id is not None and (finished or d.decision.failure is not None):
+        status = "failed" if d.decision.failure is not None else "completed"
+        end = subplaybooks.child_end(
+            d.conn, d.execution_id, status, d.state.results, (d.decision.failure or {}).get("error")
+        )
         if end is not None:
             dispatches.append(end)
     return dispatches
@@ -146,9 +163,9 @@ def _record(d: Decided, last: bool, bump: repo.Bump | None) -> None:
     try:
         recorded = repo.record_decision(
             d.connection,
-            d.rows,
-            d.variables,
-            new_keys=d.later_causes,
+            d.decision.rows,
+            d.decision.variables,
+            new_keys=d.decision.later_causes,
             last=last,
             head_version=head_version,
             count=d.later_count,
@@ -157,9 +174,9 @@ def _record(d: Decided, last: bool, bump: repo.Bump | None) -> None:
     except repo.Conflict as exc:
         raise Redecide() from exc
     if not recorded.new:
-        raise DuplicateEvent(d.rows[0]["event_id"])
+        raise DuplicateEvent(d.decision.rows[0]["event_id"])
     d.written = recorded.stored
-    if bump is not None and d.variables:  # read back after the commit
+    if bump is not None and d.decision.variables:  # read back after the commit
         if recorded.stored:
             d.written_pending = recorded.pending
         else:  # a later decision came first: keep_state leaves the state to be read again
@@ -170,25 +187,25 @@ def _bump_for_write(d: Decided, last: bool, step: int) -> repo.Bump | None:
     """The execution counters' update the decision's strict last write can make (None: it is
     made first, and returns the head). A decision that could end the execution needs the
     pending count: the cached one is expected, and a wrong guess is refused by the write."""
-    if not (last and d.strict and d.failure is None and d.later_count is None):
+    if not (last and d.strict and d.decision.failure is None and d.later_count is None):
         return None
-    if d.pending >= 0:  # an outcome's unit was pending: the count stays above 0
-        return repo.Bump(d.pending, step)
+    if d.decision.pending >= 0:  # an outcome's unit was pending: the count stays above 0
+        return repo.Bump(d.decision.pending, step)
     known = d.state.pending
-    if known is None or known + d.pending < 0:
+    if known is None or known + d.decision.pending < 0:
         return None
-    if known + d.pending > 0:
-        return repo.Bump(d.pending, step, expected=known)
-    if d.state.parent_execution_id is not None or d.dispatches:  # a child's end reads its parent
+    if known + d.decision.pending > 0:
+        return repo.Bump(d.decision.pending, step, expected=known)
+    if d.state.parent_execution_id is not None or d.decision.dispatches:  # a child's end reads its parent
         return None
-    return repo.Bump(d.pending, step, expected=known, finish=True)
+    return repo.Bump(d.decision.pending, step, expected=known, finish=True)
 
 
 def keep_state(d: Decided, url: str) -> None:
     """After the commit: the process's cached state becomes what this decision wrote when it
     moved the execution exactly one version on from the state it read (no other decision
     came between them); otherwise it is dropped, and read again when next needed."""
-    if not d.variables:
+    if not d.decision.variables:
         return
     if d.written_version == d.version + 1 and d.state.version == d.version:
         STATE.advance(url, d.state, d.written_version, d.written, d.written_pending)

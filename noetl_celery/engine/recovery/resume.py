@@ -93,11 +93,16 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
             step = decider.plan.steps[message.step]
             decider.handle_outcome(step, step.tasks[message.task_index], message, outcome, row)
             _rewrite(conn, execution_id, row)
-        decider.pending += redo["pending"] + loops["pending"]
-        decider.dispatches.extend(redo["dispatch"])
+        decider.decision.pending += redo["pending"] + loops["pending"]
+        decider.decision.dispatches.extend(redo["dispatch"])
         for message in children["again"]:  # a new child for each task whose child ended with this execution
             decider.dispatch_task(decider.plan.steps[message.step], message)
-        if not decider.dispatches and not decider.pending and not redo["decide"] and not children["in_flight"]:
+        if (
+            not decider.decision.dispatches
+            and not decider.decision.pending
+            and not redo["decide"]
+            and not children["in_flight"]
+        ):
             raise ResumeRefused(
                 f"execution {execution_id}: nothing to resume (no attempt was left without an "
                 "outcome, and its failure was not an attempt's)"
