@@ -23,7 +23,6 @@ import yaml
 
 from noetl_celery.errors import CredentialError
 
-FILE_ENV = "NOETL_CREDENTIALS_FILE"  # settings.CREDENTIALS_FILE_ENV
 SECRET_KEYS = frozenset(
     {
         "password",
@@ -61,7 +60,7 @@ def _load_file(path: Path) -> dict[str, Any]:
     try:
         mtime = path.stat().st_mtime
     except OSError:
-        raise CredentialError(f"credentials file {path} ({FILE_ENV}) cannot be read") from None
+        raise CredentialError(f"credentials file {path} (NOETL_CREDENTIALS_FILE) cannot be read") from None
     cached = _file_cache.get(str(path))
     if cached is not None and cached[0] == mtime:
         return cached[1]
@@ -72,7 +71,7 @@ def _load_file(path: Path) -> dict[str, Any]:
         else:
             data = yaml.safe_load(text)
     except OSError:
-        raise CredentialError(f"credentials file {path} ({FILE_ENV}) cannot be read") from None
+        raise CredentialError(f"credentials file {path} (NOETL_CREDENTIALS_FILE) cannot be read") from None
     except json.JSONDecodeError as exc:  # messages of the parsers could quote secrets: keep the position only
         raise CredentialError(f"credentials file {path} is not valid JSON (line {exc.lineno})") from None
     except yaml.YAMLError as exc:
