@@ -36,11 +36,11 @@ from bench.loops import (
     WorkerRun,
     _now,
     add_eager_window,
-    check_alive,
     log,
     open_services,
     report,
     start_workers,
+    wait_count,
 )
 
 POLL = 0.05
@@ -63,22 +63,7 @@ class Runs:
 
     def _wait(self, what: str, done: Any, n: int, t0: float) -> float:
         """Poll `done()` (how many have ended) until it reaches n; the time.perf_counter() then."""
-        last, last_change, last_check = -1, time.perf_counter(), time.perf_counter()
-        while True:
-            count = done()
-            now = time.perf_counter()
-            if count >= n:
-                return now
-            if count != last:
-                last, last_change = count, now
-            if now - t0 > self.args.timeout:
-                raise BenchError(f"{what}: {count} of {n} ended after {self.args.timeout:.0f} s")
-            if now - last_change > 60:
-                raise BenchError(f"{what}: stuck at {count} of {n} for 60 s")
-            if now - last_check > 0.5:
-                check_alive(self.workers)
-                last_check = now
-            time.sleep(POLL)
+        return wait_count(what, done, n, t0, self.workers, timeout=self.args.timeout, stall=60.0, poll=POLL)
 
     def noetl(self, n: int) -> dict[str, Any]:
         from noetl_celery import runner

@@ -463,6 +463,38 @@ def log_problems(workers: list[Any]) -> dict[str, int]:
 # --------------------------------------------------------------------------- raw Celery
 
 
+def wait_count(
+    what: str,
+    count: Callable[[], int],
+    n: int,
+    t0: float,
+    workers: list[Any],
+    *,
+    timeout: float,
+    stall: float,
+    poll: float = RAW_POLL,
+) -> float:
+    """Poll `count()` (how many tasks or executions have ended) until it reaches n; the
+    time.perf_counter() then. BenchError past `timeout` seconds from `t0`, or when the count has
+    not moved for `stall` seconds; a dead worker ends the wait too (check_alive)."""
+    last, last_change, last_check = -1, time.perf_counter(), time.perf_counter()
+    while True:
+        done = count()
+        now = time.perf_counter()
+        if done >= n:
+            return now
+        if done != last:
+            last, last_change = done, now
+        if now - t0 > timeout:
+            raise BenchError(f"{what}: {done} of {n} done after {timeout:.0f} s")
+        if now - last_change > stall:
+            raise BenchError(f"{what}: stuck at {done} of {n} for {stall:.0f} s")
+        if now - last_check > 0.5:
+            check_alive(workers)
+            last_check = now
+        time.sleep(poll)
+
+
 def run_raw(ctx: Context, n: int, workers: list[Any]) -> dict[str, Any]:
     from celery import group
 
@@ -474,22 +506,9 @@ def run_raw(ctx: Context, n: int, workers: list[Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         group(bench_noop.s(key) for _ in range(n)).apply_async()
         t_sent = time.perf_counter()
-        last, last_change, last_check = 0, t_sent, t_sent
-        while True:
-            count = int(ctx.redis.get(key) or 0)
-            now = time.perf_counter()
-            if count >= n:
-                break
-            if count != last:
-                last, last_change = count, now
-            if now - t0 > timeout:
-                raise BenchError(f"raw: {count} of {n} tasks done after {timeout:.0f} s")
-            if now - last_change > ctx.stall_timeout:
-                raise BenchError(f"raw: stuck at {count} of {n} tasks for {ctx.stall_timeout:.0f} s")
-            if now - last_check > 0.5:
-                check_alive(workers)
-                last_check = now
-            time.sleep(RAW_POLL)
+        wait_count(
+            "raw", lambda: int(ctx.redis.get(key) or 0), n, t0, workers, timeout=timeout, stall=ctx.stall_timeout
+        )
         t_end = time.perf_counter()
     ctx.redis.delete(key)
     elapsed = t_end - t0
