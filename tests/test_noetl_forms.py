@@ -14,6 +14,7 @@ from noetl_celery import runner
 from noetl_celery.compiler import compile_source
 from noetl_celery.errors import PlaybookError
 from tests.support.harness import run_playbook
+from tests.test_noetl_fidelity import M15_TASK_OUTPUT  # the m15 playbook, compiled there, run here
 
 
 def _write(tmp_path: Path, text: str, name: str = "pb.yaml") -> Path:
@@ -532,20 +533,6 @@ def test_a_sink_without_args_still_reads_the_result_as_data(sqlite_url, tmp_path
     )
     status = _run(sqlite_url, tmp_path, text, env=pg_local)
     assert status["results"]["check"]["rows"] == [{"id": 1, "a": 1}]
-
-
-M15_TASK_OUTPUT = """
-apiVersion: noetl.io/v2
-kind: Playbook
-metadata: {name: m15}
-workflow:
-  - step: start
-    tool:
-      kind: postgres
-      auth: pg_local
-      command: "SELECT 1 AS one"
-      output: {select: [{path: "$.rows", as: rows}]}
-"""
 
 
 def test_task_level_output_on_postgres_keeps_the_whole_result(sqlite_url, tmp_path, pg_local):
