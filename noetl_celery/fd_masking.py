@@ -14,8 +14,10 @@ pipes; the last one to end puts the descriptors back.
 - The pipes and their pumps are made once per process, at its first attempt; entering and leaving
   an attempt is two dup2() per descriptor. When the attempt ends the descriptors point at the log
   again (a background process the code started keeps writing through the pipe, masked). A line
-  without its newline is written once the pipe was quiet for IDLE_SECONDS. Output reaches the
-  log a moment after it was written: the pump writes it, not the attempt.
+  without its newline is written once the pipe was quiet for IDLE_SECONDS.
+- The pump writes the output, not the attempt, so leaving an attempt waits (LEAVE_WAIT_SECONDS at
+  most) until each pipe is empty and its pump has written what it read: what the process writes
+  after the attempt follows the attempt's output in the log instead of cutting into it.
 - Where the pipes cannot be made (no descriptor left), the attempt runs unmasked at the fd level
   and a warning is logged; print() and logging are masked either way.
 
@@ -33,8 +35,11 @@ import functools
 import logging
 import os
 import select
+import struct
 import sys
+import termios
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -47,9 +52,11 @@ HOLD_LIMIT = 64 * 1024  # characters of a line without its newline before a part
 HOLD_TAIL = 4096  # characters kept back from such a part (longer than any secret form)
 IDLE_SECONDS = 0.05  # a line without its newline is written once the pipe was quiet this long
 PIPE_SIZE = 1024 * 1024  # bytes a pipe holds (Linux) before a writer waits for the pump
+LEAVE_WAIT_SECONDS = 2.0  # longest wait, at an attempt's end, for the pumps to write what it wrote
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"depth": 0, "pipes": None, "pumps": []}  # pipes: [(fd, its copy, pipe write end)]
+# pipes: [(fd, its copy, pipe write end, pipe read end)]; busy: read end -> its pump holds unwritten output
+_state: dict[str, Any] = {"depth": 0, "pipes": None, "pumps": [], "busy": {}}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,15 +89,15 @@ def _flush_std_streams() -> None:
                 stream.flush()
 
 
-def _pipes() -> list[tuple[int, int, int]]:
-    """The process's pipes and pumps, made once: [(fd, a copy of where it points, write end)]."""
+def _pipes() -> list[tuple[int, int, int, int]]:
+    """The process's pipes and pumps, made once: [(fd, a copy of where it points, write end, read end)]."""
     if _state["pipes"] is None:
-        made: list[tuple[int, int, int]] = []
+        made: list[tuple[int, int, int, int]] = []
         try:
             for fd in MASKED_FDS:
                 made.append(_pipe_for(fd))
         except OSError:
-            for _, _, write_end in made:
+            for _, _, write_end, _ in made:
                 os.close(write_end)  # its pump reads the end of the pipe and closes the rest
             raise
         _state["pipes"] = made
@@ -102,7 +109,7 @@ def _drain() -> None:
     """At a normal interpreter exit: the pipes end, each pump writes what it holds (a second at most)."""
     with _lock:
         pipes, _state["pipes"] = _state["pipes"] or [], None
-        for fd, out, write_end in pipes:
+        for fd, out, write_end, _ in pipes:
             if _state["depth"]:
                 os.dup2(out, fd)
             os.close(write_end)
@@ -111,7 +118,7 @@ def _drain() -> None:
         pump.join(1.0)
 
 
-def _pipe_for(fd: int) -> tuple[int, int, int]:
+def _pipe_for(fd: int) -> tuple[int, int, int, int]:
     read_end, write_end = os.pipe()
     try:
         out = os.dup(fd)
@@ -120,10 +127,11 @@ def _pipe_for(fd: int) -> tuple[int, int, int]:
         os.close(write_end)
         raise
     _grow(write_end)
+    _state["busy"][read_end] = False
     pump = threading.Thread(target=_pump, args=(read_end, out), name=f"noetl-mask-fd{fd}", daemon=True)
     pump.start()
     _state["pumps"].append(pump)
-    return fd, out, write_end
+    return fd, out, write_end, read_end
 
 
 def _enter() -> bool:
@@ -137,7 +145,7 @@ def _enter() -> bool:
             log.warning("cannot mask file descriptors 1/2 of this attempt (%s): they go to the log unmasked", exc)
             return False
         _flush_std_streams()
-        for fd, out, write_end in pipes:
+        for fd, out, write_end, _ in pipes:
             os.dup2(fd, out)  # the pump writes where the descriptor points now
             os.dup2(write_end, fd)
         _state["depth"] = 1
@@ -150,8 +158,26 @@ def _leave() -> None:
         if _state["depth"]:
             return
         _flush_std_streams()
-        for fd, out, _ in _state["pipes"]:
+        for fd, out, _, _ in _state["pipes"]:
             os.dup2(out, fd)
+        _wait_written([read_end for _, _, _, read_end in _state["pipes"]])
+
+
+def _wait_written(read_ends: list[int]) -> None:
+    """Until each pipe is empty and its pump holds nothing unwritten (LEAVE_WAIT_SECONDS at most).
+
+    The pump marks itself busy before it reads, so an empty pipe whose pump is not busy means
+    everything written to it before this call has reached the log."""
+    deadline = time.monotonic() + LEAVE_WAIT_SECONDS
+    for read_end in read_ends:
+        while time.monotonic() < deadline:
+            try:
+                pending = struct.unpack("i", fcntl.ioctl(read_end, termios.FIONREAD, b"\0\0\0\0"))[0]
+            except OSError:  # the pipe is gone (the process is exiting): nothing to wait for
+                break
+            if not pending and not _state["busy"].get(read_end):
+                break
+            time.sleep(0.002)
 
 
 def _grow(fd: int) -> None:
@@ -164,14 +190,20 @@ def _grow(fd: int) -> None:
 
 def _pump(read_end: int, out: int) -> None:
     """Copy the pipe to `out`, masked, for the life of the process."""
+    busy = _state["busy"]
     held = ""
     while True:
-        if held:  # a line without its newline yet: written once the pipe is quiet for IDLE_SECONDS
-            ready, _, _ = select.select([read_end], [], [], IDLE_SECONDS)
-            if not ready:
-                _write(out, secret_registry.mask_text(held))
-                held = ""
-                continue
+        # a line without its newline yet is written once the pipe is quiet for IDLE_SECONDS
+        try:
+            ready, _, _ = select.select([read_end], [], [], IDLE_SECONDS if held else None)
+        except InterruptedError:
+            continue
+        if not ready:
+            _write(out, secret_registry.mask_text(held))
+            held = ""
+            busy[read_end] = False
+            continue
+        busy[read_end] = True  # before the read empties the pipe (see _wait_written)
         try:
             chunk = os.read(read_end, 65536)
         except InterruptedError:
@@ -187,8 +219,11 @@ def _pump(read_end: int, out: int) -> None:
             masked = secret_registry.mask_text(held)
             _write(out, masked[:-HOLD_TAIL])
             held = masked[-HOLD_TAIL:]
+        if not held:
+            busy[read_end] = False
     if held:
         _write(out, secret_registry.mask_text(held))
+    busy[read_end] = False
     os.close(read_end)
     os.close(out)
 
