@@ -32,7 +32,9 @@ def mysql_url() -> Iterator[str]:
         yield url
 
 
-def claim(url: str, slot: str = "run:0", done: list[Any] | None = None, lease: float = 60, **options: Any) -> Any:
+def claim(
+    url: str, slot: str = "run:0", done: list[Any] | None = None, lease: float = 60, rows: int = 1, **options: Any
+) -> Any:
     call = ClaimCall(
         sql="",
         params={SLOT_PARAM: slot},
@@ -40,6 +42,7 @@ def claim(url: str, slot: str = "run:0", done: list[Any] | None = None, lease: f
         timeout=lease,
         options={"table": "work", **options},
         done=done or [],
+        max_rows=rows,
     )
     outcome = cursors.claim("mysql", call)
     assert outcome.status == "ok", outcome.error
@@ -92,6 +95,32 @@ def test_row_or_nothing_take_back_lease_done_and_dead_letter(mysql_url: str) -> 
     age(mysql_url, 2)
     assert claim(mysql_url, slot="run:3", max_deliveries=3) == []
     assert state(mysql_url)[2] == ("dead", "run:2", 3)
+
+
+def test_a_frame_of_rows_per_claim_taken_back_acked_and_dead_lettered_whole(mysql_url: str) -> None:
+    values = ", ".join(f"({n}, {n * 10}, NULL)" for n in range(1, 8))
+    svc.mysql_query(mysql_url, f"INSERT INTO work (id, n, note) VALUES {values}")
+    svc.mysql_query(mysql_url, "UPDATE work SET status = 'claimed', claimed_by = 'gone', attempts = 3 WHERE id = 2")
+    age(mysql_url, 2)  # a poison row among the first ones: dead-lettered, the frame is filled past it
+
+    frame = claim(mysql_url, slot="run:0", rows=3, max_deliveries=3)
+    assert [(r["id"], r["attempts"]) for r in frame] == [(1, 1), (3, 1), (4, 1)]
+    assert state(mysql_url)[2] == ("dead", "gone", 3)
+    # another slot's frame holds none of them
+    assert [r["id"] for r in claim(mysql_url, slot="run:1", rows=2)] == [5, 6]
+    # the claim died before the engine recorded it: the slot's next claim takes the whole frame back
+    again = claim(mysql_url, slot="run:0", rows=3)
+    assert [(r["id"], r["attempts"]) for r in again] == [(1, 2), (3, 2), (4, 2)]
+    # the frame's rows all over: the next claim closes every one of them and takes what is left
+    assert [r["id"] for r in claim(mysql_url, slot="run:0", done=again, rows=3)] == [7]
+    assert {i: state(mysql_url)[i][0] for i in (1, 3, 4, 5, 6, 7)} == {
+        1: "done",
+        3: "done",
+        4: "done",
+        5: "claimed",
+        6: "claimed",
+        7: "claimed",
+    }
 
 
 def test_a_short_lease_and_custom_columns(mysql_url: str) -> None:

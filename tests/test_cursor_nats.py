@@ -80,6 +80,7 @@ def claim(url: str, names: dict[str, str], slot: str = "run:0", done: list[Any] 
         timeout=options.pop("lease", 60),
         options={"stream": names["stream"], "slots_bucket": names["slots"], "dead_letter": names["dead"], **options},
         done=done or [],
+        max_rows=options.pop("rows", 1),
     )
     outcome = cursors.claim("nats", call)
     assert outcome.status == "ok", outcome.error
@@ -116,6 +117,25 @@ def test_row_or_nothing_ack_when_done_and_take_back(nats_url: str, names: dict[s
     # done: acked by the slot's next claim, which finds nothing more
     assert claim(nats_url, names, slot="run:0", done=[again]) == []
     assert claim(nats_url, names, slot="run:1", done=[other]) == []
+    assert consumer_state(nats_url, names["stream"]) == (0, 0)
+
+
+def test_a_frame_of_messages_per_claim_taken_back_and_acked_whole(nats_url: str, names: dict[str, str]) -> None:
+    assert claim(nats_url, names) == []  # creates the consumer
+    publish(nats_url, names["stream"], *({"n": n} for n in range(1, 7)))
+
+    frame = claim(nats_url, names, slot="run:0", rows=4)
+    assert [row["data"]["n"] for row in frame] == [1, 2, 3, 4]
+    # the claim died before the engine recorded it: the slot's next claim gets the whole frame again
+    assert claim(nats_url, names, slot="run:0", rows=4) == frame
+    # another slot's frame: what is left (fewer than asked for)
+    other = claim(nats_url, names, slot="run:1", rows=4)
+    assert [row["data"]["n"] for row in other] == [5, 6]
+    assert consumer_state(nats_url, names["stream"]) == (6, 0)
+    # the frame's messages all over: the next claim acks every one of them and finds nothing more
+    assert claim(nats_url, names, slot="run:0", done=frame, rows=4) == []
+    assert consumer_state(nats_url, names["stream"]) == (2, 0)
+    assert claim(nats_url, names, slot="run:1", done=other, rows=4) == []
     assert consumer_state(nats_url, names["stream"]) == (0, 0)
 
 

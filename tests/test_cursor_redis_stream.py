@@ -34,6 +34,7 @@ def claim(redis_url: str, stream: str, slot: str = "run:0", done: list[Any] | No
         timeout=options.pop("lease", 60),
         options={"stream": stream, **options},
         done=done or [],
+        max_rows=options.pop("rows", 1),
     )
     outcome = cursors.claim("redis_stream", call)
     assert outcome.status == "ok", outcome.error
@@ -77,6 +78,32 @@ def test_row_or_nothing_ack_take_back_and_dead_letter(redis_url: str, stream: st
     assert fields == {"n": "2", "source_id": nxt["id"], "source_stream": stream, "deliveries": "4"}
     assert r.xpending(stream, "noetl")["pending"] == 0
     assert second.decode() == nxt["id"]
+
+
+def test_a_frame_of_entries_per_claim_taken_back_acked_and_dead_lettered_whole(redis_url: str, stream: str) -> None:
+    r = redis_client(redis_url)
+    claim(redis_url, stream)  # creates the group
+    ids = [r.xadd(stream, {"n": str(n)}).decode() for n in range(1, 8)]
+    # a stale entry of a vanished consumer, on its last delivery, and one past it: the frame takes
+    # the first and dead-letters the second
+    r.xreadgroup("noetl", "gone", {stream: ">"}, count=2)
+    for _ in range(2):
+        r.xclaim(stream, "noetl", "gone", 0, [ids[1]])
+    for entry in ids[:2]:
+        idle(r, stream, "gone", entry)
+
+    frame = claim(redis_url, stream, slot="run:0", rows=3, max_deliveries=3)
+    assert [(row["n"], row["deliveries"]) for row in frame] == [("1", 2), ("3", 1), ("4", 1)]
+    assert [fields[b"n"] for _, fields in r.xrange(f"{stream}:dead")] == [b"2"]
+    # another slot's frame holds none of them
+    assert [row["n"] for row in claim(redis_url, stream, slot="run:1", rows=2)] == ["5", "6"]
+    # the claim died before the engine recorded it: the slot's next claim takes the whole frame back
+    again = claim(redis_url, stream, slot="run:0", rows=3)
+    assert [(row["n"], row["deliveries"]) for row in again] == [("1", 3), ("3", 2), ("4", 2)]
+    # the frame's entries all over: the next claim acks every one of them and reads what is left
+    assert [row["n"] for row in claim(redis_url, stream, slot="run:0", done=again, rows=3)] == ["7"]
+    pending = {p["message_id"].decode() for p in r.xpending_range(stream, "noetl", "-", "+", 10)}
+    assert pending == {ids[4], ids[5], ids[6]}
 
 
 def test_a_claim_without_a_stream_or_url_is_refused(redis_url: str) -> None:

@@ -10,8 +10,9 @@ Registered here: `postgres` (noetl_celery/cursors/postgres.py) and `sqlite`
 (noetl_celery/cursors/sqlite.py), which run the cursor's claim SQL, and the queue drivers
 without SQL, `redis_stream`, `mysql` (a work table, FOR UPDATE SKIP LOCKED) and `nats` (a
 JetStream pull consumer): their cursor keys arrive rendered in `call.options`, and `call.done`
-lists the rows of the slot's previous claim whose chains are over, to acknowledge; they share
-`reclaim_seconds` and `wait_seconds` (below). A further driver is a module that decorates its
+lists every row of the slot's previous claim (its frame), their chains over, to acknowledge; they
+share `reclaim_seconds` and `wait_seconds` (below) and take up to `call.max_rows` rows per claim
+(the frame's `max_rows`, default 1). A further driver is a module that decorates its
 claim function with `@register("kind")` (`keys=` its own cursor keys, `needs_claim=False` without
 SQL) and is listed in `_load_builtin_drivers`; the validator then accepts `cursor.kind: kind`
 and the worker runs it. Keep the contract: one claim = one committed transaction (or its
@@ -45,6 +46,7 @@ class ClaimCall:
     timeout: float | None = None  # seconds
     options: dict[str, Any] = field(default_factory=dict)  # the cursor's own keys (drivers without SQL)
     done: list[Any] = field(default_factory=list)  # rows of the slot's previous claim, their chains over
+    max_rows: int = 1  # rows one claim may take (the frame's max_rows): drivers without SQL honour it
 
 
 def reclaim_seconds(call: ClaimCall) -> float:
@@ -64,6 +66,17 @@ def wait_seconds(call: ClaimCall, *aliases: str) -> float:
         if call.options.get(key) not in (None, ""):
             return max(float(call.options[key]), 0.0)
     return 0.0
+
+
+def frame_rows(frame: dict[str, Any] | None) -> int:
+    """Rows one claim may take: the frame's `max_rows` (a positive integer), else 1."""
+    value = (frame or {}).get("max_rows")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return 1
+    try:
+        return max(int(value), 1)
+    except ValueError:
+        return 1
 
 
 ClaimFn = Callable[[ClaimCall], Outcome]

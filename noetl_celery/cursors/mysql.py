@@ -1,4 +1,4 @@
-"""The mysql cursor driver: a work table on MariaDB 10.6+ or MySQL 8+, one row per claim, PyMySQL.
+"""The mysql cursor driver: a work table on MariaDB 10.6+ or MySQL 8+, a frame of rows per claim, PyMySQL.
 
 No claim SQL: the driver owns the claim, so that its lease and dead-letter rules are the same for
 every playbook. The table needs, besides its own columns, the queue columns (names changeable
@@ -20,7 +20,8 @@ password, database} (or `url`/`dsn`).
 A claim is one transaction at READ COMMITTED:
 1. The rows of the slot's previous claim (`call.done`, their chains over) get `done_status`,
    guarded by `claimed_by` = this slot (a row taken over by another slot is not theirs to close).
-2. `SELECT ... LIMIT 1 FOR UPDATE SKIP LOCKED` one row that is 'pending', or 'claimed' by this
+2. `SELECT ... LIMIT n FOR UPDATE SKIP LOCKED` up to n rows (the frame's `max_rows`, default 1:
+   `call.max_rows`) that are 'pending', or 'claimed' by this
    slot (its claim committed, then its worker died before the engine recorded the claim: the
    redelivered claim takes it back), or 'claimed' by anyone longer ago than `reclaim_seconds`
    (default 2 x the frame's `lease_seconds` + 30 s, see cursors.RECLAIM_MARGIN): a stale claim,
@@ -28,9 +29,12 @@ A claim is one transaction at READ COMMITTED:
 3. A row already claimed `max_deliveries` times is a poison row: it gets `dead_status` (the dead
    letter: it stays in the table, out of every claim; set it back to 'pending' with attempts 0 to
    try it again) and the claim looks further. Otherwise the row gets 'claimed', this slot,
-   NOW(6) and attempts + 1, and is returned with all its columns.
+   NOW(6) and attempts + 1, and is returned with all its columns (the rows in `order_by` order).
 Nothing found: zero rows, the slot is over (an empty queue at the moment of the claim ends the
 slot unless `wait_seconds` keeps it polling that long for a row).
+
+The connection is kept per thread and checked alive (a ping) before each claim; a forked child
+(a prefork pool process) drops its parent's connections and opens its own.
 
 PyMySQL rather than mysqlclient: pure Python (no libmysqlclient headers or compiler to install),
 maintained by the PyMySQL project, and the claim's one small statement per step gains nothing
@@ -42,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import decimal
+import os
 import re
 import threading
 import time
@@ -169,36 +174,58 @@ class _Claim:
             [self.done_status, *ids, slot],
         )
 
-    def take(self, cur: Any, slot: str, lease: float) -> dict[str, Any] | None:
-        """Claim one row (or dead-letter poison rows on the way); None when none is free."""
-        while True:
+    def take(self, cur: Any, slot: str, lease: float, count: int) -> list[dict[str, Any]]:
+        """Claim up to `count` rows (dead-lettering poison rows on the way); [] when none is free."""
+        taken: list[Any] = []
+        while len(taken) < count:
+            # rows claimed by this slot match the filter and this transaction's own locks do not
+            # skip them: the rows taken so far are left out by id
+            besides = f" AND {self.id} NOT IN ({', '.join(['%s'] * len(taken))})" if taken else ""
             cur.execute(
                 f"SELECT {self.id} AS id, {self.attempts} AS attempts FROM {self.table} "
                 f"WHERE ({self.status} = 'pending' OR ({self.status} = 'claimed' AND ({self.by} = %s "
-                f"OR {self.at} < NOW(6) - INTERVAL %s MICROSECOND))){self.where} "
-                f"ORDER BY {self.order} LIMIT 1 FOR UPDATE SKIP LOCKED",
-                [slot, int(lease * 1_000_000)],
+                f"OR {self.at} < NOW(6) - INTERVAL %s MICROSECOND))){self.where}{besides} "
+                f"ORDER BY {self.order} LIMIT %s FOR UPDATE SKIP LOCKED",
+                [slot, int(lease * 1_000_000), *taken, count - len(taken)],
             )
-            found = cur.fetchone()
-            if found is None:
-                return None
-            if int(found["attempts"] or 0) >= self.limit:
+            found = cur.fetchall()
+            if not found:
+                break
+            poison = [r["id"] for r in found if int(r["attempts"] or 0) >= self.limit]
+            fresh = [r["id"] for r in found if int(r["attempts"] or 0) < self.limit]
+            if poison:
+                marks = ", ".join(["%s"] * len(poison))
                 cur.execute(
-                    f"UPDATE {self.table} SET {self.status} = %s WHERE {self.id} = %s",
-                    [self.dead_status, found["id"]],
+                    f"UPDATE {self.table} SET {self.status} = %s WHERE {self.id} IN ({marks})",
+                    [self.dead_status, *poison],
                 )
-                continue
-            cur.execute(
-                f"UPDATE {self.table} SET {self.status} = 'claimed', {self.by} = %s, {self.at} = NOW(6), "
-                f"{self.attempts} = {self.attempts} + 1 WHERE {self.id} = %s",
-                [slot, found["id"]],
-            )
-            cur.execute(f"SELECT * FROM {self.table} WHERE {self.id} = %s", [found["id"]])
-            row = cur.fetchone()
-            return {str(k): _plain(v) for k, v in row.items()} if row else None
+            if fresh:
+                cur.execute(
+                    f"UPDATE {self.table} SET {self.status} = 'claimed', {self.by} = %s, {self.at} = NOW(6), "
+                    f"{self.attempts} = {self.attempts} + 1 WHERE {self.id} IN ({', '.join(['%s'] * len(fresh))})",
+                    [slot, *fresh],
+                )
+                taken.extend(fresh)
+        if not taken:
+            return []
+        cur.execute(
+            f"SELECT * FROM {self.table} WHERE {self.id} IN ({', '.join(['%s'] * len(taken))}) ORDER BY {self.order}",
+            taken,
+        )
+        return [{str(k): _plain(v) for k, v in row.items()} for row in cur.fetchall()]
 
 
 _local = threading.local()  # this thread's connections, by connect arguments
+
+
+def _forget_after_fork() -> None:
+    """A forked child (a prefork pool process) never uses its parent's connections: it drops
+    them without closing (the sockets are the parent's) and opens its own."""
+    global _local
+    _local = threading.local()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _key(args: dict[str, Any]) -> str:
@@ -234,17 +261,17 @@ def _drop(args: dict[str, Any]) -> None:
             conn.close()
 
 
-def _claim_once(conn: Any, claim: _Claim, slot: str, lease: float, done: list[Any]) -> dict[str, Any] | None:
+def _claim_once(conn: Any, claim: _Claim, slot: str, lease: float, done: list[Any], count: int) -> list[dict[str, Any]]:
     with conn.cursor() as cur:
         try:
             if done:
                 claim.ack(cur, slot, done)
-            row = claim.take(cur, slot, lease)
+            rows = claim.take(cur, slot, lease, count)
             conn.commit()
         except BaseException:
             conn.rollback()
             raise
-    return row
+    return rows
 
 
 @register("mysql", keys=KEYS, needs_claim=False)
@@ -273,9 +300,9 @@ def claim_mysql(call: ClaimCall) -> Outcome:
     try:
         deadline = time.monotonic() + wait
         while True:
-            row = _claim_once(conn, claim, slot, lease, done)
+            rows = _claim_once(conn, claim, slot, lease, done, max(call.max_rows, 1))
             done = []
-            if row is not None or time.monotonic() >= deadline:
+            if rows or time.monotonic() >= deadline:
                 break
             time.sleep(POLL_INTERVAL)
     except pymysql.MySQLError as exc:
@@ -283,4 +310,4 @@ def claim_mysql(call: ClaimCall) -> Outcome:
         code = exc.args[0] if exc.args else None
         message = exc.args[1] if len(exc.args) > 1 else str(exc)
         return Outcome.fail("cursor", f"mysql cursor on {claim.table}: ({code}) {message}", code in _RETRYABLE)
-    return Outcome.ok({"rows": [row] if row else []})
+    return Outcome.ok({"rows": rows})

@@ -1,4 +1,4 @@
-"""The nats cursor driver: a JetStream pull consumer, one message per claim, with nats-py.
+"""The nats cursor driver: a JetStream pull consumer, a frame of messages per claim, with nats-py.
 
 Cursor keys: `stream` (required: the JetStream stream), `consumer` (durable name, default
 "noetl"), `subject` (the consumer's filter subject, optional), `max_deliveries` (default 5),
@@ -12,21 +12,29 @@ The consumer is created on the first claim when missing: explicit acks, AckWait 
 MaxDeliver = `max_deliveries` + 1, deliver all. An existing consumer is used as it is.
 
 A claim, in one call:
-1. Ack (double ack: the server confirms) the message of the slot's previous claim (`call.done`):
-   the next claim is dispatched only when the previous row's chain is over, so that is "ack when
-   done". The slot's record in the `slots_bucket` key/value bucket is then deleted.
-2. A message this slot fetched and never finished (its claim's worker died before the engine
-   recorded the claim: the slot's record is still there) is returned again, read back from the
-   stream by its sequence; it is still unacked, so no other slot has it within AckWait.
-3. Else fetch one message (a pull request with no_wait, or waiting up to `wait_seconds`). The
-   server hands a message out again when it is not acked within AckWait (its slot gone): the
-   stale-claim reclaim. A message on its (max_deliveries + 1)th delivery is a poison message: it is
-   published to the `dead_letter` subject (its data, its headers plus Noetl-Source-Stream,
-   Noetl-Source-Sequence, Noetl-Source-Subject, Noetl-Deliveries; Nats-Msg-Id dedupes a retry)
-   and acked, and the claim fetches further. When no stream holds the dead-letter subject, a
-   stream `<stream>_DEAD` is created for it.
+1. Ack (double ack: the server confirms) the messages of the slot's previous claim (`call.done`,
+   its whole frame): the next claim is dispatched only when the previous frame's chains are over,
+   so that is "ack when done". The slot's record in the `slots_bucket` key/value bucket is then
+   deleted.
+2. The messages this slot fetched and never finished (its claim's worker died before the engine
+   recorded the claim: the slot's record is still there) are returned again, read back from the
+   stream by their sequences; they are still unacked, so no other slot has them within AckWait.
+3. Else fetch up to n messages (the frame's `max_rows`, default 1: `call.max_rows`) with one pull
+   request with no_wait; none available and `wait_seconds` given: one more pull waiting up to
+   that long for one message. The server hands a message out again when it is not acked within
+   AckWait (its slot gone): the stale-claim reclaim. A message on its (max_deliveries + 1)th
+   delivery is a poison message: it is published to the `dead_letter` subject (its data, its
+   headers plus Noetl-Source-Stream, Noetl-Source-Sequence, Noetl-Source-Subject,
+   Noetl-Deliveries; Nats-Msg-Id dedupes a retry) and acked, and the claim fetches further. When
+   no stream holds the dead-letter subject, a stream `<stream>_DEAD` is created for it. The
+   fetched messages are recorded as the slot's record before the claim returns them.
 Nothing available: zero rows, the slot is over (a consumer with no message available at the
 moment of the claim ends the slot unless `wait_seconds` keeps it waiting).
+
+Claims run on an event loop of the process's own (a thread), where the connection to each server
+(and credential) stays open between claims, with the bucket handles and the consumers it found;
+any failure makes the next claim look them up again, a lost connection connects again. A forked
+child (a prefork pool process) never uses its parent's loop or connections.
 
 A row is {"seq": stream sequence, "subject", "deliveries": n, "data": the payload (JSON parsed
 when it is JSON, else text), "headers" (when any), "ack": the message's ack subject}.
@@ -38,6 +46,9 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from noetl_celery.cursors import SLOT_PARAM, ClaimCall, reclaim_seconds, register, wait_seconds
@@ -106,24 +117,34 @@ class _Slot:
         slot = str(call.params.get(SLOT_PARAM) or "noetl")
         self.key = hashlib.sha1(f"{stream}\0{self.consumer}\0{slot}".encode()).hexdigest()
         self.done = [row for row in call.done if isinstance(row, dict) and row.get("ack")]
+        self.count = max(call.max_rows, 1)
 
-    async def _kv(self, js: Any) -> Any:
+    async def _kv(self, conn: _Conn) -> Any:
         from nats.js import errors as js_errors
 
+        kv = conn.buckets.get(self.bucket)
+        if kv is not None:
+            return kv
         try:
-            return await js.key_value(self.bucket)
+            kv = await conn.js.key_value(self.bucket)
         except js_errors.BucketNotFoundError:
             try:
-                return await js.create_key_value(bucket=self.bucket, ttl=SLOTS_TTL)
+                kv = await conn.js.create_key_value(bucket=self.bucket, ttl=SLOTS_TTL)
             except js_errors.BadRequestError:  # created meanwhile by another slot
-                return await js.key_value(self.bucket)
+                kv = await conn.js.key_value(self.bucket)
+        conn.buckets[self.bucket] = kv
+        return kv
 
-    async def _consumer(self, js: Any) -> None:
+    async def _consumer(self, conn: _Conn) -> None:
         from nats.js import api
         from nats.js import errors as js_errors
 
+        if (self.stream, self.consumer) in conn.consumers:
+            return
+        js = conn.js
         try:
             await js.consumer_info(self.stream, self.consumer, timeout=REQUEST_TIMEOUT)
+            conn.consumers.add((self.stream, self.consumer))
             return
         except js_errors.NotFoundError as exc:
             if "stream" in str(exc.description or "").lower():
@@ -140,36 +161,48 @@ class _Slot:
             await js.add_consumer(self.stream, config, timeout=REQUEST_TIMEOUT)
         except js_errors.BadRequestError:  # created meanwhile by another slot with the same config
             await js.consumer_info(self.stream, self.consumer, timeout=REQUEST_TIMEOUT)
+        conn.consumers.add((self.stream, self.consumer))
 
-    async def _next(self, nc: Any) -> Any:
-        """One message of the consumer, or None when none is available (within `wait`)."""
+    async def _next(self, nc: Any, count: int, wait: float) -> list[Any] | None:
+        """Up to `count` messages of the consumer: [] when none is available (within `wait`), None
+        when the server did not answer the pull at all (the consumer may be gone)."""
         from nats import errors as nats_errors
 
-        request: dict[str, Any] = {"batch": 1}
-        if self.wait > 0:
-            request["expires"] = int(self.wait * 1_000_000_000)
+        request: dict[str, Any] = {"batch": count}
+        if wait > 0:
+            request["expires"] = int(wait * 1_000_000_000)
         else:
             request["no_wait"] = True
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
-        # a subscription of its own: the message comes with its own subject, which a request's
+        # a subscription of its own: the messages come with their own subjects, which a request's
         # shared reply handler would not match
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox)
+        msgs: list[Any] = []
         try:
             await nc.publish(subject, json.dumps(request).encode(), reply=inbox)
-            try:
-                msg = await sub.next_msg(timeout=self.wait + REQUEST_TIMEOUT)
-            except nats_errors.TimeoutError:
-                return None
+            # the server sends up to `count` messages, then (fewer were available) a status: 404 no
+            # messages, 408 request over, 409 consumer busy
+            while len(msgs) < count:
+                try:
+                    msg = await sub.next_msg(timeout=wait + REQUEST_TIMEOUT)
+                except nats_errors.TimeoutError:
+                    if msgs:  # the pull was answered: the rest cannot come once it is over
+                        break
+                    return None
+                status = _status(msg)
+                if status in ("404", "408", "409"):
+                    break
+                if status:
+                    headers = (msg.headers or {}).items()
+                    description = next((str(v) for k, v in headers if str(k).endswith("Description")), "")
+                    raise _Refused(
+                        "cursor", f"nats cursor: pull from {self.stream}/{self.consumer}: {status} {description}"
+                    )
+                msgs.append(msg)
         finally:
             await sub.unsubscribe()
-        status = _status(msg)
-        if status in ("404", "408", "409"):  # no messages / request expired / consumer busy
-            return None
-        if status:
-            description = next((str(v) for k, v in (msg.headers or {}).items() if str(k).endswith("Description")), "")
-            raise _Refused("cursor", f"nats cursor: pull from {self.stream}/{self.consumer}: {status} {description}")
-        return msg
+        return msgs
 
     async def _dead_letter(self, nc: Any, js: Any, msg: Any, deliveries: int, seq: int) -> None:
         from nats.js import api
@@ -206,47 +239,124 @@ class _Slot:
             row["headers"] = headers
         return row
 
-    async def claim(self, nc: Any) -> dict[str, Any] | None:
+    async def _ack(self, nc: Any, row: dict[str, Any]) -> None:
+        # an error: already acked (a repeated claim), or past AckWait: nothing to undo
+        with contextlib.suppress(Exception):
+            await nc.request(str(row["ack"]), b"+ACK", timeout=REQUEST_TIMEOUT)
+
+    async def _held(self, conn: _Conn, kv: Any) -> list[dict[str, Any]] | None:
+        """The messages of the slot's record (a claim whose worker died before the engine recorded
+        it), read back from the stream; None when the slot holds none."""
         from nats.aio.msg import Msg
         from nats.js import errors as js_errors
 
-        js = nc.jetstream(timeout=REQUEST_TIMEOUT)
-        kv = await self._kv(js)
-        for row in self.done:
-            # an error: already acked (a repeated claim), or past AckWait: nothing to undo
-            with contextlib.suppress(Exception):
-                await nc.request(str(row["ack"]), b"+ACK", timeout=REQUEST_TIMEOUT)
-        if self.done:
-            await kv.delete(self.key)
         try:
             entry = await kv.get(self.key)
         except js_errors.KeyNotFoundError:
-            entry = None
-        if entry is not None and entry.value:
-            held = json.loads(entry.value)
+            return None
+        if entry is None or not entry.value:
+            return None
+        record = json.loads(entry.value)
+        held = record.get("held", []) if "held" in record else [record]  # a record of one message
+        rows = []
+        for item in held:
             try:
-                raw = await js.get_msg(self.stream, int(held["seq"]))
+                raw = await conn.js.get_msg(self.stream, int(item["seq"]))
             except js_errors.NotFoundError:
-                raw = None  # deleted from the stream meanwhile: nothing to do
-            if raw is not None:
-                fake = Msg(nc, subject=raw.subject or "", data=raw.data or b"", headers=raw.headers)
-                return self._row(fake, int(held["seq"]), int(held["deliveries"]), str(held["ack"]))
+                continue  # deleted from the stream meanwhile: nothing to do
+            fake = Msg(conn.nc, subject=raw.subject or "", data=raw.data or b"", headers=raw.headers)
+            rows.append(self._row(fake, int(item["seq"]), int(item["deliveries"]), str(item["ack"])))
+        if rows:
+            return rows
+        await kv.delete(self.key)
+        return None
+
+    async def claim(self, conn: _Conn) -> list[dict[str, Any]]:
+        nc, js = conn.nc, conn.js
+        kv = await self._kv(conn)
+        await asyncio.gather(*(self._ack(nc, row) for row in self.done))
+        if self.done:
             await kv.delete(self.key)
-        await self._consumer(js)
-        while True:
-            msg = await self._next(nc)
-            if msg is None:
-                return None
-            meta = msg.metadata
-            seq, deliveries = int(meta.sequence.stream), int(meta.num_delivered)
-            if deliveries > self.limit:
-                await self._dead_letter(nc, js, msg, deliveries, seq)
-                continue
-            await kv.put(self.key, json.dumps({"seq": seq, "deliveries": deliveries, "ack": msg.reply}).encode())
-            return self._row(msg, seq, deliveries, msg.reply)
+        held = await self._held(conn, kv)
+        if held:
+            return held
+        await self._consumer(conn)
+        rows: list[dict[str, Any]] = []
+        record: list[dict[str, Any]] = []
+        while len(rows) < self.count:
+            msgs = await self._next(nc, self.count - len(rows), 0.0)
+            if msgs is None and (self.stream, self.consumer) in conn.consumers:
+                # no answer at all: the consumer may be gone since this process last saw it
+                conn.consumers.discard((self.stream, self.consumer))
+                await self._consumer(conn)
+                msgs = await self._next(nc, self.count - len(rows), 0.0)
+            if not msgs and self.wait > 0 and not rows:
+                msgs = await self._next(nc, 1, self.wait)  # one is enough to stop waiting
+            if not msgs:
+                break
+            poison = 0
+            for msg in msgs:
+                meta = msg.metadata
+                seq, deliveries = int(meta.sequence.stream), int(meta.num_delivered)
+                if deliveries > self.limit:
+                    await self._dead_letter(nc, js, msg, deliveries, seq)
+                    poison += 1
+                    continue
+                rows.append(self._row(msg, seq, deliveries, msg.reply))
+                record.append({"seq": seq, "deliveries": deliveries, "ack": msg.reply})
+            if not poison:  # as many as were available: no use asking again
+                break
+        if record:
+            await kv.put(self.key, json.dumps({"held": record}).encode())
+        return rows
 
 
-async def _run(call: ClaimCall, slot: _Slot) -> dict[str, Any] | None:
+@dataclass
+class _Conn:
+    """A connection of this process's claim loop, with what it learned: bucket handles and the
+    consumers known to exist."""
+
+    nc: Any
+    js: Any
+    buckets: dict[str, Any] = field(default_factory=dict)
+    consumers: set[tuple[str, str]] = field(default_factory=set)
+
+
+class _Claims:
+    """This process's claim loop: one event loop on a thread of its own, where the connections
+    live (per server and credential) between claims, so a claim costs its requests only."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.conns: dict[str, _Conn] = {}
+        self.lock = threading.Lock()
+
+    def run(self, coro: Any) -> Any:
+        with self.lock:
+            if self.loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="noetl-nats-cursor", daemon=True).start()
+                self.loop = loop
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+
+_claims = _Claims()
+_forgotten: list[_Claims] = []  # a parent's claim loops in a forked child: kept, never used
+
+
+def _forget_after_fork() -> None:
+    """A forked child (a prefork pool process) never uses its parent's connections or loop (the
+    loop's thread does not exist in the child, the sockets are the parent's): it keeps them
+    unused and starts its own on its first claim."""
+    global _claims
+    _forgotten.append(_claims)
+    _claims = _Claims()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+async def _run(call: ClaimCall, slot: _Slot, claims: _Claims) -> list[dict[str, Any]]:
     from nats import errors as nats_errors
     from nats.js import errors as js_errors
 
@@ -258,28 +368,45 @@ async def _run(call: ClaimCall, slot: _Slot) -> dict[str, Any] | None:
     except ToolRefused as exc:
         raise _Refused(exc.kind, str(exc).replace("nats:", "nats cursor:", 1)) from None
     where = ", ".join(shown_url(u) for u in urls)
-
+    key = repr((urls, sorted(options.items())))  # in memory only: it holds the credential
+    conn = claims.conns.get(key)
+    if conn is not None and not conn.nc.is_connected:
+        claims.conns.pop(key, None)
+        with contextlib.suppress(Exception):
+            await conn.nc.close()
+        conn = None
+    if conn is None:
+        try:
+            nc = await connect(urls, options, REQUEST_TIMEOUT, "nats cursor")
+        except ToolRefused as exc:
+            raise _Refused(exc.kind, str(exc), exc.retryable) from None
+        conn = claims.conns[key] = _Conn(nc, nc.jetstream(timeout=REQUEST_TIMEOUT))
     try:
-        nc = await connect(urls, options, REQUEST_TIMEOUT, "nats cursor")
-    except ToolRefused as exc:
-        raise _Refused(exc.kind, str(exc), exc.retryable) from None
-    try:
-        return await slot.claim(nc)
+        try:
+            return await slot.claim(conn)
+        except BaseException:
+            # what this connection learned may be out of date (a bucket or consumer gone): learn again
+            conn.buckets.clear()
+            conn.consumers.clear()
+            raise
     except js_errors.ServiceUnavailableError:
         raise _Refused("cursor", f"nats cursor: JetStream is not enabled on {where}") from None
     except js_errors.APIError as exc:
         raise _Refused("cursor", f"nats cursor on {slot.stream}: {exc.description or exc}") from None
     except (nats_errors.ConnectionClosedError, nats_errors.TimeoutError, nats_errors.NoRespondersError) as exc:
+        if claims.conns.get(key) is conn:  # the next claim connects again
+            del claims.conns[key]
+            with contextlib.suppress(Exception):
+                await conn.nc.close()
         raise _Refused("connection", f"nats cursor on {where}: {type(exc).__name__}", True) from None
-    finally:
-        await nc.close()
 
 
 @register("nats", keys=KEYS, needs_claim=False)
 def claim_nats(call: ClaimCall) -> Outcome:
     try:
         slot = _Slot(call)
-        row = asyncio.run(_run(call, slot))
+        claims = _claims
+        rows = claims.run(_run(call, slot, claims))
     except _Refused as refused:
         return Outcome.fail(refused.kind, str(refused), refused.retryable)
-    return Outcome.ok({"rows": [row] if row else []})
+    return Outcome.ok({"rows": rows})

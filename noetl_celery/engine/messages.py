@@ -206,7 +206,8 @@ class TaskMessage:
     delayed: bool = False  # sent with a countdown: checks the execution still runs when due
     store_tries: int = 0  # times the worker found the event store unreachable for this message
     # cursor loops: {"id": slot number, "claim": claim number, "phase": "claim" | "row",
-    # "index": rows this slot finished, "rows": the rest of the claimed frame}
+    # "index": rows this slot finished, "rows": the rest of the claimed frame, "done": the frame's
+    # rows already over (a claim: the previous frame's rows, for the driver to acknowledge)}
     slot: dict[str, Any] | None = None
     # sub-playbooks: the finished child's outcome, when the parent's task still has a sink to run
     child: dict[str, Any] | None = None

@@ -56,5 +56,6 @@ def run_claim(step: Step, message: TaskMessage, context: dict[str, Any], secrets
             timeout=timeout,
             options=options,
             done=list((message.slot or {}).get("done") or []),
+            max_rows=cursors.frame_rows(step.loop.frame),
         ),
     )

@@ -124,6 +124,7 @@ class CursorLoop:
         run = RunRef(message.run_id, message.frames, message.args)
         parent = row.get("event_id") or message.parent_event_id or ""
         rest = slot.get("rows") or []
+        finished = [*(slot.get("done") or []), message.element]  # the frame's rows over so far
         if rest:
             dispatch_row(
                 decider,
@@ -134,8 +135,9 @@ class CursorLoop:
                 index=slot["index"] + 1,
                 rows=rest,
                 parent=parent,
+                done=finished,
             )
-        else:  # the next claim acknowledges the row just finished (drivers that acknowledge: redis_stream)
+        else:  # the next claim acknowledges the frame's rows (drivers that acknowledge: redis_stream, mysql, nats)
             dispatch_claim(
                 decider,
                 step,
@@ -144,7 +146,7 @@ class CursorLoop:
                 claim=slot["claim"] + 1,
                 index=slot["index"] + 1,
                 parent=parent,
-                done=[message.element],
+                done=finished,
             )
 
 
@@ -198,7 +200,16 @@ def dispatch_claim(
 
 
 def dispatch_row(
-    decider: DecisionPort, step: Step, run: RunRef, *, slot: int, claim: int, index: int, rows: list[Any], parent: str
+    decider: DecisionPort,
+    step: Step,
+    run: RunRef,
+    *,
+    slot: int,
+    claim: int,
+    index: int,
+    rows: list[Any],
+    parent: str,
+    done: list[Any] | None = None,
 ) -> None:
     slots = max(step.loop.max_in_flight, 1) if step.loop else 1
     message = TaskMessage(
@@ -210,7 +221,14 @@ def dispatch_row(
         frames=run.frames,
         args=run.args,
         parent_event_id=parent,
-        slot={"id": slot, "claim": claim, "phase": "row", "index": index, "rows": rows[1:]},
+        slot={
+            "id": slot,
+            "claim": claim,
+            "phase": "row",
+            "index": index,
+            "rows": rows[1:],
+            **({"done": done} if done else {}),
+        },
     )
     decider.dispatch_task(step, message, record_start=False)
 
