@@ -45,7 +45,7 @@ ITERATION_STARTED: Final = "iteration.started"
 ITERATION_COMPLETED: Final = "iteration.completed"
 ITERATION_FAILED: Final = "iteration.failed"
 
-# cursor loops: one row per claim, one per row processed, a handful per slot and per loop
+# cursor loops: one event row per claim, one per row processed, a handful per slot and per loop
 CURSOR_CLAIMED: Final = "cursor.claimed"  # a claim returned rows
 CURSOR_CLAIM_FAILED: Final = "cursor.claim.failed"  # a claim errored (retried, then the step fails)
 CURSOR_SLOT_ENDED: Final = "cursor.slot.ended"  # a claim returned no row: the slot is over
