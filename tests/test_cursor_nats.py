@@ -135,7 +135,14 @@ def test_a_frame_of_messages_per_claim_taken_back_and_acked_whole(nats_url: str,
     # the frame's messages all over: the next claim acks every one of them and finds nothing more
     assert claim(nats_url, names, slot="run:0", done=frame, rows=4) == []
     assert consumer_state(nats_url, names["stream"]) == (2, 0)
-    assert claim(nats_url, names, slot="run:1", done=other, rows=4) == []
+    # a claim that acks a frame and takes the next one, its worker dead before the engine recorded
+    # it: sent again with the same done, it returns the frame it took the first time
+    publish(nats_url, names["stream"], {"n": 7}, {"n": 8})
+    taken = claim(nats_url, names, slot="run:1", done=other, rows=4)
+    assert [row["data"]["n"] for row in taken] == [7, 8]
+    assert claim(nats_url, names, slot="run:1", done=other, rows=4) == taken
+    assert consumer_state(nats_url, names["stream"]) == (2, 0)
+    assert claim(nats_url, names, slot="run:1", done=taken, rows=4) == []
     assert consumer_state(nats_url, names["stream"]) == (0, 0)
 
 

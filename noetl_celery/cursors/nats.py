@@ -14,11 +14,12 @@ MaxDeliver = `max_deliveries` + 1, deliver all. An existing consumer is used as 
 A claim, in one call:
 1. Ack (double ack: the server confirms) the messages of the slot's previous claim (`call.done`,
    its whole frame): the next claim is dispatched only when the previous frame's chains are over,
-   so that is "ack when done". The slot's record in the `slots_bucket` key/value bucket is then
-   deleted.
+   so that is "ack when done". The slot's record of them in the `slots_bucket` key/value bucket
+   is then deleted.
 2. The messages this slot fetched and never finished (its claim's worker died before the engine
-   recorded the claim: the slot's record is still there) are returned again, read back from the
-   stream by their sequences; they are still unacked, so no other slot has them within AckWait.
+   recorded the claim: the slot's record holds messages other than the acked ones; the claim
+   sent again carries the same `done`) are returned again, read back from the stream by their
+   sequences; they are still unacked, so no other slot has them within AckWait.
 3. Else fetch up to n messages (the frame's `max_rows`, default 1: `call.max_rows`) with one pull
    request with no_wait; none available and `wait_seconds` given: one more pull waiting up to
    that long for one message. The server hands a message out again when it is not acked within
@@ -245,8 +246,11 @@ class _Slot:
             await nc.request(str(row["ack"]), b"+ACK", timeout=REQUEST_TIMEOUT)
 
     async def _held(self, conn: _Conn, kv: Any) -> list[dict[str, Any]] | None:
-        """The messages of the slot's record (a claim whose worker died before the engine recorded
-        it), read back from the stream; None when the slot holds none."""
+        """The messages of the slot's record that are not among the acked ones (`done`): those of a
+        claim whose worker died before the engine recorded it, read back from the stream; None
+        when the slot holds none. The record of the acked frame itself is deleted. A claim sent
+        again carries the same `done` as the first time, while the record already holds the frame
+        that first time fetched: that frame is what it returns."""
         from nats.aio.msg import Msg
         from nats.js import errors as js_errors
 
@@ -257,7 +261,8 @@ class _Slot:
         if entry is None or not entry.value:
             return None
         record = json.loads(entry.value)
-        held = record.get("held", []) if "held" in record else [record]  # a record of one message
+        acked = {str(row["ack"]) for row in self.done}
+        held = [m for m in (record.get("held", []) if "held" in record else [record]) if str(m["ack"]) not in acked]
         rows = []
         for item in held:
             try:
@@ -275,8 +280,6 @@ class _Slot:
         nc, js = conn.nc, conn.js
         kv = await self._kv(conn)
         await asyncio.gather(*(self._ack(nc, row) for row in self.done))
-        if self.done:
-            await kv.delete(self.key)
         held = await self._held(conn, kv)
         if held:
             return held
