@@ -36,7 +36,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, func, select, text, tuple_
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.settings import parse_age
@@ -156,11 +156,12 @@ def _partitioned(url: str) -> bool:
 
 
 def keep_partitions_ahead(url: str) -> None:
-    """partitions.keep_ahead, logged; a lock not had in time is left for the next call."""
+    """partitions.keep_ahead, logged. A failure (the table's lock not had in time, a partition
+    another process made first, the store unreachable) is logged and left for the next call."""
     try:
         created = partitions.keep_ahead(url)
-    except OperationalError as exc:  # the table's lock was not had in time: the next pass tries again
-        log.warning("partitions ahead not created this time: %s", str(exc.orig).strip())
+    except DBAPIError as exc:
+        log.warning("event table: partitions ahead not created this time: %s", str(exc.orig).strip())
         return
     if created:
         log.info("event table: created partition(s) %s", ", ".join(created))
