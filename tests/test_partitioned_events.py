@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from noetl_celery import app
 from noetl_celery.id_time import first_id_at, time_of
@@ -216,3 +216,16 @@ def test_partition_events_command_on_postgresql(migrated_postgres):
     assert "moved 3 event row(s)" in done.stdout and "noetl_event was locked for" in done.stdout
     back = cli(["store", "partition-events", "--undo"], env)
     assert back.returncode == 0 and "moved 3 event row(s) into a plain noetl_event" in back.stdout
+
+
+def test_a_conversion_that_cannot_lock_the_table_in_time_changes_nothing(migrated_postgres):
+    url = migrated_postgres.url
+    add(url, month_id(2025, 8), "completed", age=OLD)
+    with transaction(url) as reader:  # a long reader of the event table
+        reader.execute(text("SELECT count(*) FROM noetl_event"))
+        with pytest.raises(OperationalError) as refused:
+            partitions.convert(url, "month", lock_timeout=0.3)
+    assert refused.value.orig.pgcode == "55P03"  # lock_not_available
+    assert table_shape(url)[0] == "r" and len(event_rows(url)) == 3
+    with transaction(url) as conn:
+        assert conn.execute(text(f"SELECT to_regclass('{partitions._STAGING}')")).scalar() is None
