@@ -39,18 +39,18 @@ def recorded(columns: dict[str, Any]) -> Row:
     read-only copy."""
     meta = columns.get("meta")
     if isinstance(meta, dict):
-        columns["meta"] = MappingProxyType(dict(meta))
+        columns["meta"] = MappingProxyType(meta.copy())
     return MappingProxyType(columns)
 
 
 def writable(row: Row) -> dict[str, Any]:
-    """A recorded row as the store inserts it (plain dicts)."""
-    if isinstance(row, OpenRow):
+    """A recorded row as the store inserts it (plain dicts); refuses a row never built."""
+    if not isinstance(row, MappingProxyType):  # an OpenRow, or a row that bypassed `recorded`
         raise RowOpen(f"event row {row['event_id']!r} was never built: its decision did not complete it")
-    columns = dict(row)
+    columns = row.copy()
     meta = columns.get("meta")
-    if isinstance(meta, Mapping):
-        columns["meta"] = dict(meta)
+    if isinstance(meta, MappingProxyType):
+        columns["meta"] = meta.copy()
     return columns
 
 
@@ -122,7 +122,7 @@ class OpenRow(Mapping[str, Any]):
         if self._built:
             raise RowRecorded(f"event row {self._columns.get('event_id')!r} was built already")
         self._built = self.closed = True
-        columns = dict(self._columns)
+        columns = self._columns.copy()
         if dispatch:
             columns["meta"] = {**(columns.get("meta") or {}), "dispatch": dispatch}
             columns["deadline_at"] = deadline_at
