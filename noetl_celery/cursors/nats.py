@@ -42,6 +42,7 @@ from typing import Any
 
 from noetl_celery.cursors import SLOT_PARAM, ClaimCall, reclaim_seconds, register, wait_seconds
 from noetl_celery.tools.base import Outcome
+from noetl_celery.vocabulary import ToolErrorKind
 
 DEFAULT_CONSUMER = "noetl"
 DEFAULT_MAX_DELIVERIES = 5
@@ -91,7 +92,7 @@ class _Slot:
         opts = call.options
         stream = opts.get("stream")
         if not isinstance(stream, str) or not stream:
-            raise _Refused("invalid_args", "nats cursor needs `stream:` (the JetStream stream)")
+            raise _Refused(ToolErrorKind.INVALID_ARGS, "nats cursor needs `stream:` (the JetStream stream)")
         self.stream = stream
         self.consumer = str(opts.get("consumer") or DEFAULT_CONSUMER)
         self.subject = str(opts["subject"]) if opts.get("subject") else None
@@ -102,7 +103,7 @@ class _Slot:
             self.ack_wait = reclaim_seconds(call)
             self.wait = wait_seconds(call)
         except (TypeError, ValueError) as exc:
-            raise _Refused("invalid_args", f"nats cursor: {exc}") from None
+            raise _Refused(ToolErrorKind.INVALID_ARGS, f"nats cursor: {exc}") from None
         slot = str(call.params.get(SLOT_PARAM) or "noetl")
         self.key = hashlib.sha1(f"{stream}\0{self.consumer}\0{slot}".encode()).hexdigest()
         self.done = [row for row in call.done if isinstance(row, dict) and row.get("ack")]
@@ -127,7 +128,7 @@ class _Slot:
             return
         except js_errors.NotFoundError as exc:
             if "stream" in str(exc.description or "").lower():
-                raise _Refused("not_found", f"nats cursor: no JetStream stream {self.stream!r}") from None
+                raise _Refused(ToolErrorKind.NOT_FOUND, f"nats cursor: no JetStream stream {self.stream!r}") from None
         config = api.ConsumerConfig(
             durable_name=self.consumer,
             ack_policy=api.AckPolicy.EXPLICIT,
@@ -168,7 +169,9 @@ class _Slot:
             return None
         if status:
             description = next((str(v) for k, v in (msg.headers or {}).items() if str(k).endswith("Description")), "")
-            raise _Refused("cursor", f"nats cursor: pull from {self.stream}/{self.consumer}: {status} {description}")
+            raise _Refused(
+                ToolErrorKind.CURSOR, f"nats cursor: pull from {self.stream}/{self.consumer}: {status} {description}"
+            )
         return msg
 
     async def _dead_letter(self, nc: Any, js: Any, msg: Any, deliveries: int, seq: int) -> None:
@@ -266,11 +269,11 @@ async def _run(call: ClaimCall, slot: _Slot) -> dict[str, Any] | None:
     try:
         return await slot.claim(nc)
     except js_errors.ServiceUnavailableError:
-        raise _Refused("cursor", f"nats cursor: JetStream is not enabled on {where}") from None
+        raise _Refused(ToolErrorKind.CURSOR, f"nats cursor: JetStream is not enabled on {where}") from None
     except js_errors.APIError as exc:
-        raise _Refused("cursor", f"nats cursor on {slot.stream}: {exc.description or exc}") from None
+        raise _Refused(ToolErrorKind.CURSOR, f"nats cursor on {slot.stream}: {exc.description or exc}") from None
     except (nats_errors.ConnectionClosedError, nats_errors.TimeoutError, nats_errors.NoRespondersError) as exc:
-        raise _Refused("connection", f"nats cursor on {where}: {type(exc).__name__}", True) from None
+        raise _Refused(ToolErrorKind.CONNECTION, f"nats cursor on {where}: {type(exc).__name__}", True) from None
     finally:
         await nc.close()
 
