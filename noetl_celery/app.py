@@ -437,7 +437,8 @@ def _fresh_process(**_: Any) -> None:
 
 def sweep_once() -> sweeper.SweepResult:
     """One sweep of the event store, and the publishing and deciding it calls for (after each of
-    the sweep's transactions commits); then, with NOETL_PRUNE_OLDER_THAN, a share of retention."""
+    the sweep's transactions commits); then, with NOETL_PRUNE_OLDER_THAN, a share of retention,
+    and the coming partitions of a partitioned event table."""
     settings = current_settings()
     result = sweeper.sweep(
         settings.database_url,
@@ -449,6 +450,8 @@ def sweep_once() -> sweeper.SweepResult:
     )
     if settings.prune_older_than is not None and not result.skipped:  # the sweeper holding the lock prunes
         _prune_share(settings.database_url, settings.prune_older_than, settings.sweep_interval)
+    if not result.skipped:
+        _partitions_ahead(settings.database_url)
     _notify_ended()
     return result
 
@@ -466,7 +469,24 @@ def _prune_share(url: str, older_than: Any, interval: float) -> None:
     pruned = retention.prune(url, older_than, budget=max(interval / 5, 0.2))
     if pruned.executions:
         log.info("retention: removed %d execution(s) older than %s: %s", pruned.executions, older_than, pruned.rows)
+    for dropped in pruned.partitions:
+        log.info("retention: dropped partition %s (%d event rows)", dropped.name, dropped.rows)
     _next_prune = 0.0 if not pruned.done else time.monotonic() + PRUNE_EVERY
+
+
+PARTITIONS_EVERY = 600.0  # seconds between two looks at a partitioned event table's coming partitions
+_next_partitions = 0.0
+
+
+def _partitions_ahead(url: str) -> None:
+    """A partitioned event table (`noetl-celery store partition-events`) gets the partitions of
+    the coming periods before ids reach them (store/partitions.py keep_ahead): one catalog read
+    every PARTITIONS_EVERY seconds on PostgreSQL, nothing on SQLite."""
+    global _next_partitions
+    if time.monotonic() < _next_partitions:
+        return
+    _next_partitions = time.monotonic() + PARTITIONS_EVERY
+    retention.keep_partitions_ahead(url)
 
 
 NOTIFY = "noetl.notify"  # a failed or cancelled execution's webhook (noetl_celery/webhooks.py)

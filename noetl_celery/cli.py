@@ -830,7 +830,8 @@ def _serve(host: str, port: int, what: str, *, runs: bool) -> None:
 def prune_cmd(older_than: str, statuses: tuple[str, ...], dry_run: bool) -> None:
     """Delete the history of finished executions created and finished longer ago than AGE: every
     row of their trees (sub-playbooks included), in small batches of short transactions. Running
-    executions, their parents and their sub-playbooks are never touched."""
+    executions, their parents and their sub-playbooks are never touched. On a partitioned event
+    table (`store partition-events`), a partition whose executions may all go is dropped whole."""
     from noetl_celery.store import retention
     from noetl_celery.store.db import ensure_schema
 
@@ -842,8 +843,69 @@ def prune_cmd(older_than: str, statuses: tuple[str, ...], dry_run: bool) -> None
     echo(f"{verb} {pruned.executions} execution(s) in {pruned.trees} tree(s), older than {age}:")
     for table, count in pruned.rows.items():
         echo(f"  {table}: {count} row(s)")
+    for dropped in pruned.partitions:
+        span = f"ids of {dropped.start:%Y-%m-%d} to {dropped.end:%Y-%m-%d}"
+        drop = "would drop" if dry_run else "dropped"
+        echo(f"  {drop} partition {dropped.name} ({span}): {dropped.rows} event row(s)")
     if pruned.skipped_running:
         echo(f"kept {pruned.skipped_running} tree(s) with a running execution")
+
+
+@cli.group(name="store")
+def store_group() -> None:
+    """Maintenance of the event store's tables (PostgreSQL)."""
+
+
+@store_group.command(name="partition-events")
+@click.option(
+    "--interval",
+    type=click.Choice(["month", "week", "day"]),
+    default="month",
+    show_default=True,
+    help="The period of execution ids one partition holds.",
+)
+@click.option("--undo", is_flag=True, help="Turn the partitioned table back into a plain one.")
+@click.option("--dry-run", is_flag=True, help="Say what would be done; change nothing, block no writer.")
+@click.option(
+    "--lock-timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds to wait for the table's lock before giving up (nothing changed).",
+)
+def partition_events_cmd(interval: str, undo: bool, dry_run: bool, lock_timeout: float) -> None:
+    """Partition noetl_event by RANGE of execution id (one partition per month, week or day of
+    the ids' time, and a default one), so that `prune` drops whole partitions. One transaction
+    that locks noetl_event (ACCESS EXCLUSIVE) while it copies every row: decisions wait."""
+    from sqlalchemy.exc import OperationalError
+
+    from noetl_celery.store import partitions
+    from noetl_celery.store.db import ensure_schema
+
+    url = noetl_settings.load().database_url
+    partitions.require_postgresql(url)
+    ensure_schema(url)
+    try:
+        if undo:
+            done = partitions.undo(url, dry_run=dry_run, lock_timeout=lock_timeout)
+        else:
+            done = partitions.convert(url, interval, dry_run=dry_run, lock_timeout=lock_timeout)
+    except OperationalError as exc:
+        if getattr(exc.orig, "pgcode", None) != "55P03":  # lock_not_available
+            raise
+        echo(f"error: noetl_event was not locked within {lock_timeout:g} s (another transaction holds it):", err=True)
+        echo("nothing was changed; run it again when the store is quieter, or give a longer --lock-timeout", err=True)
+        sys.exit(EXIT_INVALID)
+    verb = ("would move" if dry_run else "moved") + f" {done.rows} event row(s)"
+    if undo:
+        echo(f"{verb} into a plain noetl_event; {'would remove' if dry_run else 'removed'} partitions:")
+    else:
+        made = "would create" if dry_run else "created"
+        echo(f"{verb} into noetl_event partitioned by {interval}; {made} partitions:")
+    for name in done.partitions:
+        echo(f"  {name}")
+    if not dry_run:
+        echo(f"noetl_event was locked for {done.seconds:.1f} s")
 
 
 @cli.command(name="register")

@@ -39,10 +39,10 @@ from noetl_celery import vocabulary as ev
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.decision import orchestrator, policy_eval
 from noetl_celery.engine.decision.units import REPORTED_META
-from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage
+from noetl_celery.engine.messages import BATCH_EVENT, BatchEvent, Dispatch, OutcomeEvent, TaskMessage
 from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import db, repo
-from noetl_celery.vocabulary import DispatchKind, PayloadKind
+from noetl_celery.vocabulary import DispatchKind
 
 # the rows that are an attempt's outcome (the cause of a decision, or one more outcome of a batch)
 OUTCOME_TYPES = frozenset(
@@ -222,7 +222,7 @@ def recorded_decisions(conn: Any, rows: list[dict[str, Any]]) -> list[Decision]:
         if kind in OUTCOME_TYPES and key in batches:
             decision = batches.pop(key)
             assert decision.payload is not None
-            decision.payload["events"].append(_event(conn, row, messages))
+            decision.payload["events"].append(_event(conn, row, messages).to_dict())
             decision.rows.append(row)
         elif kind == ev.EXECUTION_STARTED or ((kind in OUTCOME_TYPES or kind in CLAIM_TYPES) and _reported(row)):
             decision = current = Decision([row], _payload(conn, row, messages))
@@ -245,16 +245,17 @@ def recorded_decisions(conn: Any, rows: list[dict[str, Any]]) -> list[Decision]:
 
 
 def _payload(conn: Any, row: dict[str, Any], messages: Messages) -> dict[str, Any]:
-    """The on_event payload of a causing row: the start, an attempt's outcome, or the first of a
-    batch's outcomes (the others are added as their rows come)."""
+    """The on_event payload of a causing row, as the wire carries it: the start, an attempt's
+    outcome (OutcomeEvent), or the first of a batch's outcomes (BatchEvent; the others are added
+    as their rows come)."""
     execution_id = row["execution_id"]
     if row["event_type"] == ev.EXECUTION_STARTED:
         return orchestrator.start_payload(execution_id)
     _, members = _message_of(conn, row, messages)
     event = _event(conn, row, messages)
     if members and members[0] == row["event_id"]:
-        return {"kind": BATCH_EVENT, "execution_id": execution_id, "events": [event]}
-    return {"kind": PayloadKind.OUTCOME, "execution_id": execution_id, **event}
+        return BatchEvent(execution_id, [event.to_dict()]).to_dict()
+    return event.to_dict()
 
 
 def _reported(row: dict[str, Any]) -> bool:
@@ -298,12 +299,12 @@ def _message_of(conn: Any, row: dict[str, Any], messages: Messages) -> tuple[dic
     )
 
 
-def _event(conn: Any, row: dict[str, Any], messages: Messages) -> dict[str, Any]:
-    """The on_event fields of one outcome row: its task message, the outcome and the report."""
+def _event(conn: Any, row: dict[str, Any], messages: Messages) -> OutcomeEvent:
+    """The on_event payload of one outcome row: its task message, the outcome and the report."""
     message, _ = _message_of(conn, row, messages)
     meta = row.get("meta") or {}
     if row["event_type"] in CLAIM_TYPES:
-        return {"task": message, "outcome": _claim_outcome(row), "report": _report(row)}
+        return OutcomeEvent(row["execution_id"], message, _claim_outcome(row), _report(row))
     # a loop's iteration (a cursor's item) row shows the unit's end; what the attempt reported
     # where it differs is in meta.reported
     reported = {
@@ -320,7 +321,7 @@ def _event(conn: Any, row: dict[str, Any], messages: Messages) -> dict[str, Any]
         "pg": meta.get("pg"),
         "meta": {k: meta[k] for k in ("sink", "input", "stdout", "stderr", "log", "child") if meta.get(k)},
     }
-    return {"task": message, "outcome": outcome, "report": _report(row)}
+    return OutcomeEvent(row["execution_id"], message, outcome, _report(row))
 
 
 def _report(row: dict[str, Any]) -> dict[str, Any]:

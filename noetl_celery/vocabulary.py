@@ -88,3 +88,32 @@ class ErrorKind:
     STORE_REFUSED: Final = "store_refused"  # the event store refused a value of the event
     INTERNAL: Final = "internal"  # the engine could not decide an event
     INVALID_RESULT: Final = "invalid_result"  # a result the store cannot hold
+    LOST: Final = "lost"  # the sweeper gave up on an attempt that never reported
+
+
+class ToolErrorKind:
+    """`error.kind` of the errors a tool call reports (`Outcome.fail` in tools/, cursors/ and the
+    worker around them); the kinds the engine writes as well are ErrorKind's."""
+
+    TIMEOUT: Final = ErrorKind.TIMEOUT  # the call ran past its timeout
+    INVALID_RESULT: Final = ErrorKind.INVALID_RESULT  # the tool returned a value the store cannot hold
+    PLAYBOOK: Final = ErrorKind.PLAYBOOK  # a playbook task reached a worker (on_event starts it)
+    TEMPLATE: Final = ErrorKind.TEMPLATE  # the task's config or a claim could not be rendered
+    UNKNOWN_TOOL: Final = "unknown_tool"  # no tool of the task's kind
+    EXCEPTION: Final = "exception"  # the tool (or the user's code) raised
+    INVALID_ARGS: Final = "invalid_args"  # the task's settings or args cannot be used
+    CREDENTIAL: Final = "credential"  # the credential could not be resolved
+    CONNECTION: Final = "connection"  # no server answered, or the connection broke (retryable)
+    AUTHORIZATION: Final = "authorization"  # the server refused the credential
+    NOT_FOUND: Final = "not_found"  # what the call names does not exist (HTTP 404 too)
+    SQL_ERROR: Final = "sql_error"  # the database refused the statement
+    SCRIPT: Final = "script"  # the script's source could not be read
+    EXTENSION: Final = "extension"  # a DuckDB extension could not be loaded
+    NATS_ERROR: Final = "nats_error"  # any other refusal by a NATS server
+    CURSOR: Final = ErrorKind.CURSOR  # a cursor claim failed
+    SINK: Final = "sink"  # the task's sink failed after the call succeeded
+    REQUEST_ERROR: Final = "request_error"  # an HTTP request failed otherwise
+    RATE_LIMIT: Final = "rate_limit"  # HTTP 429 (retryable)
+    SERVER_ERROR: Final = "server_error"  # HTTP 5xx (retryable)
+    AUTH: Final = "auth"  # HTTP 401, 403
+    CLIENT_ERROR: Final = "client_error"  # any other HTTP 4xx

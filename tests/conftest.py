@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +43,12 @@ SERVICE_FIXTURES = {
     "migrated_postgres",
     "worker_factory",
 }
+
+
+# Test modules are imported with their asserts rewritten by pytest, which caches the result as
+# bytecode unless writing bytecode is off (PYTHONDONTWRITEBYTECODE): then each process of the
+# session (four with -n 4) rewrote and compiled every test module again, about 6 CPU-seconds each.
+sys.dont_write_bytecode = False
 
 
 def pytest_addoption(parser):

@@ -5,11 +5,14 @@ document, and NoETL's own client (`pip install noetl==5.3.2`) driving it unchang
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -456,18 +459,32 @@ def test_writes_are_refused_without_a_configured_token_and_dashboard_runs_nothin
 
 
 @pytest.fixture(scope="session")
-def noetl_client(tmp_path_factory) -> Path:
-    """NoETL's `noetl` command from PyPI, in a venv of this test session's own."""
-    venv = tmp_path_factory.mktemp("noetl-client") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", NOETL_CLIENT],
-        capture_output=True,
-        text=True,
-        timeout=300,
+def noetl_client() -> Path:
+    """NoETL's `noetl` command from PyPI, in a venv made once per machine, client version and
+    Python: the processes of a session (pytest-xdist) and later sessions share it. A lock file
+    serialises the first install; a marker written after it says the venv is complete."""
+    home = (
+        Path(tempfile.gettempdir())
+        / f"noetl-celery-tests-{NOETL_CLIENT.replace('==', '-')}-py{sys.version_info[0]}{sys.version_info[1]}"
     )
-    if pip.returncode != 0:
-        pytest.fail(f"cannot install {NOETL_CLIENT}: {pip.stderr[-2000:]}")
+    venv, installed = home / "venv", home / "installed"
+    home.mkdir(exist_ok=True)
+    with open(home / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if installed.exists():
+            return venv / "bin" / "noetl"
+        shutil.rmtree(venv, ignore_errors=True)  # an install cut short
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+        pip = subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", NOETL_CLIENT],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if pip.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            pytest.fail(f"cannot install {NOETL_CLIENT}: {pip.stderr[-2000:]}")
+        installed.write_text(NOETL_CLIENT)
     return venv / "bin" / "noetl"
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from noetl_celery.tools.base import Outcome
+from noetl_celery.vocabulary import ToolErrorKind
 
 SLOT_PARAM = "__worker_slot_id"  # bound by every driver: the slot's unique id
 DEFAULT_LEASE_SECONDS = 300.0  # a frame without lease_seconds
@@ -130,8 +131,10 @@ def known_kinds() -> list[str]:
 def claim(kind: str, call: ClaimCall) -> Outcome:
     driver = get_driver(kind)
     if driver is None:
-        return Outcome.fail("cursor", f"no cursor driver for kind {kind!r} (known: {', '.join(known_kinds())})")
+        return Outcome.fail(
+            ToolErrorKind.CURSOR, f"no cursor driver for kind {kind!r} (known: {', '.join(known_kinds())})"
+        )
     try:
         return driver(call)
     except Exception as exc:  # a driver defect must still end as an outcome
-        return Outcome.fail("cursor", f"{kind} claim failed: {type(exc).__name__}: {exc}")
+        return Outcome.fail(ToolErrorKind.CURSOR, f"{kind} claim failed: {type(exc).__name__}: {exc}")

@@ -55,6 +55,7 @@ from urllib.parse import unquote, urlsplit
 
 from noetl_celery.cursors import SLOT_PARAM, ClaimCall, reclaim_seconds, register, wait_seconds
 from noetl_celery.tools.base import Outcome
+from noetl_celery.vocabulary import ToolErrorKind
 
 DEFAULT_MAX_DELIVERIES = 5
 CONNECT_TIMEOUT = 10  # seconds
@@ -284,7 +285,7 @@ def claim_mysql(call: ClaimCall) -> Outcome:
         wait = wait_seconds(call)
         lease = reclaim_seconds(call)
     except (_Bad, TypeError, ValueError) as exc:
-        return Outcome.fail("invalid_args", str(exc))
+        return Outcome.fail(ToolErrorKind.INVALID_ARGS, str(exc))
     slot = str(call.params.get(SLOT_PARAM) or "noetl")
     done = [row[claim.id_name] for row in call.done if isinstance(row, dict) and claim.id_name in row]
     try:
@@ -293,10 +294,12 @@ def claim_mysql(call: ClaimCall) -> Outcome:
         where = f"{args.get('host') or args.get('unix_socket')}:{args.get('port')}"
         code = exc.args[0] if exc.args else None
         if code in (1044, 1045):
-            return Outcome.fail("authorization", f"mysql cursor: the server at {where} refused the credential")
+            return Outcome.fail(
+                ToolErrorKind.AUTHORIZATION, f"mysql cursor: the server at {where} refused the credential"
+            )
         if code == 1049:
-            return Outcome.fail("not_found", f"mysql cursor: {exc.args[1] if len(exc.args) > 1 else exc}")
-        return Outcome.fail("connection", f"mysql cursor: cannot reach a MySQL server at {where}", True)
+            return Outcome.fail(ToolErrorKind.NOT_FOUND, f"mysql cursor: {exc.args[1] if len(exc.args) > 1 else exc}")
+        return Outcome.fail(ToolErrorKind.CONNECTION, f"mysql cursor: cannot reach a MySQL server at {where}", True)
     try:
         deadline = time.monotonic() + wait
         while True:
@@ -309,5 +312,7 @@ def claim_mysql(call: ClaimCall) -> Outcome:
         _drop(args)
         code = exc.args[0] if exc.args else None
         message = exc.args[1] if len(exc.args) > 1 else str(exc)
-        return Outcome.fail("cursor", f"mysql cursor on {claim.table}: ({code}) {message}", code in _RETRYABLE)
+        return Outcome.fail(
+            ToolErrorKind.CURSOR, f"mysql cursor on {claim.table}: ({code}) {message}", code in _RETRYABLE
+        )
     return Outcome.ok({"rows": rows})

@@ -54,6 +54,7 @@ from typing import Any
 
 from noetl_celery.cursors import SLOT_PARAM, ClaimCall, reclaim_seconds, register, wait_seconds
 from noetl_celery.tools.base import Outcome
+from noetl_celery.vocabulary import ToolErrorKind
 
 DEFAULT_CONSUMER = "noetl"
 DEFAULT_MAX_DELIVERIES = 5
@@ -103,7 +104,7 @@ class _Slot:
         opts = call.options
         stream = opts.get("stream")
         if not isinstance(stream, str) or not stream:
-            raise _Refused("invalid_args", "nats cursor needs `stream:` (the JetStream stream)")
+            raise _Refused(ToolErrorKind.INVALID_ARGS, "nats cursor needs `stream:` (the JetStream stream)")
         self.stream = stream
         self.consumer = str(opts.get("consumer") or DEFAULT_CONSUMER)
         self.subject = str(opts["subject"]) if opts.get("subject") else None
@@ -114,7 +115,7 @@ class _Slot:
             self.ack_wait = reclaim_seconds(call)
             self.wait = wait_seconds(call)
         except (TypeError, ValueError) as exc:
-            raise _Refused("invalid_args", f"nats cursor: {exc}") from None
+            raise _Refused(ToolErrorKind.INVALID_ARGS, f"nats cursor: {exc}") from None
         slot = str(call.params.get(SLOT_PARAM) or "noetl")
         self.key = hashlib.sha1(f"{stream}\0{self.consumer}\0{slot}".encode()).hexdigest()
         self.done = [row for row in call.done if isinstance(row, dict) and row.get("ack")]
@@ -149,7 +150,7 @@ class _Slot:
             return
         except js_errors.NotFoundError as exc:
             if "stream" in str(exc.description or "").lower():
-                raise _Refused("not_found", f"nats cursor: no JetStream stream {self.stream!r}") from None
+                raise _Refused(ToolErrorKind.NOT_FOUND, f"nats cursor: no JetStream stream {self.stream!r}") from None
         config = api.ConsumerConfig(
             durable_name=self.consumer,
             ack_policy=api.AckPolicy.EXPLICIT,
@@ -393,15 +394,15 @@ async def _run(call: ClaimCall, slot: _Slot, claims: _Claims) -> list[dict[str, 
             conn.consumers.clear()
             raise
     except js_errors.ServiceUnavailableError:
-        raise _Refused("cursor", f"nats cursor: JetStream is not enabled on {where}") from None
+        raise _Refused(ToolErrorKind.CURSOR, f"nats cursor: JetStream is not enabled on {where}") from None
     except js_errors.APIError as exc:
-        raise _Refused("cursor", f"nats cursor on {slot.stream}: {exc.description or exc}") from None
+        raise _Refused(ToolErrorKind.CURSOR, f"nats cursor on {slot.stream}: {exc.description or exc}") from None
     except (nats_errors.ConnectionClosedError, nats_errors.TimeoutError, nats_errors.NoRespondersError) as exc:
         if claims.conns.get(key) is conn:  # the next claim connects again
             del claims.conns[key]
             with contextlib.suppress(Exception):
                 await conn.nc.close()
-        raise _Refused("connection", f"nats cursor on {where}: {type(exc).__name__}", True) from None
+        raise _Refused(ToolErrorKind.CONNECTION, f"nats cursor on {where}: {type(exc).__name__}", True) from None
 
 
 @register("nats", keys=KEYS, needs_claim=False)

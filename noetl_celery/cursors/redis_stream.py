@@ -39,6 +39,7 @@ import redis
 
 from noetl_celery.cursors import SLOT_PARAM, ClaimCall, reclaim_seconds, register, wait_seconds
 from noetl_celery.tools.base import Outcome
+from noetl_celery.vocabulary import ToolErrorKind
 
 DEFAULT_GROUP = "noetl"
 DEFAULT_MAX_DELIVERIES = 5
@@ -187,7 +188,7 @@ def claim_redis_stream(call: ClaimCall) -> Outcome:
     opts = call.options
     stream = opts.get("stream")
     if not isinstance(stream, str) or not stream:
-        return Outcome.fail("invalid_args", "redis_stream cursor needs `stream:` (the stream's key)")
+        return Outcome.fail(ToolErrorKind.INVALID_ARGS, "redis_stream cursor needs `stream:` (the stream's key)")
     group = str(opts.get("group") or DEFAULT_GROUP)
     dead = str(opts.get("dead_letter") or f"{stream}:dead")
     try:
@@ -196,7 +197,7 @@ def claim_redis_stream(call: ClaimCall) -> Outcome:
         lease_ms = int(reclaim_seconds(call) * 1000)
         url = _url(call.credential)
     except (TypeError, ValueError) as exc:
-        return Outcome.fail("invalid_args", f"redis_stream cursor: {exc}")
+        return Outcome.fail(ToolErrorKind.INVALID_ARGS, f"redis_stream cursor: {exc}")
     consumer = str(call.params.get(SLOT_PARAM) or "noetl")
     done = [row["id"] for row in call.done if isinstance(row, dict) and row.get("id")]
     r = _client(url)
@@ -215,7 +216,7 @@ def claim_redis_stream(call: ClaimCall) -> Outcome:
                 if "NOGROUP" not in str(exc) or tries > 1:  # the group gone meanwhile: made again
                     raise
     except redis.ConnectionError as exc:
-        return Outcome.fail("connection", f"redis_stream cursor: cannot reach Redis: {exc}", True)
+        return Outcome.fail(ToolErrorKind.CONNECTION, f"redis_stream cursor: cannot reach Redis: {exc}", True)
     except redis.RedisError as exc:
-        return Outcome.fail("cursor", f"redis_stream cursor on {stream!r}: {exc}")
+        return Outcome.fail(ToolErrorKind.CURSOR, f"redis_stream cursor on {stream!r}: {exc}")
     return Outcome.ok({"rows": take.rows})

@@ -13,6 +13,7 @@ from typing import Any
 
 from noetl_celery.cursors import ClaimCall, register
 from noetl_celery.tools.base import Outcome
+from noetl_celery.vocabulary import ToolErrorKind
 
 BUSY_TIMEOUT = 30.0  # seconds a claim waits for another writer's lock
 _PARAM = re.compile(r"%\((\w+)\)s")
@@ -33,7 +34,7 @@ def claim_sqlite(call: ClaimCall) -> Outcome:
     try:
         path = database_path(call.credential)
     except ValueError as exc:
-        return Outcome.fail("credential", str(exc))
+        return Outcome.fail(ToolErrorKind.CREDENTIAL, str(exc))
     sql = _PARAM.sub(r":\1", call.sql)
     names = set(_PARAM.findall(call.sql))
     params = {k: v for k, v in call.params.items() if k in names}
@@ -50,9 +51,9 @@ def claim_sqlite(call: ClaimCall) -> Outcome:
             raise
     except sqlite3.OperationalError as exc:
         busy = "locked" in str(exc) or "busy" in str(exc)
-        return Outcome.fail("sql_error", f"sqlite: {exc}", busy)
+        return Outcome.fail(ToolErrorKind.SQL_ERROR, f"sqlite: {exc}", busy)
     except sqlite3.Error as exc:
-        return Outcome.fail("sql_error", f"sqlite: {exc}")
+        return Outcome.fail(ToolErrorKind.SQL_ERROR, f"sqlite: {exc}")
     finally:
         conn.close()
     return Outcome.ok({"rows": rows})

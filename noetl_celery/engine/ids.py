@@ -10,12 +10,12 @@ import hashlib
 import secrets
 import time
 
-EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z; execution ids count milliseconds from here
-RANDOM_BITS = 22
+from noetl_celery.id_time import EPOCH_MS, RANDOM_BITS
 
 
 def new_execution_id() -> int:
-    """A 63-bit, time-ordered integer (usable unquoted in SQL, as NoETL playbooks do)."""
+    """A 63-bit, time-ordered integer (usable unquoted in SQL, as NoETL playbooks do): its time
+    is read back by noetl_celery.id_time."""
     millis = int(time.time() * 1000) - EPOCH_MS
     return (millis << RANDOM_BITS) | secrets.randbits(RANDOM_BITS)
 

@@ -287,6 +287,16 @@ def list_executions(conn: Connection, limit: int = 20, *, top_level: bool = Fals
 
 
 EVENT_COLUMNS = tuple(c.name for c in EVENTS.c if c.name != "id")
+# the unique key of an event row, (execution_id, event_id); each partition of a partitioned event
+# table has its own copy, named EVENT_KEY + "_" + the partition's suffix (store/partitions.py)
+EVENT_KEY = "uq_noetl_event_key"
+
+
+def is_event_key(constraint: str | None) -> bool:
+    """Whether a unique violation on `constraint` is an event row's key that exists."""
+    return constraint is not None and (constraint == EVENT_KEY or constraint.startswith(EVENT_KEY + "_"))
+
+
 INSERT_ROWS_PER_STATEMENT = 500  # rows of one INSERT (SQLite allows 32,766 bound values)
 _insert_sql: dict[tuple[str, int], str] = {}
 
@@ -592,7 +602,7 @@ def _strict_insert(
         diag = getattr(exc.orig, "diag", None)
         if diag is None:
             raise
-        key_exists = diag.constraint_name == "uq_noetl_event_key"
+        key_exists = is_event_key(diag.constraint_name)
         check_failed = diag.sqlstate == "23502" and diag.column_name == "event_id"
         if key_exists or check_failed:
             raise Conflict(str(diag.message_primary)) from exc

@@ -15,10 +15,19 @@ How: short transactions, never one long one.
    then the execution rows themselves. A prune stopped in between leaves executions `pruning`;
    the next prune finishes them first.
 A dry run selects the same trees and counts their rows, changing nothing.
+
+A partitioned event table (store/partitions.py) loses whole partitions first: a partition whose
+range of execution ids ended before the cutoff is dropped (DETACH, then DROP) when every execution
+in that range belongs to a tree the steps above would remove. In one transaction, which waits at
+most MAINTENANCE_LOCK_TIMEOUT for the table's lock (else the partition is left for the row delete):
+the trees' rows are locked (NOWAIT: a resume holding one keeps the partition), re-checked, marked
+`pruning`, and the partition goes; the rest of those trees' rows (other tables, other partitions)
+are then deleted as in step 2. Any other partition's trees go by the row delete.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,10 +35,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Table, func, select, text, tuple_
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.settings import parse_age
-from noetl_celery.store import repo
+from noetl_celery.store import partitions, repo
 from noetl_celery.store import schedules as schedule_store
 from noetl_celery.store.db import transaction
 
@@ -47,7 +58,18 @@ TABLES: tuple[Table, ...] = (
     repo.BLOBS,
     schedule_store.NOTIFICATIONS,
 )
-__all__ = ["FINISHED", "Pruned", "parse_age", "prune"]
+__all__ = ["FINISHED", "Dropped", "Pruned", "keep_partitions_ahead", "parse_age", "prune"]
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A partition of the event table a prune dropped (or, dry, would drop)."""
+
+    name: str
+    start: datetime  # the time of the first execution id of its range
+    end: datetime  # the time past its last
+    rows: int  # event rows it held
 
 
 @dataclass
@@ -58,6 +80,7 @@ class Pruned:
     trees: int = 0
     done: bool = True  # False: stopped by its time budget with work left
     skipped_running: int = 0  # eligible top-level executions left because their tree runs
+    partitions: list[Dropped] = field(default_factory=list)  # of a partitioned event table
 
     def add(self, table: str, count: int) -> None:
         self.rows[table] = self.rows.get(table, 0) + count
@@ -91,6 +114,14 @@ def prune(
     if not dry_run and not _delete_marked(url, result, over):
         result.done = False
         return result
+    claimed: set[int] = set()  # dry run: the trees the partitions would take
+    if _partitioned(url):
+        if not dry_run:
+            keep_partitions_ahead(url)
+        claimed = _drop_partitions(url, cutoff, statuses, result, dry_run=dry_run, over=over)
+        if over() or (not dry_run and not _delete_marked(url, result, over)):
+            result.done = False
+            return result
     after: tuple[datetime, int] | None = None
     while True:
         if over():
@@ -101,7 +132,8 @@ def prune(
             if not roots:
                 return result
             after = roots[-1]
-            trees = _trees(conn, [r[1] for r in roots], lock=not dry_run)
+            todo = [r[1] for r in roots if r[1] not in claimed]
+            trees = _trees(conn, todo, lock=not dry_run) if todo else {}
             members = [m for ids in trees.values() if ids is not None for m in ids]
             result.skipped_running += sum(1 for ids in trees.values() if ids is None)
             result.trees += sum(1 for ids in trees.values() if ids is not None)
@@ -113,6 +145,137 @@ def prune(
         if members and not _delete_marked(url, result, over):
             result.done = False
             return result
+
+
+def _partitioned(url: str) -> bool:
+    """Whether the event table is partitioned (never on SQLite, which is not asked)."""
+    if make_url(url).get_backend_name() != "postgresql":
+        return False
+    with transaction(url) as conn:
+        return partitions.is_partitioned(conn)
+
+
+def keep_partitions_ahead(url: str) -> None:
+    """partitions.keep_ahead, logged. A failure (the table's lock not had in time, a partition
+    another process made first, the store unreachable) is logged and left for the next call."""
+    try:
+        created = partitions.keep_ahead(url)
+    except DBAPIError as exc:
+        log.warning("event table: partitions ahead not created this time: %s", str(exc.orig).strip())
+        return
+    if created:
+        log.info("event table: created partition(s) %s", ", ".join(created))
+
+
+class _Busy(Exception):
+    """A partition's trees or the table were locked by another transaction: left for later."""
+
+
+def _drop_partitions(
+    url: str, cutoff: datetime, statuses: Sequence[str], result: Pruned, *, dry_run: bool, over: Any
+) -> set[int]:
+    """Drop (dry: count) every partition that ended before `cutoff` and whose executions' trees
+    may all go; returns the roots of those trees."""
+    with transaction(url) as conn:
+        candidates = [p for p in partitions.partitions(conn) if p.end <= cutoff]
+    roots: set[int] = set()
+    members: set[int] = set()
+    for partition in candidates:
+        if over():
+            break
+        try:
+            taken = _drop_partition(url, partition, cutoff, statuses, dry_run=dry_run)
+        except _Busy as exc:
+            log.info("retention: partition %s left to the row delete: %s", partition.name, exc)
+            continue
+        if taken is not None:
+            result.partitions.append(taken[0])
+            roots.update(taken[1])
+            members.update(taken[2])
+    result.trees += len(roots)
+    if dry_run and members:
+        with transaction(url) as conn:
+            _count_rest(conn, sorted(members), result)
+    return roots
+
+
+_RANGE_TREES_SQL = (
+    "WITH RECURSIVE up(id, parent) AS ("
+    " SELECT execution_id, parent_execution_id FROM noetl_execution WHERE execution_id >= :low AND execution_id < :high"
+    " UNION SELECT p.execution_id, p.parent_execution_id FROM noetl_execution p JOIN up u ON p.execution_id = u.parent"
+    "), tree(id) AS ("
+    " SELECT u.id FROM up u WHERE u.parent IS NULL"
+    "  OR NOT EXISTS (SELECT 1 FROM noetl_execution o WHERE o.execution_id = u.parent)"
+    " UNION SELECT c.execution_id FROM noetl_execution c JOIN tree t ON c.parent_execution_id = t.id"
+    ") SELECT id FROM tree UNION SELECT id FROM up"
+)
+
+
+def _drop_partition(
+    url: str, partition: partitions.Partition, cutoff: datetime, statuses: Sequence[str], *, dry_run: bool
+) -> tuple[Dropped, list[int], list[int]] | None:
+    """Drop `partition` when every execution in its range is in a tree that may go: (what was
+    dropped, the trees' roots, their members); None when one may not."""
+    timeout = int(partitions.MAINTENANCE_LOCK_TIMEOUT * 1000)
+    try:
+        with transaction(url) as conn:
+            conn.execute(text(f"SET LOCAL lock_timeout = '{timeout}ms'"))
+            bounds = {"low": partition.low, "high": partition.high}
+            ids = [int(r[0]) for r in conn.execute(text(_RANGE_TREES_SQL), bounds)]
+            lock = "" if dry_run else " FOR UPDATE NOWAIT"
+            rows = conn.execute(
+                text(
+                    "SELECT execution_id, parent_execution_id, status, created_at, finished_at"
+                    f" FROM noetl_execution WHERE execution_id = ANY(:ids){lock}"
+                ),
+                {"ids": ids},
+            ).all()
+            roots = _roots_if_all_may_go(rows, cutoff, statuses)
+            if roots is None:
+                return None
+            count = int(conn.execute(text(f"SELECT count(*) FROM {partition.name}")).scalar() or 0)
+            dropped = Dropped(partition.name, partition.start, partition.end, count)
+            if not dry_run:
+                _mark(conn, ids)
+                conn.execute(text(f"ALTER TABLE {partitions.TABLE} DETACH PARTITION {partition.name}"))
+                conn.execute(text(f"DROP TABLE {partition.name}"))
+            return dropped, roots, ids
+    except OperationalError as exc:
+        if getattr(exc.orig, "pgcode", None) == "55P03":  # lock_not_available: NOWAIT, lock_timeout
+            raise _Busy(str(exc.orig).strip()) from exc
+        raise
+
+
+def _roots_if_all_may_go(rows: Sequence[Any], cutoff: datetime, statuses: Sequence[str]) -> list[int] | None:
+    """The roots of the trees of `rows` (execution_id, parent, status, created_at, finished_at),
+    or None when one of them runs or a root is not one a prune with these options removes."""
+    ids = {int(r[0]) for r in rows}
+    roots = []
+    for execution_id, parent, status, created_at, finished_at in rows:
+        if status == "running":
+            return None
+        if parent is not None and int(parent) in ids:
+            continue
+        ended_before = finished_at is None or finished_at < cutoff
+        if status != PRUNING and not (status in statuses and created_at < cutoff and ended_before):
+            return None
+        roots.append(int(execution_id))
+    return roots
+
+
+def _count_rest(conn: Connection, members: list[int], result: Pruned) -> None:
+    """Dry run: the rows of the trees of the partitions it would drop that the row delete would
+    then remove (every table but the event rows in those partitions)."""
+    dropped = {p.name for p in result.partitions}
+    ranges = [p for p in partitions.partitions(conn) if p.name in dropped]
+    for table in (*TABLES, repo.EXECUTIONS):
+        if table is not repo.EVENTS:
+            result.add(table.name, _count(conn, table, members))
+            continue
+        outside = " AND ".join(f"NOT (execution_id >= {p.low} AND execution_id < {p.high})" for p in ranges)
+        for chunk in _chunks(members, 500):
+            sql = f"SELECT count(*) FROM noetl_event WHERE execution_id = ANY(:ids) AND {outside or 'true'}"
+            result.add(table.name, int(conn.execute(text(sql), {"ids": chunk}).scalar() or 0))
 
 
 def _roots(
@@ -219,8 +382,10 @@ def _delete_chunk(conn: Connection, table: Table, executions: list[int]) -> int:
     else:
         where = f"execution_id IN ({ids})"
     rows = f"SELECT {{row}} FROM {table.name} WHERE {where} LIMIT {CHUNK}"
-    if conn.dialect.name == "postgresql":  # by physical row: no key of its own needed
-        sql = f"DELETE FROM {table.name} WHERE ctid = ANY(ARRAY({rows.format(row='ctid')}))"
+    if conn.dialect.name == "postgresql":  # by physical row: no key of its own needed; a ctid is
+        # only unique within one partition, so the rows' own condition is repeated (a row of another
+        # partition at the same ctid is not one of these executions')
+        sql = f"DELETE FROM {table.name} WHERE {where} AND ctid = ANY(ARRAY({rows.format(row='ctid')}))"
     else:
         sql = f"DELETE FROM {table.name} WHERE rowid IN ({rows.format(row='rowid')})"
     return int(conn.execute(text(sql)).rowcount or 0)

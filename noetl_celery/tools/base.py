@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from noetl_celery import limits
 from noetl_celery.jsonable import unstorable
+from noetl_celery.vocabulary import ToolErrorKind
 
 ERROR_TEXT_LIMIT = 4000  # characters of an error message or traceback kept in an outcome
 # Outcome.meta key under which a tool hands the worker secret values it read (the secrets tool):
@@ -225,19 +226,21 @@ def refuse_unstorable(kind: str, data: Any) -> Outcome | None:
     problem = unstorable(data, limits.max_result_depth())
     if problem is None:
         return None
-    return Outcome.fail("invalid_result", f"{kind}: the result cannot be stored: {problem}")
+    return Outcome.fail(ToolErrorKind.INVALID_RESULT, f"{kind}: the result cannot be stored: {problem}")
 
 
 def run_tool(call: ToolCall) -> Outcome:
     """Run one call; an exception escaping the tool becomes an error Outcome."""
     spec = get_tool(call.kind)
     if spec is None:
-        return Outcome.fail("unknown_tool", f"no tool of kind {call.kind!r}; known: {', '.join(known_kinds())}")
+        return Outcome.fail(
+            ToolErrorKind.UNKNOWN_TOOL, f"no tool of kind {call.kind!r}; known: {', '.join(known_kinds())}"
+        )
     try:
         return spec.run(call)
     except SoftTimeLimitExceeded:
         limit = f" of {call.timeout:g} s" if call.timeout else ""
-        return Outcome.fail("timeout", f"{call.kind} call ran past its timeout{limit}", True)
+        return Outcome.fail(ToolErrorKind.TIMEOUT, f"{call.kind} call ran past its timeout{limit}", True)
     except Exception as exc:  # the tool's failure is the attempt's outcome, not a crash
         text = "".join(traceback.format_exception(exc))
-        return Outcome.fail("exception", f"{type(exc).__name__}: {exc}", traceback=text[-ERROR_TEXT_LIMIT:])
+        return Outcome.fail(ToolErrorKind.EXCEPTION, f"{type(exc).__name__}: {exc}", traceback=text[-ERROR_TEXT_LIMIT:])

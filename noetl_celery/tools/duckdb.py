@@ -40,6 +40,7 @@ from noetl_celery.jsonable import to_jsonable
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, register
 from noetl_celery.tools.postgres import build_dsn
 from noetl_celery.tools.settings import ToolSettings
+from noetl_celery.vocabulary import ToolErrorKind
 
 DIR_ENV = noetl_settings.DUCKDB_DIR_ENV
 DEFAULT_DIR = noetl_settings.DEFAULT_DUCKDB_DIR
@@ -166,7 +167,7 @@ def run_duckdb(call: ToolCall) -> Outcome:
     cfg = call.config
     text = next((cfg[k] for k in _SQL_KEYS if cfg.get(k)), None)
     if not isinstance(text, str):
-        return Outcome.fail("invalid_args", "duckdb: give `query` (or command/commands/sql/statement)")
+        return Outcome.fail(ToolErrorKind.INVALID_ARGS, "duckdb: give `query` (or command/commands/sql/statement)")
     secrets: set[str] = set()
     outcome = _run(duckdb, call, text, secrets)
     if secrets:
@@ -179,7 +180,7 @@ def _run(duckdb: Any, call: ToolCall, text: str, secrets: set[str]) -> Outcome:
     try:
         conn = duckdb.connect(path)
     except duckdb.Error as exc:
-        return Outcome.fail("connection", f"duckdb: cannot open {path}: {exc}", True)
+        return Outcome.fail(ToolErrorKind.CONNECTION, f"duckdb: cannot open {path}: {exc}", True)
     try:
         attach, auth = call.config.get("attach") or {}, call.config.get("auth")
         if attach or auth:
@@ -198,8 +199,8 @@ def _run(duckdb: Any, call: ToolCall, text: str, secrets: set[str]) -> Outcome:
         result = {"rows": rows, "row_count": len(rows), "columns": columns}
         return Outcome.ok({**result, "command_0": dict(result), "database": path})
     except _AttachError as exc:
-        return Outcome.fail("extension" if "extension" in str(exc) else "credential", f"duckdb: {exc}")
+        return Outcome.fail(ToolErrorKind.EXTENSION if "extension" in str(exc) else "credential", f"duckdb: {exc}")
     except duckdb.Error as exc:
-        return Outcome.fail("sql_error", f"duckdb: {type(exc).__name__}: {exc}")
+        return Outcome.fail(ToolErrorKind.SQL_ERROR, f"duckdb: {type(exc).__name__}: {exc}")
     finally:
         conn.close()

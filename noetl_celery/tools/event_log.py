@@ -11,6 +11,7 @@ from typing import Any
 
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
+from noetl_celery.vocabulary import ToolErrorKind
 
 
 class EventLogSettings(ToolSettings):
@@ -22,7 +23,9 @@ def run_event_log(call: ToolCall) -> Outcome:
     """Build the record from args and the message/status/event fields."""
     args = call.config.get("args")
     if args is not None and not isinstance(args, dict):
-        return Outcome.fail("invalid_args", f"event_log: `args` must be a mapping, got {type(args).__name__}")
+        return Outcome.fail(
+            ToolErrorKind.INVALID_ARGS, f"event_log: `args` must be a mapping, got {type(args).__name__}"
+        )
     record: dict[str, Any] = dict(args or {})
     for key in ("message", "status", "event"):
         if call.config.get(key) is not None:

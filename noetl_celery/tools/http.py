@@ -40,6 +40,7 @@ from pydantic import Field
 from noetl_celery import limits
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
+from noetl_celery.vocabulary import ToolErrorKind
 
 DEFAULT_TIMEOUT = 30.0  # seconds
 BODY_CHUNK = 65536  # most bytes read at a time while checking the call's deadline
@@ -184,14 +185,14 @@ def _retry_after(value: str | None) -> float | None:
 
 def _error_kind(status: int) -> tuple[str, bool]:
     if status == 429:
-        return "rate_limit", True
+        return ToolErrorKind.RATE_LIMIT, True
     if status >= 500:
-        return "server_error", True
+        return ToolErrorKind.SERVER_ERROR, True
     if status in (401, 403):
-        return "auth", False
+        return ToolErrorKind.AUTH, False
     if status == 404:
-        return "not_found", False
-    return "client_error", False
+        return ToolErrorKind.NOT_FOUND, False
+    return ToolErrorKind.CLIENT_ERROR, False
 
 
 class HttpSettings(ToolSettings):
@@ -231,14 +232,14 @@ def run_http(call: ToolCall) -> Outcome:
     cfg = call.config
     url = cfg.get("url") or cfg.get("endpoint")
     if not url or not isinstance(url, str):
-        return Outcome.fail("invalid_args", "http: `url` (or `endpoint`) must be a non-empty string")
+        return Outcome.fail(ToolErrorKind.INVALID_ARGS, "http: `url` (or `endpoint`) must be a non-empty string")
     method = str(cfg.get("method") or "GET").upper()
     params = cfg.get("params")
     headers = {str(k): str(v) for k, v in (cfg.get("headers") or {}).items()}
     try:
         headers.update(auth_headers(call.credential))
     except CredentialShapeError as exc:
-        return Outcome.fail("credential", f"http: {exc}")
+        return Outcome.fail(ToolErrorKind.CREDENTIAL, f"http: {exc}")
 
     request: dict[str, Any] = {}
     if "json" in cfg and cfg["json"] is not None:
@@ -279,14 +280,16 @@ def run_http(call: ToolCall) -> Outcome:
         size, sha256 = _read_body(response, started + timeout, limit)
     except BodyDeadline:
         return Outcome.fail(
-            "timeout", f"{method} {url} timed out after {timeout:g}s: the body was still arriving", True
+            ToolErrorKind.TIMEOUT, f"{method} {url} timed out after {timeout:g}s: the body was still arriving", True
         )
     except requests.Timeout as exc:
-        return Outcome.fail("timeout", f"{method} {url} timed out after {timeout:g}s: {type(exc).__name__}", True)
+        return Outcome.fail(
+            ToolErrorKind.TIMEOUT, f"{method} {url} timed out after {timeout:g}s: {type(exc).__name__}", True
+        )
     except requests.ConnectionError as exc:
-        return Outcome.fail("connection", f"{method} {url} could not connect: {exc}", True)
+        return Outcome.fail(ToolErrorKind.CONNECTION, f"{method} {url} could not connect: {exc}", True)
     except requests.RequestException as exc:
-        return Outcome.fail("request_error", f"{method} {url} failed: {type(exc).__name__}: {exc}")
+        return Outcome.fail(ToolErrorKind.REQUEST_ERROR, f"{method} {url} failed: {type(exc).__name__}: {exc}")
     elapsed = time.monotonic() - started
 
     response_headers = {k.lower(): v for k, v in response.headers.items()}

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
+from noetl_celery.vocabulary import ToolErrorKind
 
 # operation -> the fields it needs (checked before connecting)
 OPERATIONS: dict[str, tuple[str, ...]] = {
@@ -98,7 +99,9 @@ def connection_options(credential: Any, config: dict[str, Any]) -> tuple[list[st
     options: dict[str, Any] = {}
     if isinstance(credential, str):
         if "://" not in credential:
-            raise _Refused("invalid_args", "nats: the credential must be a nats:// URL or a mapping with `url`")
+            raise _Refused(
+                ToolErrorKind.INVALID_ARGS, "nats: the credential must be a nats:// URL or a mapping with `url`"
+            )
         servers = credential
     elif isinstance(credential, dict):
         servers = _first(credential, _URL_KEYS)
@@ -110,11 +113,11 @@ def connection_options(credential: Any, config: dict[str, Any]) -> tuple[list[st
             options["token"] = str(token)
     elif credential is not None:
         kind = type(credential).__name__
-        raise _Refused("invalid_args", f"nats: the credential must be a URL or a mapping, not {kind}")
+        raise _Refused(ToolErrorKind.INVALID_ARGS, f"nats: the credential must be a URL or a mapping, not {kind}")
     servers = servers or config.get("nats_url")
     if not servers:
         raise _Refused(
-            "invalid_args",
+            ToolErrorKind.INVALID_ARGS,
             "nats: no server: name a credential with a `url` in `auth:` or give `nats_url:` in the task",
         )
     urls = [str(s) for s in servers] if isinstance(servers, list) else [s.strip() for s in str(servers).split(",")]
@@ -156,10 +159,11 @@ async def _bucket(js: Any, name: str, where: str) -> Any:
         return await js.key_value(name)
     except js_errors.BucketNotFoundError:
         raise _Refused(
-            "not_found", f"nats: key/value bucket {name!r} does not exist on {where} (create it: nats kv add {name})"
+            ToolErrorKind.NOT_FOUND,
+            f"nats: key/value bucket {name!r} does not exist on {where} (create it: nats kv add {name})",
         ) from None
     except js_errors.InvalidBucketNameError:
-        raise _Refused("invalid_args", f"nats: {name!r} is not a valid key/value bucket name") from None
+        raise _Refused(ToolErrorKind.INVALID_ARGS, f"nats: {name!r} is not a valid key/value bucket name") from None
 
 
 async def _operate(nc: Any, operation: str, cfg: dict[str, Any], where: str) -> dict[str, Any]:
@@ -172,7 +176,9 @@ async def _operate(nc: Any, operation: str, cfg: dict[str, Any], where: str) -> 
         try:
             ack = await js.publish(subject, _encode(cfg.get("data")), headers=headers)
         except js_errors.NoStreamResponseError:
-            raise _Refused("not_found", f"nats: no JetStream stream holds subject {subject!r} on {where}") from None
+            raise _Refused(
+                ToolErrorKind.NOT_FOUND, f"nats: no JetStream stream holds subject {subject!r} on {where}"
+            ) from None
         return {"status": "success", "stream": ack.stream, "seq": ack.seq, "duplicate": bool(ack.duplicate)}
     bucket = str(cfg["bucket"])
     kv = await _bucket(js, bucket, where)
@@ -212,7 +218,7 @@ async def _operate(nc: Any, operation: str, cfg: dict[str, Any], where: str) -> 
             await kv.purge(key)
         return {"status": "success", "bucket": bucket, "key": key}
     except js_errors.InvalidKeyError:
-        raise _Refused("invalid_args", f"nats: {key!r} is not a valid key") from None
+        raise _Refused(ToolErrorKind.INVALID_ARGS, f"nats: {key!r} is not a valid key") from None
 
 
 async def connect(urls: list[str], options: dict[str, Any], timeout: float, what: str = "nats") -> Any:
@@ -247,8 +253,12 @@ async def connect(urls: list[str], options: dict[str, Any], timeout: float, what
         if isinstance(last, (nats_errors.AuthorizationError, nats_errors.InvalidUserCredentialsError)) or (
             "authorization" in str(last).lower()
         ):
-            raise _Refused("authorization", f"{what}: the server at {where} refused the credential") from None
-        raise _Refused("connection", f"{what}: cannot reach a NATS server at {where}", retryable=True) from None
+            raise _Refused(
+                ToolErrorKind.AUTHORIZATION, f"{what}: the server at {where} refused the credential"
+            ) from None
+        raise _Refused(
+            ToolErrorKind.CONNECTION, f"{what}: cannot reach a NATS server at {where}", retryable=True
+        ) from None
     return nc
 
 
@@ -262,11 +272,15 @@ async def _run(urls: list[str], options: dict[str, Any], operation: str, cfg: di
     try:
         return await _operate(nc, operation, cfg, where)
     except js_errors.ServiceUnavailableError:
-        raise _Refused("nats_error", f"nats: JetStream is not enabled on {where}") from None
+        raise _Refused(ToolErrorKind.NATS_ERROR, f"nats: JetStream is not enabled on {where}") from None
     except js_errors.APIError as exc:
-        raise _Refused("nats_error", f"nats: {operation} refused by {where}: {exc.description or exc}") from None
+        raise _Refused(
+            ToolErrorKind.NATS_ERROR, f"nats: {operation} refused by {where}: {exc.description or exc}"
+        ) from None
     except (nats_errors.ConnectionClosedError, nats_errors.TimeoutError, nats_errors.NoRespondersError) as exc:
-        raise _Refused("connection", f"nats: {operation} on {where}: {type(exc).__name__}", retryable=True) from None
+        raise _Refused(
+            ToolErrorKind.CONNECTION, f"nats: {operation} on {where}: {type(exc).__name__}", retryable=True
+        ) from None
     finally:
         await nc.close()
 
@@ -283,10 +297,10 @@ def run_nats(call: ToolCall) -> Outcome:
     operation = cfg.get("operation")
     if operation not in OPERATIONS:
         known = ", ".join(OPERATIONS)
-        return Outcome.fail("invalid_args", f"nats: operation must be one of {known}, not {operation!r}")
+        return Outcome.fail(ToolErrorKind.INVALID_ARGS, f"nats: operation must be one of {known}, not {operation!r}")
     missing = _missing(cfg, str(operation))
     if missing:
-        return Outcome.fail("invalid_args", missing)
+        return Outcome.fail(ToolErrorKind.INVALID_ARGS, missing)
     timeout = min(CONNECT_TIMEOUT, call.timeout) if call.timeout else CONNECT_TIMEOUT
     try:
         urls, options = connection_options(call.credential, cfg)

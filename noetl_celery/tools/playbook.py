@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from noetl_celery.tools.base import Outcome, ToolCall, register
+from noetl_celery.vocabulary import ToolErrorKind
 
 # `payload:` is NoETL's name for the child's workload (as `input:`/`args:` are); `retry:` is
 # accepted and, as in NoETL, not used: a child execution is started once.
@@ -27,5 +28,5 @@ def child_input(config: dict[str, Any]) -> Any:
 @register("playbook", fields=PLAYBOOK_FIELDS, required=({"path"},))
 def run_playbook(call: ToolCall) -> Outcome:
     return Outcome.fail(
-        "playbook", "a playbook task is started by on_event as a child execution, never run by a worker"
+        ToolErrorKind.PLAYBOOK, "a playbook task is started by on_event as a child execution, never run by a worker"
     )

@@ -52,6 +52,7 @@ from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
 from noetl_celery.tools.sql_text import split_statements
+from noetl_celery.vocabulary import ToolErrorKind
 
 DSN_ENV = noetl_settings.POSTGRES_DSN_ENV
 CONNECT_TIMEOUT = "10"  # seconds, unless the credential says otherwise
@@ -272,25 +273,29 @@ def run_postgres(call: ToolCall) -> Outcome:
         try:
             text = scripts.load(cfg["script"], call.source_file)
         except scripts.ScriptError as exc:
-            return Outcome.fail("script", f"postgres: {exc}")
+            return Outcome.fail(ToolErrorKind.SCRIPT, f"postgres: {exc}")
     table = cfg.get("table")
     if text is None and not table:
-        return Outcome.fail("invalid_args", "postgres: give `command` (or query/sql/statement) or `table` + `args`")
+        return Outcome.fail(
+            ToolErrorKind.INVALID_ARGS, "postgres: give `command` (or query/sql/statement) or `table` + `args`"
+        )
     mode = str(cfg.get("mode") or "insert").lower()
     rows: list[dict[str, Any]] = []
     if text is None:
         if mode not in ("insert", "append", "upsert"):
-            return Outcome.fail("invalid_args", f"postgres: mode must be insert, append or upsert, not {mode!r}")
+            return Outcome.fail(
+                ToolErrorKind.INVALID_ARGS, f"postgres: mode must be insert, append or upsert, not {mode!r}"
+            )
         args = cfg.get("args")
         rows = [args] if isinstance(args, dict) else list(args) if isinstance(args, list) else []
         if not rows or not all(isinstance(r, dict) and r for r in rows):
             return Outcome.fail(
-                "invalid_args", "postgres: table write needs `args`: a mapping of columns or a list of them"
+                ToolErrorKind.INVALID_ARGS, "postgres: table write needs `args`: a mapping of columns or a list of them"
             )
     try:
         dsn, password = build_dsn(call.credential, cfg.get("database"))
     except ValueError as exc:
-        return Outcome.fail("credential", str(exc))
+        return Outcome.fail(ToolErrorKind.CREDENTIAL, str(exc))
 
     try:
         conn = _connection(dsn)
@@ -298,7 +303,7 @@ def run_postgres(call: ToolCall) -> Outcome:
         message = _scrub(str(exc).strip(), password)
         retryable = not any(hint in message for hint in _PERMANENT_CONNECT_ERRORS)
         return Outcome.fail(
-            "connection",
+            ToolErrorKind.CONNECTION,
             f"cannot connect to PostgreSQL: {message}",
             retryable,
             code=exc.pgcode,
@@ -330,7 +335,7 @@ def _write_table(
         return Outcome.ok({"row_count": count, "table": table, "mode": mode})
     except ValueError as exc:
         _end_open_transaction(conn, dsn)
-        return Outcome.fail("invalid_args", str(exc))
+        return Outcome.fail(ToolErrorKind.INVALID_ARGS, str(exc))
     except psycopg2.Error as exc:
         _end_open_transaction(conn, dsn)
         return _sql_failure(exc, conn, dsn, password)
@@ -349,7 +354,7 @@ def _run_text(conn: Any, dsn: str, password: str | None, timeout: float | None, 
                 text = cur.mogrify(text, params).decode(psycopg2.extensions.encodings[conn.encoding])
             statements = split_statements(text)
             if not statements:
-                return Outcome.fail("invalid_args", "postgres: the SQL text holds no statement")
+                return Outcome.fail(ToolErrorKind.INVALID_ARGS, "postgres: the SQL text holds no statement")
             _set_timeout(cur, timeout)
             data: dict[str, Any] = {}
             for index, statement in enumerate(statements):
@@ -367,13 +372,13 @@ def _run_text(conn: Any, dsn: str, password: str | None, timeout: float | None, 
         if conn.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
             _end_open_transaction(conn, dsn)
             return Outcome.fail(
-                "invalid_args",
+                ToolErrorKind.INVALID_ARGS,
                 "postgres: the SQL text ends inside a transaction (BEGIN without COMMIT); it was rolled back",
             )
         return Outcome.ok(data)
     except ValueError as exc:
         _end_open_transaction(conn, dsn)
-        return Outcome.fail("invalid_args", str(exc))
+        return Outcome.fail(ToolErrorKind.INVALID_ARGS, str(exc))
     except psycopg2.Error as exc:
         _end_open_transaction(conn, dsn)
         where = f"statement {done + 1} of {len(statements)}" if done or len(statements) > 1 else ""
@@ -397,9 +402,9 @@ def _sql_failure(exc: psycopg2.Error, conn: Any, dsn: str, password: str | None,
     if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and (conn.closed or code is None):
         _forget(dsn)
         return Outcome.fail(
-            "connection", f"PostgreSQL connection failed: {message}", True, code=code, pg={"code": code}
+            ToolErrorKind.CONNECTION, f"PostgreSQL connection failed: {message}", True, code=code, pg={"code": code}
         )
-    return Outcome.fail("sql_error", message, code in RETRYABLE_SQLSTATES, code=code, pg={"code": code})
+    return Outcome.fail(ToolErrorKind.SQL_ERROR, message, code in RETRYABLE_SQLSTATES, code=code, pg={"code": code})
 
 
 def _end_open_transaction(conn: Any, dsn: str) -> None:

@@ -70,6 +70,7 @@ from noetl_celery.jsonable import to_jsonable
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, refuse_unstorable, register
 from noetl_celery.tools.settings import ToolSettings
+from noetl_celery.vocabulary import ToolErrorKind
 
 __all__ = ["run_python", "to_jsonable"]
 
@@ -417,28 +418,30 @@ def run_python(call: ToolCall) -> Outcome:
         try:
             code = scripts.load(call.config["script"], call.source_file)
         except scripts.ScriptError as exc:
-            return Outcome.fail("script", f"python: {exc}")
+            return Outcome.fail(ToolErrorKind.SCRIPT, f"python: {exc}")
     if not isinstance(code, str) or not code.strip():
-        return Outcome.fail("invalid_args", "python: `code` must be a non-empty string")
+        return Outcome.fail(ToolErrorKind.INVALID_ARGS, "python: `code` must be a non-empty string")
     secret_registry.seal_environment()  # neither the code nor its libs read NOETL_AUTH_* or the store's URL
     try:
         libs, libs_ignored = import_libs(call.config.get("libs"))
     except ImportError as exc:
-        return Outcome.fail("invalid_args", f"python: libs: cannot import {exc.name or exc}: {exc}")
+        return Outcome.fail(ToolErrorKind.INVALID_ARGS, f"python: libs: cannot import {exc.name or exc}: {exc}")
     raw_args = call.config.get("args")
     if raw_args is None:
         raw_args = call.config.get("input")
     if raw_args is None:
         raw_args = {}
     if not isinstance(raw_args, dict):
-        return Outcome.fail("invalid_args", f"python: `args` must be a mapping, got {type(raw_args).__name__}")
+        return Outcome.fail(
+            ToolErrorKind.INVALID_ARGS, f"python: `args` must be a mapping, got {type(raw_args).__name__}"
+        )
     args: dict[str, Any] = dict(raw_args)
     context = call.context if call.context is not None else {}
 
     try:
         compiled, filename = _compile(code)
     except SyntaxError as exc:
-        return Outcome.fail("exception", f"SyntaxError: {exc.msg} (line {exc.lineno} of the code)")
+        return Outcome.fail(ToolErrorKind.EXCEPTION, f"SyntaxError: {exc.msg} (line {exc.lineno} of the code)")
 
     namespace: dict[str, Any] = {
         "__name__": "__noetl_code__",
@@ -465,7 +468,7 @@ def run_python(call: ToolCall) -> Outcome:
                 else:
                     data = namespace.get("result")
     except _MissingArguments as exc:
-        outcome = Outcome.fail("invalid_args", f"python: {exc}", missing=exc.missing)
+        outcome = Outcome.fail(ToolErrorKind.INVALID_ARGS, f"python: {exc}", missing=exc.missing)
     except SoftTimeLimitExceeded:
         raise  # the attempt's time limit: run_tool reports it as a timeout
     except (Exception, SystemExit) as exc:  # sys.exit() in user code must not stop the worker
@@ -478,7 +481,7 @@ def run_python(call: ToolCall) -> Outcome:
         where = f" (line {line} of the code)" if line is not None else ""
         refused = noetl_module_refusal(exc, code) if isinstance(exc, ImportError) else None
         outcome = Outcome.fail(
-            "exception",
+            ToolErrorKind.EXCEPTION,
             f"python: {refused}{where}" if refused else f"{type(exc).__name__}: {exc}{where}",
             traceback=text[-ERROR_TEXT_LIMIT:],
             line=line,

@@ -20,6 +20,7 @@ from noetl_celery import credentials
 from noetl_celery.errors import CredentialError
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
+from noetl_celery.vocabulary import ToolErrorKind
 
 PROVIDERS = ("env", "file", "credentials", "local")
 REFUSED_PROVIDERS = ("google", "gcp", "aws", "azure", "vault", "secret_manager")
@@ -57,11 +58,11 @@ def run_secrets(call: ToolCall) -> Outcome:
     value = call.credential
     if value is None:
         if not name:
-            return Outcome.fail("invalid_args", "secrets: name the secret with `key:` (or the task's name)")
+            return Outcome.fail(ToolErrorKind.INVALID_ARGS, "secrets: name the secret with `key:` (or the task's name)")
         try:
             value = credentials.resolve(str(name))
         except CredentialError as exc:
-            return Outcome.fail("credential", f"secrets: {exc}")
+            return Outcome.fail(ToolErrorKind.CREDENTIAL, f"secrets: {exc}")
     outcome = Outcome.ok({"name": name, "provider": cfg.get("provider") or "credentials", "value": value})
     outcome.meta[SECRET_VALUES_META] = sorted(_secret_strings(value))
     return outcome

@@ -16,6 +16,7 @@ from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.templating import plain, render_value
 from noetl_celery.tools.base import Outcome
+from noetl_celery.vocabulary import ToolErrorKind
 
 
 def frame_values(step: Step) -> dict[str, Any]:
@@ -40,9 +41,9 @@ def run_claim(step: Step, message: TaskMessage, context: dict[str, Any], secrets
         auth = plain(render_value(cursor.get("auth"), scope))
         credential = credentials.resolve(auth) if auth is not None else None
     except TemplateError as exc:
-        return Outcome.fail("template", f"cursor claim: {exc}")
+        return Outcome.fail(ToolErrorKind.TEMPLATE, f"cursor claim: {exc}")
     except CredentialError as exc:
-        return Outcome.fail("credential", str(exc))
+        return Outcome.fail(ToolErrorKind.CREDENTIAL, str(exc))
     if credential is not None:
         secrets |= credentials.secret_values(credential)
     lease = (step.loop.frame or {}).get("lease_seconds")

@@ -40,6 +40,7 @@ from noetl_celery.templating import (
 )
 from noetl_celery.tools import settings as tool_settings
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, get_tool, refuse_unstorable, run_tool
+from noetl_celery.vocabulary import ToolErrorKind
 
 CALL_OVERRIDES = ("params", "body", "payload", "json", "headers", "args", "data")  # merged by next_call
 STORE_KEY_LENGTH = 12  # hex characters of the store URL's digest in ToolCall.store_key
@@ -102,16 +103,16 @@ def _call(
             rendered = merge_arc_args(kind, fields, arc_args or {})
         credential = _credential(auth, context)
     except TemplateError as exc:
-        return Outcome.fail("template", str(exc))
+        return Outcome.fail(ToolErrorKind.TEMPLATE, str(exc))
     except CredentialError as exc:
-        return Outcome.fail("credential", str(exc))
+        return Outcome.fail(ToolErrorKind.CREDENTIAL, str(exc))
     if credential is not None:
         secrets |= credentials.secret_values(credential)
         secret_registry.register(credential)
     if spec is not None:
         refused = tool_settings.check_rendered(spec, rendered)
         if refused is not None:
-            return Outcome.fail("invalid_args", refused)
+            return Outcome.fail(ToolErrorKind.INVALID_ARGS, refused)
     timeout = deadlines.timeout_of(kind, rendered)
     outcome = run_tool(
         ToolCall(
@@ -170,7 +171,7 @@ def _run_sink(
             with lenient(strict) as hidden:
                 rendered_args = plain(render_value(config["args"], scope))
         except TemplateError as exc:
-            return Outcome.fail("template", str(exc))
+            return Outcome.fail(ToolErrorKind.TEMPLATE, str(exc))
         config = {key: value for key, value in config.items() if key != "args"}
         scope["data"] = rendered_args
     outcome = _call(
@@ -317,7 +318,7 @@ def _run_attempt(url: str, message: TaskMessage, *, queue_id: str | None, node: 
         if sink_outcome.status != "ok":
             error = dict(sink_outcome.error or {})
             error["message"] = f"sink ({task.sink.kind}) failed: {error.get('message', '')}"
-            error["kind"] = "sink"
+            error["kind"] = ToolErrorKind.SINK
             outcome = Outcome(
                 status="error", data=outcome.data, error=error, http=outcome.http, pg=sink_outcome.pg, meta=outcome.meta
             )

@@ -21,6 +21,7 @@ from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import ExecutionState, Scope, message_scope
 from noetl_celery.engine.decision import cursor_loop, loops, write
+from noetl_celery.engine.decision.rows import OpenRow, Row
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.decision.write import Redecide
@@ -178,10 +179,10 @@ class DecisionCore:
     def can_dispatch(self) -> bool:
         return self.running and self.decision.failure is None
 
-    def decided(self) -> list[dict[str, Any]]:
+    def decided(self) -> list[Row]:
         return self.decision.rows
 
-    def last_row(self) -> dict[str, Any]:
+    def last_row(self) -> Row:
         return self.decision.rows[-1]
 
     def send(self, dispatch: Dispatch) -> None:
@@ -191,11 +192,20 @@ class DecisionCore:
         self.decision.pending -= 1
 
     def record(self, event_type: str, key: str, **fields: Any) -> str:
+        """Add a complete event row (read-only from now on: rows.py); returns its key."""
+        self.decision.record(self._columns(event_type, key, fields))
+        return key
+
+    def open_row(self, event_type: str, key: str, **fields: Any) -> OpenRow:
+        """Add an attempt's outcome row whose content the decision about it completes
+        (`Decision.settle` builds it)."""
+        return self.decision.open(self._columns(event_type, key, fields))
+
+    def _columns(self, event_type: str, key: str, fields: dict[str, Any]) -> dict[str, Any]:
         row = {"execution_id": self.execution_id, "event_id": key, "event_type": event_type, **fields}
         if self.state.parent_execution_id is not None:
             row.setdefault("parent_execution_id", self.state.parent_execution_id)
-        self.decision.rows.append(row)
-        return key
+        return row
 
     def set_variables(self, scope: str, values: dict[str, Any]) -> None:
         if not values:
@@ -251,7 +261,7 @@ class DecisionCore:
     # --- the parts the role classes provide (composed in orchestrator.Decider) ----------------
 
     def handle_outcome(
-        self, step: Step, task: Task, message: TaskMessage, outcome: dict[str, Any], row: dict[str, Any]
+        self, step: Step, task: Task, message: TaskMessage, outcome: dict[str, Any], row: OpenRow
     ) -> None:
         raise NotImplementedError  # outcomes.OutcomeRules
 
@@ -260,7 +270,7 @@ class DecisionCore:
     ) -> None:
         raise NotImplementedError  # tasks.TaskFlow
 
-    def unit_done(self, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]) -> None:
+    def unit_done(self, step: Step, message: TaskMessage, end: UnitEnd, row: OpenRow) -> None:
         raise NotImplementedError  # tasks.TaskFlow
 
     def step_done(self, step: Step, run: RunRef, end: UnitEnd, via: str = "call") -> None:

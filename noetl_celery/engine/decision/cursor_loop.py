@@ -18,8 +18,8 @@ Everything here runs inside on_event; workers only run claims and the rows' task
   from the item rows) to the loop's result; without it the result is the stats alone, since a
   cursor loop may be unbounded.
 - Event rows: one per claim (`cursor.claimed` / `cursor.slot.ended` / `cursor.claim.failed`), one
-  per row processed (`cursor.item.done` / `cursor.item.failed`, renamed from the last attempt's
-  outcome row: no start rows), plus step and loop start/end.
+  per row processed (`cursor.item.done` / `cursor.item.failed`: the last attempt's
+  outcome row, built as the item's: no start rows), plus step and loop start/end.
 - Unit ids: row `index` of slot `s` of `n` slots is iteration `index * n + s` (unique in the run,
   no counter needed).
 """
@@ -34,7 +34,8 @@ from noetl_celery.dsl.plan import Action, Step
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.decision.loops import fail_loop_start, record_loop_done
 from noetl_celery.engine.decision.policy_eval import next_backoff
-from noetl_celery.engine.decision.units import RunRef, UnitEnd, rewrite_outcome_row
+from noetl_celery.engine.decision.rows import OpenRow
+from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
 from noetl_celery.store import repo
 from noetl_celery.vocabulary import ErrorKind
@@ -94,9 +95,7 @@ class CursorLoop:
         for slot in range(slots):
             dispatch_claim(decider, step, run, slot=slot, claim=0, index=0, parent=key)
 
-    def unit_done(
-        self, decider: DecisionPort, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]
-    ) -> None:
+    def unit_done(self, decider: DecisionPort, step: Step, message: TaskMessage, end: UnitEnd, row: OpenRow) -> None:
         """A row's chain is over: record it as the item's row, count it, go on with the slot."""
         assert message.slot is not None
         slot = message.slot
@@ -108,16 +107,15 @@ class CursorLoop:
             }
             if failed and row.get("error") is None:
                 columns["error"] = end.error or end.tolerated
-            rewrite_outcome_row(row, **columns)
-            row["meta"] = {
-                **(row.get("meta") or {}),
-                "slot": slot["id"],
-                "index": slot["index"],
-                "claim": slot["claim"],
-                "outcome": "failed" if failed else "done",
+            row.end_unit(**columns)
+            row.note(
+                slot=slot["id"],
+                index=slot["index"],
+                claim=slot["claim"],
+                outcome="failed" if failed else "done",
                 **(sanitize({"row": message.element}) or {}),
                 **({"tolerated": True} if end.tolerated is not None else {}),
-            }
+            )
         decider.count_iteration(message.run_id, ok=not failed, tolerated=end.tolerated is not None)
         if not decider.can_dispatch():
             return

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from noetl_celery import limits, settings
 from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Step
-from noetl_celery.engine.decision.units import RunRef, UnitEnd, rewrite_outcome_row
+from noetl_celery.engine.decision.rows import OpenRow, Row
+from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.errors import TemplateError
@@ -118,7 +119,7 @@ class LoopStrategy(Protocol):
     def start(self, decider: DecisionPort, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None: ...
 
     def unit_done(
-        self, decider: DecisionPort, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]
+        self, decider: DecisionPort, step: Step, message: TaskMessage, end: UnitEnd, row: OpenRow
     ) -> None: ...
 
 
@@ -134,10 +135,9 @@ class CollectionLoop:
     def start(self, decider: DecisionPort, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
         start_loop(decider, step, run, parent, context)
 
-    def unit_done(
-        self, decider: DecisionPort, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]
-    ) -> None:
+    def unit_done(self, decider: DecisionPort, step: Step, message: TaskMessage, end: UnitEnd, row: OpenRow) -> None:
         failed = end.failed
+        ended: Row = row  # the row that ends the iteration
         why = iteration_error(end.error or end.tolerated, step.tasks[message.task_index].label) if failed else None
         if row.get("event_type", "").startswith(ev.ACTION_PREFIX) and row.get("execution_id"):
             columns: dict[str, Any] = {
@@ -146,9 +146,9 @@ class CollectionLoop:
             }
             if why is not None:
                 columns.update(status="failed", error=why)
-            rewrite_outcome_row(row, **columns)
+            row.end_unit(**columns)
             if end.tolerated is not None:
-                row.setdefault("meta", {})["tolerated"] = True
+                row.note(tolerated=True)
         elif why is not None:  # decided inside on_event (a routing-only task): its row is recorded here
             key = attempt_key(message.run_id, message.iteration, message.seq, message.attempt) + ".done"
             decider.record(
@@ -164,14 +164,14 @@ class CollectionLoop:
                 result=end.data,
                 error=why,
             )
-            row = decider.last_row()
+            ended = decider.last_row()
         iteration_done(
             decider,
             step,
             message,
             ok=not failed,
             data=end.data,
-            row=row,
+            row=ended,
             tolerated=end.tolerated is not None,
             error=why,
         )
@@ -326,7 +326,7 @@ def iteration_done(
     *,
     ok: bool,
     data: Any,
-    row: dict[str, Any],
+    row: Row,
     tolerated: bool = False,
     error: Any = None,
 ) -> None:
@@ -358,26 +358,24 @@ def iteration_done(
     )
 
 
-def _final_rows(decider: DecisionPort, run_id: str) -> dict[int, dict[str, Any]]:
+def _final_rows(decider: DecisionPort, run_id: str) -> dict[int, Row]:
     """Each iteration's last end row (a resumed iteration's new end outranks its old failure)."""
     rows: list[dict[str, Any]] = []
     for kind, column in ((ev.ITERATION_COMPLETED, "result"), (ev.ITERATION_FAILED, "error")):
-        for r in repo.run_events(decider.conn, decider.execution_id, run_id, kind, columns=("id", "iteration", column)):
-            r["event_type"] = kind
-            rows.append(r)
-    final: dict[int, dict[str, Any]] = {}
+        found = repo.run_events(decider.conn, decider.execution_id, run_id, kind, columns=("id", "iteration", column))
+        rows.extend({**r, "event_type": kind} for r in found)
+    final: dict[int, Row] = {}
     for r in sorted(rows, key=lambda r: r["id"]):
         if r["iteration"] is not None:
             final[r["iteration"]] = r
-    for r in decider.decided():  # decided in this same event, not written yet
-        if r.get("run_id") == run_id and r.get("event_type") in (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED):
-            final[r["iteration"]] = r
+    ends = (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED)
+    for decided in decider.decided():  # decided in this same event, not written yet
+        if decided.get("run_id") == run_id and decided.get("event_type") in ends:
+            final[decided["iteration"]] = decided
     return final
 
 
-def _first_failures(
-    final: dict[int, dict[str, Any]], message: TaskMessage, *, ok: bool, current: Any
-) -> list[dict[str, Any]]:
+def _first_failures(final: dict[int, Row], message: TaskMessage, *, ok: bool, current: Any) -> list[dict[str, Any]]:
     """The failed iterations in index order, at most FAILURES_NAMED: {index, kind, message, task}."""
     found = {i: r.get("error") for i, r in final.items() if r["event_type"] == ev.ITERATION_FAILED}
     if message.iteration is not None:
@@ -395,9 +393,7 @@ def _first_failures(
     return failures
 
 
-def _ordered_results(
-    final: dict[int, dict[str, Any]], message: TaskMessage, total: int, *, ok: bool, data: Any
-) -> list[Any]:
+def _ordered_results(final: dict[int, Row], message: TaskMessage, total: int, *, ok: bool, data: Any) -> list[Any]:
     """Every iteration's result in collection order (the current one is not written yet)."""
     by_index = {i: (r.get("result") if r["event_type"] == ev.ITERATION_COMPLETED else None) for i, r in final.items()}
     by_index[message.iteration] = data if ok else None  # type: ignore[index]

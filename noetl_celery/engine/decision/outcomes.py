@@ -1,8 +1,10 @@
 """An attempt's outcome: its row, the task's policy, retries and pages (the Decider's first role).
 
-`OutcomeRules.on_outcome` records the causing row of an attempt's outcome; `handle_outcome`
-applies the task's policy (`set`, `result`, then continue, jump, break, retry or fail), and
-`retry` schedules the same task again: a retry with its backoff, or the next page.
+`OutcomeRules.on_outcome` opens the row of an attempt's outcome; `handle_outcome` applies the
+task's policy (`set`, `result`, then continue, jump, break, retry or fail), and `retry` schedules
+the same task again: a retry with its backoff, or the next page. What they decide about the
+outcome's row (the rule that matched, a page's type, the unit's end) completes it before it is
+built (rows.py), once, when the outcome is decided.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from noetl_celery.dsl.plan import Action, Step, Task
 from noetl_celery.engine.context import render_context
 from noetl_celery.engine.decision import cursor_loop, pagination, policy_eval
 from noetl_celery.engine.decision.core import DecisionCore
+from noetl_celery.engine.decision.rows import OpenRow
 from noetl_celery.engine.decision.units import UnitEnd
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
@@ -37,7 +40,6 @@ class OutcomeRules(DecisionCore):
         first_attempt = attempt_key(message.run_id, message.iteration, message.seq, 1) + ".start"
         ok = outcome["status"] == "ok"
         causing = {
-            "event_type": ev.ACTION_COMPLETED if ok else ev.ACTION_FAILED,
             "status": "completed" if ok else "failed",
             **self.attempt_fields(step, task, message),
             "parent_event_id": first_attempt,
@@ -61,19 +63,17 @@ class OutcomeRules(DecisionCore):
                     ("child", outcome.get("meta", {}).get("child")),
                     (HIDDEN_META, outcome.get("meta", {}).get(HIDDEN_META)),
                     ("pid", report.get("pid")),
+                    ("ignored", not self.running),  # recorded, not acted on: a resume decides it
                 )
                 if v
             },
         }
-        if not self.running:
-            causing["meta"]["ignored"] = True  # recorded, not acted on: a resume decides it
         if self.decision.rows:  # a later iteration of a batch: its outcome row must be new as well
             self.decision.later_causes.append(key)
         duration = report.get("duration_ms")
         if step.loop is not None and step.loop.batch == "auto" and isinstance(duration, (int, float)):
             self.decision.durations_ms.setdefault(message.run_id, []).append(float(duration))
-        self.record(key=key, **causing)
-        causing_row = self.decision.rows[-1]
+        row = self.open_row(ev.ACTION_COMPLETED if ok else ev.ACTION_FAILED, key, **causing)
         sink = outcome.get("meta", {}).get("sink") or {}
         if sink.get("kind") in ("event_log", "log") and sink.get("status") == "ok":
             self.record(
@@ -88,12 +88,13 @@ class OutcomeRules(DecisionCore):
                 result=(sink.get("data") or {}).get("event_log"),
             )
         if self.running:
-            self.handle_outcome(step, task, message, outcome, causing_row)
+            self.handle_outcome(step, task, message, outcome, row)
+        self.decision.settle(row)
 
     # --- tasks -----------------------------------------------------------------------------
 
     def handle_outcome(
-        self, step: Step, task: Task, message: TaskMessage, outcome: dict[str, Any], row: dict[str, Any]
+        self, step: Step, task: Task, message: TaskMessage, outcome: dict[str, Any], row: OpenRow
     ) -> None:
         ok = outcome["status"] == "ok"
         if task.policy is None or not task.policy.rules:
@@ -105,11 +106,13 @@ class OutcomeRules(DecisionCore):
             verdict = policy_eval.decide(task.policy, outcome, context)
         action = verdict.action
         if verdict.rule is not None or verdict.skipped_conditions:
-            row.setdefault("meta", {})["policy"] = {
-                "rule": verdict.rule,
-                "do": action.do,
-                "skipped": verdict.skipped_conditions or None,
-            }
+            row.note(
+                policy={
+                    "rule": verdict.rule,
+                    "do": action.do,
+                    "skipped": verdict.skipped_conditions or None,
+                }
+            )
         iter_vars = message.iter_vars
         try:
             with lenient(self.strict_templates) as hidden:  # `set` renders as NoETL renders it
@@ -119,7 +122,7 @@ class OutcomeRules(DecisionCore):
                 self.set_variables("vars", plain(render_value(action.set_vars, context)))
             data = plain(render_value(action.result, context)) if action.sets_result else outcome.get("data")
             if hidden:
-                row.setdefault("meta", {})[HIDDEN_META] = [*row.get("meta", {}).get(HIDDEN_META, []), *hidden]
+                row.note(**{HIDDEN_META: [*(row.get("meta") or {}).get(HIDDEN_META, []), *hidden]})
         except TemplateError as exc:
             self.unit_done(
                 step,
@@ -199,7 +202,7 @@ class OutcomeRules(DecisionCore):
         action: Action,
         context: dict[str, Any],
         iter_vars: dict[str, Any],
-        row: dict[str, Any],
+        row: OpenRow,
     ) -> bool:
         """Schedule the same task again (a retry on error, or the next page); False if exhausted."""
         ok = outcome["status"] == "ok"
@@ -227,8 +230,8 @@ class OutcomeRules(DecisionCore):
                     row,
                 )
                 return True
-            row["event_type"] = ev.PAGE_COMPLETED
-            row.setdefault("meta", {})["collect"] = action.collect.model_dump() if action.collect else None
+            row.retype(ev.PAGE_COMPLETED)
+            row.note(collect=action.collect.model_dump() if action.collect else None)
             nxt = message.evolve(
                 seq=message.seq + 1,
                 page=message.page + 1,
@@ -250,7 +253,7 @@ class OutcomeRules(DecisionCore):
             meta={
                 "delay": delay,
                 "reason": (outcome.get("error") or {}).get("message"),
-                "rule": row.get("meta", {}).get("policy", {}).get("rule"),
+                "rule": (row.get("meta") or {}).get("policy", {}).get("rule"),
                 "limit": limit,
             },
         )

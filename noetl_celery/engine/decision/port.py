@@ -15,6 +15,7 @@ from sqlalchemy import Connection
 
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import ExecutionState, Scope
+from noetl_celery.engine.decision.rows import Row
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 
@@ -41,10 +42,10 @@ class DecisionPort(Protocol):
     def record(self, event_type: str, key: str, **fields: Any) -> str:
         """Add an event row to the decision; returns its key."""
 
-    def decided(self) -> Sequence[dict[str, Any]]:
+    def decided(self) -> Sequence[Row]:
         """The rows decided in this event so far (not written yet)."""
 
-    def last_row(self) -> dict[str, Any]:
+    def last_row(self) -> Row:
         """The row recorded last."""
 
     def send(self, dispatch: Dispatch) -> None:

@@ -64,11 +64,11 @@ def start_child(
     try:
         config = plain(render_value(task.config, context))
     except TemplateError as exc:
-        _fail(decider, message, "template", str(exc))
+        _fail(decider, message, ErrorKind.TEMPLATE, str(exc))
         return
     path = config.get("path")
     if not isinstance(path, str) or not path:
-        _fail(decider, message, "playbook", f"playbook task needs a path, got {path!r}")
+        _fail(decider, message, ErrorKind.PLAYBOOK, f"playbook task needs a path, got {path!r}")
         return
     link = repo.execution_link(decider.conn, decider.execution_id) or {}
     depth = int(link.get("depth") or 0) + 1
@@ -76,18 +76,20 @@ def start_child(
         _fail(
             decider,
             message,
-            "playbook",
+            ErrorKind.PLAYBOOK,
             f"sub-playbook nesting limit ({MAX_NESTING}) reached starting "
             f"{path!r}: does a playbook call itself without end?",
         )
         return
     found = resolve.find(path, decider.plan.source_file, catalog_for(decider.conn))
     if found is None:
-        _fail(decider, message, "playbook", resolve.not_found_message(path, decider.plan.source_file))
+        _fail(decider, message, ErrorKind.PLAYBOOK, resolve.not_found_message(path, decider.plan.source_file))
         return
     child_input = playbook_tool.child_input(config)  # input:, args: or payload:
     if child_input is not None and not isinstance(child_input, dict):
-        _fail(decider, message, "playbook", f"playbook input must be a mapping, not {type(child_input).__name__}")
+        _fail(
+            decider, message, ErrorKind.PLAYBOOK, f"playbook input must be a mapping, not {type(child_input).__name__}"
+        )
         return
     try:
         plan = compile_playbook(
@@ -101,14 +103,14 @@ def start_child(
         _fail(
             decider,
             message,
-            "playbook",
+            ErrorKind.PLAYBOOK,
             f"sub-playbook {path!r} is invalid: " + "; ".join(str(p) for p in exc.problems[:5]),
         )
         return
     try:
         timeout = _child_timeout(config.get("timeout"), plan.timeout)
     except ValueError as exc:
-        _fail(decider, message, "playbook", str(exc))
+        _fail(decider, message, ErrorKind.PLAYBOOK, str(exc))
         return
     child_id = new_execution_id()
     start_key = key + ".start" if record_start else message.parent_event_id

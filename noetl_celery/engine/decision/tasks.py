@@ -7,8 +7,6 @@ starts its child execution; a routing-only task is decided inline, without a wor
 
 from __future__ import annotations
 
-from typing import Any
-
 from noetl_celery import vocabulary as ev
 from noetl_celery.compiler.names import shadow_label
 from noetl_celery.dsl.plan import Step, Task
@@ -17,6 +15,7 @@ from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.context import render_context
 from noetl_celery.engine.decision import cursor_loop, subplaybooks
 from noetl_celery.engine.decision.core import DecisionCore, loop_strategy
+from noetl_celery.engine.decision.rows import OpenRow
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
@@ -80,11 +79,11 @@ class TaskFlow(DecisionCore):
                         "without work?",
                     },
                 ),
-                {"event_id": message.parent_event_id},
+                OpenRow({"event_id": message.parent_event_id}),  # no row of its own
             )
             return
         context = render_context(self.state, self.scope_of(message, step))
-        row: dict[str, Any] = {"event_id": message.parent_event_id}  # no row of its own is recorded
+        row = OpenRow({"event_id": message.parent_event_id})  # no row of its own: its notes are dropped
         try:
             with lenient(self.strict_templates) as hidden:  # args render as NoETL renders them
                 rendered = {**task.config, "args": plain(render_value(task.config.get("args"), context))}
@@ -98,7 +97,7 @@ class TaskFlow(DecisionCore):
 
     # --- units: a step run, or one element of a loop ----------------------------------------
 
-    def unit_done(self, step: Step, message: TaskMessage, end: UnitEnd, row: dict[str, Any]) -> None:
+    def unit_done(self, step: Step, message: TaskMessage, end: UnitEnd, row: OpenRow) -> None:
         """A step run, or one loop element, is over: its loop strategy counts it, or the step ends."""
         if message.iteration is not None:
             loop_strategy(step).unit_done(self, step, message, end, row)

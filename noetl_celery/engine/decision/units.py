@@ -54,19 +54,4 @@ class UnitEnd:
         return replace(self, **changes)
 
 
-REPORTED_META = "reported"  # meta key: what the attempt reported, where the unit's row shows otherwise
-
-
-def rewrite_outcome_row(row: dict[str, Any], **columns: Any) -> None:
-    """An attempt's outcome row made the row of the unit it ends (a loop iteration, a cursor item):
-    `columns` replace its event_type, result, status or error. Of the status, result and error
-    the attempt reported, those the rewrite changes are kept in `meta.reported`, so that the
-    outcome can still be read from the row (`noetl-celery replay` decides it again from there)."""
-    reported = {
-        name: row.get(name)
-        for name in ("status", "result", "error")
-        if name in columns and row.get(name) is not columns[name] and row.get(name) != columns[name]
-    }
-    row.update(columns)
-    if reported:
-        row["meta"] = {**(row.get("meta") or {}), REPORTED_META: reported}
+REPORTED_META = "reported"  # meta key: what the attempt reported, where the unit's row shows otherwise (rows.py)

@@ -89,10 +89,11 @@ def flush(d: Decided, *, last: bool = False) -> list[Dispatch]:
             d.conn, d.execution_id, "failed", error=d.decision.failure["error"], failed_step=d.decision.failure["step"]
         )
     dispatches = _dispatches(d, version, finished)
-    causing = d.decision.rows[0]
-    if dispatches:
-        causing["meta"] = {**(causing.get("meta") or {}), "dispatch": [x.to_dict() for x in dispatches]}
-        causing["deadline_at"] = deadlines.decision_deadline(repo.utcnow(), dispatches)
+    # the causing row is built last, with the decision's dispatch list (rows.py)
+    d.decision.seal_cause(
+        [x.to_dict() for x in dispatches],
+        deadlines.decision_deadline(repo.utcnow(), dispatches) if dispatches else None,
+    )
     _record(d, last, bump)
     return dispatches
 
@@ -163,7 +164,7 @@ def _record(d: Decided, last: bool, bump: repo.Bump | None) -> None:
     try:
         recorded = repo.record_decision(
             d.connection,
-            d.decision.rows,
+            d.decision.writable_rows(),
             d.decision.variables,
             new_keys=d.decision.later_causes,
             last=last,

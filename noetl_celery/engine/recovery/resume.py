@@ -31,6 +31,7 @@ from sqlalchemy import Connection
 from noetl_celery import vocabulary as ev
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.decision.orchestrator import Decider
+from noetl_celery.engine.decision.rows import OpenRow, Row
 from noetl_celery.engine.decision.subplaybooks import EVENT_DISPATCH
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.engine.recovery.resume_loops import reopen_loops
@@ -89,10 +90,11 @@ def resume(url: str, execution_id: int) -> tuple[int, list[Dispatch]]:
             epoch=epoch,
             deadline_at=repo.utcnow() + timedelta(seconds=timeout) if timeout is not None else None,
         )
-        for message, outcome, row in redo["decide"]:
+        for message, outcome, stored in redo["decide"]:
             step = decider.plan.steps[message.step]
+            row = OpenRow(stored)  # a row of the log decided now: rewritten with what the decision adds
             decider.handle_outcome(step, step.tasks[message.task_index], message, outcome, row)
-            _rewrite(conn, execution_id, row)
+            _rewrite(conn, execution_id, row.build())
         decider.decision.pending += redo["pending"] + loops["pending"]
         decider.decision.dispatches.extend(redo["dispatch"])
         for message in children["again"]:  # a new child for each task whose child ended with this execution
@@ -245,7 +247,7 @@ def _archive(conn: Connection, execution_id: int, epoch: int, keys: list[str]) -
     store_recovery.archive_events(conn, execution_id, epoch, keys)
 
 
-def _rewrite(conn: Connection, execution_id: int, row: dict[str, Any]) -> None:
+def _rewrite(conn: Connection, execution_id: int, row: Row) -> None:
     """An outcome row decided now: its type and meta as the decision left them."""
     meta = {k: v for k, v in (row.get("meta") or {}).items() if k != "ignored"}
     store_recovery.rewrite_outcome(

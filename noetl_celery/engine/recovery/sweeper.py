@@ -300,7 +300,7 @@ def _overdue(
                 reason = (
                     f"no outcome after {count} re-publishes (each waited {deadlines.lease(0, dispatch.timeout):g} s)"
                 )
-                result.lost.append(lost_outcome(dispatch.message, "lost", reason, "sweeper"))
+                result.lost.append(lost_outcome(dispatch.message, ErrorKind.LOST, reason, "sweeper"))
                 wait = max(wait, interval)
                 continue
             meta = {"count": count + 1, "limit": max_republishes}

@@ -140,7 +140,7 @@ class AttemptRequest(Request):
         message = self._attempt_message()
         if not soft and message is not None:
             reason = f"the attempt ran past its time limit of {timeout:g} s and its process was killed"
-            self._report(lost_outcome(message, "timeout", reason, "time-limit"))
+            self._report(lost_outcome(message, ErrorKind.TIMEOUT, reason, "time-limit"))
         super().on_timeout(soft, timeout)
 
     def _give_up(self, message: dict[str, Any], reason: str) -> bool:
@@ -165,7 +165,7 @@ class AttemptRequest(Request):
             )
             return False
         reason = f"the attempt killed its worker process {count} times (last: {reason})"
-        return self._report(lost_outcome(message, "worker_lost", reason, "worker"))
+        return self._report(lost_outcome(message, ErrorKind.WORKER_LOST, reason, "worker"))
 
     def _report(self, payload: dict[str, Any]) -> bool:
         assert HOOKS.report is not None, "worker_loss.install() was not called"
