@@ -23,16 +23,14 @@ import json
 import os
 import sys
 import time
-import uuid
 from collections import deque
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import text
 
-from bench.recovery import server_url, wal_lsn
+from bench.recovery import scratch_database, wal_lsn
 from noetl_celery.compiler import compile_playbook
 from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import orchestrator
@@ -40,7 +38,7 @@ from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.engine.recovery import sweeper
 from noetl_celery.runner import create_execution
 from noetl_celery.store import leases, repo, retention
-from noetl_celery.store.db import dispose_engine, migrate, transaction
+from noetl_celery.store.db import migrate, transaction
 
 LOOP = Path(__file__).resolve().parents[1] / "tests" / "playbooks" / "loop_many.yaml"
 TABLES = ("noetl_event", "noetl_lease", "noetl_execution", "noetl_variable", "noetl_loop", "noetl_join")
@@ -107,14 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args(argv)
-    server = make_url(server_url())
-    name = f"bench_capacity_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = server.set(database=name).render_as_string(hide_password=False)
     report: dict[str, Any] = {"iterations": args.iterations}
-    try:
+    with scratch_database("bench_capacity") as (name, url):
         migrate(url)
         run_loop(url, 20)  # warm: caches, the pool's connections
         n = args.iterations
@@ -158,11 +150,6 @@ def main(argv: list[str] | None = None) -> int:
             f" {prune['wal']:,.0f} B of WAL and {prune['cpu'] * 1000:.3f} ms of backend CPU per row",
             flush=True,
         )
-    finally:
-        dispose_engine(url)
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2, default=str))
     return 0

@@ -22,12 +22,14 @@ sweeps wrote per lease and the WAL and table bytes per lease written (`pg_curren
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -49,6 +51,25 @@ WRITE_CHUNK = 500  # decision rows per insert transaction
 
 def server_url() -> str:
     return os.environ.get("NOETL_TEST_POSTGRES_URL") or "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+
+
+@contextlib.contextmanager
+def scratch_database(prefix: str) -> Iterator[tuple[str, str]]:
+    """A fresh PostgreSQL database of its own for one benchmark run: (its name, its URL), dropped
+    at the end whatever happened."""
+    server = make_url(server_url())
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = server.set(database=name).render_as_string(hide_password=False)
+    try:
+        yield name, url
+    finally:
+        dispose_engine(url)
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 def wal_lsn(url: str) -> int:
@@ -166,19 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args(argv)
     sweeper.BATCH = args.batch
-    server = make_url(server_url())
-    name = f"bench_recovery_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = server.set(database=name).render_as_string(hide_password=False)
     report: dict[str, Any] = {
         "decisions": args.decisions,
         "executions": args.executions,
         "done": args.done,
         "batch": args.batch,
     }
-    try:
+    with scratch_database("bench_recovery") as (_, url):
         migrate(url)
         rounds = []
         for n in range(args.rounds):
@@ -198,11 +213,6 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         report["rounds"] = rounds
-    finally:
-        dispose_engine(url)
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2))
     return 0

@@ -9,7 +9,7 @@ once per (file, mtime) per process.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,9 @@ def search_dirs(parent_file: str | None) -> list[tuple[Path, bool]]:
     return dirs
 
 
-def find_file(catalog_path: str, parent_file: str | None) -> Path | None:
+def playbook_files(parent_file: str | None) -> Iterator[tuple[Path, Path]]:
+    """(search directory, playbook file) for each playbook file in the search directories, in
+    order, at most MAX_FILES_SCANNED of each directory."""
     for directory, recursive in search_dirs(parent_file):
         if not directory.is_dir():
             continue
@@ -71,9 +73,11 @@ def find_file(catalog_path: str, parent_file: str | None) -> Path | None:
         for count, file in enumerate(sorted(f for f in files if f.suffix in PLAYBOOK_SUFFIXES)):
             if count >= MAX_FILES_SCANNED:
                 break
-            if metadata_path(file) == catalog_path:
-                return file
-    return None
+            yield directory, file
+
+
+def find_file(catalog_path: str, parent_file: str | None) -> Path | None:
+    return next((file for _, file in playbook_files(parent_file) if metadata_path(file) == catalog_path), None)
 
 
 def find(catalog_path: str, parent_file: str | None, catalog: Catalog | None = None) -> Found | None:
@@ -92,20 +96,14 @@ def known_playbooks(parent_file: str | None) -> dict[str, str]:
     each playbook file in the search directories, by its metadata.path and by its file path
     (relative to its directory, with and without its suffix, and absolute)."""
     known: dict[str, str] = {}
-    for directory, recursive in search_dirs(parent_file):
-        if not directory.is_dir():
+    for directory, file in playbook_files(parent_file):
+        path = metadata_path(file)
+        if path is None:
             continue
-        files = directory.rglob("*") if recursive else directory.iterdir()
-        for count, file in enumerate(sorted(f for f in files if f.suffix in PLAYBOOK_SUFFIXES)):
-            if count >= MAX_FILES_SCANNED:
-                break
-            path = metadata_path(file)
-            if path is None:
-                continue
-            known.setdefault(path, path)
-            relative = file.relative_to(directory)
-            for name in (str(relative), str(relative.with_suffix("")), str(file)):
-                known.setdefault(name, path)
+        known.setdefault(path, path)
+        relative = file.relative_to(directory)
+        for name in (str(relative), str(relative.with_suffix("")), str(file)):
+            known.setdefault(name, path)
     return known
 
 

@@ -124,12 +124,7 @@ class OutcomeRules(DecisionCore):
             if hidden:
                 row.note(**{HIDDEN_META: [*(row.get("meta") or {}).get(HIDDEN_META, []), *hidden]})
         except TemplateError as exc:
-            self.unit_done(
-                step,
-                message,
-                UnitEnd(ok=False, parent=row["event_id"], error={"kind": ErrorKind.TEMPLATE, "message": str(exc)}),
-                row,
-            )
+            self._template_failed(step, message, row, exc)
             return
         task_results = dict(message.task_results)
         if len(step.tasks) > 1:
@@ -223,12 +218,7 @@ class OutcomeRules(DecisionCore):
             try:
                 call = plain(render_value(action.next_call or {}, context))
             except TemplateError as exc:
-                self.unit_done(
-                    step,
-                    message,
-                    UnitEnd(ok=False, parent=row["event_id"], error={"kind": ErrorKind.TEMPLATE, "message": str(exc)}),
-                    row,
-                )
+                self._template_failed(step, message, row, exc)
                 return True
             row.retype(ev.PAGE_COMPLETED)
             row.note(collect=action.collect.model_dump() if action.collect else None)
@@ -260,6 +250,11 @@ class OutcomeRules(DecisionCore):
         nxt = message.evolve(attempt=message.attempt + 1, iter_vars=iter_vars, parent_event_id=key)
         self.dispatch_task(step, nxt, countdown=delay, record_start=False)  # the retry row is its start
         return True
+
+    def _template_failed(self, step: Step, message: TaskMessage, row: OpenRow, exc: TemplateError) -> None:
+        """A template of the outcome's action could not render: the unit fails with kind `template`."""
+        error = {"kind": ErrorKind.TEMPLATE, "message": str(exc)}
+        self.unit_done(step, message, UnitEnd(ok=False, parent=row["event_id"], error=error), row)
 
     def collected_or(self, data: Any, step: Step, task: Task, message: TaskMessage) -> Any:
         """The step's data after a task's last page: the collected pages when it paginated."""
