@@ -184,6 +184,35 @@ def _pool_children(worker) -> list[int]:
     return [pid for pid in worker.alive_group() if pid != worker.pid]
 
 
+def _in_tool_sleep(pid: int) -> bool:
+    """Whether a thread of this pool process sleeps in `time.sleep`: the loop playbook's tool
+    sleeps, so the process is inside an attempt whose outcome is not recorded yet (an idle pool
+    process waits reading its pipe; one in a decision does not sleep)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                if "nanosleep" in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _busy_child(workers, within: float = 5.0) -> int | None:
+    """A live pool process that is inside an attempt's tool call (polled for up to `within` s)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        busy = [c for w in workers if w.running() for c in _pool_children(w) if _in_tool_sleep(c)]
+        if busy:
+            return random.choice(busy)
+        time.sleep(0.01)
+    return None
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_30_mixed_executions_through_random_kills_and_a_group_sigterm(env, store_url, worker_factory):
@@ -232,17 +261,17 @@ def test_30_mixed_executions_through_random_kills_and_a_group_sigterm(env, store
                 if not children:
                     fault = "main"  # between a pool process's death and its replacement
                 else:
-                    pid = rng.choice(sorted(children))
-                    os.kill(pid, signal.SIGKILL)
-                    faults.append(f"{time.monotonic() - started:5.1f} s: SIGKILL pool process {pid} of {victim.node}")
                     # a pool process killed between attempts (in a decision, or idle) interrupts
-                    # none: until one attempt was interrupted, kill another busy one (at most 6 more)
+                    # none: aim at one inside a tool call, the victim's own if it has one
+                    pid = _busy_child([victim], within=1.0) or _busy_child(workers) or rng.choice(sorted(children))
+                    os.kill(pid, signal.SIGKILL)
+                    faults.append(f"{time.monotonic() - started:5.1f} s: SIGKILL pool process {pid}")
+                    # until one attempt was interrupted, kill another busy one (at most 6 more)
                     while not _lost(store_url, ids) and extra_kills < 6:
-                        live_children = [c for w in workers if w.running() for c in _pool_children(w)]
-                        if not live_children:
+                        pid = _busy_child(workers)
+                        if pid is None:
                             break
                         extra_kills += 1
-                        pid = rng.choice(sorted(live_children))
                         os.kill(pid, signal.SIGKILL)
                         faults.append(f"{time.monotonic() - started:5.1f} s: SIGKILL pool process {pid} (again)")
                     continue
