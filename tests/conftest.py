@@ -42,6 +42,11 @@ SERVICE_FIXTURES = {
     "fresh_postgres",
     "migrated_postgres",
     "worker_factory",
+    "mysql_url",  # the cursor drivers' and tools' servers (tests/test_cursor_*.py, test_nats_tool.py)
+    "nats_url",
+    "bucket",
+    "token_server",
+    "pg",  # test_tools.py: the postgres tool against the machine's PostgreSQL
 }
 
 
@@ -231,7 +236,7 @@ def sqlite_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'noetl.sqlite'}"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
 def either_store(request, tmp_path) -> str:
     """An empty event store's URL, once on SQLite and once on PostgreSQL (a fresh database,
     migrated: only `migrate` changes a server's schema)."""

@@ -4,6 +4,7 @@ claim contract (row or nothing, take back, lease, dead letter, done) and a loop 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,9 @@ def test_a_short_lease_and_custom_columns(mysql_url: str) -> None:
     }
     (first,) = claim(mysql_url, slot="a", **opts)
     assert (first["job_id"], first["state"], first["owner"], first["tries"]) == (2, "claimed", "a", 1)
-    # stale after 1 ms: the claim is taken over by the next claim of another slot
+    # stale after 1 ms: the claim is taken over by the next claim of another slot (a claim on a
+    # quiet machine can come within the millisecond: wait it out first)
+    time.sleep(0.01)
     (over,) = claim(mysql_url, slot="b", reclaim_seconds=0.001, **opts)
     assert (over["job_id"], over["owner"], over["tries"]) == (2, "b", 2)
     (other,) = claim(mysql_url, slot="c", done=[], **opts)

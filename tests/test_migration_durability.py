@@ -9,7 +9,7 @@ from sqlalchemy import create_engine, inspect, text
 from noetl_celery.store.db import downgrade, migrate
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
 def database_url(request) -> str:
     if request.param == "sqlite":
         return request.getfixturevalue("sqlite_url")

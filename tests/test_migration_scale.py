@@ -20,7 +20,7 @@ from noetl_celery.store.db import dispose_engine, downgrade, migrate, transactio
 from tests.test_sweeper import PLAYBOOK
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
 def database_url(request) -> str:
     if request.param == "sqlite":
         return request.getfixturevalue("sqlite_url")

@@ -78,7 +78,7 @@ def alembic(url: str, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
 def database_url(request) -> str:
     """An empty database: a SQLite file, or a fresh PostgreSQL database of this test."""
     if request.param == "sqlite":
