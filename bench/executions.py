@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             COUNTER_URL_ENV: services.redis_url,
             "NOETL_DATABASE_URL": services.database_url,
         }
-        if args.eager_window:
+        if args.eager_window is not None:
             env["NOETL_EAGER_WINDOW"] = str(args.eager_window)
         with WorkerRun(results) as run:
             log(f"== {args.workers} worker(s) -c {args.concurrency} prefork, broker {args.broker}, N={args.n}")

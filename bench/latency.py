@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             "NOETL_DATABASE_URL": database_url,
             "NOETL_EVENT_DISPATCH": args.mode,
         }
-        if args.eager_window:
+        if args.eager_window is not None:
             env["NOETL_EAGER_WINDOW"] = str(args.eager_window)
         with WorkerRun(results) as run:
             log(f"== {args.workers} worker(s) -c {args.concurrency} prefork, mode {args.mode}, broker {args.broker}")

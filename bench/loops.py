@@ -944,7 +944,7 @@ class Context:
         }
         if self.args.task_events is not None:
             env["NOETL_TASK_EVENTS"] = self.args.task_events
-        if self.args.eager_window:
+        if self.args.eager_window is not None:
             env["NOETL_EAGER_WINDOW"] = str(self.args.eager_window)
         return env
 
@@ -953,8 +953,9 @@ def add_eager_window(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--eager-window",
         type=float,
-        default=0.0,
-        help="NOETL_EAGER_WINDOW for the workers, seconds (default 0: off, the worker default)",
+        default=None,
+        help="NOETL_EAGER_WINDOW for the workers and this process, seconds (0: off; default: unset, "
+        "the engine's default of 2 s)",
     )
 
 
@@ -1408,7 +1409,9 @@ class Services:
     settings: Any  # noetl_celery.settings.Settings
 
 
-def open_services(stack: contextlib.ExitStack, broker: str, redis_db: int, eager_window: float = 0.0) -> Services:
+def open_services(
+    stack: contextlib.ExitStack, broker: str, redis_db: int, eager_window: float | None = None
+) -> Services:
     """Claim Redis database `redis_db` (flushed), create a fresh PostgreSQL database (and, for
     amqp, a RabbitMQ virtual host), migrate it, print the machine and the services, and point this
     process's environment and Celery app at them; `stack` undoes all of it. `eager_window`: this
@@ -1438,7 +1441,7 @@ def open_services(stack: contextlib.ExitStack, broker: str, redis_db: int, eager
 
     migrate(database_url)
     os.environ.update(NOETL_BROKER_URL=broker_url, NOETL_DATABASE_URL=database_url, **{COUNTER_URL_ENV: redis_url})
-    if eager_window:
+    if eager_window is not None:
         os.environ["NOETL_EAGER_WINDOW"] = str(eager_window)
     from noetl_celery import settings as noetl_settings
     from noetl_celery.app import app, configure
@@ -1473,7 +1476,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory_n": None if args.skip_memory else args.memory_n,
             "memory_mode": args.memory_mode,
             "task_events": args.task_events or "worker default (on)",
-            "eager_window": args.eager_window or "off",
+            "eager_window": settings.eager_window or "off",
             "worker_loglevel": "INFO",
             "prefetch_multiplier": settings.prefetch_multiplier,
             "rss_sample_interval_s": SAMPLE_INTERVAL,

@@ -94,6 +94,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packa
 MASK = "***"
 # seconds; an attempt's time limits grow by the window, which its lease's margin absorbs
 # (engine/deadlines.py, OUTCOME_MARGIN)
+DEFAULT_EAGER_WINDOW = 2.0  # seconds: the fast path is the default (docs/benchmarks.md says what it costs)
 MAX_EAGER_WINDOW = 5.0
 
 
@@ -115,7 +116,7 @@ class Settings:
     sweep_timeout: float = DEFAULT_SWEEP_TIMEOUT
     max_republishes: int = DEFAULT_MAX_REPUBLISHES
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
-    eager_window: float = 0.0  # seconds a message may go on running the attempts it decides (0: off)
+    eager_window: float = DEFAULT_EAGER_WINDOW  # seconds a message may go on running the attempts it decides (0: off)
     consumer_timeout: int = DEFAULT_CONSUMER_TIMEOUT  # RabbitMQ only: the server's consumer_timeout
     corpus_dir: Path = Path(DEFAULT_CORPUS_DIR)
     duckdb_dir: Path = DEFAULT_DUCKDB_DIR
@@ -249,7 +250,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             sweep_timeout=_positive(env, "NOETL_SWEEP_TIMEOUT", DEFAULT_SWEEP_TIMEOUT),
             max_republishes=_int(env, "NOETL_MAX_REPUBLISHES", DEFAULT_MAX_REPUBLISHES),
             max_deliveries=_int(env, "NOETL_MAX_DELIVERIES", DEFAULT_MAX_DELIVERIES),
-            eager_window=_float(env, "NOETL_EAGER_WINDOW", 0.0),
+            eager_window=_float(env, "NOETL_EAGER_WINDOW", DEFAULT_EAGER_WINDOW),
             consumer_timeout=consumer_timeout,
             corpus_dir=_corpus_dir(env),
             duckdb_dir=Path(env.get(DUCKDB_DIR_ENV) or DEFAULT_DUCKDB_DIR),

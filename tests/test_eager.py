@@ -5,6 +5,7 @@ tests/distributed/test_eager_attempts.py."""
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ from noetl_celery.engine import deadlines
 from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, TaskMessage
-from noetl_celery.engine.transport import eager
+from noetl_celery.engine.transport import eager, process
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.runner import create_execution
 
@@ -57,6 +58,17 @@ def test_an_attempt_is_taken_only_inside_the_window_and_when_its_limits_fit_the_
     assert _window(soft_limit=None).take([longer]) is longer  # no time limits (an embedded worker)
 
 
+def test_a_pool_process_asked_to_stop_takes_no_more_attempts(monkeypatch):
+    """A SIGTERM to the worker's process group (systemd, supervisord): the pool process finishes
+    its running attempt and leaves the next ones to the broker, for the other workers."""
+    monkeypatch.setattr(process._Termination, "pool_child", True)
+    monkeypatch.setattr(process._Termination, "deferred", False)
+    assert _window().take([_dispatch()]) is not None
+    process._on_sigterm(signal.SIGTERM, None)  # the first SIGTERM is let pass, and remembered
+    assert process.stop_requested()
+    assert _window().take([_dispatch()]) is None
+
+
 def test_a_window_is_read_from_the_setting_and_the_messages_limits():
     request = SimpleNamespace(timelimit=(38.0, 33.0))
     assert eager.window_of(request, 0.0, time.monotonic()) is None  # off
@@ -73,8 +85,9 @@ def test_a_message_carries_the_window_in_its_time_limits():
 
 
 def test_the_setting_is_a_number_of_seconds_within_its_bounds():
-    assert noetl_settings.load({}).eager_window == 0.0
-    assert noetl_settings.load({}).masked()["NOETL_EAGER_WINDOW"] == "off"
+    assert noetl_settings.load({}).eager_window == 2.0  # the default is the fast path
+    assert noetl_settings.load({}).masked()["NOETL_EAGER_WINDOW"] == "2 s"
+    assert noetl_settings.load({"NOETL_EAGER_WINDOW": "0"}).masked()["NOETL_EAGER_WINDOW"] == "off"
     chosen = noetl_settings.load({"NOETL_EAGER_WINDOW": "1.5"})
     assert chosen.eager_window == 1.5 and chosen.masked()["NOETL_EAGER_WINDOW"] == "1.5 s"
     for bad in ("-1", "6", "nan"):

@@ -130,7 +130,10 @@ def test_a_process_group_sigterm_lets_running_attempts_finish(tmp_path, env, wor
 def test_a_second_group_sigterm_interrupts_attempts_which_run_again_elsewhere(tmp_path, env, worker_factory, store_url):
     """The impatient stop: a second SIGTERM ends the pool processes at once. Their attempts are
     recorded as lost deliveries of a stopping worker (never as the code's error) and run again on
-    the other worker."""
+    the other worker. Eager attempts off: an attempt a message runs itself (the start's message
+    runs the first iteration) is sent again by that message's redelivery, with no lost-delivery
+    row of its own (tests/distributed/test_eager_attempts.py)."""
+    env = {**env, "NOETL_EAGER_WINDOW": "0"}
     stopped, other, children, marks, execution_id = _start(tmp_path, env, worker_factory)
     os.killpg(stopped.pgid, signal.SIGTERM)
     deadline = time.monotonic() + 10

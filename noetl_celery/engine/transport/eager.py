@@ -3,12 +3,14 @@
 With NOETL_EAGER_WINDOW above 0, a run_task message whose decision dispatches an attempt due now
 goes on to run that attempt in the same job, then the attempt that one's decision dispatches, and
 so on while the message is younger than the window. A zero-delay retry, the next step of a chain
-and a loop's next iteration then cost a decision and no broker round trip. Off by default.
+and a loop's next iteration then cost a decision and no broker round trip. On by default (2 s;
+NOETL_EAGER_WINDOW=0 turns it off).
 
 Decides which dispatch of a decision is run here (`Window.take`):
 - a `run` dispatch due now (no countdown) of one attempt: not a batch, not a cursor slot or
   claim, not a sub-playbook's end, not a replay;
-- while the message is younger than the window;
+- while the message is younger than the window, and its pool process was not asked to stop (a
+  SIGTERM to the worker's process group: engine/transport/process.py);
 - when the attempt's own soft limit fits in what is left of the message's. A message's time
   limits are raised by the window when it is published (deadlines.time_limits), so an attempt
   of the same timeout fits for the whole window; an attempt may then be stopped up to the window
@@ -31,6 +33,7 @@ from typing import Any
 
 from noetl_celery.engine.deadlines import SOFT_LIMIT_GRACE
 from noetl_celery.engine.messages import Dispatch
+from noetl_celery.engine.transport.process import stop_requested
 from noetl_celery.vocabulary import DispatchKind
 
 
@@ -60,8 +63,8 @@ class Window:
     def take(self, dispatches: list[Dispatch]) -> Dispatch | None:
         """The dispatch to run here next, if any."""
         elapsed = time.monotonic() - self.started
-        if elapsed >= self.seconds:
-            return None
+        if elapsed >= self.seconds or stop_requested():
+            return None  # out of time, or the worker is being stopped: other workers take it
         for dispatch in dispatches:
             if not eligible(dispatch):
                 continue

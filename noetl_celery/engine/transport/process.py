@@ -84,6 +84,12 @@ def defer_termination() -> None:
     _Termination.installed = True
 
 
+def stop_requested() -> bool:
+    """Whether this pool process let a SIGTERM pass (its worker is being stopped as a group): it
+    finishes its running attempt and takes no more (engine/transport/eager.py)."""
+    return _Termination.deferred
+
+
 def pool_terminating() -> bool:
     """Whether billiard's terminate handler already ran in this process: a SystemExit now is the
     pool process being ended, not the running code's own (billiard >= 4.3 says so; older ones
