@@ -31,7 +31,7 @@ from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
 from noetl_celery.engine.recovery import sweeper
-from noetl_celery.engine.transport import eager, process, verdict, worker_loss
+from noetl_celery.engine.transport import eager, process, task_events, verdict, worker_loss
 from noetl_celery.errors import AttemptFailed, ConfigurationError
 from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
@@ -191,17 +191,30 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
 def _run_eagerly(taken: Dispatch, window: eager.Window, request: Any) -> None:
     """Run, here, the attempt a decision of this message took (engine/transport/eager.py), then the one its
     decision takes, and so on. Each is decided and published like any other attempt."""
-    url = current_settings().database_url
+    settings = current_settings()
     dispatch: Dispatch | None = taken
     while dispatch is not None:
         message = TaskMessage.from_dict(dispatch.message)
+        started, clock = time.time(), time.monotonic()
         try:
-            payload = worker.run_attempt(url, message, queue_id=request.id, node=request.hostname)
+            payload = worker.run_attempt(settings.database_url, message, queue_id=request.id, node=request.hostname)
         except DBAPIError as exc:
             _store_delay(message, exc, dispatch.timeout)
             return
-        decided, dispatch = decide(payload, window.take)
+        ran, (decided, dispatch) = dispatch, decide(payload, window.take)
         log.info("ran eagerly: %s", verdict.conclude(payload, decided, raise_failures=False))
+        if not settings.eager_task_events:
+            continue
+        task_events.announce(  # Flower shows it as a task of its own (NOETL_EAGER_TASK_EVENTS)
+            app,
+            request,
+            name=attempt_shadow(ran.label or message.step),
+            args=attempt_argsrepr(message, settings.dashboard_url),
+            kwargs=execution_kwargsrepr(message.execution_id),
+            started=started,
+            runtime=time.monotonic() - clock,
+            end=task_events.ending(payload, decided),
+        )
 
 
 def _redelivered(request: Any) -> bool:

@@ -116,6 +116,7 @@ class Settings:
     sweep_timeout: float = DEFAULT_SWEEP_TIMEOUT
     max_republishes: int = DEFAULT_MAX_REPUBLISHES
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    eager_task_events: bool = False  # a task event per eager attempt, for Flower (engine/transport/task_events.py)
     eager_window: float = DEFAULT_EAGER_WINDOW  # seconds a message may go on running the attempts it decides (0: off)
     consumer_timeout: int = DEFAULT_CONSUMER_TIMEOUT  # RabbitMQ only: the server's consumer_timeout
     corpus_dir: Path = Path(DEFAULT_CORPUS_DIR)
@@ -173,6 +174,7 @@ class Settings:
             "NOETL_MAX_COUNTDOWN": f"{self.max_countdown} s",
             "NOETL_PREFETCH_MULTIPLIER": str(self.prefetch_multiplier),
             "NOETL_TASK_EVENTS": "on" if self.task_events else "off",
+            "NOETL_EAGER_TASK_EVENTS": "on" if self.eager_task_events else "off",
             "NOETL_SWEEP_INTERVAL": f"{self.sweep_interval} s",
             "NOETL_SWEEP_TIMEOUT": f"{self.sweep_timeout:g} s",
             "NOETL_MAX_REPUBLISHES": str(self.max_republishes),
@@ -251,6 +253,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_republishes=_int(env, "NOETL_MAX_REPUBLISHES", DEFAULT_MAX_REPUBLISHES),
             max_deliveries=_int(env, "NOETL_MAX_DELIVERIES", DEFAULT_MAX_DELIVERIES),
             eager_window=_float(env, "NOETL_EAGER_WINDOW", DEFAULT_EAGER_WINDOW),
+            eager_task_events=env.get("NOETL_EAGER_TASK_EVENTS", "0") not in ("0", "false", "no", ""),
             consumer_timeout=consumer_timeout,
             corpus_dir=_corpus_dir(env),
             duckdb_dir=Path(env.get(DUCKDB_DIR_ENV) or DEFAULT_DUCKDB_DIR),

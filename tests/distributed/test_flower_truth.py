@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from noetl_celery.runner import execution_events, execution_status, wait
@@ -53,15 +54,29 @@ class TaskEvents:
     def by_type(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["type"] == kind]
 
+    def tasks(self) -> dict[str, dict[str, Any]]:
+        """Each task's fields, merged over its events in order, as Celery's event state (which
+        Flower keeps) builds a task: an attempt a message ran itself has one event, carrying
+        what a published one's task-received carries."""
+        merged: dict[str, dict[str, Any]] = {}
+        for event in self.events:
+            merged.setdefault(event["uuid"], {}).update({k: v for k, v in event.items() if v is not None})
+        return merged
+
 
 DASHBOARD = "http://dashboard.example:8080"  # NOETL_DASHBOARD_URL: each task's args link to its execution
 
 
-def test_flower_sees_failures_retries_and_outcome_lines(env, store_url, worker_factory):
-    # one Celery task per attempt, as Flower shows it with eager attempts off: at the default
-    # window the attempts a message runs itself are rows of the event log (with the message's
-    # task id), not tasks of their own (docs/operations.md, Eager attempts)
-    env = {**env, "NOETL_DASHBOARD_URL": DASHBOARD + "/", "NOETL_EAGER_WINDOW": "0"}
+@pytest.mark.parametrize("window", [None, "0"], ids=["default-window-eager-events", "window-off"])
+def test_flower_sees_failures_retries_and_outcome_lines(env, store_url, worker_factory, window):
+    """One Flower task per attempt, whether a message published it or ran it itself (the default
+    eager window with NOETL_EAGER_TASK_EVENTS: engine/transport/task_events.py) or eager
+    attempts are off."""
+    env = {**env, "NOETL_DASHBOARD_URL": DASHBOARD + "/"}
+    if window is None:
+        env["NOETL_EAGER_TASK_EVENTS"] = "1"
+    else:
+        env["NOETL_EAGER_WINDOW"] = window
     worker = worker_factory(env=env, concurrency=2, extra_args=["-E"])
     with TaskEvents(env["NOETL_BROKER_URL"]) as events:
         execution_id = submit(env, PLAYBOOKS / "flower_truth.yaml")
@@ -72,9 +87,13 @@ def test_flower_sees_failures_retries_and_outcome_lines(env, store_url, worker_f
             time.sleep(0.2)
         time.sleep(1.0)  # the last events of the run
 
-    received = {e["uuid"]: e for e in events.by_type("task-received")}
-    mine = {u: e for u, e in received.items() if f"execution={execution_id}" in (e.get("args") or "")}
-    assert mine, received
+    tasks = events.tasks()
+    mine = {u: e for u, e in tasks.items() if f"execution={execution_id}" in (e.get("args") or "")}
+    assert mine, tasks
+    # the tasks no worker main process received: attempts a message ran itself
+    received = {e["uuid"] for e in events.by_type("task-received")}
+    ran_eagerly = [e["name"] for u, e in mine.items() if u not in received]
+    assert bool(ran_eagerly) == (window is None), ran_eagerly
     names = {e["name"] for e in mine.values() if "run_task" in e["name"] or ":" in e["name"]}
     assert names <= {"flower_truth:start", "flower_truth:work", "flower_truth:explode"}, names
 
@@ -92,7 +111,9 @@ def test_flower_sees_failures_retries_and_outcome_lines(env, store_url, worker_f
     # the expected failure is one INFO line with execution, step and error; no traceback
     log = worker.log_text()
     assert "raised unexpected" not in log and "Traceback" not in log, log[-3000:]
-    expected = [line for line in log.splitlines() if "raised expected" in line]
+    # (Celery's line for a published attempt, the eager line for one a message ran itself)
+    expected = [line for line in log.splitlines() if "raised expected" in line or "ran eagerly: failed" in line]
+    expected = [line for line in expected if "retried as attempt" not in line]
     assert len(expected) == 1 and "INFO" in expected[0], expected
     assert f"execution={execution_id}" in expected[0] and "step=explode" in expected[0]
     assert "bad record 99" in expected[0]
