@@ -108,18 +108,21 @@ def test_a_worker_killed_mid_loop_loses_no_iteration(broker, playbook, env, stor
         # to the queue as soon as its connection dies (the SIGKILL closes the socket)
         worker_env = env
     victim = worker_factory(env=worker_env, concurrency=4, name="victim@%h")
-    execution_id = submit(env, 200, sleep=0.05, playbook=playbook)
+    # 400 iterations of 50 ms on 4 processes: at least 5 s of work, so that the kill, after 40,
+    # lands mid-loop even when a poll is slow (each lane goes on in its own job: eager attempts)
+    n = 400
+    execution_id = submit(env, n, sleep=0.05, playbook=playbook)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         done = sum(loop_log(store_url, execution_id)[0].values())
         if done >= 40:
             break
         time.sleep(0.05)
-    assert 40 <= done < 200, f"{done} iterations done before the kill"
+    assert 40 <= done < n, f"{done} iterations done before the kill"
     victim.kill()
     killed_at = time.monotonic()
     worker_factory(env=worker_env, concurrency=4, name="rescuer@%h")
-    assert_exactly_once(store_url, execution_id, 200)
+    assert_exactly_once(store_url, execution_id, n)
     if broker == "redis":
         # back within the visibility timeout plus a couple of sweeps, not kombu's default ~100 s
         assert time.monotonic() - killed_at < 45
@@ -129,7 +132,7 @@ def test_a_worker_killed_mid_loop_loses_no_iteration(broker, playbook, env, stor
         assert republished(store_url, execution_id) == 0
         assert time.monotonic() - killed_at < 30
     if playbook == BATCHED:  # the killed batches ran again whole: no iteration was sent twice
-        assert_batched(store_url, execution_id, 200)
+        assert_batched(store_url, execution_id, n)
 
 
 def test_outcomes_through_the_on_event_queue(env, store_url, worker_factory):
