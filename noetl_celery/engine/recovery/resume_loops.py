@@ -80,33 +80,9 @@ def _queue(
     total: int,
 ) -> tuple[list[list[Any]], int, int]:
     """(queue entries in index order, failures re-run, iterations in flight) of one loop."""
-    final: dict[int, dict[str, Any]] = {}
-    seen: set[int] = set()
-    last_attempt: dict[int, int] = {}
-    for event in events:
-        index = event.get("iteration")
-        if event.get("run_id") != run_id or index is None:
-            continue
-        seen.add(index)
-        last_attempt[index] = max(last_attempt.get(index, 0), int(event.get("attempt") or 0))
-        if event["event_type"] in END_TYPES:
-            final[index] = event
-    flying: set[int] = set()
-    for key, dispatch in dispatched.items():
-        message = dispatch.message
-        if message.get("run_id") != run_id or message.get("iteration") is None:
-            continue
-        seen.add(message["iteration"])
-        done = by_key.get(key + ".done")
-        if done is None or (done.get("meta") or {}).get("ignored"):
-            flying.add(message["iteration"])
-    source: dict[str, str] = {}  # attempt key -> the event whose dispatch list sent it
-    for event in events:
-        for raw in (event.get("meta") or {}).get("dispatch") or []:
-            message = raw.get("message") or {}
-            if message.get("run_id") == run_id and message.get("iteration") is not None:
-                for dispatch in Dispatch.from_dict(raw).members():  # a batch: each of its iterations
-                    source[dispatch.attempt_key()] = event["event_id"]
+    final, seen, last_attempt = _iteration_rows(events, run_id)
+    flying = _in_flight(dispatched, by_key, run_id, seen)
+    source = _sources(events, run_id)
     entries: list[list[Any]] = []
     rerun = 0
     for index in range(total):
@@ -128,3 +104,49 @@ def _queue(
         elif index not in seen:
             entries.append([index, 0, 0, 1])
     return entries, rerun, len(flying)
+
+
+def _iteration_rows(
+    events: list[dict[str, Any]], run_id: str
+) -> tuple[dict[int, dict[str, Any]], set[int], dict[int, int]]:
+    """(each iteration's ending row, the iterations with any row, each one's last attempt)."""
+    final: dict[int, dict[str, Any]] = {}
+    seen: set[int] = set()
+    last_attempt: dict[int, int] = {}
+    for event in events:
+        index = event.get("iteration")
+        if event.get("run_id") != run_id or index is None:
+            continue
+        seen.add(index)
+        last_attempt[index] = max(last_attempt.get(index, 0), int(event.get("attempt") or 0))
+        if event["event_type"] in END_TYPES:
+            final[index] = event
+    return final, seen, last_attempt
+
+
+def _in_flight(
+    dispatched: dict[str, Dispatch], by_key: dict[str, dict[str, Any]], run_id: str, seen: set[int]
+) -> set[int]:
+    """The iterations with an attempt dispatched and no outcome acted on (`seen` gains them)."""
+    flying: set[int] = set()
+    for key, dispatch in dispatched.items():
+        message = dispatch.message
+        if message.get("run_id") != run_id or message.get("iteration") is None:
+            continue
+        seen.add(message["iteration"])
+        done = by_key.get(key + ".done")
+        if done is None or (done.get("meta") or {}).get("ignored"):
+            flying.add(message["iteration"])
+    return flying
+
+
+def _sources(events: list[dict[str, Any]], run_id: str) -> dict[str, str]:
+    """Attempt key -> the event whose dispatch list sent it (each iteration of a batch too)."""
+    source: dict[str, str] = {}
+    for event in events:
+        for raw in (event.get("meta") or {}).get("dispatch") or []:
+            message = raw.get("message") or {}
+            if message.get("run_id") == run_id and message.get("iteration") is not None:
+                for dispatch in Dispatch.from_dict(raw).members():
+                    source[dispatch.attempt_key()] = event["event_id"]
+    return source
