@@ -36,8 +36,13 @@ class OutcomeRules(DecisionCore):
         step = self.plan.steps[message.step]
         task = step.tasks[message.task_index]
         key = message.outcome_key()
-        # every attempt links to the first one (a retry's own start is its retry.scheduled row)
-        first_attempt = attempt_key(message.run_id, message.iteration, message.seq, 1) + ".start"
+        # every attempt links to the first one (a retry's own start is its retry.scheduled row); a
+        # later task of a pipeline has no start row: it links to what sent it (the previous
+        # task's outcome, or its retry.scheduled row)
+        if message.seq > 0 and message.slot is None:
+            first_attempt = message.parent_event_id
+        else:
+            first_attempt = attempt_key(message.run_id, message.iteration, message.seq, 1) + ".start"
         ok = outcome["status"] == "ok"
         causing = {
             "status": "completed" if ok else "failed",
@@ -147,8 +152,11 @@ class OutcomeRules(DecisionCore):
             page=1,
             call={},
         )
+        # a pipeline's next task: this outcome row is its start (one row per task, not two)
         if do == "continue" and message.task_index + 1 < len(step.tasks):
-            self.dispatch_task(step, nxt.evolve(task_index=message.task_index + 1, seq=message.seq + 1))
+            self.dispatch_task(
+                step, nxt.evolve(task_index=message.task_index + 1, seq=message.seq + 1), record_start=False
+            )
         elif do == "jump":
             target = next((i for i, t in enumerate(step.tasks) if t.label == action.to), None)
             if target is None:
@@ -163,7 +171,7 @@ class OutcomeRules(DecisionCore):
                     row,
                 )
                 return
-            self.dispatch_task(step, nxt.evolve(task_index=target, seq=message.seq + 1))
+            self.dispatch_task(step, nxt.evolve(task_index=target, seq=message.seq + 1), record_start=False)
         elif do in ("continue", "break"):
             end = UnitEnd(
                 ok=True,
