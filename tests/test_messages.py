@@ -74,7 +74,11 @@ def test_unknown_fields_are_ignored_and_logged_once(caplog):
     notes = [r.getMessage() for r in caplog.records if "added_later_7f3a" in r.getMessage()]
     assert len(notes) == 1 and "task message" in notes[0]
     dispatch = Dispatch.from_dict({"kind": "run", "message": OLD_TASK_MESSAGE, "also_new_7f3a": 1})
-    assert dispatch.message == OLD_TASK_MESSAGE
+    # the old message comes back with the fields added since at their default
+    assert dispatch.message == TaskMessage.from_dict(OLD_TASK_MESSAGE).to_dict()
+    assert {k: dispatch.message[k] for k in OLD_TASK_MESSAGE if k != VERSION_FIELD} == {
+        k: v for k, v in OLD_TASK_MESSAGE.items() if k != VERSION_FIELD
+    }
 
 
 def test_a_message_too_new_is_refused_with_what_to_do():
@@ -181,3 +185,17 @@ def test_the_wire_form_leaves_out_defaults_and_decodes_to_the_same_message():
     assert TaskMessage.from_dict(wire(OLD_TASK_MESSAGE)) == TaskMessage.from_dict(OLD_TASK_MESSAGE)
     # values equal to a default but of another kind are kept (0 is not the default attempt 1)
     assert wire({**message.to_dict(), "attempt": 0})["attempt"] == 0
+
+
+def test_a_decision_row_keeps_a_dispatch_in_its_wire_form_and_reads_it_back_whole():
+    message = TaskMessage(execution_id=7, run_id="r", step="work", iteration=3, element=[1, 2], parent_event_id="p")
+    dispatch = Dispatch.task(message, label="pb:work", timeout=12.0)
+    stored = dispatch.stored()
+    assert stored["message"] == message.to_wire()  # the fields at their default are left out
+    assert len(str(stored)) < len(str(dispatch.to_dict())) * 0.7
+    assert Dispatch.from_dict(stored) == dispatch  # every field back, as the decision dispatched it
+    # a dispatch stored whole (by an earlier version) reads as it was
+    assert Dispatch.from_dict(dispatch.to_dict()) == dispatch
+    # an event for on_event (a sub-playbook's start or end) is kept as it is
+    event = Dispatch(kind="event", message={"kind": "child_done", "execution_id": 7}, countdown=1.0)
+    assert event.stored() == event.to_dict() and Dispatch.from_dict(event.stored()) == event

@@ -308,9 +308,21 @@ class Dispatch:
             VERSION_FIELD: MESSAGE_VERSION,
         }
 
+    def stored(self) -> dict[str, Any]:
+        """The dispatch as a decision row keeps it (`meta.dispatch`): a task message in its wire
+        form, its fields at their default left out (`from_dict` fills them back in)."""
+        data = self.to_dict()
+        if self.kind == DispatchKind.RUN:
+            data["message"] = wire(self.message)
+        return data
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Dispatch:
-        return decode(cls, data, "dispatch")
+        """A dispatch as it was sent or stored; a task message comes back with every field."""
+        dispatch = decode(cls, data, "dispatch")
+        if dispatch.kind == DispatchKind.RUN and not all(name in dispatch.message for name in _FIELD_ORDER):
+            dispatch = replace(dispatch, message=TaskMessage.from_dict(dispatch.message).to_dict())
+        return dispatch
 
     def members(self) -> list[Dispatch]:
         """One dispatch per attempt: itself, or a batch's iterations, each with its share of the

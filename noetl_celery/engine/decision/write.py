@@ -91,7 +91,7 @@ def flush(d: Decided, *, last: bool = False) -> list[Dispatch]:
     dispatches = _dispatches(d, version, finished)
     # the causing row is built last, with the decision's dispatch list (rows.py)
     d.decision.seal_cause(
-        [x.to_dict() for x in dispatches],
+        [x.stored() for x in dispatches],  # task messages in their wire form
         deadlines.decision_deadline(repo.utcnow(), dispatches) if dispatches else None,
     )
     _record(d, last, bump)
