@@ -194,27 +194,28 @@ def _run_eagerly(taken: Dispatch, window: eager.Window, request: Any) -> None:
     settings = current_settings()
     dispatch: Dispatch | None = taken
     while dispatch is not None:
-        message = TaskMessage.from_dict(dispatch.message)
+        ran = dispatch
+        message = TaskMessage.from_dict(ran.message)
         started, clock = time.time(), time.monotonic()
         try:
             payload = worker.run_attempt(settings.database_url, message, queue_id=request.id, node=request.hostname)
         except DBAPIError as exc:
-            _store_delay(message, exc, dispatch.timeout)
+            _store_delay(message, exc, ran.timeout)
             return
-        ran, (decided, dispatch) = dispatch, decide(payload, window.take)
+        decided, dispatch = decide(payload, window.take)
         log.info("ran eagerly: %s", verdict.conclude(payload, decided, raise_failures=False))
-        if not settings.eager_task_events:
-            continue
-        task_events.announce(  # Flower shows it as a task of its own (NOETL_EAGER_TASK_EVENTS)
-            app,
-            request,
-            name=attempt_shadow(ran.label or message.step),
-            args=attempt_argsrepr(message, settings.dashboard_url),
-            kwargs=execution_kwargsrepr(message.execution_id),
-            started=started,
-            runtime=time.monotonic() - clock,
-            end=task_events.ending(payload, decided),
-        )
+        if settings.eager_task_events:  # Flower shows it as a task of its own
+            shown = attempt_shown(ran, message, settings.dashboard_url)
+            task_events.announce(
+                app,
+                request,
+                name=shown["shadow"],
+                args=shown["argsrepr"],
+                kwargs=shown["kwargsrepr"],
+                started=started,
+                runtime=time.monotonic() - clock,
+                end=task_events.ending(payload, decided),
+            )
 
 
 def _redelivered(request: Any) -> bool:
@@ -404,7 +405,7 @@ def publish(
             )
             continue
         message = TaskMessage.from_dict(dispatch.message)
-        shadow = attempt_shadow(dispatch.label or message.step)  # playbook:step: few names, per-name stats
+        shown = attempt_shown(dispatch, message, settings.dashboard_url)
         soft, hard = deadlines.time_limits(dispatch.timeout, settings.eager_window)
         kwargs = {"execution_id": message.execution_id, "message": wire(dispatch.message)}
         if wait <= 0:  # due now: Celery's message, without send_task's per-call work
@@ -413,9 +414,7 @@ def publish(
                 RUN_TASK,
                 kwargs,
                 queue=task_queue,
-                shadow=shadow,
-                argsrepr=attempt_argsrepr(message, settings.dashboard_url),
-                kwargsrepr=execution_kwargsrepr(message.execution_id),
+                **shown,
                 soft_time_limit=soft,
                 time_limit=hard,
                 retry_policy=retry_policy,
@@ -425,14 +424,22 @@ def publish(
             kwargs=kwargs,
             queue=task_queue,
             countdown=wait,
-            shadow=shadow,
-            argsrepr=attempt_argsrepr(message, settings.dashboard_url),
-            kwargsrepr=execution_kwargsrepr(message.execution_id),
+            **shown,
             soft_time_limit=soft,
             time_limit=hard,
             producer=publisher.producer(app),
             **options,
         )
+
+
+def attempt_shown(dispatch: Dispatch, message: TaskMessage, dashboard_url: str | None) -> dict[str, str]:
+    """How Flower names an attempt, published or run eagerly: `shadow` (playbook:step: few names,
+    per-name stats), `argsrepr` and `kwargsrepr`."""
+    return {
+        "shadow": attempt_shadow(dispatch.label or message.step),
+        "argsrepr": attempt_argsrepr(message, dashboard_url),
+        "kwargsrepr": execution_kwargsrepr(message.execution_id),
+    }
 
 
 def attempt_argsrepr(message: TaskMessage, dashboard_url: str | None) -> str:

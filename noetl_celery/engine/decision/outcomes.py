@@ -40,14 +40,14 @@ class OutcomeRules(DecisionCore):
         # later task of a pipeline has no start row: it links to what sent it (the previous
         # task's outcome, or its retry.scheduled row)
         if message.seq > 0 and message.slot is None:
-            first_attempt = message.parent_event_id
+            parent = message.parent_event_id
         else:
-            first_attempt = attempt_key(message.run_id, message.iteration, message.seq, 1) + ".start"
+            parent = attempt_key(message.run_id, message.iteration, message.seq, 1) + ".start"
         ok = outcome["status"] == "ok"
         causing = {
             "status": "completed" if ok else "failed",
             **self.attempt_fields(step, task, message),
-            "parent_event_id": first_attempt,
+            "parent_event_id": parent,
             "queue_id": report.get("queue_id"),
             "worker": report.get("worker"),
             "started_at": _timestamp(report.get("started_at")),

@@ -3,14 +3,14 @@ Flower shows each of them as a task of its own, as it shows a published attempt.
 
 An eager attempt is not a Celery task: no worker main process receives it, so no task event
 would name it. With NOETL_EAGER_TASK_EVENTS=1 (off by default: it costs about a quarter of a
-plain loop's rate, docs/benchmarks.md), when the worker sends task events (NOETL_TASK_EVENTS, on
-by default), the pool process sends one event for each eager attempt: its last, `task-succeeded` with the outcome
-line, `task-retried` or `task-failed` with the error and, for python code, the code's own
-traceback (verdict.py), carrying as well what `task-received` and `task-started` carry for a
-published attempt (its `playbook:step` name, the same args line, when it was received and
-started, the message that ran it as parent). Celery's event state, which Flower keeps, builds
-the whole task from that one event. The uuid is new per attempt (the event rows keep the
-message's task id as `queue_id`).
+plain loop's rate, docs/benchmarks.md), when the worker sends task events (NOETL_TASK_EVENTS,
+on by default), the pool process sends one event for each eager attempt: its last,
+`task-succeeded` with the outcome line, `task-retried` or `task-failed` with the error and, for
+python code, the code's own traceback (verdict.py). It carries as well what `task-received` and
+`task-started` carry for a published attempt: its `playbook:step` name, the same args line, when
+it was received and started, the message that ran it as parent. Celery's event state, which
+Flower keeps, builds the whole task from that one event. The uuid is new per attempt (the event
+rows keep the message's task id as `queue_id`).
 
 Best effort, as Celery's own task events are: an event that cannot be sent is dropped (logged at
 debug) and the attempt goes on. One dispatcher per pool process, made at first use and again
