@@ -551,9 +551,19 @@ class StoreBytes:
         "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND c.relname LIKE 'noetl%%'"
     )
 
+    RELATIONS = (  # each table, index and TOAST table of the store, by name
+        "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'i') AND c.relname LIKE '%%noetl%%' "
+        "UNION ALL SELECT 'toast of ' || c.relname, pg_total_relation_size(c.reltoastrelid) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = current_schema() AND c.relkind = 'r' AND c.reltoastrelid <> 0 AND c.relname LIKE 'noetl%%'"
+    )
+
     def __init__(self, reader: StoreReader):
         self.reader = reader
         self.size0, self.lsn0 = self._sample()
+        self.relations0 = dict(self.reader.all(self.RELATIONS))
 
     def _sample(self) -> tuple[int, str]:
         size = int(self.reader.one(self.TABLES)[0])
@@ -563,9 +573,15 @@ class StoreBytes:
     def _figures(self, n: int) -> dict[str, Any]:
         size, lsn = self._sample()
         wal = self.reader.one("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (lsn, self.lsn0))[0]
+        grown = {
+            name: round((int(bytes_) - int(self.relations0.get(name, 0))) / n, 1)
+            for name, bytes_ in self.reader.all(self.RELATIONS)
+        }
         return {
             "store_bytes_per_unit": round((size - self.size0) / n, 1),
             "wal_bytes_per_unit": round(float(wal) / n, 1),
+            "wal_lsns": [self.lsn0, lsn],  # for pg_waldump --stats
+            "store_bytes_by_relation": {k: v for k, v in sorted(grown.items(), key=lambda kv: -kv[1]) if v},
         }
 
     def result(self, execution_id: int, n: int, settle: float = 0.0) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
-from noetl_celery.store.db import commit_suffix, decision_transaction, get_engine, migrate, transaction
+from noetl_celery.store.db import commit_suffix, decision_transaction, defer, get_engine, migrate, transaction
 from tests.support.playbooks import retry_once
 
 LOOP = Path(__file__).resolve().parent / "playbooks" / "loop_many.yaml"
@@ -275,6 +275,53 @@ def test_a_decision_transaction_without_a_commit_of_its_own_commits_at_the_end(u
         assert commit_suffix(conn) is None  # a plain transaction commits on its own
 
 
+PERCENT = "100% of '%s' and %(x)s"  # what psycopg2 would read as placeholders, were it not escaped
+
+
+@pytest.mark.parametrize("then", ["a bound statement", "a plain statement", "the commit"])
+def test_a_deferred_statement_travels_with_the_next_one_and_keeps_its_values(url, then):
+    with transaction(url) as conn:
+        conn.execute(text("CREATE TABLE decision_probe (k int primary key, v text)"))
+    sent: list[str] = []
+    engine = get_engine(url)
+
+    def after(_conn, cursor, _statement, _parameters, _context, _executemany):
+        sent.append(cursor.query.decode())
+
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        with decision_transaction(url) as conn:
+            assert defer(conn, "INSERT INTO decision_probe VALUES (%s, %s)", [1, PERCENT])
+            assert sent == []  # nothing sent yet
+            if then == "a bound statement":
+                conn.execute(text("INSERT INTO decision_probe VALUES (:k, :v)"), {"k": 2, "v": "%s"})
+            elif then == "a plain statement":
+                conn.exec_driver_sql("INSERT INTO decision_probe VALUES (2, 'plain')")
+    finally:
+        event.remove(engine, "after_cursor_execute", after)
+    assert sent[0].startswith("BEGIN; INSERT INTO decision_probe VALUES (1, ")
+    if then == "the commit":  # nothing came after it: it went with the COMMIT
+        assert len(sent) == 1 and sent[0].endswith("; COMMIT")
+    else:
+        assert sent[0].endswith("VALUES (2, '%s')" if then == "a bound statement" else "VALUES (2, 'plain')")
+        assert sent[1:] == ["COMMIT"]
+    with transaction(url) as conn:
+        rows = dict(conn.execute(text("SELECT k, v FROM decision_probe")).all())
+    assert rows[1] == PERCENT
+    assert rows.get(2) == {"a bound statement": "%s", "a plain statement": "plain", "the commit": None}[then]
+
+
+def test_a_deferred_statement_is_rolled_back_with_the_statement_that_carried_it(url):
+    with transaction(url) as conn:
+        conn.execute(text("CREATE TABLE decision_probe (k int primary key)"))
+    with pytest.raises(Exception, match="duplicate key"), decision_transaction(url) as conn:
+        assert defer(conn, "INSERT INTO decision_probe VALUES (%s)", [1])
+        conn.exec_driver_sql("INSERT INTO decision_probe VALUES (1)")  # the key the deferred one took
+    with transaction(url) as conn:
+        assert conn.execute(text("SELECT count(*) FROM decision_probe")).scalar() == 0
+        assert defer(conn, "SELECT 1", []) is False  # only a decision transaction defers
+
+
 def test_on_sqlite_a_decision_transaction_is_a_plain_one(sqlite_url):
     migrate(sqlite_url)
     with decision_transaction(sqlite_url) as conn:
@@ -352,7 +399,7 @@ def test_a_redelivered_step_outcome_is_refused_by_the_strict_write_and_replayed(
     assert _event_types(url, execution_id).count("step.completed") == 1
 
 
-def test_submit_records_the_execution_and_its_start_in_two_round_trips(url, wire, tmp_path, monkeypatch):
+def test_submit_records_the_execution_and_its_start_in_one_round_trip(url, wire, tmp_path, monkeypatch):
     from noetl_celery import app as app_module
     from noetl_celery import runner
     from noetl_celery import settings as noetl_settings
@@ -366,8 +413,8 @@ def test_submit_records_the_execution_and_its_start_in_two_round_trips(url, wire
     runner.submit(plan, settings)  # the first: the schema check reads the store once per process
     wire.clear()
     execution_id = runner.submit(plan, settings)
-    first, second = wire.queries
-    assert first.startswith("BEGIN; INSERT INTO noetl_execution")
-    assert second.startswith("INSERT INTO noetl_event") and second.endswith("; COMMIT")
+    [sent] = wire.queries  # the execution's row was deferred to travel with its start's rows
+    assert sent.startswith("BEGIN; INSERT INTO noetl_execution")
+    assert "; INSERT INTO noetl_event" in sent and sent.endswith("; COMMIT")
     assert [d.message["step"] for d in published] == ["start", "start"]
     assert _event_types(url, execution_id) == ["execution.started", "step.started", "action.started"]

@@ -23,7 +23,7 @@ from tests.test_hostile_input import cli
 from tests.test_prune import OLD, add, counts
 
 PLAYBOOK = Path(__file__).parent / "playbooks" / "loop_modes.yaml"
-ENGINE_INDEXES = {"ix_noetl_event_execution_id", "ix_noetl_event_page", "ix_noetl_event_run", "ix_noetl_event_type"}
+ENGINE_INDEXES = {"ix_noetl_event_page", "ix_noetl_event_run", "ix_noetl_event_type"}
 
 
 def month_id(year: int, month: int, n: int = 0) -> int:

@@ -29,6 +29,7 @@ _LAST_USED = "noetl_last_used"  # connection record info: monotonic time of its 
 # connection record info, present while the connection runs a `decision_transaction`: True until
 # its BEGIN has been sent (with the first statement), then False
 _BEGIN_PENDING = "noetl_begin_pending"
+_DEFERRED = "noetl_deferred_statements"  # bound statements that go in front of the next one
 
 _engines: dict[tuple[int, str], Engine] = {}
 _migrated: set[tuple[int, str]] = set()
@@ -100,12 +101,14 @@ def _folds_begin(engine: Engine) -> bool:
 
 def _begin_with_first_statement(conn, cursor, statement, parameters, _context, executemany):  # type: ignore[no-untyped-def]
     """A statement built with SQLAlchemy Core in a `decision_transaction` opens it when it is the
-    first (the hot path's own statements do the same in `repo._run`, with `begin_prefix`)."""
-    prefix = begin_prefix(conn)
-    if prefix and executemany:
-        cursor.execute(prefix)
+    first, and carries the statements deferred before it (the hot path's own statements do the
+    same in `repo._run`, with `begin_prefix`)."""
+    if executemany:
+        prefix = begin_prefix(conn, bound=False)
+        if prefix:
+            cursor.execute(prefix)
         return statement, parameters
-    return prefix + statement, parameters
+    return begin_prefix(conn, bound=parameters is not None) + statement, parameters
 
 
 def _ping_when_idle(engine: Engine) -> None:
@@ -211,26 +214,53 @@ def decision_transaction(url: str) -> Iterator[Connection]:
         info[_BEGIN_PENDING] = True
         try:
             yield conn
-            if dbapi_connection.info.transaction_status != _IDLE:
-                conn.exec_driver_sql("COMMIT")
+            if info.get(_DEFERRED) or dbapi_connection.info.transaction_status != _IDLE:
+                conn.exec_driver_sql("COMMIT")  # carries what is still deferred
         except BaseException:
+            info.pop(_DEFERRED, None)
             if not dbapi_connection.closed and dbapi_connection.info.transaction_status != _IDLE:
                 conn.exec_driver_sql("ROLLBACK")
             raise
         finally:
             info.pop(_BEGIN_PENDING, None)
+            info.pop(_DEFERRED, None)
 
 
 _IDLE = 0  # psycopg2.extensions.TRANSACTION_STATUS_IDLE: no transaction open on the server
 
 
-def begin_prefix(conn: Connection) -> str:
-    """ "BEGIN; " for the first statement of a `decision_transaction`, "" for any other."""
+def begin_prefix(conn: Connection, *, bound: bool = True) -> str:
+    """What goes in front of the next statement of a `decision_transaction`: "BEGIN; " for its
+    first, and the statements `defer` left for it; "" for any other. `bound`: the statement is
+    sent with parameters (psycopg2 formats it then, so a `%` of the deferred text is doubled)."""
     info = conn.info
+    parts = []
     if info.get(_BEGIN_PENDING):
         info[_BEGIN_PENDING] = False
-        return "BEGIN; "
-    return ""
+        parts.append("BEGIN; ")
+    deferred = info.pop(_DEFERRED, None)
+    if deferred:
+        text = "".join(f"{sql}; " for sql in deferred)
+        parts.append(text.replace("%", "%%") if bound else text)
+    return "".join(parts)
+
+
+def defer(conn: Connection, sql: str, params: Any) -> bool:
+    """Send `sql` (the driver's paramstyle, bound to `params` here) in front of the next statement
+    of this `decision_transaction`, or with its commit: one round trip less. False, with nothing
+    done, on any other connection (the caller runs it itself). A deferred statement's error is
+    raised by the statement it travels with, and rolls back the transaction as its own would."""
+    info = conn.info
+    if _BEGIN_PENDING not in info:
+        return False
+    dbapi_connection = conn.connection.dbapi_connection
+    assert dbapi_connection is not None
+    from psycopg2.extensions import encodings  # only psycopg2 folds statements (_folds_begin)
+
+    with dbapi_connection.cursor() as cursor:
+        text = cursor.mogrify(sql, params).decode(encodings[dbapi_connection.encoding])
+    info.setdefault(_DEFERRED, []).append(text)
+    return True
 
 
 def commit_suffix(conn: Connection) -> str | None:

@@ -74,7 +74,7 @@ class Event(Base):
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    execution_id: Mapped[int] = mapped_column(BigInteger, index=True)
+    execution_id: Mapped[int] = mapped_column(BigInteger)  # first column of each index above
     event_id: Mapped[str] = mapped_column(String(200))
     parent_event_id: Mapped[str | None] = mapped_column(String(200))
     parent_execution_id: Mapped[int | None] = mapped_column(BigInteger)

@@ -180,7 +180,9 @@ def create_execution(
         "create",
         f"INSERT INTO noetl_execution ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
     )
-    _run(conn, sql, [_bound(dialect, EXECUTIONS, name, value) for name, value in values.items()])
+    params = [_bound(dialect, EXECUTIONS, name, value) for name, value in values.items()]
+    if not db.defer(conn, sql, params):  # in a decision: sent with the decision's rows
+        _run(conn, sql, params)
 
 
 def delete_unpublished_execution(conn: Connection, execution_id: int) -> None:
