@@ -257,8 +257,11 @@ def defer(conn: Connection, sql: str, params: Any) -> bool:
     assert dbapi_connection is not None
     from psycopg2.extensions import encodings  # only psycopg2 folds statements (_folds_begin)
 
-    with dbapi_connection.cursor() as cursor:
+    cursor = dbapi_connection.cursor()
+    try:
         text = cursor.mogrify(sql, params).decode(encodings[dbapi_connection.encoding])
+    finally:
+        cursor.close()
     info.setdefault(_DEFERRED, []).append(text)
     return True
 
