@@ -157,3 +157,28 @@ def test_the_embedded_store_is_created_on_first_use(tmp_path):
     proc = cli(["executions"], {"NOETL_HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     assert_schema(f"sqlite:///{tmp_path / 'noetl.sqlite'}")
+
+
+def test_the_migrated_schema_has_the_models_indexes(database_url):
+    """Alembic owns the schema and the models describe it: after `migrate`, each table of the
+    models has exactly the indexes they declare (a migration that drops or adds one without the
+    model, or the other way round, fails here)."""
+    from noetl_celery.store.models import Base
+
+    migrate(database_url)
+    engine = create_engine(database_url)
+    try:
+        found = inspect(engine)
+        present = {
+            table.name: {
+                index["name"]  # PostgreSQL lists a unique constraint's own index too
+                for index in found.get_indexes(table.name)
+                if not index.get("duplicates_constraint")
+            }
+            for table in Base.metadata.sorted_tables
+        }
+    finally:
+        engine.dispose()
+    for table in Base.metadata.sorted_tables:
+        assert present[table.name] == {index.name for index in table.indexes}, table.name
+    assert "ix_noetl_event_execution_id" not in present["noetl_event"]  # 0008: every index leads with it
