@@ -182,3 +182,4 @@ def test_the_migrated_schema_has_the_models_indexes(database_url):
     for table in Base.metadata.sorted_tables:
         assert present[table.name] == {index.name for index in table.indexes}, table.name
     assert "ix_noetl_event_execution_id" not in present["noetl_event"]  # 0008: every index leads with it
+    assert "ix_noetl_execution_status" not in present["noetl_execution"]  # 0008: (status, created_at) serves

@@ -47,7 +47,7 @@ class Execution(Base):
     depth: Mapped[int] = mapped_column(Integer, default=0)  # sub-playbook nesting (0: top level)
     playbook_name: Mapped[str] = mapped_column(String(200))
     playbook_path: Mapped[str | None] = mapped_column(String(500))
-    status: Mapped[str] = mapped_column(String(16), index=True)  # running | completed | failed | cancelled
+    status: Mapped[str] = mapped_column(String(16))  # running | completed | failed | cancelled
     plan: Mapped[dict[str, Any]] = mapped_column(Json)
     workload: Mapped[dict[str, Any]] = mapped_column(Json)
     error: Mapped[Any | None] = mapped_column(Json)
