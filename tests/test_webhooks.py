@@ -142,3 +142,47 @@ def test_a_playbooks_own_webhook_is_a_string_in_executor_spec():
     assert compile_playbook("p.yaml", text=FAILING).webhook is None
     with pytest.raises(PlaybookError, match="executor.spec.webhook"):
         compile_playbook("p.yaml", text=text.replace("'https://hooks.example/x'", "5"))
+
+
+@pytest.mark.services
+def test_the_scan_reads_the_last_days_ends_not_every_failure_kept(migrated_postgres):
+    """With a history of failed executions, the sweep's webhook scan goes through the partial
+    index of recent top-level failures (0008_indexes), not through every failure ever kept."""
+    from sqlalchemy import event, text
+
+    from noetl_celery import settings as noetl_settings
+    from noetl_celery.store.db import get_engine, transaction
+
+    url = migrated_postgres.url
+    with transaction(url) as conn:  # 20,000 executions of the last 60 days, one in five failed
+        conn.execute(
+            text(
+                "INSERT INTO noetl_execution (execution_id, depth, playbook_name, status, plan, workload, pending, "
+                "state_version, created_at, updated_at, finished_at, epoch) "
+                "SELECT g, 0, 'p', CASE WHEN g % 5 = 0 THEN 'failed' ELSE 'completed' END, '{}', '{}', 0, 0, "
+                "now() - interval '60 days' + g * interval '4 minutes', now(), "
+                "now() - interval '60 days' + g * interval '4 minutes' + interval '1 minute', 0 "
+                "FROM generate_series(1, 20000) g"
+            )
+        )
+        conn.execute(text("ANALYZE noetl_execution"))
+    _ended(url, 20_001, "failed")  # ended now
+    sent: list[tuple[str, object]] = []
+    engine = get_engine(url)
+
+    def keep(_conn, _cursor, statement, parameters, _context, _executemany):
+        if "FROM noetl_execution" in statement and "finished_at" in statement:
+            sent.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", keep)
+    try:
+        settings = noetl_settings.load({"NOETL_DATABASE_URL": url, "NOETL_WEBHOOK_URL": "http://127.0.0.1:9/g"})
+        assert webhooks.pending(settings) == [20_001]
+    finally:
+        event.remove(engine, "before_cursor_execute", keep)
+    [(statement, parameters)] = sent
+    with transaction(url) as conn:
+        cursor = conn.connection.dbapi_connection.cursor()
+        cursor.execute("EXPLAIN " + statement, parameters)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "ix_noetl_execution_ended" in plan, plan

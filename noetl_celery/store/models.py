@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -24,6 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 Json = JSON().with_variant(JSONB(), "postgresql")
+ENDED = "status IN ('failed', 'cancelled') AND parent_execution_id IS NULL"  # a top-level failure or cancel
 
 
 class Base(DeclarativeBase):
@@ -38,6 +40,8 @@ class Execution(Base):
         Index("ix_noetl_execution_created", "created_at"),
         Index("ix_noetl_execution_playbook", "playbook_name", "created_at"),
         Index("ix_noetl_execution_status_created", "status", "created_at"),
+        # the webhook scan's (store/schedules.py unnotified_ends): recent failed top-level ends
+        Index("ix_noetl_execution_ended", "finished_at", postgresql_where=text(ENDED), sqlite_where=text(ENDED)),
     )
 
     execution_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
