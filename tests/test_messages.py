@@ -196,6 +196,11 @@ def test_a_decision_row_keeps_a_dispatch_in_its_wire_form_and_reads_it_back_whol
     assert Dispatch.from_dict(stored) == dispatch  # every field back, as the decision dispatched it
     # a dispatch stored whole (by an earlier version) reads as it was
     assert Dispatch.from_dict(dispatch.to_dict()) == dispatch
-    # an event for on_event (a sub-playbook's start or end) is kept as it is
+    # the dispatch's own fields at their default are left out too, and read back
+    plain = Dispatch.task(message, label="pb:work")
+    assert plain.stored() == {"kind": "run", "message": message.to_wire(), "label": "pb:work"}
+    assert Dispatch.from_dict(plain.stored()) == plain
+    # an event for on_event (a sub-playbook's start or end) keeps its message as it is
     event = Dispatch(kind="event", message={"kind": "child_done", "execution_id": 7}, countdown=1.0)
-    assert event.stored() == event.to_dict() and Dispatch.from_dict(event.stored()) == event
+    assert event.stored() == {"kind": "event", "message": event.message, "countdown": 1.0}
+    assert Dispatch.from_dict(event.stored()) == event

@@ -310,8 +310,16 @@ class Dispatch:
 
     def stored(self) -> dict[str, Any]:
         """The dispatch as a decision row keeps it (`meta.dispatch`): a task message in its wire
-        form, its fields at their default left out (`from_dict` fills them back in)."""
-        data = self.to_dict()
+        form, its fields at their default left out, and so are the dispatch's own (`countdown`
+        0, `label` "", `timeout` the default, the format version 1, which an absent version
+        reads as). `from_dict`, of this version or an earlier one, fills them back in."""
+        data: dict[str, Any] = {"kind": self.kind, "message": self.message}
+        if self.countdown:
+            data["countdown"] = self.countdown
+        if self.label:
+            data["label"] = self.label
+        if self.timeout != DEFAULT_TIMEOUT:
+            data["timeout"] = self.timeout
         if self.kind == DispatchKind.RUN:
             data["message"] = wire(self.message)
         return data
