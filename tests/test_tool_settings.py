@@ -129,6 +129,34 @@ def test_a_broken_plugin_is_reported_and_the_built_in_kinds_still_work(tmp_path:
     assert proc.stdout.startswith("True {'missing': \"ModuleNotFoundError: No module named 'no_such_module_here'\"}")
 
 
+def test_threads_that_ask_for_a_tool_while_the_tools_load_all_find_it(tmp_path: Path) -> None:
+    """A thread pool's first attempts ask for their tool at once: each waits for the load under
+    way (made slow here, 50 ms a module) instead of finding the registry half filled."""
+    site = _plugin_dir(tmp_path, "[noetl_celery.tools]\nshout = noetl_shout\n")
+    code = textwrap.dedent("""
+        import importlib, threading, time
+        from noetl_celery.tools import base
+        real = importlib.import_module
+        def slow(name, *args):
+            if name.startswith("noetl_celery.tools."):
+                time.sleep(0.05)
+            return real(name, *args)
+        base.importlib = type("slow", (), {"import_module": staticmethod(slow)})
+        start = threading.Barrier(8)
+        found = []
+        def ask(kind):
+            start.wait()
+            found.append(base.get_tool(kind) is not None)
+        threads = [threading.Thread(target=ask, args=(k,)) for k in ["python", "http", "postgres", "shout"] * 2]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        print(found.count(True), len(found))
+    """)
+    proc = _python(code, site)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["8", "8"]
+
+
 # ------------------------------------------------------------------ typed settings
 
 

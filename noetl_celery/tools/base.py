@@ -9,6 +9,7 @@ and the render context; it returns an Outcome and never raises for a failure of 
 from __future__ import annotations
 
 import importlib
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,6 +122,10 @@ _BUILTIN_MODULES = (
 
 _REGISTRY: dict[str, ToolSpec] = {}
 _loaded = {"builtins": False, "plugins": False}
+# held while the tool modules load: a thread that finds a load under way waits for it (a thread
+# pool's first attempts would otherwise find the registry half filled: "no tool of kind ...")
+_load_lock = threading.Lock()
+_loading = threading.local()  # this thread is loading them (a module that asks for a tool as it loads)
 _plugin_errors: dict[str, str] = {}  # entry point name -> why it could not be loaded
 
 # Keys every task may carry whatever its kind (handled by the engine, not by the tool).
@@ -174,12 +179,20 @@ def _identity(run: Callable[..., Any]) -> str:
 
 
 def _load_builtin_tools() -> None:
-    """Import the built-in tool modules (importing one registers its kinds). Idempotent."""
-    if _loaded["builtins"]:
+    """Import the built-in tool modules (importing one registers its kinds). Idempotent; the
+    flag is set once they are all in (an import that raises is tried again by the next call)."""
+    if _loaded["builtins"] or getattr(_loading, "active", False):
         return
-    _loaded["builtins"] = True
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
+    with _load_lock:
+        if _loaded["builtins"]:
+            return
+        _loading.active = True
+        try:
+            for module in _BUILTIN_MODULES:
+                importlib.import_module(module)
+        finally:
+            _loading.active = False
+        _loaded["builtins"] = True
 
 
 def _load_plugins() -> None:
@@ -188,14 +201,21 @@ def _load_plugins() -> None:
     A plugin that fails to import is skipped and remembered (see `plugin_errors`): a broken
     third-party package must not stop the built-in kinds from working.
     """
-    if _loaded["plugins"]:
+    if _loaded["plugins"] or getattr(_loading, "active", False):
         return
-    _loaded["plugins"] = True
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
+    with _load_lock:
+        if _loaded["plugins"]:
+            return
+        _loading.active = True
         try:
-            entry.load()
-        except Exception as exc:  # a broken plugin is reported, not fatal
-            _plugin_errors[entry.name] = f"{type(exc).__name__}: {exc}"
+            for entry in entry_points(group=ENTRY_POINT_GROUP):
+                try:
+                    entry.load()
+                except Exception as exc:  # a broken plugin is reported, not fatal
+                    _plugin_errors[entry.name] = f"{type(exc).__name__}: {exc}"
+        finally:
+            _loading.active = False
+        _loaded["plugins"] = True
 
 
 def _ensure_loaded() -> None:
