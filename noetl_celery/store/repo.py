@@ -63,7 +63,7 @@ def _run(conn: Connection, sql: str, params: Any) -> Any:
     dbapi_connection = conn.connection.dbapi_connection
     assert dbapi_connection is not None
     cursor = dbapi_connection.cursor()
-    sql = db.begin_prefix(conn) + sql
+    sql = db.begin_prefix(conn, bound=params is not None) + sql
     try:
         cursor.execute(sql, params)
     except Exception as exc:

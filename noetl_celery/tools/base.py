@@ -178,21 +178,32 @@ def _identity(run: Callable[..., Any]) -> str:
     return f"{getattr(run, '__module__', '?')}.{getattr(run, '__qualname__', repr(run))}"
 
 
-def _load_builtin_tools() -> None:
-    """Import the built-in tool modules (importing one registers its kinds). Idempotent; the
-    flag is set once they are all in (an import that raises is tried again by the next call)."""
-    if _loaded["builtins"] or getattr(_loading, "active", False):
+def _load_once(part: str, load: Callable[[], None]) -> None:
+    """Run `load` once per process for `part` ("builtins", "plugins"). A thread that comes while
+    another loads waits for it; the flag is set once the load is through (an import that raised
+    is tried again by the next call); a module that asks for a tool as it loads gets what is
+    registered so far."""
+    if _loaded[part] or getattr(_loading, "active", False):
         return
     with _load_lock:
-        if _loaded["builtins"]:
+        if _loaded[part]:
             return
         _loading.active = True
         try:
-            for module in _BUILTIN_MODULES:
-                importlib.import_module(module)
+            load()
         finally:
             _loading.active = False
-        _loaded["builtins"] = True
+        _loaded[part] = True
+
+
+def _load_builtin_tools() -> None:
+    """Import the built-in tool modules (importing one registers its kinds). Idempotent."""
+
+    def load() -> None:
+        for module in _BUILTIN_MODULES:
+            importlib.import_module(module)
+
+    _load_once("builtins", load)
 
 
 def _load_plugins() -> None:
@@ -201,21 +212,15 @@ def _load_plugins() -> None:
     A plugin that fails to import is skipped and remembered (see `plugin_errors`): a broken
     third-party package must not stop the built-in kinds from working.
     """
-    if _loaded["plugins"] or getattr(_loading, "active", False):
-        return
-    with _load_lock:
-        if _loaded["plugins"]:
-            return
-        _loading.active = True
-        try:
-            for entry in entry_points(group=ENTRY_POINT_GROUP):
-                try:
-                    entry.load()
-                except Exception as exc:  # a broken plugin is reported, not fatal
-                    _plugin_errors[entry.name] = f"{type(exc).__name__}: {exc}"
-        finally:
-            _loading.active = False
-        _loaded["plugins"] = True
+
+    def load() -> None:
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                entry.load()
+            except Exception as exc:  # a broken plugin is reported, not fatal
+                _plugin_errors[entry.name] = f"{type(exc).__name__}: {exc}"
+
+    _load_once("plugins", load)
 
 
 def _ensure_loaded() -> None:
