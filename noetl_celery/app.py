@@ -192,11 +192,20 @@ def _run_eagerly(taken: Dispatch, window: eager.Window, request: Any) -> None:
     """Run, here, the attempt a decision of this message took (engine/transport/eager.py), then the one its
     decision takes, and so on. Each is decided and published like any other attempt."""
     settings = current_settings()
+    mark = eager.Mark(request.id)  # which attempt this process is in, should it die (worker_loss)
+    try:
+        _run_taken(taken, window, request, mark, settings)
+    finally:
+        mark.close()
+
+
+def _run_taken(taken: Dispatch, window: eager.Window, request: Any, mark: eager.Mark, settings: Any) -> None:
     dispatch: Dispatch | None = taken
     while dispatch is not None:
         ran = dispatch
         message = TaskMessage.from_dict(ran.message)
         started, clock = time.time(), time.monotonic()
+        mark.note(ran.message)
         try:
             payload = worker.run_attempt(settings.database_url, message, queue_id=request.id, node=request.hostname)
         except DBAPIError as exc:

@@ -103,6 +103,28 @@ def _run(url: str, dispatch: Dispatch, queue_id: str) -> list[Dispatch]:
     return orchestrator.handle_event(url, payload)
 
 
+def test_a_pool_process_notes_the_eager_attempt_it_is_in_for_its_main_process(tmp_path, monkeypatch):
+    monkeypatch.setattr(eager, "MARKS", tmp_path / "marks")
+    first = TaskMessage(execution_id=7, run_id="r", step="middle", parent_event_id="p").to_dict()
+    second = TaskMessage(execution_id=7, run_id="r", step="last", parent_event_id="q").to_dict()
+    mark = eager.Mark("8f1c/../task id")  # a task id is a file name only once made safe
+    mark.note(first)
+    mark.note(second)  # rewritten in place: the attempt it is in now
+    assert mark.path.parent == tmp_path / "marks"
+    # the process died here: the main process reads the note, once
+    assert TaskMessage.from_dict(eager.died_in("8f1c/../task id")) == TaskMessage.from_dict(second)
+    assert eager.died_in("8f1c/../task id") is None
+    # the attempts were over: the note is gone
+    over = eager.Mark("other")
+    over.note(first)
+    over.close()
+    assert eager.died_in("other") is None and list((tmp_path / "marks").iterdir()) == []
+    # half written (the process died writing it): no attempt named
+    mark.path.write_bytes(b'{"execution_id": 7, "ru')
+    assert eager.died_in("8f1c/../task id") is None and not mark.path.exists()
+    mark.close()
+
+
 def test_a_redelivered_message_replays_past_the_attempts_it_ran_itself(either_store):
     url = either_store
     execution_id = create_execution(compile_playbook(THREE_STEPS), url)

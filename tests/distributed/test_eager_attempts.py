@@ -107,6 +107,10 @@ def test_a_process_killed_in_an_eager_attempt_sends_that_attempt_again_at_once(
     completed = rows(store_url, execution_id, "event_type = 'action.completed'")
     assert [r["step"] for r in completed] == ["start", "middle", "last"]
     assert completed[0]["queue_id"] == completed[1]["queue_id"] != completed[2]["queue_id"]
-    # the loss is not counted against `start`, whose attempt was recorded
-    assert rows(store_url, execution_id, "event_type = 'attempt.worker_lost'") == []
+    # the loss is counted against `last`, the attempt the process was in, not against `start`,
+    # the message's own attempt, which was recorded
+    [lost] = rows(store_url, execution_id, "event_type = 'attempt.worker_lost'")
+    assert (lost["step"], lost["attempt"], lost["meta"]["delivery"]) == ("last", 1, 1)
+    assert lost["event_id"] == completed[2]["event_id"].removesuffix(".done") + ".lost.1"
+    assert "run eagerly" in lost["error"]["message"]
     assert rows(store_url, execution_id, "event_type = 'attempt.republished'") == []

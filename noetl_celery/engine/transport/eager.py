@@ -23,18 +23,33 @@ message's own attempt. The message is acknowledged when its job ends: a process 
 an eager attempt leaves it to be delivered again, and its redelivery, whose own attempt is
 recorded, replays the decisions of the attempts this message ran, up to the first one without an
 outcome, which is sent again (orchestrator.replay, `ran_by`).
+
+While it runs eager attempts, the pool process notes the one it is in (`Mark`: a small file named
+by the message's Celery task id, rewritten in place for each attempt). When the process dies, the
+worker's main process reads it (`died_in`) and records the delivery lost for that attempt, as it
+does for a message's own attempt (engine/transport/worker_loss.py): the history shows which
+attempt was killed, and a deadly attempt reaches its delivery limit counting this death too.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from noetl_celery.engine.deadlines import SOFT_LIMIT_GRACE
-from noetl_celery.engine.messages import Dispatch
+from noetl_celery.engine.messages import Dispatch, wire
 from noetl_celery.engine.transport.process import stop_requested
 from noetl_celery.vocabulary import DispatchKind
+
+log = logging.getLogger(__name__)
+
+MARKS = Path(tempfile.gettempdir()) / "noetl-eager"  # where pool processes note their eager attempt
 
 
 def eligible(dispatch: Dispatch) -> bool:
@@ -80,3 +95,52 @@ def window_of(request: Any, seconds: float, started: float) -> Window | None:
     limits = getattr(request, "timelimit", None) or (None, None)
     soft = limits[1] if len(limits) > 1 else None
     return Window(started=started, seconds=seconds, soft_limit=float(soft) if soft else None)
+
+
+class Mark:
+    """A pool process's note of the eager attempt it runs for one message (see the module
+    docstring). Best effort: a note that cannot be written is skipped, never the attempt."""
+
+    def __init__(self, task_id: str):
+        self.path = MARKS / _file_name(task_id)
+        self.fd: int | None = None
+
+    def note(self, message: dict[str, Any]) -> None:
+        """The attempt of `message` starts now."""
+        data = json.dumps(wire(message), default=str).encode()
+        try:
+            if self.fd is None:
+                MARKS.mkdir(mode=0o700, exist_ok=True)
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.pwrite(self.fd, data, 0)
+            os.ftruncate(self.fd, len(data))
+        except OSError as exc:
+            log.debug("eager attempt not noted: %s", exc)
+
+    def close(self) -> None:
+        """The message's eager attempts are over (each recorded, or left to its redelivery)."""
+        if self.fd is None:
+            return
+        os.close(self.fd)
+        self.fd = None
+        self.path.unlink(missing_ok=True)
+
+
+def died_in(task_id: str) -> dict[str, Any] | None:
+    """The task message of the eager attempt a dead pool process was running for the message with
+    Celery task id `task_id` (None: it ran none, or the note is unreadable); the note is removed."""
+    path = MARKS / _file_name(task_id)
+    try:
+        data = path.read_bytes()
+        path.unlink(missing_ok=True)
+    except OSError:
+        return None
+    try:
+        message = json.loads(data)
+    except ValueError:  # the process died writing it
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def _file_name(task_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in task_id)

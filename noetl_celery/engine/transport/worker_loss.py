@@ -30,6 +30,7 @@ from noetl_celery import vocabulary as ev
 from noetl_celery.engine.attempt.worker import already_done
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.engine.recovery.sweeper import lost_outcome
+from noetl_celery.engine.transport import eager
 from noetl_celery.errors import AttemptFailed
 from noetl_celery.settings import Settings
 from noetl_celery.store import recovery as store_recovery
@@ -147,10 +148,13 @@ class AttemptRequest(Request):
         """Count the lost delivery; True when the attempt has been reported as `worker_lost`."""
         assert HOOKS.settings is not None, "worker_loss.install() was not called"
         settings = HOOKS.settings()
+        eager_attempt = eager.died_in(self.id)  # the attempt it ran for this message, if any
         try:
             if already_done(settings.database_url, TaskMessage.from_dict(message)):
-                # it died in an attempt the message went on to run (engine/eager.py): requeued
-                # uncounted, its redelivery sends that attempt again
+                # it died in an attempt the message went on to run (engine/eager.py): that attempt's
+                # delivery is counted, the message requeued uncounted; its redelivery sends that
+                # attempt again (as a message of its own, counted from there on)
+                self._count_eager(settings.database_url, eager_attempt, reason)
                 return False
             count = count_loss(settings.database_url, message, reason)
         except Exception as err:
@@ -166,6 +170,15 @@ class AttemptRequest(Request):
             return False
         reason = f"the attempt killed its worker process {count} times (last: {reason})"
         return self._report(lost_outcome(message, ErrorKind.WORKER_LOST, reason, "worker"))
+
+    @staticmethod
+    def _count_eager(url: str, message: dict[str, Any] | None, reason: str) -> None:
+        """Record the lost delivery of the eager attempt a dead process was in (not one that was
+        recorded meanwhile). The limit of deliveries is left to that attempt's own message."""
+        if message is None or already_done(url, TaskMessage.from_dict(message)):
+            return
+        count = count_loss(url, message, f"in an attempt run eagerly: {reason}")
+        log.warning("attempt %s, run eagerly, killed its worker process (delivery %d)", message.get("step"), count)
 
     def _report(self, payload: dict[str, Any]) -> bool:
         assert HOOKS.report is not None, "worker_loss.install() was not called"
