@@ -2,8 +2,9 @@
 
 Decides, for a run_task message:
 - its pool process died (os._exit, a segfault, an OOM kill): the delivery is counted as an
-  `attempt.worker_lost` row (unless the message's own attempt is recorded: it died in an attempt
-  the message ran eagerly, engine/eager.py, and the message goes back to the queue uncounted);
+  `attempt.worker_lost` row (when the message's own attempt is recorded, it died in an attempt
+  the message ran eagerly, engine/transport/eager.py: that attempt, as the process noted it, gets
+  the row, and the message goes back to the queue uncounted);
   below NOETL_MAX_DELIVERIES the message goes back to the queue (a killed process must not lose
   the task), at the limit it is acknowledged and the attempt gets the outcome `worker_lost` (an
   ordinary failed attempt: the retry policy applies);
