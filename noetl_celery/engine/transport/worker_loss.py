@@ -178,7 +178,7 @@ class AttemptRequest(Request):
         recorded meanwhile). The limit of deliveries is left to that attempt's own message."""
         if message is None or already_done(url, TaskMessage.from_dict(message)):
             return
-        count = count_loss(url, message, f"in an attempt run eagerly: {reason}")
+        count = count_loss(url, message, f"{reason} (in an attempt run eagerly)")
         log.warning("attempt %s, run eagerly, killed its worker process (delivery %d)", message.get("step"), count)
 
     def _report(self, payload: dict[str, Any]) -> bool:
