@@ -49,7 +49,9 @@ from noetl_celery.vocabulary import DispatchKind
 
 log = logging.getLogger(__name__)
 
-MARKS = Path(tempfile.gettempdir()) / "noetl-eager"  # where pool processes note their eager attempt
+# where pool processes note their eager attempt (one directory per user: workers of different
+# users on one machine do not share it)
+MARKS = Path(tempfile.gettempdir()) / f"noetl-eager-{os.getuid()}"
 
 
 def eligible(dispatch: Dispatch) -> bool:
