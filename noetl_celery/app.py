@@ -626,6 +626,7 @@ def stop_sweeper() -> None:
 @signals.worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
     start_sweeper()  # in the worker's main process: `celery -A noetl_celery worker` needs no more
+    eager.clear_stale_notes()
 
 
 @signals.worker_shutdown.connect

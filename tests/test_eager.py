@@ -5,6 +5,7 @@ tests/distributed/test_eager_attempts.py."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -123,6 +124,20 @@ def test_a_pool_process_notes_the_eager_attempt_it_is_in_for_its_main_process(tm
     mark.path.write_bytes(b'{"execution_id": 7, "ru')
     assert eager.died_in("8f1c/../task id") is None and not mark.path.exists()
     mark.close()
+
+
+def test_a_workers_start_clears_the_notes_left_by_workers_killed_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(eager, "MARKS", tmp_path / "marks")
+    assert eager.clear_stale_notes() == 0  # no note was ever written
+    old, live = eager.Mark("killed-with-its-worker"), eager.Mark("running")
+    old.note(TaskMessage(execution_id=7, run_id="r", step="s").to_dict())
+    live.note(TaskMessage(execution_id=7, run_id="r", step="t").to_dict())
+    day_ago = time.time() - eager.STALE_NOTE - 1
+    os.utime(old.path, (day_ago, day_ago))
+    assert eager.clear_stale_notes() == 1
+    assert not old.path.exists() and live.path.exists()
+    old.close()
+    live.close()
 
 
 def test_a_redelivered_message_replays_past_the_attempts_it_ran_itself(either_store):

@@ -144,5 +144,27 @@ def died_in(task_id: str) -> dict[str, Any] | None:
     return message if isinstance(message, dict) else None
 
 
+STALE_NOTE = 86_400.0  # seconds: a note this old was left by a worker killed whole
+
+
+def clear_stale_notes(now: float | None = None) -> int:
+    """Remove the notes that jobs ended with their whole worker left behind (a day old or more:
+    a live job rewrites its note at each attempt); returns how many. At a worker's start."""
+    now = time.time() if now is None else now
+    removed = 0
+    try:
+        entries = list(MARKS.iterdir())
+    except OSError:  # no note was ever written here
+        return 0
+    for path in entries:
+        try:
+            if now - path.stat().st_mtime >= STALE_NOTE:
+                path.unlink()
+                removed += 1
+        except OSError:  # removed meanwhile, or not ours to remove
+            continue
+    return removed
+
+
 def _file_name(task_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in task_id)
