@@ -4,6 +4,7 @@ ignored (logged once), a message too new to read fails its execution instead of 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from noetl_celery.compiler import compile_playbook
 from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import (
+    BATCH_VERSION,
     MESSAGE_VERSION,
     READ_VERSION,
     VERSION_FIELD,
@@ -191,14 +193,19 @@ def test_a_decision_row_keeps_a_dispatch_in_its_wire_form_and_reads_it_back_whol
     message = TaskMessage(execution_id=7, run_id="r", step="work", iteration=3, element=[1, 2], parent_event_id="p")
     dispatch = Dispatch.task(message, label="pb:work", timeout=12.0)
     stored = dispatch.stored()
-    assert stored["message"] == message.to_wire()  # the fields at their default are left out
+    # the fields at their default are left out, and the format version 1
+    assert stored["message"] == {k: v for k, v in message.to_wire().items() if k != VERSION_FIELD}
     assert len(str(stored)) < len(str(dispatch.to_dict())) * 0.7
     assert Dispatch.from_dict(stored) == dispatch  # every field back, as the decision dispatched it
     # a dispatch stored whole (by an earlier version) reads as it was
     assert Dispatch.from_dict(dispatch.to_dict()) == dispatch
     # the dispatch's own fields at their default are left out too, and read back
     plain = Dispatch.task(message, label="pb:work")
-    assert plain.stored() == {"kind": "run", "message": message.to_wire(), "label": "pb:work"}
+    assert plain.stored() == {"kind": "run", "message": stored["message"], "label": "pb:work"}
+    # a batch keeps its format version (2): an older reader refuses it rather than run one iteration
+    batch = Dispatch.task(replace(message, batch=[{"iteration": 4, "element": [3]}]), label="pb:work")
+    assert batch.stored()["message"][VERSION_FIELD] == BATCH_VERSION
+    assert Dispatch.from_dict(batch.stored()) == batch
     assert Dispatch.from_dict(plain.stored()) == plain
     # an event for on_event (a sub-playbook's start or end) keeps its message as it is
     event = Dispatch(kind="event", message={"kind": "child_done", "execution_id": 7}, countdown=1.0)

@@ -311,8 +311,9 @@ class Dispatch:
     def stored(self) -> dict[str, Any]:
         """The dispatch as a decision row keeps it (`meta.dispatch`): a task message in its wire
         form, its fields at their default left out, and so are the dispatch's own (`countdown`
-        0, `label` "", `timeout` the default, the format version 1, which an absent version
-        reads as). `from_dict`, of this version or an earlier one, fills them back in."""
+        0, `label` "", `timeout` the default) and the format version 1, the message's and the
+        dispatch's (an absent version is read as the oldest). `from_dict`, of this version or an
+        earlier one, fills them back in."""
         data: dict[str, Any] = {"kind": self.kind, "message": self.message}
         if self.countdown:
             data["countdown"] = self.countdown
@@ -321,7 +322,10 @@ class Dispatch:
         if self.timeout != DEFAULT_TIMEOUT:
             data["timeout"] = self.timeout
         if self.kind == DispatchKind.RUN:
-            data["message"] = wire(self.message)
+            message = wire(self.message)
+            if message[VERSION_FIELD] == MESSAGE_VERSION:  # a batch's 2 stays: older readers refuse it
+                del message[VERSION_FIELD]
+            data["message"] = message
         return data
 
     @classmethod
