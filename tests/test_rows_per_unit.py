@@ -10,25 +10,11 @@ from pathlib import Path
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
 from tests.support.harness import run_playbook
+from tests.support.playbooks import range_loop
 
 N = 20
 
-PLAYBOOK = """apiVersion: noetl.io/v10
-kind: Playbook
-metadata:
-  name: pipeline_rows
-workload:
-  n: 20
-workflow:
-  - step: start
-    tool: {kind: python, args: {n: "{{ n }}"}, code: "result = list(range(n))"}
-    next:
-      arcs: [{step: work}]
-  - step: work
-    loop: {in: "{{ start }}", iterator: x, spec: {mode: parallel, max_in_flight: 5}}
-    tool:
-__TASKS__
-"""
+PLAYBOOK = range_loop("pipeline_rows", workload="{n: 20}", max_in_flight=5, tool="__TASKS__\n")
 
 
 def _task(label: str, code: str) -> str:

@@ -20,6 +20,7 @@ import pytest
 import requests
 from sqlalchemy import bindparam, text
 
+from tests.support.playbooks import range_loop
 from tests.support.services import free_port, stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -39,25 +40,19 @@ workflow:
 """
 
 # a loop that runs for a while (the cancel tests stop it)
-SLOW_LOOP = """apiVersion: noetl.io/v10
-kind: Playbook
-metadata: {name: api_slow_loop, path: tests/api_slow_loop}
-workload: {n: 400, sleep: 0.2}
-workflow:
-  - step: start
-    tool: {kind: python, args: {n: "{{ n }}"}, code: "result = list(range(n))"}
-    next:
-      arcs: [{step: work}]
-  - step: work
-    loop: {in: "{{ start }}", iterator: x, spec: {mode: parallel, max_in_flight: 2}}
-    tool:
-      kind: python
+SLOW_LOOP = range_loop(
+    "api_slow_loop",
+    path="tests/api_slow_loop",
+    workload="{n: 400, sleep: 0.2}",
+    max_in_flight=2,
+    tool="""      kind: python
       args: {x: "{{ iter.x }}", pause: "{{ sleep }}"}
       code: |
         import time
         time.sleep(pause)
         result = x
-"""
+""",
+)
 
 
 class Server:

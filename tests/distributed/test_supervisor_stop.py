@@ -20,20 +20,13 @@ from sqlalchemy import text
 from noetl_celery.runner import wait
 from noetl_celery.store.db import get_engine
 from tests.support.engines import submit
+from tests.support.playbooks import range_loop
 
-PLAYBOOK = """apiVersion: noetl.io/v10
-kind: Playbook
-metadata: {name: group_stop}
-workload: {n: 6, marks: "", ticks: 8}
-workflow:
-  - step: start
-    tool: {kind: python, args: {n: "{{ n }}"}, code: "result = list(range(n))"}
-    next:
-      arcs: [{step: work}]
-  - step: work
-    loop: {in: "{{ start }}", iterator: x, spec: {mode: parallel, max_in_flight: 6}}
-    tool:
-      kind: python
+PLAYBOOK = range_loop(
+    "group_stop",
+    workload='{n: 6, marks: "", ticks: 8}',
+    max_in_flight=6,
+    tool="""      kind: python
       args: {x: "{{ iter.x }}", marks: "{{ marks }}", ticks: "{{ ticks }}"}
       code: |
         import os, time
@@ -41,7 +34,8 @@ workflow:
         for _ in range(ticks):
             time.sleep(0.5)
         result = x * 2
-"""
+""",
+)
 N = 6
 TICKS = 8  # half-second sleeps per attempt: 4 s
 WARM_WINDOW = 30.0  # seconds the stopped worker may take (its attempts need 4 s)

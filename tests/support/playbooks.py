@@ -64,3 +64,24 @@ workflow:
         if not final:
             text += f"    next: {{arcs: [{{step: {steps[index + 1]}}}]}}\n"
     return text
+
+
+def range_loop(name: str, *, workload: str, max_in_flight: int, tool: str, path: str | None = None) -> str:
+    """A `start` step that returns `list(range(n))` and a `work` step looping over it in parallel
+    (iterator `x`, at most `max_in_flight` at once). `workload`: the workload's mapping in flow
+    style (with `n`); `tool`: the YAML under the loop's `tool:`, each line indented 6 spaces;
+    `path`: the playbook's catalog path."""
+    metadata = f"{{name: {name}, path: {path}}}" if path else f"{{name: {name}}}"
+    return f"""apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {metadata}
+workload: {workload}
+workflow:
+  - step: start
+    tool: {{kind: python, args: {{n: "{{{{ n }}}}"}}, code: "result = list(range(n))"}}
+    next:
+      arcs: [{{step: work}}]
+  - step: work
+    loop: {{in: "{{{{ start }}}}", iterator: x, spec: {{mode: parallel, max_in_flight: {max_in_flight}}}}}
+    tool:
+{tool}"""
