@@ -199,7 +199,9 @@ def _run_eagerly(taken: Dispatch, window: eager.Window, request: Any) -> None:
         mark.close()
 
 
-def _run_taken(taken: Dispatch, window: eager.Window, request: Any, mark: eager.Mark, settings: Any) -> None:
+def _run_taken(
+    taken: Dispatch, window: eager.Window, request: Any, mark: eager.Mark, settings: noetl_settings.Settings
+) -> None:
     dispatch: Dispatch | None = taken
     while dispatch is not None:
         ran = dispatch
