@@ -53,11 +53,13 @@ def _insert_execution(
     *,
     pending: int = 0,
     state_version: int = 0,
+    stored: dict[str, Any] | None = None,
 ) -> None:
+    """`stored`: the plan in its JSON form, when the caller has it already."""
     repo.create_execution(
         conn,
         execution_id=execution_id,
-        plan=plan.model_dump(mode="json"),
+        plan=stored if stored is not None else plan.model_dump(mode="json"),
         workload=plan.workload,
         parent_execution_id=parent_execution_id,
         timeout=plan.timeout,
@@ -79,14 +81,15 @@ def create_started(
     time): if it raises, nothing is recorded."""
     ensure_schema(database_url)
     execution_id = new_execution_id()
+    stored = plan.model_dump(mode="json")
     with decision_transaction(database_url) as conn:  # the execution row and its start: both or neither
         if claim is not None:
             claim(conn, execution_id)
         dispatches = start(
             conn,
-            new_state(plan, execution_id),
+            new_state(plan, execution_id, stored),
             lambda pending, version: _insert_execution(
-                conn, plan, execution_id, pending=pending, state_version=version
+                conn, plan, execution_id, pending=pending, state_version=version, stored=stored
             ),
         )
     return execution_id, dispatches

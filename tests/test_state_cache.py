@@ -256,3 +256,75 @@ def test_submit_writes_the_execution_row_with_the_counters_its_start_leaves(url,
         assert published == []
         assert head is not None and head["status"] == "completed" and head["pending"] == 0
         assert events[0] == "execution.started" and events[-1] == "execution.completed"
+
+
+def test_a_new_executions_first_message_is_run_without_a_read_by_a_process_that_holds_its_plan(
+    url, tmp_path, plan, monkeypatch
+):
+    """A submit's first messages carry a seed (the plan's digest, the version and pending count
+    its start wrote). A process that read an execution of the same plan before (same workload)
+    builds the state from it and reads nothing; one that did not, or another plan, reads as
+    before; the stored dispatch keeps no seed."""
+    from noetl_celery import app as app_module
+    from noetl_celery import settings as noetl_settings
+
+    published: list[Dispatch] = []
+    monkeypatch.setattr(app_module, "publish", lambda dispatches, **_: published.extend(dispatches))
+    settings = noetl_settings.load({"NOETL_DATABASE_URL": url})
+    first, second = runner.submit(plan, settings), runner.submit(plan, settings)
+    other_plan = compile_playbook(tmp_path / "chain.yaml", overrides={"x": 2})
+    other = runner.submit(other_plan, settings)
+    messages = {TaskMessage.from_dict(d.message).execution_id: TaskMessage.from_dict(d.message) for d in published}
+    seeds = {execution_id: m.seed for execution_id, m in messages.items()}
+    assert all(seed is not None for seed in seeds.values()), seeds
+    assert seeds[first] == seeds[second] == {"plan": seeds[first]["plan"], "version": 0, "pending": 1}
+    assert seeds[other]["plan"] != seeds[first]["plan"]  # the workload is part of the plan's digest
+    with transaction(url) as conn:
+        stored = repo.list_events(conn, second)
+    dispatched = [d for row in stored for d in (row.get("meta") or {}).get("dispatch") or []]
+    assert dispatched and all("seed" not in d["message"] for d in dispatched)
+
+    reads: list[int] = []
+    real_read = repo.read_state
+    monkeypatch.setattr(repo, "read_state", lambda *a, **k: reads.append(a[1]) or real_read(*a, **k))
+    STATE.clear()  # a worker process that never saw this plan
+    payloads = {}
+    for execution_id, expected_reads in ((first, [first]), (second, []), (other, [other])):
+        reads.clear()
+        payloads[execution_id] = worker.execute(url, messages[execution_id], queue_id="test")
+        assert payloads[execution_id] is not None and payloads[execution_id]["outcome"]["status"] == "ok"
+        assert reads == expected_reads, execution_id
+    kept = STATE.peek(url, second)
+    read = as_read(url, second)
+    assert kept is not None and (kept.version, kept.pending) == (read["state_version"], read["pending"])
+    assert kept.workload == {"x": 1} and read["variables"] == {}
+
+    # the seeded execution goes on to its end as any other
+    pending = orchestrator.handle_event(url, payloads[second])
+    while pending:
+        message = TaskMessage.from_dict(pending.pop(0).message)
+        payload = worker.execute(url, message, queue_id="test")
+        assert payload is not None
+        pending += orchestrator.handle_event(url, payload)
+    with transaction(url) as conn:
+        assert repo.get_execution(conn, second)["status"] == "completed"
+        assert repo.load_variables(conn, second)["result"]["third"] == 2.5
+
+
+def test_a_seed_is_used_only_for_a_plan_held_and_at_the_version_asked(url, plan, monkeypatch):
+    """A seed of a plan this process does not hold, or of another version than its message
+    asks for, is not used: the state is read."""
+    first, second = create_execution(plan, url), create_execution(plan, url)
+    STATE.clear()
+    digest = STATE.get(url, first).digest  # a full read: the process holds the plan now
+    assert digest is not None
+    reads: list[int] = []
+    real_read = repo.read_state
+    monkeypatch.setattr(repo, "read_state", lambda *a, **k: reads.append(a[1]) or real_read(*a, **k))
+    with pytest.raises(LookupError):  # an unknown plan: read, and there is no such execution
+        STATE.get(url, 10**15, seed={"plan": "0" * 32, "version": 0, "pending": 1})
+    with pytest.raises(LookupError):  # a seed of another version: read too
+        STATE.get(url, 10**15, min_version=3, seed={"plan": digest, "version": 2, "pending": 1})
+    assert reads == [10**15, 10**15]
+    state = STATE.get(url, second, seed={"plan": digest, "version": 0, "pending": 0})
+    assert reads == [10**15, 10**15] and (state.version, state.pending, state.workload) == (0, 0, {"x": 1})

@@ -7,6 +7,8 @@ and messages carry the version they were decided at, so a process reloads only w
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import uuid
 from collections import OrderedDict
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from noetl_celery.engine.messages import TaskMessage
 
 CACHED_EXECUTIONS = 256  # executions whose plan and state one process keeps in memory
+CACHED_PLANS = 64  # plans (with their workload) one process keeps by digest, for seeded messages
 DUCKDB_KIND = "duckdb"  # a one-task step of this kind reads as its list of rows (templating.RowsResult)
 LOOP_RESULTS = "loop_results"  # a run entered from a loop step's arc reads its iteration results by this name
 JOB_UUID_NAMESPACE = uuid.UUID("5d3c7c1e-6b0f-4f43-9d55-2f7e0c1a9b21")  # job.uuid = uuid5(this, execution id)
@@ -55,6 +58,7 @@ class ExecutionState:
     # the pending count as last seen at `version` (None: unknown). Decisions without variables
     # change it without a new version, so it is a guess: a strict write checks it (Decider.flush)
     pending: int | None = None
+    digest: str | None = None  # the plan's digest (plan_digest), where it is known
 
     def load_variables(self, scopes: dict[str, dict[str, Any]], version: int) -> None:
         self.ctx = {**self.plan.ctx, **scopes.get("ctx", {})}
@@ -64,33 +68,71 @@ class ExecutionState:
         self.version = version
 
 
-def new_state(plan: Plan, execution_id: int) -> ExecutionState:
+def plan_digest(plan: dict[str, Any]) -> str:
+    """The digest of a plan in its stored (JSON) form, workload included: the same for the dict
+    a submit writes and for the one a load reads back."""
+    text = json.dumps(plan, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def new_state(plan: Plan, execution_id: int, stored: dict[str, Any] | None = None) -> ExecutionState:
     """The state of an execution of `plan` that is being created: as a load of it would read
-    (the workload as stored, in its JSON form)."""
-    workload = plan.model_dump(mode="json", include={"workload"})["workload"]
+    (the workload as stored, in its JSON form). `stored`: the plan as it is written (its
+    JSON form), which also gives the state its `digest`."""
+    workload = (stored or plan.model_dump(mode="json", include={"workload"}))["workload"]
     state = ExecutionState(execution_id=execution_id, plan=plan, workload=workload, parent_execution_id=None)
     state.load_variables({}, 0)
+    if stored is not None:
+        state.digest = plan_digest(stored)
     return state
+
+
+def seed_of(state: ExecutionState, version: int | None, pending: int | None) -> dict[str, Any] | None:
+    """The seed of a new execution's first messages (TaskMessage.seed), whose start wrote no
+    variables: the plan's digest, the state version and the pending count the start wrote.
+    None when the plan's digest or the version is not known."""
+    if state.digest is None or version is None:
+        return None
+    return {"plan": state.digest, "version": version, "pending": pending}
 
 
 class StateCache:
     """Per-process cache of ExecutionState, reloaded when a caller needs a newer version."""
 
-    def __init__(self, size: int = CACHED_EXECUTIONS):
+    def __init__(self, size: int = CACHED_EXECUTIONS, plans: int = CACHED_PLANS):
         self._size = size
         self._states: OrderedDict[tuple[str, int], ExecutionState] = OrderedDict()
+        self._plans_size = plans
+        # plan digest -> the plan and its workload as stored (a top-level execution's, read whole)
+        self._plans: OrderedDict[str, tuple[Plan, dict[str, Any]]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, url: str, execution_id: int, min_version: int = 0, conn: Connection | None = None) -> ExecutionState:
+    def get(
+        self,
+        url: str,
+        execution_id: int,
+        min_version: int = 0,
+        conn: Connection | None = None,
+        seed: dict[str, Any] | None = None,
+    ) -> ExecutionState:
         """The state at `min_version` or newer; loads through `conn` when given (a caller inside a
-        transaction must pass its connection: SQLite would block a second writer)."""
+        transaction must pass its connection: SQLite would block a second writer). `seed`: a new
+        execution's first message's (seed_of); when this process holds its plan by digest, the
+        state is built from it and nothing is read."""
         key = (url, execution_id)
         with self._lock:
             state = self._states.get(key)
             if state is not None:
                 self._states.move_to_end(key)
+            held = self._plans.get(seed["plan"]) if state is None and seed else None
         if state is not None and state.version >= min_version:
             return state
+        if held is not None and seed is not None and seed.get("version") == min_version:
+            seeded = ExecutionState(execution_id, held[0], held[1], None, digest=seed["plan"])
+            seeded.load_variables({}, min_version)
+            seeded.pending = seed.get("pending")
+            self._keep(url, seeded)
+            return seeded
         with _reuse(conn) if conn is not None else single_read(url) as conn:
             loaded = repo.read_state(conn, execution_id, full=state is None)
         if state is None:
@@ -102,7 +144,12 @@ class StateCache:
                 workload=loaded["workload"],
                 parent_execution_id=loaded["parent_execution_id"],
             )
-        fresh = ExecutionState(state.execution_id, state.plan, state.workload, state.parent_execution_id)
+            if state.parent_execution_id is None:  # a later execution of this plan may be seeded
+                state.digest = plan_digest(loaded["plan"])
+                self._hold(state.digest, state.plan, state.workload)
+        fresh = ExecutionState(
+            state.execution_id, state.plan, state.workload, state.parent_execution_id, digest=state.digest
+        )
         if loaded is None:  # removed meanwhile (a submit whose broker was down): nothing is left
             fresh.load_variables({}, min_version)
         else:
@@ -122,7 +169,9 @@ class StateCache:
         """Keep the state a decision of this process committed: `state` as it read it, with the
         variables it `written` (as stored), at `version`, the one version after `state`'s, with
         the `pending` count the decision left (None: unknown)."""
-        fresh = ExecutionState(state.execution_id, state.plan, state.workload, state.parent_execution_id)
+        fresh = ExecutionState(
+            state.execution_id, state.plan, state.workload, state.parent_execution_id, digest=state.digest
+        )
         fresh.ctx = {**state.ctx, **written.get("ctx", {})}
         fresh.vars = {**state.vars, **written.get("vars", {})}
         fresh.results = {**state.results, **written.get("result", {})}
@@ -130,6 +179,13 @@ class StateCache:
         fresh.version = version
         fresh.pending = pending
         self._keep(url, fresh)
+
+    def _hold(self, digest: str, plan: Plan, workload: dict[str, Any]) -> None:
+        with self._lock:
+            self._plans[digest] = (plan, workload)
+            self._plans.move_to_end(digest)
+            while len(self._plans) > self._plans_size:
+                self._plans.popitem(last=False)
 
     def _keep(self, url: str, state: ExecutionState) -> None:
         key = (url, state.execution_id)
@@ -152,6 +208,7 @@ class StateCache:
     def clear(self) -> None:
         with self._lock:
             self._states.clear()
+            self._plans.clear()
 
 
 STATE = StateCache()

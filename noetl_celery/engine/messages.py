@@ -2,7 +2,9 @@
 event rows keep of them.
 
 A task message carries its own iteration element, never the loop's collection, and no tool
-configuration (workers read the plan, cached per process, by execution id).
+configuration (workers read the plan, cached per process, by execution id; a new execution's
+first messages name it by digest, `seed`, so that a process that ran the plan before reads
+nothing).
 
 Every message says which format it is written in (`message_version`). Decoding is tolerant, so
 old and new workers can share one queue during a rolling upgrade: a field this version does not
@@ -214,6 +216,10 @@ class TaskMessage:
     # a batch (engine/decision/batching.py): the iterations after this one, each as the fields in which
     # its message differs from this one; this message is the batch's first iteration
     batch: list[dict[str, Any]] | None = None
+    # a new execution's first messages: its state as the start left it, by reference
+    # (context.Seed: the plan's digest, the state version and pending count), so that a worker
+    # process that ran the same plan before needs no read of the store to run them. Never stored.
+    seed: dict[str, Any] | None = None
 
     def members(self) -> list[TaskMessage]:
         """The iterations this message runs: itself, or the messages of its batch, in order."""
@@ -293,6 +299,10 @@ class Dispatch:
     def with_version(self, version: int) -> Dispatch:
         return replace(self, message={**self.message, "version": version})
 
+    def seeded(self, seed: dict[str, Any]) -> Dispatch:
+        """This dispatch with its task message carrying `seed` (TaskMessage.seed)."""
+        return replace(self, message={**self.message, "seed": seed})
+
     def as_replay(self, countdown: float = 0.0) -> Dispatch:
         """This dispatch sent again, flagged `replay` (its receiver skips an attempt that is
         recorded), due in `countdown` seconds (what is left of its own wait; 0: now)."""
@@ -310,10 +320,10 @@ class Dispatch:
 
     def stored(self) -> dict[str, Any]:
         """The dispatch as a decision row keeps it (`meta.dispatch`): a task message in its wire
-        form, its fields at their default left out, and so are the dispatch's own (`countdown`
-        0, `label` "", `timeout` the default) and the format version 1, the message's and the
-        dispatch's (an absent version is read as the oldest). `from_dict`, of this version or an
-        earlier one, fills them back in."""
+        form, its fields at their default and its `seed` left out, and so are the dispatch's own
+        (`countdown` 0, `label` "", `timeout` the default) and the format version 1, the
+        message's and the dispatch's (an absent version is read as the oldest). `from_dict`, of
+        this version or an earlier one, fills them back in."""
         data: dict[str, Any] = {"kind": self.kind, "message": self.message}
         if self.countdown:
             data["countdown"] = self.countdown
@@ -323,6 +333,7 @@ class Dispatch:
             data["timeout"] = self.timeout
         if self.kind == DispatchKind.RUN:
             message = wire(self.message)
+            message.pop("seed", None)  # the store is read where it is wanted again
             if message[VERSION_FIELD] == MESSAGE_VERSION:  # a batch's 2 stays: older readers refuse it
                 del message[VERSION_FIELD]
             data["message"] = message

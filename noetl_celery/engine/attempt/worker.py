@@ -275,7 +275,7 @@ def run_attempt(
 
 def _run_attempt(url: str, message: TaskMessage, *, queue_id: str | None, node: str | None) -> dict[str, Any]:
     started = time.time()
-    state = STATE.get(url, message.execution_id, min_version=message.version)
+    state = STATE.get(url, message.execution_id, min_version=message.version, seed=message.seed)
     step = state.plan.steps[message.step]
     task: Task = step.tasks[message.task_index]
     context = render_context(state, message_scope(message, step))

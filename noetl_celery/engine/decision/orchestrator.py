@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from noetl_celery import vocabulary as ev
-from noetl_celery.engine.context import STATE, ExecutionState
+from noetl_celery.engine.context import STATE, ExecutionState, seed_of
 from noetl_celery.engine.decision import core, write
 from noetl_celery.engine.decision.outcomes import OutcomeRules
 from noetl_celery.engine.decision.steps import StepFlow
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 # step runs and inline loop iterations without work one decision may chain (core.py)
 MAX_INLINE_DEPTH = core.MAX_INLINE_DEPTH
 START_KEY = ev.START_KEY
+SEEDED_MESSAGES = 16  # a start that sends more (a loop's first iterations) sends them without a seed
 loop_strategy = core.loop_strategy
 
 
@@ -151,7 +152,11 @@ def start_new(conn: Connection, state: ExecutionState, create_row: Callable[[int
     In a `db.decision_transaction` the start's rows are the last write, which commits."""
     decider = Decider(connection=conn, state=state, running=True, version=state.version, create_row=create_row)
     decider.start_execution()
-    return decider.flush(last=True)
+    dispatches = decider.flush(last=True)
+    seed = None if decider.decision.variables else seed_of(state, decider.written_version, decider.written_pending)
+    if seed is None or len(dispatches) > SEEDED_MESSAGES:
+        return dispatches
+    return [x.seeded(seed) if x.kind == DispatchKind.RUN else x for x in dispatches]
 
 
 def fail_internally(url: str, payload: dict[str, Any], reason: str, *, kind: str = ErrorKind.INTERNAL) -> None:
