@@ -16,8 +16,8 @@ every number of worker instances (`celery -A noetl_celery worker -c C -P prefork
   iteration (created_at of its `iteration.completed` row minus started_at + duration_ms).
 - noetl_celery cursor loop (--cursor-n, default 10000; 0 skips it): bench/playbooks/cursor_noop.yaml,
   the same no-op python task per row, rows claimed from a PostgreSQL table by 100 slots (frames
-  of up to 20 rows); rows/s between `iterator.started` and `iterator.completed`, and event rows
-  of the loop step per row.
+  of up to --cursor-frame rows, default 20; 1: no frame, a row per claim); rows/s between
+  `iterator.started` and `iterator.completed`, and event rows of the loop step per row.
 - peak RSS of each worker instance (main process + pool children, summed; sampled every 0.2 s).
 
 raw and noetl run back to back against the same worker processes. Then, unless
@@ -835,8 +835,22 @@ def run_noetl(
     return result
 
 
-def run_cursor(ctx: Context, n: int, workers: list[Any]) -> dict[str, Any]:
-    """One measured cursor loop of n rows: rows/s and event rows per row."""
+CURSOR_FRAME = "frame: {max_rows: 20}"  # as written in the cursor playbook
+
+
+def cursor_playbook(frame: int) -> str:
+    """The cursor playbook's text with frames of up to `frame` rows (1 or less: no frame)."""
+    text = CURSOR_PLAYBOOK.read_text()
+    if CURSOR_FRAME not in text:
+        raise BenchError(f"{CURSOR_PLAYBOOK} no longer says {CURSOR_FRAME!r}")
+    if frame > 1:
+        return text.replace(CURSOR_FRAME, f"frame: {{max_rows: {frame}}}")
+    return text.replace(", " + CURSOR_FRAME, "")
+
+
+def run_cursor(ctx: Context, n: int, workers: list[Any], frame: int = 20) -> dict[str, Any]:
+    """One measured cursor loop of n rows (frames of up to `frame` rows; 1: none): rows/s and
+    event rows per row."""
     from noetl_celery import runner
     from noetl_celery.compiler import compile_playbook
 
@@ -845,7 +859,8 @@ def run_cursor(ctx: Context, n: int, workers: list[Any]) -> dict[str, Any]:
     store_bytes = StoreBytes(reader)
     try:
         t0 = time.perf_counter()
-        execution_id = runner.submit(compile_playbook(CURSOR_PLAYBOOK, overrides={"n": n}), ctx.settings)
+        plan = compile_playbook(CURSOR_PLAYBOOK, text=cursor_playbook(frame), overrides={"n": n})
+        execution_id = runner.submit(plan, ctx.settings)
         deadline = time.monotonic() + ctx.run_timeout(n)
         while True:
             row = reader.one("SELECT status, error FROM noetl_execution WHERE execution_id = %s", (execution_id,))
@@ -1050,12 +1065,13 @@ def bench_set(ctx: Context, mode: str, count: int, results: dict[str, Any]) -> N
                 "workers": count,
                 "concurrency": args.concurrency,
                 "cursor_n": args.cursor_n,
+                "cursor_frame": args.cursor_frame,
             }
             results.setdefault("cursor_runs", []).append(cursor_run)
             try:
                 time.sleep(args.pause)
                 log(f"   cursor N={args.cursor_n} ...")
-                cursor_run["cursor"] = run_cursor(ctx, args.cursor_n, workers)
+                cursor_run["cursor"] = run_cursor(ctx, args.cursor_n, workers, args.cursor_frame)
                 log(
                     f"   cursor N={args.cursor_n}: {cursor_run['cursor']['rows_per_s']} rows/s, rows/row "
                     f"{cursor_run['cursor']['event_rows_per_row']}"
@@ -1306,6 +1322,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=10000,
         help="rows of the cursor loop run after the sizes, per worker set (default 10000; 0: none)",
+    )
+    p.add_argument(
+        "--cursor-frame",
+        type=int,
+        default=20,
+        help="rows a claim of the cursor loop may take (frame.max_rows; default 20; 1: no frame)",
     )
     p.add_argument("--json-out", help="also write the JSON results to this file")
     p.add_argument("--redis-db", type=int, default=14, help="Redis database index to claim (default 14)")

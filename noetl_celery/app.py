@@ -171,6 +171,8 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
             return "redelivered: this attempt was already recorded; its decision was sent again"
         if _late(self.request) and not task_message.replay and worker.already_done(url, task_message):
             return "late: this attempt waited in line past its lease; its re-published copy recorded it"
+        if _redelivered(self.request) and task_message.is_claim:  # it may have claimed: take its rows back
+            task_message = task_message.evolve(replay=True)
         payload = run(url, task_message, queue_id=self.request.id, node=self.request.hostname)
     except DBAPIError as exc:
         _store_delay(task_message, exc, _timeout_of(self.request))

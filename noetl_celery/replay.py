@@ -16,7 +16,8 @@ What cannot be decided again is refused rather than guessed: an execution that w
 An end from outside the decisions (a cancel, a playbook timeout, an internal failure) is
 applied to the scratch store where the log has it, so that the outcomes after it are decided as
 they were: recorded and ignored. A cursor claim's rows are read from the item message its
-decision sent; an iteration's outcome from `meta.reported` where its row shows the iteration's
+decision sent (a claim that ran its first row: from that row's record and what it sent next);
+an iteration's outcome from `meta.reported` where its row shows the iteration's
 end. A jittered retry delay is compared as the range the new code draws it from
 (`policy_eval.drawn`).
 """
@@ -305,6 +306,8 @@ def _event(conn: Any, row: dict[str, Any], messages: Messages) -> OutcomeEvent:
     meta = row.get("meta") or {}
     if row["event_type"] in CLAIM_TYPES:
         return OutcomeEvent(row["execution_id"], message, _claim_outcome(row), _report(row))
+    if (message.get("slot") or {}).get("phase") == "claim":  # the claim ran its first row: that row reported
+        message = _claimed_row(message, row)
     # a loop's iteration (a cursor's item) row shows the unit's end; what the attempt reported
     # where it differs is in meta.reported
     reported = {
@@ -335,6 +338,36 @@ def _report(row: dict[str, Any]) -> dict[str, Any]:
         "duration_ms": row["duration_ms"],
         "pid": (row.get("meta") or {}).get("pid"),
     }
+
+
+def _claimed_row(claim: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """The message of a row its claim ran in the claim's own attempt (TaskMessage.claimed_row),
+    rebuilt from the row's record: the claimed row (`meta.row`), and the rest of the claim's
+    frame from the messages its decision sent for the same slot and claim."""
+    meta = row.get("meta") or {}
+    first = meta.get("row")
+    if isinstance(first, dict) and first.get("truncated") is True:
+        raise ReplayError(
+            f"row {row['id']} ({row['event_type']} {row['event_id']!r}): the row its claim took is kept "
+            f"truncated ({first.get('size')} characters), so the claim's outcome is unknown"
+        )
+    count = int((meta.get("claimed") or {}).get("rows") or 1)
+    slot = claim.get("slot") or {}
+    rest: list[Any] | None = [] if count == 1 else None
+    for stored in meta.get("dispatch") or []:
+        sent = Dispatch.from_dict(stored).message
+        other = sent.get("slot") or {}
+        if other.get("phase") == "row" and (other.get("id"), other.get("claim")) == (slot.get("id"), slot.get("claim")):
+            later = list(other.get("rows") or [])
+            rest = later if sent.get("iteration") == row["iteration"] else [sent.get("element"), *later]
+            break
+    if rest is None or len(rest) != count - 1:
+        raise ReplayError(
+            f"row {row['id']} ({row['event_type']} {row['event_id']!r}): its claim took {count} rows, "
+            "and the log does not hold the rest of them"
+        )
+    message = TaskMessage.from_dict(claim).claimed_row([first, *rest], 1)
+    return message.evolve(iteration=row["iteration"]).to_dict()
 
 
 def _claim_outcome(row: dict[str, Any]) -> dict[str, Any]:

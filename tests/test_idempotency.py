@@ -125,13 +125,14 @@ CURSOR_DEMO = Path(__file__).resolve().parents[1] / "playbooks" / "cursor_queue.
 
 
 def _cursor_row_ready(url: str, queue_db: Path) -> tuple[int, Dispatch]:
-    """A cursor loop (SQLite driver) whose first slot claimed a frame: its first row's task."""
+    """A cursor loop (SQLite driver) whose first slot claimed a frame of two rows and ran the
+    first in the claim's attempt: the task of the frame's second row."""
     plan = compile_playbook(CURSOR_DEMO, overrides={"jobs": 8, "queue_db": str(queue_db)})
     execution_id = create_execution(plan, url)
     [seed] = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
     claims = orchestrator.handle_event(url, attempt(url, seed))
     [row] = orchestrator.handle_event(url, attempt(url, claims[0]))
-    assert row.message["slot"]["phase"] == "row"
+    assert row.message["slot"]["phase"] == "row" and row.message["slot"]["index"] == 1
     return execution_id, row
 
 
@@ -139,16 +140,16 @@ def test_a_cursor_rows_outcome_is_decided_without_a_separate_head_read(url, monk
     execution_id, row = _cursor_row_ready(url, tmp_path / "queue.sqlite")
     outcome = attempt(url, row)
     seen = _statements(monkeypatch)
-    [following] = orchestrator.handle_event(url, outcome)  # the frame's second row
-    assert following.message["slot"]["index"] == 1
+    [following] = orchestrator.handle_event(url, outcome)  # the slot's next claim
+    assert following.message["slot"]["phase"] == "claim" and following.message["slot"]["index"] == 2
     heads = [s for s in seen if s.lstrip().startswith("SELECT status")]
     if url.startswith("postgresql"):
         assert heads == [] and "FOR KEY SHARE" in seen[0]
     else:
         assert len(heads) == 1 and seen.index(heads[0]) == 0
     with transaction(url) as conn:
-        assert repo.get_loop(conn, row.message["run_id"])["done"] == 1
-    assert kinds(url, execution_id)["cursor.item.done"] == 1
+        assert repo.get_loop(conn, row.message["run_id"])["done"] == 2
+    assert kinds(url, execution_id)["cursor.item.done"] == 2
 
 
 def test_nothing_is_dispatched_after_a_cancel_even_from_a_cached_cursor_row(url, tmp_path):
@@ -160,7 +161,7 @@ def test_nothing_is_dispatched_after_a_cancel_even_from_a_cached_cursor_row(url,
         end_tree(conn, execution_id, "cancelled", "execution.cancelled", {"kind": "cancelled", "message": "x"})
     assert orchestrator.handle_event(url, outcome) == []  # neither the next row nor a claim
     with transaction(url) as conn:
-        assert repo.get_loop(conn, row.message["run_id"])["done"] == 0
+        assert repo.get_loop(conn, row.message["run_id"])["done"] == 1  # the claim's row, before the cancel
 
 
 def test_nothing_is_dispatched_after_a_cancel_even_from_a_cached_state(url):

@@ -1,9 +1,9 @@
 """The lease statements of store/leases.py on PostgreSQL: the statement that reads a batch of
 overdue leases deletes, by itself, exactly the leases whose every attempt has the outcome row the
 engine's own key names (engine/ids.py, TaskMessage.outcome_key), for every shape of message it
-settles (a step, an iteration, a later hop and attempt, a compact wire message, a cursor row), and
-leaves every other lease (an outcome missing, a batch, a cursor claim, a sub-playbook's end) to
-the sweeper with its dispatch list; a lease of an ended execution is settled."""
+settles (a step, an iteration, a later hop and attempt, a compact wire message, a cursor row and
+claim), and leaves every other lease (an outcome missing, a batch, a sub-playbook's end) to the
+sweeper with its dispatch list; a lease of an ended execution is settled."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def test_the_overdue_read_settles_exactly_the_leases_whose_attempts_have_outcome
         "compact": wire(message(x, iteration=9, attempt=2)),
         "row": message(x, iteration=3, slot={"id": 1, "claim": 2, "phase": "row", "index": 0, "rows": []}),
         "claim": message(x, slot={"id": 1, "claim": 2, "phase": "claim"}),
+        "claim_retried": wire(message(x, attempt=2, slot={"id": 0, "claim": 5, "phase": "claim", "run": True})),
         "batch": message(x, iteration=20, batch=[{"iteration": 21}]),
     }
     past = repo.utcnow() - timedelta(seconds=5)
@@ -70,9 +71,10 @@ def test_the_overdue_read_settles_exactly_the_leases_whose_attempts_have_outcome
     with transaction(url) as conn:
         batch = leases.overdue(conn, repo.utcnow(), 100)
     left = {o.event_id for o in batch.pending}
-    settled = {f"decision.{n}.True" for n in ("step", "iteration", "later", "compact", "row")} | {"ended"}
+    kinds = ("step", "iteration", "later", "compact", "row", "claim", "claim_retried")
+    settled = {f"decision.{n}.True" for n in kinds} | {"ended"}
     assert batch.settled == len(settled)
-    assert left == {f"decision.{n}.False" for n in shapes} | {"decision.claim.True", "decision.batch.True", "child.end"}
+    assert left == {f"decision.{n}.False" for n in shapes} | {"decision.batch.True", "child.end"}
     assert all(o.dispatch for o in batch.pending)  # each with its dispatch list, for the sweeper
     with transaction(url) as conn:
         for key in settled:

@@ -21,6 +21,7 @@ TABLES = (
     repo.LOOPS,
     repo.JOINS,
     repo.LEASES,
+    repo.HOLDS,
     repo.BLOBS,
     NOTIFICATIONS,
     repo.EXECUTIONS,
@@ -30,7 +31,7 @@ PLAN = {"name": "retention", "steps": {}}
 
 def add(url: str, execution_id: int, status: str, *, age: timedelta, parent: int | None = None) -> None:
     """An execution with a row in every table of its own (a decision row with a lease, a stored
-    value and a webhook record included)."""
+    value, a cursor slot's kept claim and a webhook record included)."""
     with transaction(url) as conn:
         repo.create_execution(
             conn, execution_id=execution_id, plan=PLAN, workload={}, parent_execution_id=parent, depth=int(bool(parent))
@@ -57,6 +58,7 @@ def add(url: str, execution_id: int, status: str, *, age: timedelta, parent: int
                 "context": {},
             },
         )
+        repo.hold_claim(conn, execution_id, f"run{execution_id}", 0, 3, [{"id": 1}])
         conn.execute(  # a big result stored by reference, and a failure webhook's record
             repo.BLOBS.insert().values(
                 execution_id=execution_id, sha256="0" * 64, size=2, encoding="json", data=b"[]", created_at=stamp
@@ -99,8 +101,8 @@ def store(url: str) -> dict[str, int]:
 def test_prune_removes_old_finished_trees_and_nothing_running(either_store):
     url = either_store
     before = store(url)
-    assert all(n == 10 for n in before.values()), before  # 3 events, a lease, a variable, a join, a loop,
-    # a blob, a notification, itself
+    assert all(n == 11 for n in before.values()), before  # 3 events, a lease, a variable, a join, a loop,
+    # a kept claim, a blob, a notification, itself
     dry = retention.prune(url, timedelta(days=30), statuses=("completed", "failed"), dry_run=True)
     assert dry.trees == 2 and dry.skipped_running == 1  # 1 (with 11, 111) and 6; 3 has a running child
     assert sum(counts(url, x)["noetl_execution"] for x in before) == len(before)  # nothing removed
@@ -112,6 +114,7 @@ def test_prune_removes_old_finished_trees_and_nothing_running(either_store):
         "noetl_loop": 4,
         "noetl_join": 4,
         "noetl_lease": 4,
+        "noetl_cursor_hold": 4,
         "noetl_blob": 4,
         "noetl_notification": 4,
         "noetl_execution": 4,
@@ -125,7 +128,7 @@ def test_prune_removes_old_finished_trees_and_nothing_running(either_store):
     with transaction(url) as conn:  # the running execution ends: its tree goes with the next prune
         conn.execute(text("UPDATE noetl_execution SET status = 'completed', finished_at = created_at"))
     assert retention.prune(url, timedelta(days=30)).executions == 4  # 2, 21, 3, 31; 4 is recent
-    assert sum(counts(url, 4).values()) == 10
+    assert sum(counts(url, 4).values()) == 11
 
 
 def test_a_prune_stopped_half_way_is_finished_by_the_next(either_store, monkeypatch):

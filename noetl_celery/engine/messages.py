@@ -209,7 +209,9 @@ class TaskMessage:
     store_tries: int = 0  # times the worker found the event store unreachable for this message
     # cursor loops: {"id": slot number, "claim": claim number, "phase": "claim" | "row",
     # "index": rows this slot finished, "rows": the rest of the claimed frame, "done": the frame's
-    # rows already over (a claim: the previous frame's rows, for the driver to acknowledge)}
+    # rows already over (a claim: the previous frame's rows, for the driver to acknowledge),
+    # a claim's "run": its first row's first task runs in the same attempt (claimed_row), that
+    # row's "via": the claim attempt it ran in}
     slot: dict[str, Any] | None = None
     # sub-playbooks: the finished child's outcome, when the parent's task still has a sink to run
     child: dict[str, Any] | None = None
@@ -232,12 +234,38 @@ class TaskMessage:
     def is_claim(self) -> bool:
         return self.slot is not None and self.slot.get("phase") == "claim"
 
+    @property
+    def ran_with_claim(self) -> bool:
+        """The first attempt of a row's first task, run in its claim's attempt (claimed_row)."""
+        return self.slot is not None and "via" in self.slot and self.seq == 0 and self.attempt == 1
+
     def outcome_key(self) -> str:
-        """The deterministic key of this attempt's outcome row."""
-        if self.is_claim:
+        """The deterministic key of this attempt's outcome row. A row's first attempt run with
+        its claim is recorded under the claim attempt's key: the one outcome of that attempt."""
+        if self.is_claim or self.ran_with_claim:
             assert self.slot is not None
-            return claim_key(self.run_id, self.slot["id"], self.slot["claim"], self.attempt) + ".done"
+            attempt = self.slot["via"] if self.ran_with_claim else self.attempt
+            return claim_key(self.run_id, self.slot["id"], self.slot["claim"], attempt) + ".done"
         return attempt_key(self.run_id, self.iteration, self.seq, self.attempt) + ".done"
+
+    def claimed_row(self, rows: list[Any], slots: int) -> TaskMessage:
+        """A claim that runs its first row (`slot.run`): the message of that row's first attempt,
+        as cursor_loop.dispatch_row would send it, marked with the claim attempt (`via`)."""
+        assert self.slot is not None and rows
+        slot = self.slot
+        return replace(
+            self,
+            iteration=slot["index"] * slots + slot["id"],
+            element=rows[0],
+            attempt=1,
+            seq=0,
+            task_index=0,
+            replay=False,
+            delayed=False,
+            store_tries=0,
+            seed=None,
+            slot=row_slot(slot["id"], slot["claim"], slot["index"], rows[1:], via=self.attempt),
+        )
 
     def evolve(self, **changes: Any) -> TaskMessage:
         return replace(self, **changes)
@@ -363,6 +391,22 @@ class Dispatch:
 
 
 _FIELD_ORDER = tuple(f.name for f in dataclasses.fields(TaskMessage))
+
+
+def row_slot(
+    slot: int, claim: int, index: int, rest: list[Any], done: list[Any] | None = None, via: int | None = None
+) -> dict[str, Any]:
+    """A cursor row message's `slot`: its slot, claim and index, the rest of its frame, the
+    frame's rows over before it, and the claim attempt it ran in (when it did)."""
+    return {
+        "id": slot,
+        "claim": claim,
+        "phase": "row",
+        "index": index,
+        "rows": rest,
+        **({"done": done} if done else {}),
+        **({"via": via} if via is not None else {}),
+    }
 
 
 def _truncate(value: Any) -> Any:

@@ -43,24 +43,24 @@ class Batch(NamedTuple):
 
 
 # The dispatches (`dsp`, elements of the decision rows' meta.dispatch) that need nothing more: an
-# attempt of an execution that has ended, or a plain attempt (no batch, no cursor claim: their
+# attempt of an execution that has ended, or a plain attempt or cursor claim (not a batch: its
 # keys are the engine's business) whose outcome row exists, its key built as engine/ids.py's
-# attempt_key builds it, with TaskMessage's defaults for the fields a compact message leaves out.
-# Anything else (a sub-playbook's end, a batch, a claim, an attempt without outcome) leaves its
-# lease to the sweeper, which decides every dispatch of it. The outcome row is looked up by a
-# LATERAL join, one unique-index probe per dispatch (a correlated EXISTS may be planned as a hash
-# of every row of the execution).
+# attempt_key or claim_key builds it (TaskMessage.outcome_key), with TaskMessage's defaults for
+# the fields a compact message leaves out. Anything else (a sub-playbook's end, a batch, an
+# attempt without outcome) leaves its lease to the sweeper, which decides every dispatch of it.
+# The outcome row is looked up by a LATERAL join, one unique-index probe per dispatch (a
+# correlated EXISTS may be planned as a hash of every row of the execution).
 _PLAIN = (
-    "dsp->>'kind' = 'run' AND d.status = 'running'"
-    " AND jsonb_typeof(dsp->'message'->'batch') IS DISTINCT FROM 'array'"
-    " AND COALESCE(dsp->'message'->'slot'->>'phase', '') <> 'claim'"
+    "dsp->>'kind' = 'run' AND d.status = 'running' AND jsonb_typeof(dsp->'message'->'batch') IS DISTINCT FROM 'array'"
 )
 _OUTCOME_KEY = (
     "(dsp->'message'->>'run_id')"
-    " || CASE WHEN jsonb_typeof(dsp->'message'->'iteration') = 'number'"
+    " || CASE WHEN dsp->'message'->'slot'->>'phase' = 'claim'"
+    " THEN '.c' || (dsp->'message'->'slot'->>'id') || '.' || (dsp->'message'->'slot'->>'claim')"
+    " ELSE CASE WHEN jsonb_typeof(dsp->'message'->'iteration') = 'number'"
     " THEN '.i' || (dsp->'message'->>'iteration') ELSE '' END"
-    " || '.s' || COALESCE(dsp->'message'->>'seq', '0') || '.a' || COALESCE(dsp->'message'->>'attempt', '1')"
-    " || '.done'"
+    " || '.s' || COALESCE(dsp->'message'->>'seq', '0') END"
+    " || '.a' || COALESCE(dsp->'message'->>'attempt', '1') || '.done'"
 )
 _OVERDUE_PG = (
     "WITH due AS (SELECT l.execution_id, l.event_id, e.meta, x.status FROM noetl_lease l"

@@ -165,6 +165,22 @@ class LoopState(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+class CursorHold(Base):
+    """The rows a cursor slot's last claim took, for a claim of a SQL driver that runs its first
+    row in its own job (engine/decision/cursor_loop.py `run`): written by the worker before the
+    row runs, read when the same claim runs again (its job died, or was delivered again), so that
+    the claim takes back its rows whatever the claim SQL does with rows that ran. One row per
+    slot, overwritten by its next claim."""
+
+    __tablename__ = "noetl_cursor_hold"
+
+    execution_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    claim: Mapped[int] = mapped_column(Integer, nullable=False)
+    rows: Mapped[Any] = mapped_column(Json, nullable=False)
+
+
 class CatalogEntry(Base):
     """A registered playbook (`noetl-celery register`), found by its catalog path (metadata.path)."""
 

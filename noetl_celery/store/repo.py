@@ -27,7 +27,17 @@ from sqlalchemy.exc import DBAPIError
 
 from noetl_celery import limits, secret_registry
 from noetl_celery.store import db
-from noetl_celery.store.models import Blob, CatalogEntry, Event, Execution, Join, Lease, LoopState, Variable
+from noetl_celery.store.models import (
+    Blob,
+    CatalogEntry,
+    CursorHold,
+    Event,
+    Execution,
+    Join,
+    Lease,
+    LoopState,
+    Variable,
+)
 
 EVENTS = cast(Table, Event.__table__)
 EXECUTIONS = cast(Table, Execution.__table__)
@@ -37,6 +47,7 @@ LOOPS = cast(Table, LoopState.__table__)
 CATALOG = cast(Table, CatalogEntry.__table__)
 LEASES = cast(Table, Lease.__table__)
 BLOBS = cast(Table, Blob.__table__)
+HOLDS = cast(Table, CursorHold.__table__)
 
 
 def utcnow() -> datetime:
@@ -194,7 +205,7 @@ def delete_unpublished_execution(conn: Connection, execution_id: int) -> None:
         execution_id,
         *(r[0] for r in conn.execute(select(c.execution_id).where(c.parent_execution_id == execution_id))),
     ]
-    for table in (EVENTS, VARIABLES, JOINS, LOOPS, LEASES, EXECUTIONS):
+    for table in (EVENTS, VARIABLES, JOINS, LOOPS, LEASES, HOLDS, EXECUTIONS):
         conn.execute(table.delete().where(table.c.execution_id.in_(ids)))
 
 
@@ -857,6 +868,26 @@ def create_loop(conn: Connection, values: dict[str, Any]) -> None:
         )
         .on_conflict_do_nothing(index_elements=["run_id"])
     )
+
+
+def hold_claim(conn: Connection, execution_id: int, run_id: str, slot: int, claim: int, rows: list[Any]) -> None:
+    """Keep the rows a cursor slot's claim took (noetl_cursor_hold), over its previous claim's."""
+    values = {"execution_id": execution_id, "run_id": run_id, "slot": slot, "claim": claim, "rows": rows}
+    stmt = _insert(conn, HOLDS).values(**values)
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["execution_id", "run_id", "slot"], set_={"claim": claim, "rows": stmt.excluded.rows}
+        )
+    )
+
+
+def held_claim(conn: Connection, execution_id: int, run_id: str, slot: int, claim: int) -> list[Any] | None:
+    """The rows the `claim`-th claim of a cursor slot took and kept (None: it kept none)."""
+    h = HOLDS.c
+    row = conn.execute(
+        select(h.rows).where(and_(h.execution_id == execution_id, h.run_id == run_id, h.slot == slot, h.claim == claim))
+    ).first()
+    return None if row is None else list(row[0] or [])
 
 
 def run_results(conn: Connection, execution_id: int, run_id: str, event_type: str) -> list[Any]:

@@ -55,6 +55,7 @@ TABLES: tuple[Table, ...] = (
     repo.LOOPS,
     repo.JOINS,
     repo.LEASES,
+    repo.HOLDS,
     repo.BLOBS,
     schedule_store.NOTIFICATIONS,
 )

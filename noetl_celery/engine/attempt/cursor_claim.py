@@ -3,6 +3,13 @@
 The claim SQL is rendered with Jinja first (the step's render context plus each frame value as
 `__frame_<name>`, e.g. `{{ __frame_max_rows }}`, and `__worker_slot_id`); `%(name)s` parameters
 are then bound by the driver. The outcome's data is `{"rows": [...]}`.
+
+A claim that runs its first row in its own job (`slot.run`, engine/decision/cursor_loop.py) on a
+SQL driver keeps the rows it took in the event store (noetl_cursor_hold) before that row runs:
+the same claim run again (its job died before the row's outcome was recorded, or it was
+delivered twice) takes them back (`held`) instead of running the claim SQL, whatever the SQL does
+with rows that ran (a row its task marked done would not be claimed again, and would be lost).
+The queue drivers keep what a slot took themselves until its next claim acknowledges it.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from noetl_celery.dsl.plan import Step
 from noetl_celery.engine.ids import slot_id
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
+from noetl_celery.store import repo
+from noetl_celery.store.db import transaction
 from noetl_celery.templating import plain, render_value
 from noetl_celery.tools.base import Outcome
 from noetl_celery.vocabulary import ToolErrorKind
@@ -60,3 +69,28 @@ def run_claim(step: Step, message: TaskMessage, context: dict[str, Any], secrets
             max_rows=cursors.frame_rows(step.loop.frame),
         ),
     )
+
+
+def _holds(step: Step, message: TaskMessage) -> bool:
+    """Whether this claim keeps its rows in the event store: it runs its first row, on a SQL driver."""
+    assert step.loop is not None and step.loop.cursor is not None and message.slot is not None
+    return bool(message.slot.get("run")) and cursors.needs_claim(str(step.loop.cursor.get("kind")))
+
+
+def held(url: str, step: Step, message: TaskMessage) -> list[Any] | None:
+    """The rows this claim took and kept when it ran before (a later attempt of it, or a delivery
+    again): None when it keeps none, or cannot have run before, or kept none."""
+    if not _holds(step, message) or not (message.replay or message.attempt > 1):
+        return None
+    assert message.slot is not None
+    with transaction(url) as conn:
+        return repo.held_claim(conn, message.execution_id, message.run_id, message.slot["id"], message.slot["claim"])
+
+
+def hold(url: str, step: Step, message: TaskMessage, rows: list[Any]) -> None:
+    """Keep the rows this claim took, before the first of them runs (a claim that keeps none: nothing)."""
+    if not _holds(step, message):
+        return
+    assert message.slot is not None
+    with transaction(url) as conn:
+        repo.hold_claim(conn, message.execution_id, message.run_id, message.slot["id"], message.slot["claim"], rows)

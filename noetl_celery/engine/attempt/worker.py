@@ -2,8 +2,12 @@
 
 The worker never decides what runs next: it returns the outcome for on_event. It reads the plan
 and the execution state (cached per process) and writes nothing to the event store but a result
-above NOETL_MAX_RESULT_BYTES, stored once by reference (store/blobs.py) before it is reported:
-the outcome then carries the reference, never the value.
+above NOETL_MAX_RESULT_BYTES, stored once by reference (store/blobs.py) before it is reported
+(the outcome then carries the reference, never the value), and the rows a SQL cursor claim took
+before it runs the first of them (cursor_claim.hold).
+
+A cursor claim that says `run` goes on, in the same attempt, to the first claimed row's first
+task (TaskMessage.claimed_row): the attempt then reports that row's outcome, not the claim's.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from noetl_celery.dsl.plan import Sink, Task
 from noetl_celery.engine import deadlines
 from noetl_celery.engine import identity as process_identity
 from noetl_celery.engine.arc_args import merge_arc_args
-from noetl_celery.engine.attempt.cursor_claim import run_claim
+from noetl_celery.engine.attempt import cursor_claim
 from noetl_celery.engine.context import STATE, message_scope, render_context
 from noetl_celery.engine.messages import BatchEvent, OutcomeEvent, TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
@@ -225,6 +229,20 @@ def storable_outcome(kind: str, outcome: Outcome) -> dict[str, Any]:
     return {key: value if key == "data" else storable(value, depth) for key, value in body.items()}
 
 
+def claimed_rows(outcome: Outcome, secrets: set[str]) -> list[Any] | None:
+    """The rows a claim took as its outcome would report them (JSON data, secrets masked): what
+    a row's message carries; None when it took none, failed, or took what cannot be stored."""
+    if outcome.status != "ok" or not (outcome.data or {}).get("rows"):
+        return None
+    body = storable_outcome("claim", outcome)
+    if body["status"] != "ok":
+        return None
+    if secrets:
+        body = credentials.scrub(body, secrets)
+    rows = secret_registry.mask(body)["data"]["rows"]
+    return list(rows) if isinstance(rows, list) and rows else None
+
+
 def already_done(url: str, message: TaskMessage) -> bool:
     key = message.outcome_key()
     with transaction(url) as conn:
@@ -283,7 +301,17 @@ def _run_attempt(url: str, message: TaskMessage, *, queue_id: str | None, node: 
     source_file = state.plan.source_file
     strict = strict_rendering(state.plan.strict_templates)
     if message.is_claim:
-        outcome = run_claim(step, message, context, secrets)
+        kept = cursor_claim.held(url, step, message)
+        outcome = Outcome.ok({"rows": kept}) if kept else cursor_claim.run_claim(step, message, context, secrets)
+        rows = claimed_rows(outcome, secrets) if (message.slot or {}).get("run") else None
+        if rows:  # the claim runs its first row's first task now: this attempt reports that row
+            assert step.loop is not None
+            if not kept:
+                cursor_claim.hold(url, step, message, rows)
+            message = message.claimed_row(rows, max(step.loop.max_in_flight, 1))
+            context = render_context(state, message_scope(message, step))
+    if message.is_claim:
+        pass  # the claim's own outcome: its rows, none, or its error
     elif message.child is not None:  # a sub-playbook's outcome: only the task's sink is left to run
         outcome = Outcome(
             status=message.child["status"],

@@ -5,8 +5,10 @@ Everything here runs inside on_event; workers only run claims and the rows' task
   a unique slot id (`__worker_slot_id`).
 - A claim that returns rows (a frame of up to `max_rows`) starts the step's task chain for the
   first row, exactly as a collection iteration (policy, retries, pagination, sinks: each attempt
-  its own task). When a row is over, the slot's next row of the frame runs, or the slot's next
-  claim is dispatched. No task loops or blocks.
+  its own task). When the step's first task is a worker's, the claim's own attempt runs that
+  row's first task (`run`; TaskMessage.claimed_row) and reports its outcome, recorded under the
+  claim's key: the claim costs no task and no row of its own. When a row is over, the slot's
+  next row of the frame runs, or the slot's next claim is dispatched. No task loops or blocks.
 - A claim that returns no row ends its slot (`noetl_loop.slots_ended` counts it, in the same
   transaction that records the claim's outcome row, whose key is deterministic: a redelivery
   counts nothing twice). The claim that ends the last slot completes the loop (a guarded UPDATE:
@@ -17,9 +19,10 @@ Everything here runs inside on_event; workers only run claims and the rows' task
 - `loop.aggregate: true` adds `results` (every done row's result, in completion order, read back
   from the item rows) to the loop's result; without it the result is the stats alone, since a
   cursor loop may be unbounded.
-- Event rows: one per claim (`cursor.claimed` / `cursor.slot.ended` / `cursor.claim.failed`), one
-  per row processed (`cursor.item.done` / `cursor.item.failed`: the last attempt's
-  outcome row, built as the item's: no start rows), plus step and loop start/end.
+- Event rows: one per row processed (`cursor.item.done` / `cursor.item.failed`: the last
+  attempt's outcome row, built as the item's: no start rows), one per claim without rows
+  (`cursor.slot.ended` / `cursor.claim.failed`) and per claim that did not run its first row
+  (`cursor.claimed`), plus step and loop start/end.
 - Unit ids: row `index` of slot `s` of `n` slots is iteration `index * n + s` (unique in the run,
   no counter needed).
 """
@@ -35,9 +38,11 @@ from noetl_celery.engine import deadlines
 from noetl_celery.engine.decision.loops import fail_loop_start, record_loop_done
 from noetl_celery.engine.decision.policy_eval import next_backoff
 from noetl_celery.engine.decision.rows import OpenRow
+from noetl_celery.engine.decision.subplaybooks import PLAYBOOK_KIND
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
-from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
+from noetl_celery.engine.messages import Dispatch, TaskMessage, row_slot, sanitize
 from noetl_celery.store import repo
+from noetl_celery.tools.base import get_tool
 from noetl_celery.vocabulary import ErrorKind
 
 if TYPE_CHECKING:
@@ -164,6 +169,23 @@ def lease_seconds(step: Step) -> float | None:
     return None
 
 
+def runs_with_claim(step: Step) -> bool:
+    """Whether a claim of this step runs its first row's first task in the same attempt: when
+    that task is a worker's (not routing-only, not a sub-playbook)."""
+    task = step.tasks[0]
+    spec = get_tool(task.kind)
+    if task.kind == PLAYBOOK_KIND or spec is None:
+        return False
+    return not (spec.routing_only and task.sink is None)
+
+
+def row_timeout(step: Step) -> float:
+    """The seconds a row's first task may run: its own timeout, else the frame's lease."""
+    task = step.tasks[0]
+    timeout = deadlines.timeout_of(task.kind, task.config)
+    return timeout if "timeout" in task.config else lease_seconds(step) or timeout
+
+
 def dispatch_claim(
     decider: DecisionPort,
     step: Step,
@@ -177,6 +199,9 @@ def dispatch_claim(
     countdown: float = 0.0,
     done: list[Any] | None = None,
 ) -> None:
+    """A slot's next claim. When the step's first task is a worker's, the claim runs its first
+    row's first task in the same attempt (`run`): one task and one outcome row for that row."""
+    ran = runs_with_claim(step)
     message = TaskMessage(
         execution_id=decider.execution_id,
         run_id=run.run_id,
@@ -185,14 +210,22 @@ def dispatch_claim(
         frames=run.frames,
         args=run.args,
         parent_event_id=parent,
-        slot={"id": slot, "claim": claim, "phase": "claim", "index": index, **({"done": done} if done else {})},
+        slot={
+            "id": slot,
+            "claim": claim,
+            "phase": "claim",
+            "index": index,
+            **({"done": done} if done else {}),
+            **({"run": True} if ran else {}),
+        },
     )
+    timeout = lease_seconds(step) or deadlines.DEFAULT_TIMEOUT
     decider.send(
         Dispatch.task(
             message,
             countdown=countdown,
             label=f"{step.name}:claim",
-            timeout=lease_seconds(step) or deadlines.DEFAULT_TIMEOUT,
+            timeout=timeout + row_timeout(step) if ran else timeout,
         )
     )
 
@@ -219,14 +252,7 @@ def dispatch_row(
         frames=run.frames,
         args=run.args,
         parent_event_id=parent,
-        slot={
-            "id": slot,
-            "claim": claim,
-            "phase": "row",
-            "index": index,
-            "rows": rows[1:],
-            **({"done": done} if done else {}),
-        },
+        slot=row_slot(slot, claim, index, rows[1:], done),
     )
     decider.dispatch_task(step, message, record_start=False)
 

@@ -20,7 +20,7 @@ from noetl_celery.engine.decision.core import DecisionCore
 from noetl_celery.engine.decision.rows import OpenRow
 from noetl_celery.engine.decision.units import UnitEnd
 from noetl_celery.engine.ids import attempt_key
-from noetl_celery.engine.messages import TaskMessage
+from noetl_celery.engine.messages import TaskMessage, sanitize
 from noetl_celery.errors import TemplateError
 from noetl_celery.templating import HIDDEN_META, lenient, plain, render_value
 from noetl_celery.vocabulary import ErrorKind
@@ -79,6 +79,12 @@ class OutcomeRules(DecisionCore):
         if step.loop is not None and step.loop.batch == "auto" and isinstance(duration, (int, float)):
             self.decision.durations_ms.setdefault(message.run_id, []).append(float(duration))
         row = self.open_row(ev.ACTION_COMPLETED if ok else ev.ACTION_FAILED, key, **causing)
+        if message.ran_with_claim:  # the claim that took this row ran it: its frame's size, its row
+            assert message.slot is not None
+            row.note(
+                claimed={"attempt": message.slot["via"], "rows": 1 + len(message.slot.get("rows") or [])},
+                **(sanitize({"row": message.element}) or {}),
+            )
         sink = outcome.get("meta", {}).get("sink") or {}
         if sink.get("kind") in ("event_log", "log") and sink.get("status") == "ok":
             self.record(
