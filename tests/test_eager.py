@@ -41,7 +41,8 @@ def test_only_one_attempt_due_now_is_taken():
     assert _window().take([_dispatch(countdown=0.5)]) is None  # a backoff goes through the broker
     assert _window().take([_dispatch(kind="event")]) is None  # a sub-playbook's start or end
     assert _window().take([_dispatch(batch=[{"iteration": 2}])]) is None
-    assert _window().take([_dispatch(slot={"id": 1})]) is None  # a cursor slot
+    claim = _dispatch(slot={"id": 1, "claim": 0, "phase": "claim", "index": 0, "run": True})
+    assert _window().take([claim]) is claim  # a cursor claim (and the row it runs), as any attempt
     assert _window().take([_dispatch(child={"status": "ok"})]) is None
     assert _window().take([_dispatch(replay=True)]) is None
     assert _window().take([]) is None

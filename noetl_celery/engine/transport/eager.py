@@ -7,8 +7,9 @@ and a loop's next iteration then cost a decision and no broker round trip. On by
 NOETL_EAGER_WINDOW=0 turns it off).
 
 Decides which dispatch of a decision is run here (`Window.take`):
-- a `run` dispatch due now (no countdown) of one attempt: not a batch, not a cursor slot or
-  claim, not a sub-playbook's end, not a replay;
+- a `run` dispatch due now (no countdown) of one attempt: not a batch, not a sub-playbook's
+  end, not a replay (a cursor slot's claim or row is taken as any attempt: a claim run again
+  after its process died takes its rows back, engine/attempt/cursor_claim.py);
 - while the message is younger than the window, and its pool process was not asked to stop (a
   SIGTERM to the worker's process group: engine/transport/process.py);
 - when the attempt's own soft limit fits in what is left of the message's. A message's time
@@ -61,7 +62,6 @@ def eligible(dispatch: Dispatch) -> bool:
         dispatch.kind == DispatchKind.RUN
         and dispatch.countdown <= 0
         and not message.get("batch")
-        and message.get("slot") is None
         and message.get("child") is None
         and not message.get("replay")
         and not message.get("delayed")
