@@ -167,7 +167,8 @@ _watch = _LockWatch()
 
 
 def _holder(url: str) -> str:
-    """The session holding the sweep lock, as pg_stat_activity tells it (for a warning)."""
+    """The session holding the sweep lock of this database (the lock is per database: other
+    databases of the server have their own), as pg_stat_activity tells it (for a warning)."""
     try:
         with transaction(url) as conn:
             row = conn.execute(
@@ -177,6 +178,7 @@ def _holder(url: str) -> str:
                     " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
                     " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0"
                     " AND l.objid::bigint = :k AND l.objsubid = 1"
+                    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                 ),
                 {"k": ADVISORY_LOCK_KEY},
             ).first()
