@@ -366,7 +366,7 @@ def _claimed_row(claim: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
             f"row {row['id']} ({row['event_type']} {row['event_id']!r}): its claim took {count} rows, "
             "and the log does not hold the rest of them"
         )
-    message = TaskMessage.from_dict(claim).claimed_row([first, *rest], 1)
+    message = TaskMessage.from_dict(claim).claimed_row([first, *rest], 1)  # its iteration: the row's
     return message.evolve(iteration=row["iteration"]).to_dict()
 
 

@@ -41,6 +41,11 @@ def claim_key(run_id: str, slot: int, claim: int, attempt: int) -> str:
     return f"{run_id}.c{slot}.{claim}.a{attempt}"
 
 
+def cursor_iteration(slot: int, index: int, slots: int) -> int:
+    """The iteration of the `index`-th row of cursor slot `slot` of `slots`: unique in the run."""
+    return index * slots + slot
+
+
 def slot_id(run_id: str, slot: int) -> str:
     """The `__worker_slot_id` a claim binds: unique across loops and executions."""
     return f"{run_id}:{slot}"

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from noetl_celery.engine.deadlines import DEFAULT_TIMEOUT
-from noetl_celery.engine.ids import attempt_key, claim_key
+from noetl_celery.engine.ids import attempt_key, claim_key, cursor_iteration
 from noetl_celery.errors import NoetlError
 from noetl_celery.vocabulary import DispatchKind, PayloadKind
 
@@ -249,13 +249,14 @@ class TaskMessage:
         return attempt_key(self.run_id, self.iteration, self.seq, self.attempt) + ".done"
 
     def claimed_row(self, rows: list[Any], slots: int) -> TaskMessage:
-        """A claim that runs its first row (`slot.run`): the message of that row's first attempt,
-        as cursor_loop.dispatch_row would send it, marked with the claim attempt (`via`)."""
+        """A claim that runs its first row (`slot.run`; `slots`: the loop's): the message of that
+        row's first attempt, as cursor_loop.dispatch_row would send it, marked with the claim
+        attempt (`via`)."""
         assert self.slot is not None and rows
         slot = self.slot
         return replace(
             self,
-            iteration=slot["index"] * slots + slot["id"],
+            iteration=cursor_iteration(slot["id"], slot["index"], slots),
             element=rows[0],
             attempt=1,
             seq=0,

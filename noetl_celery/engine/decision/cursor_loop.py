@@ -40,6 +40,7 @@ from noetl_celery.engine.decision.policy_eval import next_backoff
 from noetl_celery.engine.decision.rows import OpenRow
 from noetl_celery.engine.decision.subplaybooks import PLAYBOOK_KIND
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
+from noetl_celery.engine.ids import cursor_iteration
 from noetl_celery.engine.messages import Dispatch, TaskMessage, row_slot, sanitize
 from noetl_celery.store import repo
 from noetl_celery.tools.base import get_tool
@@ -112,13 +113,14 @@ class CursorLoop:
             }
             if failed and row.get("error") is None:
                 columns["error"] = end.error or end.tolerated
+            noted = "row" in (row.get("meta") or {})  # by the outcome of the claim that ran it
             row.end_unit(**columns)
             row.note(
                 slot=slot["id"],
                 index=slot["index"],
                 claim=slot["claim"],
                 outcome="failed" if failed else "done",
-                **(sanitize({"row": message.element}) or {}),
+                **({} if noted else sanitize({"row": message.element}) or {}),
                 **({"tolerated": True} if end.tolerated is not None else {}),
             )
         decider.count_iteration(message.run_id, ok=not failed, tolerated=end.tolerated is not None)
@@ -179,9 +181,9 @@ def runs_with_claim(step: Step) -> bool:
     return not (spec.routing_only and task.sink is None)
 
 
-def row_timeout(step: Step) -> float:
-    """The seconds a row's first task may run: its own timeout, else the frame's lease."""
-    task = step.tasks[0]
+def row_timeout(step: Step, task_index: int = 0) -> float:
+    """The seconds a cursor row's task may run: its own timeout, else the frame's lease."""
+    task = step.tasks[task_index]
     timeout = deadlines.timeout_of(task.kind, task.config)
     return timeout if "timeout" in task.config else lease_seconds(step) or timeout
 
@@ -247,7 +249,7 @@ def dispatch_row(
         execution_id=decider.execution_id,
         run_id=run.run_id,
         step=step.name,
-        iteration=index * slots + slot,
+        iteration=cursor_iteration(slot, index, slots),
         element=rows[0],
         frames=run.frames,
         args=run.args,

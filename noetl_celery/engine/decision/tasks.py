@@ -53,9 +53,10 @@ class TaskFlow(DecisionCore):
                 ),
             )
             message = message.evolve(parent_event_id=key + ".start")
-        timeout = deadlines.timeout_of(task.kind, task.config)
-        if message.slot is not None and "timeout" not in task.config:  # a cursor row: the frame's lease
-            timeout = cursor_loop.lease_seconds(step) or timeout
+        if message.slot is not None:  # a cursor row: without its own timeout, the frame's lease
+            timeout = cursor_loop.row_timeout(step, message.task_index)
+        else:
+            timeout = deadlines.timeout_of(task.kind, task.config)
         label = shadow_label(step, task, self.plan.name)
         self.decision.dispatches.append(Dispatch.task(message, countdown=countdown, label=label, timeout=timeout))
 
