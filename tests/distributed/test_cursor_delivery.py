@@ -1,5 +1,5 @@
 """Cursor loops on real worker processes: NoETL's page-continuation flow on two workers against the
-mock API, and a worker SIGKILLed in the middle of a 2,000-row loop on each cursor driver's real
+mock API, and a worker SIGKILLed in the middle of a 1,000-row loop on each cursor driver's real
 server (PostgreSQL, Redis stream, MariaDB/MySQL, NATS JetStream)."""
 
 from __future__ import annotations
@@ -138,9 +138,11 @@ def test_pft_flow_with_mds_batch_sub_playbooks_on_two_workers(pg_env, store_url,
     assert status["children"] and {c["status"] for c in status["children"]} == {"completed"}, status["children"]
 
 
-# --- a worker SIGKILLed in the middle of a 2,000-row cursor loop, on each driver's real server
+# --- a worker SIGKILLed in the middle of a 1,000-row cursor loop, on each driver's real server
 
 POISON = 3  # entries a vanished consumer already took `max_deliveries` times (mysql, redis_stream, nats)
+ROWS = 1000  # rows of each loop; the victim is killed once KILL_AFTER of them are done
+KILL_AFTER = 150
 
 
 @dataclass
@@ -162,7 +164,7 @@ def postgres_queue(request) -> Iterator[Queue]:
         ROOT / "tests" / "playbooks" / "cursor_rows_pg.yaml",
         {},
         lambda row: int(row["id"]),
-        {"rows": [{"done": 2000, "open": 0}]},
+        {"rows": [{"done": ROWS, "open": 0}]},
         env={"NOETL_AUTH_PG_K8S": pg_dsn},
     )
 
@@ -174,7 +176,7 @@ def redis_stream_queue(request) -> Iterator[Queue]:
         ROOT / "tests" / "playbooks" / "cursor_rows_redis.yaml",
         {"redis_url": redis_url, "stream": f"test:cursor_rows:{time.time_ns()}", "poison": POISON},
         lambda row: int(row["n"]),
-        {"done": 2000, "pending": 0, "dead": list(range(-POISON, 0))},
+        {"done": ROWS, "pending": 0, "dead": list(range(-POISON, 0))},
     )
 
 
@@ -185,7 +187,7 @@ def mysql_queue(request) -> Iterator[Queue]:
             ROOT / "tests" / "playbooks" / "cursor_rows_mysql.yaml",
             {"mysql_url": url, "poison": POISON},
             lambda row: int(row["n"]),
-            {"done": 2000, "open": 0, "dead": list(range(-POISON, 0))},
+            {"done": ROWS, "open": 0, "dead": list(range(-POISON, 0))},
         )
 
 
@@ -217,7 +219,7 @@ def nats_queue(request) -> Iterator[Queue]:
             ROOT / "tests" / "playbooks" / "cursor_rows_nats.yaml",
             {"nats_url": url, "stream": stream, "bucket": bucket, "poison": POISON},
             lambda row: int(row["data"]["n"]),
-            {"done": 2000, "unacked": 0, "pending": 0, "dead": list(range(-POISON, 0))},
+            {"done": ROWS, "unacked": 0, "pending": 0, "dead": list(range(-POISON, 0))},
         )
     finally:
         asyncio.run(on_js(drop))
@@ -242,7 +244,7 @@ def item_numbers(url: str, execution_id: int, number: Callable[[dict], int]) -> 
     ],
 )
 def test_a_worker_killed_mid_cursor_loop_loses_no_row_and_repeats_none(request, driver, env, store_url, worker_factory):
-    """2,000 rows, 8 slots, two workers; the victim is SIGKILLed once 300 rows are done. Every row
+    """1,000 rows, 8 slots, two workers; the victim is SIGKILLed once 150 rows are done. Every row
     is done once (one cursor.item.done row each), loop.done comes once, all 8 slots end, and the
     poison entries (mysql, redis_stream, nats) are dead-lettered, never run."""
     with QUEUES[driver](request) as queue:
@@ -250,20 +252,20 @@ def test_a_worker_killed_mid_cursor_loop_loses_no_row_and_repeats_none(request, 
         worker_env = {**run_env, "NOETL_VISIBILITY_TIMEOUT": "8", "NOETL_RESTORE_INTERVAL": "2"}
         victim = worker_factory(env=worker_env, concurrency=2, name="victim@%h")
         worker_factory(env=worker_env, concurrency=2, name="survivor@%h")
-        execution_id = submit(run_env, queue.playbook, rows=2000, row_sleep=0.005, **queue.workload)
+        execution_id = submit(run_env, queue.playbook, rows=ROWS, row_sleep=0.005, **queue.workload)
         deadline = time.monotonic() + RUN_TIMEOUT
         done = 0
         while time.monotonic() < deadline:
             done = sum(item_numbers(store_url, execution_id, queue.number).values())
-            if done >= 300:
+            if done >= KILL_AFTER:
                 break
             time.sleep(0.2)
-        assert 300 <= done < 2000, f"{done} rows done before the kill"
+        assert KILL_AFTER <= done < ROWS, f"{done} rows done before the kill"
         victim.kill()
         status = wait(store_url, execution_id, timeout=RUN_TIMEOUT)
         assert status["status"] == "completed", status.get("error")
         numbers = item_numbers(store_url, execution_id, queue.number)
-        expected = set(range(1, 2001))
+        expected = set(range(1, ROWS + 1))
         assert set(numbers) == expected, (
             f"missing: {sorted(expected - set(numbers))[:10]}, extra: {sorted(set(numbers) - expected)[:10]}"
         )
@@ -271,6 +273,6 @@ def test_a_worker_killed_mid_cursor_loop_loses_no_row_and_repeats_none(request, 
         kinds = Counter(e["event_type"] for e in events(store_url, execution_id, "drain"))
         assert kinds["iterator.completed"] == 1  # loop.done once
         assert kinds["cursor.slot.ended"] == 8
-        assert status["results"]["drain"] == {"stats": {"processed": 2000, "failed": 0, "slots": 8}}
+        assert status["results"]["drain"] == {"stats": {"processed": ROWS, "failed": 0, "slots": 8}}
         verify = status["results"]["verify"]
         assert {k: verify[k] for k in queue.verify} == queue.verify, verify

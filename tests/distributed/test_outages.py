@@ -31,7 +31,10 @@ from tests.support.engines import cli
 from tests.support.services import OwnRedis, amqp_answers, free_port
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
-LOOP = PLAYBOOKS / "loop_many.yaml"
+# a 5 s timeout, so a 21 s lease: the attempts a broker without persistence lost are re-published
+# by the sweeper 21 s after their decision rather than 46 s (the default's 60 s promise is
+# test_durability's and test_sweeper_faults')
+LOOP = PLAYBOOKS / "loop_short_lease.yaml"
 BATCHED = PLAYBOOKS / "loop_batched.yaml"  # the same loop, 8 iterations to a message
 N = 1000
 OUTAGE_ITERATION_SLEEP = 0.02  # seconds each iteration of the broker outage tests sleeps
