@@ -11,7 +11,16 @@ import sys
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from noetl_celery.store.db import downgrade, head_revision, migrate
+from noetl_celery.store.db import (
+    SchemaOutOfDate,
+    alembic_config,
+    current_revision,
+    downgrade,
+    ensure_schema,
+    head_revision,
+    migrate,
+    shipped_revisions,
+)
 from tests.support.engines import REPO_ROOT, _clean_env, cli
 
 HEAD = head_revision()  # the revision `migrate` brings a store to
@@ -183,3 +192,34 @@ def test_the_migrated_schema_has_the_models_indexes(database_url):
         assert present[table.name] == {index.name for index in table.indexes}, table.name
     assert "ix_noetl_event_execution_id" not in present["noetl_event"]  # 0008: every index leads with it
     assert "ix_noetl_execution_status" not in present["noetl_execution"]  # 0008: (status, created_at) serves
+
+
+def test_the_revisions_read_without_alembic_are_alembics():
+    """ensure_schema reads the shipped revisions from the migration files itself (no Alembic to
+    load when a store is at head): the same line of revisions, oldest first, as Alembic reads."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    assert shipped_revisions() == tuple(rev.revision for rev in reversed(list(script.walk_revisions())))
+    assert head_revision() == script.get_current_head()
+
+
+def test_a_store_at_head_is_checked_without_alembic_and_one_behind_is_not_taken_for_it(database_url):
+    migrate(database_url)
+    code = (
+        "import sys; from noetl_celery.store.db import ensure_schema; "
+        f"ensure_schema({database_url!r}); print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=_clean_env({}), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"  # one query of alembic_version, and Alembic never imported
+
+    downgrade(database_url, shipped_revisions()[-2])
+    if database_url.startswith("sqlite"):
+        ensure_schema(database_url)  # the embedded store is upgraded on first use
+        assert current_revision(database_url) == HEAD
+    else:
+        with pytest.raises(SchemaOutOfDate, match=f"is at revision {shipped_revisions()[-2]}, this version needs"):
+            ensure_schema(database_url)

@@ -7,7 +7,9 @@ so read-then-write sections never fail with "database is locked".
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -15,9 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.store.check import safe_url
@@ -346,20 +348,52 @@ def ensure_schema(url: str) -> None:
     key = (os.getpid(), url)
     if key in _migrated:
         return
-    if make_url(url).get_backend_name() == "sqlite":
+    if _stored_revisions(url) == [head_revision()]:
+        pass  # at this version's head: nothing to do, and no Alembic to load (a command starts sooner)
+    elif make_url(url).get_backend_name() == "sqlite":
         migrate(url)
     else:
         check_revision(url)
     _migrated.add(key)
 
 
+def _stored_revisions(url: str) -> list[str] | None:
+    """The revisions in the store's `alembic_version` table, read with one query (None when
+    there is no such table: no schema yet). A store that cannot be reached raises, as before."""
+    with get_engine(url).connect() as conn:
+        try:
+            return [row[0] for row in conn.execute(text("SELECT version_num FROM alembic_version"))]
+        except DBAPIError:
+            return None
+
+
+_REVISION_LINE = re.compile(r"""^(revision|down_revision)\s*=\s*(?:"([^"]*)"|'([^']*)'|None)\s*$""", re.M)
+
+
+@functools.cache
+def shipped_revisions() -> tuple[str, ...]:
+    """The schema revisions this release ships, oldest first, read from the migration files'
+    `revision` and `down_revision` lines without loading Alembic (tests/test_migrations.py holds
+    this to Alembic's own reading of the same files)."""
+    parents: dict[str, str | None] = {}
+    for path in (MIGRATIONS / "versions").glob("*.py"):
+        found = {name: double or single or None for name, double, single in _REVISION_LINE.findall(path.read_text())}
+        if found.get("revision"):
+            parents[str(found["revision"])] = found.get("down_revision")
+    children = {parent: revision for revision, parent in parents.items()}
+    order: list[str] = []
+    revision = children.get(None)
+    while revision is not None:
+        order.append(revision)
+        revision = children.get(revision)
+    if len(order) != len(parents):
+        raise RuntimeError(f"the migrations in {MIGRATIONS / 'versions'} are not one line of revisions: {parents}")
+    return tuple(order)
+
+
 def head_revision() -> str:
     """The newest revision of the schema this version knows (the one `migrate` brings a store to)."""
-    from alembic.script import ScriptDirectory
-
-    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
-    assert head is not None
-    return head
+    return shipped_revisions()[-1]
 
 
 def check_revision(url: str) -> None:
