@@ -6,6 +6,7 @@ The CLI is a thin layer over these functions; a Python user calls the same ones.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -377,8 +378,9 @@ def _run_here(
     try:
         with embedded_worker():
             try:
-                execution_id = start()
-                status = wait(url, execution_id, timeout, on_poll=on_poll)
+                with _ctrl_c_between_reads() as pressed:
+                    execution_id = start()
+                    status = wait(url, execution_id, timeout, on_poll=_raising_when(pressed, on_poll))
             except KeyboardInterrupt:
                 restore = _ignore_sigint()  # a second Ctrl-C leaves it neither half cancelled nor half stopped
                 if execution_id is not None:
@@ -394,10 +396,41 @@ def _run_here(
     raise Interrupted(execution_id)
 
 
+@contextmanager
+def _ctrl_c_between_reads() -> Iterator[threading.Event]:
+    """Ctrl-C noted, not raised where it lands: the KeyboardInterrupt comes between two reads of
+    the store (`_raising_when`), never inside one. One raised inside a SQLite transaction could
+    leave it open, holding the store's write lock, so that the cancel that follows waited out the
+    busy timeout and failed ("database is locked"). Only the main thread receives signals."""
+    import signal
+
+    pressed = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: pressed.set())
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _raising_when(pressed: threading.Event, on_poll: Callable[[int], None] | None) -> Callable[[int], None]:
+    """`on_poll` (called by `wait` between two reads), first raising KeyboardInterrupt once Ctrl-C
+    was pressed."""
+
+    def poll(execution_id: int) -> None:
+        if pressed.is_set():
+            raise KeyboardInterrupt
+        if on_poll is not None:
+            on_poll(execution_id)
+
+    return poll
+
+
 def _ignore_sigint() -> Callable[[], None]:
     """Ignore SIGINT from now on; returns what puts the previous handler back."""
     import signal
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         return lambda: None

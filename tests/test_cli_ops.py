@@ -6,6 +6,7 @@ password with an unencoded '@', cursor and batched loops in the progress lines."
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -118,6 +119,26 @@ def test_a_loop_of_a_cancelled_execution_shows_cancelled_with_nothing_in_flight(
 
 
 # --------------------------------------------------------------------------- Ctrl-C, --timeout, resume
+
+
+def test_ctrl_c_while_an_embedded_run_waits_is_raised_between_two_reads_of_the_store():
+    """Ctrl-C pressed inside a read of the store (here: between two statements of the test) is
+    noted, not raised there; the next poll raises it, outside any transaction. Raised inside a
+    SQLite transaction it could leave the write lock held, and the cancel that follows failed
+    after the busy timeout ("database is locked")."""
+    from noetl_celery import runner
+
+    before = signal.getsignal(signal.SIGINT)
+    polled = []
+    with runner._ctrl_c_between_reads() as pressed:
+        poll = runner._raising_when(pressed, polled.append)
+        poll(1)
+        os.kill(os.getpid(), signal.SIGINT)  # lands "inside a read": nothing is raised here
+        read_finished = True
+        with pytest.raises(KeyboardInterrupt):
+            poll(1)  # the next poll, between two reads
+    assert read_finished and polled == [1]  # the poll that raised did not call on_poll
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
 
 
 def test_ctrl_c_on_run_cancels_the_execution_and_an_embedded_resume_finishes_it(tmp_path):
