@@ -26,7 +26,7 @@ test_outcomes_through_the_on_event_queue = test_loop_delivery.test_outcomes_thro
 
 
 @pytest.mark.parametrize(
-    "playbook", [test_loop_delivery.LOOP, test_loop_delivery.BATCHED], ids=["one-per-message", "batched"]
+    "playbook", [test_loop_delivery.SHORT_LEASE, test_loop_delivery.BATCHED], ids=["one-per-message", "batched"]
 )
 def test_a_worker_killed_mid_loop_loses_no_iteration(playbook, env, store_url, worker_factory):
     test_loop_delivery.test_a_worker_killed_mid_loop_loses_no_iteration(
