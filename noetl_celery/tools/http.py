@@ -32,15 +32,22 @@ import os
 import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import requests
 from pydantic import Field
 
 from noetl_celery import limits
+from noetl_celery.lazy import lazy_module
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
 from noetl_celery.vocabulary import ToolErrorKind
+
+if TYPE_CHECKING:
+    import requests
+else:
+    requests = lazy_module(
+        "requests"
+    )  # imported on the first call: a command that only reads a playbook starts without it
 
 DEFAULT_TIMEOUT = 30.0  # seconds
 BODY_CHUNK = 65536  # most bytes read at a time while checking the call's deadline

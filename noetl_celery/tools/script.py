@@ -11,10 +11,18 @@ values) and in the worker.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import requests
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from noetl_celery.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import requests
+else:
+    requests = lazy_module(
+        "requests"
+    )  # imported on the first fetch: a command that only reads a playbook starts without it
 
 SCRIPT_HTTP_TIMEOUT = 30.0  # seconds for fetching a script over http(s)
 SCRIPT_MAX_BYTES = 5 * 1024 * 1024  # a script larger than this is refused
