@@ -55,7 +55,11 @@ def expected_pages(patients: int) -> dict[tuple[str, str, int], int]:
 
 @pytest.mark.skipif(not PAGE_CONTINUATION.exists(), reason="NoETL corpus not available")
 def test_pft_page_continuation_on_two_workers_fetches_every_page_once(pg_env, store_url, worker_factory):
-    nodes = [worker_factory(env=pg_env, concurrency=2, name=f"pft-{n}@%h") for n in "ab"]
+    # without eager attempts: the loop has one slot, whose rows and pages would otherwise go on
+    # in the job that decided them, on one worker; each goes through the broker here, so both
+    # workers take part and each continues what the other recorded
+    worker_env = {**pg_env, "NOETL_EAGER_WINDOW": "0"}
+    nodes = [worker_factory(env=worker_env, concurrency=2, name=f"pft-{n}@%h") for n in "ab"]
     with start_mock_api() as api:
         execution_id = submit(pg_env, PAGE_CONTINUATION, api_url=api.url)
         status = wait(store_url, execution_id, timeout=RUN_TIMEOUT)

@@ -135,8 +135,7 @@ def test_a_worker_killed_mid_loop_loses_no_iteration(broker, playbook, env, stor
             assert took < 45
         else:
             # an attempt the victim had recorded and not yet sent (killed between the decision's
-            # commit and its publish, or running it in an eager window) comes back through the
-            # sweeper, once its lease is over
+            # commit and its publish) comes back through the sweeper, once its lease is over
             assert took < deadlines.lease(0.0, MESSAGE_TIMEOUT[playbook]) + 20
     else:
         # redelivered at once by RabbitMQ, not re-published by the sweeper (which would wait for
