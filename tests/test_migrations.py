@@ -223,3 +223,24 @@ def test_a_store_at_head_is_checked_without_alembic_and_one_behind_is_not_taken_
     else:
         with pytest.raises(SchemaOutOfDate, match=f"is at revision {shipped_revisions()[-2]}, this version needs"):
             ensure_schema(database_url)
+
+
+def test_migration_files_missing_or_forked_are_refused_by_name(tmp_path, monkeypatch):
+    from noetl_celery.errors import ConfigurationError
+    from noetl_celery.store import db
+
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    monkeypatch.setattr(db, "MIGRATIONS", tmp_path)
+    db.shipped_revisions.cache_clear()
+    try:
+        with pytest.raises(ConfigurationError, match="no revision found"):
+            db.shipped_revisions()
+        for name, parent in (("a", None), ("b", '"a"'), ("c", '"a"')):  # b and c both follow a: a fork
+            (versions / f"{name}.py").write_text(f'revision = "{name}"\ndown_revision = {parent}\n')
+        with pytest.raises(ConfigurationError, match="not one line of revisions"):
+            db.shipped_revisions()
+        (versions / "c.py").write_text('revision = "c"\ndown_revision = "b"\n')
+        assert db.shipped_revisions() == ("a", "b", "c")
+    finally:
+        db.shipped_revisions.cache_clear()

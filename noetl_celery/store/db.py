@@ -386,8 +386,11 @@ def shipped_revisions() -> tuple[str, ...]:
     while revision is not None:
         order.append(revision)
         revision = children.get(revision)
-    if len(order) != len(parents):
-        raise RuntimeError(f"the migrations in {MIGRATIONS / 'versions'} are not one line of revisions: {parents}")
+    if not order or len(order) != len(parents):
+        raise ConfigurationError(
+            f"the schema migrations in {MIGRATIONS / 'versions'} are missing or not one line of revisions "
+            f"({parents or 'no revision found'}): reinstall noetl_celery"
+        )
     return tuple(order)
 
 
