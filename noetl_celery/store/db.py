@@ -348,12 +348,11 @@ def ensure_schema(url: str) -> None:
     key = (os.getpid(), url)
     if key in _migrated:
         return
-    if _stored_revisions(url) == [head_revision()]:
-        pass  # at this version's head: nothing to do, and no Alembic to load (a command starts sooner)
-    elif make_url(url).get_backend_name() == "sqlite":
-        migrate(url)
-    else:
-        check_revision(url)
+    if _stored_revisions(url) != [head_revision()]:  # at head: nothing to do, and no Alembic to load
+        if make_url(url).get_backend_name() == "sqlite":
+            migrate(url)
+        else:
+            check_revision(url)
     _migrated.add(key)
 
 

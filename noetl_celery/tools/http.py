@@ -44,10 +44,8 @@ from noetl_celery.vocabulary import ToolErrorKind
 
 if TYPE_CHECKING:
     import requests
-else:
-    requests = lazy_module(
-        "requests"
-    )  # imported on the first call: a command that only reads a playbook starts without it
+else:  # imported on the first call: a command that only reads a playbook starts without it
+    requests = lazy_module("requests")
 
 DEFAULT_TIMEOUT = 30.0  # seconds
 BODY_CHUNK = 65536  # most bytes read at a time while checking the call's deadline

@@ -19,10 +19,8 @@ from noetl_celery.lazy import lazy_module
 
 if TYPE_CHECKING:
     import requests
-else:
-    requests = lazy_module(
-        "requests"
-    )  # imported on the first fetch: a command that only reads a playbook starts without it
+else:  # imported on the first fetch: a command that only reads a playbook starts without it
+    requests = lazy_module("requests")
 
 SCRIPT_HTTP_TIMEOUT = 30.0  # seconds for fetching a script over http(s)
 SCRIPT_MAX_BYTES = 5 * 1024 * 1024  # a script larger than this is refused
