@@ -139,7 +139,7 @@ def test_a_worker_killed_mid_loop_loses_no_iteration(broker, playbook, env, stor
             assert took < deadlines.lease(0.0, MESSAGE_TIMEOUT[playbook]) + 20
     else:
         # redelivered at once by RabbitMQ, not re-published by the sweeper (which would wait for
-        # the attempts' 46 s lease)
+        # the attempts' lease)
         assert republished(store_url, execution_id) == 0
         assert time.monotonic() - killed_at < 30
     if playbook == BATCHED:  # the killed batches ran again whole: no iteration was sent twice

@@ -32,8 +32,8 @@ from tests.support.services import OwnRedis, amqp_answers, free_port
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 # a 5 s timeout, so a 21 s lease: the attempts a broker without persistence lost are re-published
-# by the sweeper 21 s after their decision rather than 46 s (the default's 60 s promise is
-# test_durability's and test_sweeper_faults')
+# by the sweeper 21 s after their decision rather than 46 s (the 60 s promise at the default
+# lease is test_durability's, a worker killed for good)
 LOOP = PLAYBOOKS / "loop_short_lease.yaml"
 BATCHED = PLAYBOOKS / "loop_batched.yaml"  # the same loop, 8 iterations to a message
 N = 1000
