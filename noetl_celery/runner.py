@@ -401,18 +401,13 @@ def _ctrl_c_between_reads() -> Iterator[threading.Event]:
     """Ctrl-C noted, not raised where it lands: the KeyboardInterrupt comes between two reads of
     the store (`_raising_when`), never inside one. One raised inside a SQLite transaction could
     leave it open, holding the store's write lock, so that the cancel that follows waited out the
-    busy timeout and failed ("database is locked"). Only the main thread receives signals."""
-    import signal
-
+    busy timeout and failed ("database is locked")."""
     pressed = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield pressed
-        return
-    previous = signal.signal(signal.SIGINT, lambda *_: pressed.set())
+    restore = _on_sigint(lambda *_: pressed.set())
     try:
         yield pressed
     finally:
-        signal.signal(signal.SIGINT, previous)
+        restore()
 
 
 def _raising_when(pressed: threading.Event, on_poll: Callable[[int], None] | None) -> Callable[[int], None]:
@@ -432,9 +427,17 @@ def _ignore_sigint() -> Callable[[], None]:
     """Ignore SIGINT from now on; returns what puts the previous handler back."""
     import signal
 
+    return _on_sigint(signal.SIG_IGN)
+
+
+def _on_sigint(handler: Any) -> Callable[[], None]:
+    """`handler` for SIGINT from now on; returns what puts the previous one back. Only the main
+    thread receives signals: elsewhere nothing changes."""
+    import signal
+
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.signal(signal.SIGINT, handler)
 
     def restore() -> None:
         signal.signal(signal.SIGINT, previous)

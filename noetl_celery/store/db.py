@@ -294,11 +294,14 @@ def migrate(url: str, revision: str = "head") -> None:
 
 
 def current_revision(url: str) -> str | None:
-    """The schema revision the store at `url` is at (None: no schema)."""
-    from alembic.runtime.migration import MigrationContext
-
+    """The schema revision the store at `url` is at (None: no schema), read with one query of
+    Alembic's `alembic_version` table, without loading Alembic. A store that cannot be reached
+    raises."""
     with get_engine(url).connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        try:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        except DBAPIError:  # no such table: no schema yet
+            return None
 
 
 def upgrade(url: str, revision: str = "head") -> tuple[str | None, str]:
@@ -307,10 +310,7 @@ def upgrade(url: str, revision: str = "head") -> tuple[str | None, str]:
     (`0002_durability.py`). Only upgrades: a store already past R is refused (SchemaOutOfDate
     names both revisions; a downgrade is `alembic downgrade`, by hand, with a backup), and so is a
     revision this release does not ship."""
-    from alembic.script import ScriptDirectory
-
-    script = ScriptDirectory.from_config(alembic_config(url))
-    order = [rev.revision for rev in reversed(list(script.walk_revisions()))]  # oldest first
+    order = shipped_revisions()
     name = Path(revision).name.removesuffix(".py")
     target = order[-1] if name == "head" else name if name in order else name.split("_", 1)[0]
     where = safe_url(url)
@@ -348,22 +348,12 @@ def ensure_schema(url: str) -> None:
     key = (os.getpid(), url)
     if key in _migrated:
         return
-    if _stored_revisions(url) != [head_revision()]:  # at head: nothing to do, and no Alembic to load
+    if current_revision(url) != head_revision():  # at head: nothing to do, and no Alembic to load
         if make_url(url).get_backend_name() == "sqlite":
             migrate(url)
         else:
             check_revision(url)
     _migrated.add(key)
-
-
-def _stored_revisions(url: str) -> list[str] | None:
-    """The revisions in the store's `alembic_version` table, read with one query (None when
-    there is no such table: no schema yet). A store that cannot be reached raises, as before."""
-    with get_engine(url).connect() as conn:
-        try:
-            return [row[0] for row in conn.execute(text("SELECT version_num FROM alembic_version"))]
-        except DBAPIError:
-            return None
 
 
 _REVISION_LINE = re.compile(r"""^(revision|down_revision)\s*=\s*(?:"([^"]*)"|'([^']*)'|None)\s*$""", re.M)
@@ -400,18 +390,12 @@ def head_revision() -> str:
 
 def check_revision(url: str) -> None:
     """SchemaOutOfDate when the store at `url` has no schema or an older one than this version."""
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-
-    script = ScriptDirectory.from_config(alembic_config(url))
-    head = script.get_current_head()
-    with get_engine(url).connect() as conn:
-        current = MigrationContext.configure(conn).get_current_revision()
+    head = head_revision()
+    current = current_revision(url)
     where = safe_url(url)
     if current is None:
         raise SchemaOutOfDate(f"the event store at {where} has no schema: run `noetl-celery migrate`")
-    known = {rev.revision for rev in script.walk_revisions()}
-    if current != head and current in known:
+    if current != head and current in shipped_revisions():
         raise SchemaOutOfDate(
             f"the event store at {where} is at revision {current}, this version needs {head}: "
             "run `noetl-celery migrate`"
