@@ -393,7 +393,7 @@ def _claim_outcome(row: dict[str, Any]) -> dict[str, Any]:
 def _decide_again(scratch: str, execution_id: int, decision: Decision) -> Difference | None:
     """Make one recorded decision again on the scratch store; the difference, if any."""
     with db.transaction(scratch) as conn:
-        before = repo.last_event_id(conn)
+        before = repo.last_event_id(conn, execution_id)
     if decision.payload is None:  # an end from outside: applied as it was
         cause = decision.cause
         with db.transaction(scratch) as conn:

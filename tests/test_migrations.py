@@ -68,6 +68,7 @@ def assert_schema(url: str) -> None:
         assert set(found.get_table_names()) >= TABLES
         assert {c["name"] for c in found.get_columns("noetl_event")} >= EVENT_COLUMNS
         unique = {tuple(u["column_names"]) for u in found.get_unique_constraints("noetl_event")}
+        unique.add(tuple(found.get_pk_constraint("noetl_event")["constrained_columns"]))  # PostgreSQL: the key
         assert ("execution_id", "event_id") in unique  # the idempotency key of every event row
     finally:
         engine.dispose()
@@ -244,3 +245,50 @@ def test_migration_files_missing_or_forked_are_refused_by_name(tmp_path, monkeyp
         assert db.shipped_revisions() == ("a", "b", "c")
     finally:
         db.shipped_revisions.cache_clear()
+
+
+@pytest.mark.services
+def test_the_event_key_becomes_the_primary_key_with_the_rows_kept_and_goes_back_on_downgrade(fresh_postgres):
+    """0010_event_key on PostgreSQL: the unique key (execution_id, event_id) becomes the primary key
+    under its own name (no index on id alone any more), the rows and the id sequence are kept, and a
+    duplicate is still reported as the event key's; downgrade gives the (id) key and the unique
+    constraint back."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    from noetl_celery.store import repo
+    from tests.test_partitioned_events import primary_key
+
+    url = fresh_postgres.url
+    migrate(url, "0009_cursor_hold")
+    insert = text(
+        "INSERT INTO noetl_event (execution_id, event_id, event_type, created_at) VALUES (:x, :k, 't', now()) RETURNING id"
+    )
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            ids = [conn.execute(insert, {"x": 7, "k": f"e{n}"}).scalar() for n in range(3)]
+            assert primary_key(conn) == ("noetl_event_pkey", ["id"])
+        migrate(url)
+        with engine.begin() as conn:
+            assert primary_key(conn) == ("uq_noetl_event_key", ["execution_id", "event_id"])
+            assert {i["name"] for i in inspect(conn).get_indexes("noetl_event")} == {
+                "ix_noetl_event_page",
+                "ix_noetl_event_run",
+                "ix_noetl_event_type",
+            }
+            assert conn.execute(text("SELECT id FROM noetl_event ORDER BY id")).scalars().all() == ids
+            assert conn.execute(insert, {"x": 7, "k": "e3"}).scalar() > ids[-1]  # the same sequence
+        with pytest.raises(IntegrityError) as duplicate, engine.begin() as conn:
+            conn.execute(insert, {"x": 7, "k": "e0"})
+        assert repo.is_event_key(duplicate.value.orig.diag.constraint_name)
+        downgrade(url, "0009_cursor_hold")
+        with engine.begin() as conn:
+            assert primary_key(conn) == ("noetl_event_pkey", ["id"])
+            uniques = conn.execute(
+                text("SELECT conname FROM pg_constraint WHERE conrelid = 'noetl_event'::regclass AND contype = 'u'")
+            ).scalars()
+            assert set(uniques) == {"uq_noetl_event_key"}
+            assert conn.execute(text("SELECT count(*) FROM noetl_event")).scalar() == 4
+    finally:
+        engine.dispose()

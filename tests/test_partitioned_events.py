@@ -44,13 +44,30 @@ def holder(url: str, execution_id: int) -> set[str]:
         return {r[0] for r in conn.execute(text(sql), {"x": execution_id})}
 
 
-def table_shape(url: str) -> tuple[str, list[str], set[str], set[str]]:
-    """relkind, the primary key's columns, the unique constraints and the other indexes of noetl_event."""
+EVENT_KEY = ("uq_noetl_event_key", ["execution_id", "event_id"])  # the primary key, both forms
+
+
+def primary_key(conn) -> tuple[str, list[str]] | None:
+    """The name and columns of noetl_event's primary key (None: it has none)."""
+    rows = conn.execute(
+        text(
+            "SELECT c.conname, a.attname FROM pg_constraint c"
+            " JOIN LATERAL unnest(c.conkey) WITH ORDINALITY k(attnum, n) ON true"
+            " JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum"
+            " WHERE c.conrelid = 'noetl_event'::regclass AND c.contype = 'p' ORDER BY k.n"
+        )
+    ).all()
+    return (rows[0][0], [r[1] for r in rows]) if rows else None
+
+
+def table_shape(url: str) -> tuple[str, tuple[str, list[str]] | None, set[str], set[str]]:
+    """relkind, the primary key, the unique constraints and the other indexes of noetl_event."""
     with transaction(url) as conn:
         kind = conn.execute(text("SELECT relkind FROM pg_class WHERE oid = 'noetl_event'::regclass")).scalar()
-        primary = partitions._primary_key(conn)
-        found = partitions._indexes(conn)
-    return kind, primary, {i.name for i in found if i.constraint}, {i.name for i in found if not i.constraint}
+        sql = "SELECT conname FROM pg_constraint WHERE conrelid = 'noetl_event'::regclass AND contype = 'u'"
+        uniques = {r[0] for r in conn.execute(text(sql))}
+        indexes = {i.name for i in partitions._indexes(conn) if not i.constraint}
+        return kind, primary_key(conn), uniques, indexes
 
 
 def run(url: str) -> dict:
@@ -65,7 +82,7 @@ def test_conversion_keeps_rows_and_keys_and_the_engine_runs_on_it_and_undo_gives
     add(url, month_id(2025, 6), "completed", age=OLD)  # an old execution, in a month of its own
     before = event_rows(url)
     plain = table_shape(url)
-    assert plain == ("r", ["id"], {"uq_noetl_event_key"}, ENGINE_INDEXES)
+    assert plain == ("r", EVENT_KEY, set(), ENGINE_INDEXES)
 
     dry = partitions.convert(url, "month", dry_run=True)
     assert dry.rows == len(before) and "noetl_event_month_20250601" in dry.partitions
@@ -77,7 +94,7 @@ def test_conversion_keeps_rows_and_keys_and_the_engine_runs_on_it_and_undo_gives
     ahead = [partitions.partition_for(s, "month").name for s in partitions.periods_ahead(now, "month")]
     assert set(ahead) <= set(done.partitions) and done.partitions[-1] == partitions.DEFAULT
     assert event_rows(url) == before  # every row, its id kept
-    assert table_shape(url) == ("p", ["id", "execution_id"], {"uq_noetl_event_key"}, ENGINE_INDEXES)
+    assert table_shape(url) == ("p", EVENT_KEY, set(), ENGINE_INDEXES)
     assert holder(url, month_id(2025, 6)) == {"noetl_event_month_20250601"}
     assert holder(url, first) == {
         partitions.partition_for(partitions.period_start(time_of(first), "month"), "month").name
@@ -114,6 +131,41 @@ def test_conversion_keeps_rows_and_keys_and_the_engine_runs_on_it_and_undo_gives
     assert min(r[0] for r in event_rows(url) if r[1] == third) > during[-1][0]
     with pytest.raises(partitions.PartitionError, match="not partitioned"):
         partitions.undo(url)
+
+
+def test_a_table_partitioned_before_the_event_key_was_the_primary_key_is_upgraded_and_undone(migrated_postgres):
+    """A table partitioned by an earlier release (primary key (id, execution_id) and the unique key
+    as a constraint): 0010_event_key drops the (id, execution_id) key and keeps the unique one, the
+    engine runs on it, and --undo gives the plain table of this release (the key its primary key)."""
+    url = migrated_postgres.url
+    first = run(url)["execution_id"]
+    partitions.convert(url, "month")
+    with transaction(url) as conn:  # the shape the earlier release's conversion made
+        conn.execute(text("ALTER TABLE noetl_event DROP CONSTRAINT uq_noetl_event_key"))
+        conn.execute(text("ALTER TABLE noetl_event ADD CONSTRAINT noetl_event_pkey PRIMARY KEY (id, execution_id)"))
+        conn.execute(text("ALTER TABLE noetl_event ADD CONSTRAINT uq_noetl_event_key UNIQUE (execution_id, event_id)"))
+        for partition in [*partitions.partitions(conn), partitions.Partition(partitions.DEFAULT, 0, 0)]:
+            partitions._name_key(conn, partition.name)
+        conn.execute(text("UPDATE alembic_version SET version_num = '0009_cursor_hold'"))
+    assert table_shape(url)[1:3] == (("noetl_event_pkey", ["id", "execution_id"]), {"uq_noetl_event_key"})
+
+    migrate(url)
+    assert table_shape(url) == ("p", None, {"uq_noetl_event_key"}, ENGINE_INDEXES)
+    before = event_rows(url)
+    with pytest.raises(IntegrityError) as violation, transaction(url) as conn:
+        conn.execute(
+            text(
+                "INSERT INTO noetl_event (execution_id, event_id, event_type, created_at) VALUES (:x, :k, 't', now())"
+            ),
+            {"x": first, "k": before[0][2]},
+        )
+    assert repo.is_event_key(violation.value.orig.diag.constraint_name)
+    second = run(url)["execution_id"]  # the engine on it
+    assert holder(url, second) == holder(url, first)
+
+    partitions.undo(url)
+    assert table_shape(url) == ("r", EVENT_KEY, set(), ENGINE_INDEXES)
+    assert len(event_rows(url)) > len(before)
 
 
 def test_partitions_are_made_ahead_and_take_their_rows_from_the_default_partition(migrated_postgres, monkeypatch):

@@ -222,6 +222,10 @@ class TaskMessage:
     # (context.Seed: the plan's digest, the state version and pending count), so that a worker
     # process that ran the same plan before needs no read of the store to run them. Never stored.
     seed: dict[str, Any] | None = None
+    # the key of the decision row whose lease this message alone answers (it was that decision's
+    # only message): the decision that records its outcome deletes that lease in the same write,
+    # and the sweeper never reads it (store/leases.py). Never stored; an older worker ignores it.
+    lease: str | None = None
 
     def members(self) -> list[TaskMessage]:
         """The iterations this message runs: itself, or the messages of its batch, in order."""
@@ -332,6 +336,10 @@ class Dispatch:
         """This dispatch with its task message carrying `seed` (TaskMessage.seed)."""
         return replace(self, message={**self.message, "seed": seed})
 
+    def answering(self, lease: str) -> Dispatch:
+        """This dispatch with its task message carrying the lease it alone answers (TaskMessage.lease)."""
+        return replace(self, message={**self.message, "lease": lease})
+
     def as_replay(self, countdown: float = 0.0) -> Dispatch:
         """This dispatch sent again, flagged `replay` (its receiver skips an attempt that is
         recorded), due in `countdown` seconds (what is left of its own wait; 0: now)."""
@@ -349,7 +357,7 @@ class Dispatch:
 
     def stored(self) -> dict[str, Any]:
         """The dispatch as a decision row keeps it (`meta.dispatch`): a task message in its wire
-        form, its fields at their default and its `seed` left out, and so are the dispatch's own
+        form, its fields at their default and its `seed` and `lease` left out, and so are the dispatch's own
         (`countdown` 0, `label` "", `timeout` the default) and the format version 1, the
         message's and the dispatch's (an absent version is read as the oldest). `from_dict`, of
         this version or an earlier one, fills them back in."""
@@ -363,6 +371,7 @@ class Dispatch:
         if self.kind == DispatchKind.RUN:
             message = wire(self.message)
             message.pop("seed", None)  # the store is read where it is wanted again
+            message.pop("lease", None)  # a message sent again from the store leaves its lease to the sweeper
             if message[VERSION_FIELD] == MESSAGE_VERSION:  # a batch's 2 stays: older readers refuse it
                 del message[VERSION_FIELD]
             data["message"] = message

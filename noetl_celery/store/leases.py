@@ -8,9 +8,12 @@ one statement per batch), looks up which outcome and re-publish keys exist (one 
 deletes the leases that are settled and moves the others' deadline on (one statement each, and
 one per distinct postponement): no statement per lease, whatever the batch holds.
 
-The table holds the leases of the last lease period (about a minute of decisions) and whatever
-is overdue: small, so the churn of its rows (an insert per dispatching decision, a delete by the
-sweeper) costs a fraction of rewriting event rows.
+A decision's only message carries the decision row's key (TaskMessage.lease): the decision that
+records that message's outcome deletes the lease in its own write (repo.record_decision's
+`settles`), and the sweeper never reads it. So the table holds the leases of attempts in flight,
+those of decisions that sent several messages for about a lease period, and whatever is overdue:
+small, so the churn of its rows (an insert per dispatching decision, a delete by the outcome's
+decision or by the sweeper) costs a fraction of rewriting event rows.
 """
 
 from __future__ import annotations

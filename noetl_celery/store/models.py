@@ -67,7 +67,10 @@ class Execution(Base):
 
 class Event(Base):
     """One row per attempt, iteration and decision. `event_id` is deterministic: redelivery of
-    the same event hits the unique key and is a no-op."""
+    the same event hits the unique key and is a no-op. On PostgreSQL that key,
+    `uq_noetl_event_key (execution_id, event_id)`, is the table's primary key and `id` is unique
+    by its sequence alone (revision 0010_event_key: no index on `id` by itself); on SQLite `id` is
+    the rowid, the primary key, and the key a unique index."""
 
     __tablename__ = "noetl_event"
     __table_args__ = (

@@ -9,11 +9,11 @@ the coming periods (the sweeper and `prune` call it); retention drops a partitio
 have all ended (store/retention.py).
 
 What the engine relies on holds in both forms: the same columns, defaults and id sequence; the
-unique key `(execution_id, event_id)` (ON CONFLICT, redelivery), which holds the partition key
-already; every other index, by the same name. Only the primary key changes: PostgreSQL wants the
-partition key in it, so it is `(id, execution_id)` while partitioned (`id` stays unique: one
-sequence feeds it). A partition's copy of the key is named `uq_noetl_event_key_<partition>`: a
-duplicate key is reported under the partition's name (repo.is_event_key_violation).
+primary key `uq_noetl_event_key (execution_id, event_id)` (ON CONFLICT, redelivery), which holds
+the partition key already; every other index, by the same name. A partition's copy of the key is
+named `uq_noetl_event_key_<partition>`: a duplicate key is reported under the partition's name
+(repo.is_event_key). A table partitioned before revision 0010_event_key has the key as a unique
+constraint (and no primary key): `undo` makes it the plain table's primary key.
 
 Nothing here runs unless an operator converts the table: a store that was never converted is
 left as it is, and SQLite is refused.
@@ -36,7 +36,6 @@ from noetl_celery.store.db import transaction
 from noetl_celery.store.repo import EVENT_KEY as KEY
 
 TABLE = "noetl_event"
-PRIMARY_KEY = "noetl_event_pkey"
 DEFAULT = "noetl_event_default"  # the partition of any id no other partition covers
 UNITS = ("month", "week", "day")  # a partition's period (weeks start on Monday, UTC)
 AHEAD = 3  # periods after the current one that always have a partition
@@ -183,7 +182,6 @@ def convert(
         if is_partitioned(conn):
             raise PartitionError(f"{TABLE} is partitioned already: nothing was changed (`--undo` turns it back)")
         indexes = _indexes(conn)
-        primary = _primary_key(conn)
         began = _clock(conn)
         starts = sorted({*_periods_with_rows(conn, unit, now), *periods_ahead(now, unit)})
         planned = [partition_for(start, unit) for start in starts]
@@ -201,8 +199,7 @@ def convert(
             _create_partition(conn, partition, parent=_STAGING)
         conn.execute(text(f"CREATE TABLE {DEFAULT} PARTITION OF {_STAGING} DEFAULT"))
         result.rows = _move_rows(conn)
-        key = [*primary, *([] if "execution_id" in primary else ["execution_id"])]
-        _finish_swap(conn, indexes, key)
+        _finish_swap(conn, indexes)
         for partition in [*planned, Partition(DEFAULT, 0, 0)]:
             _name_key(conn, partition.name)
         result.seconds = _clock(conn) - began
@@ -212,7 +209,7 @@ def convert(
 
 def undo(url: str, *, dry_run: bool = False, lock_timeout: float = CONVERT_LOCK_TIMEOUT) -> Conversion:
     """Turn the partitioned `noetl_event` back into a plain table, rows, indexes and sequence
-    kept, its primary key `(id)` again, in one transaction. Refused when it is not partitioned."""
+    kept, the event key its primary key, in one transaction. Refused when it is not partitioned."""
     require_postgresql(url)
     result = Conversion(dry_run=dry_run)
     with transaction(url) as conn:
@@ -220,7 +217,6 @@ def undo(url: str, *, dry_run: bool = False, lock_timeout: float = CONVERT_LOCK_
         if not is_partitioned(conn):
             raise PartitionError(f"{TABLE} is not partitioned: nothing to undo")
         indexes = _indexes(conn)
-        primary = [c for c in _primary_key(conn) if c != "execution_id"] or ["id"]
         began = _clock(conn)
         result.partitions = [p.name for p in partitions(conn)] + [DEFAULT]
         if dry_run:
@@ -228,7 +224,7 @@ def undo(url: str, *, dry_run: bool = False, lock_timeout: float = CONVERT_LOCK_
             return result
         conn.execute(text(f"CREATE TABLE {_STAGING} (LIKE {TABLE} INCLUDING ALL EXCLUDING INDEXES)"))
         result.rows = _move_rows(conn)
-        _finish_swap(conn, indexes, primary)
+        _finish_swap(conn, indexes)
         result.seconds = _clock(conn) - began
     _analyze(url)
     return result
@@ -254,8 +250,9 @@ def _clock(conn: Connection) -> float:
 
 
 def _indexes(conn: Connection) -> list[_Index]:
-    """The table's indexes and unique constraints but its primary key, as they can be made again.
-    Refuses a unique one without execution_id: a partitioned table cannot keep it."""
+    """The table's indexes and unique constraints but its primary key and the event key (which the
+    new table gets as its primary key), as they can be made again. Refuses a unique one without
+    execution_id: a partitioned table cannot keep it."""
     found: list[_Index] = []
     rows = conn.execute(
         text(
@@ -274,23 +271,13 @@ def _indexes(conn: Connection) -> list[_Index]:
                 f"unique index {name} ({columns}) does not hold execution_id, the partition key: "
                 "a partitioned table cannot keep it; nothing was changed"
             )
+        if constraint == KEY:
+            continue
         if constraint:
             found.append(_Index(constraint, constraint_sql, True))
         else:
             found.append(_Index(name, index_sql.replace(" ON ONLY ", " ON "), False))
     return found
-
-
-def _primary_key(conn: Connection) -> list[str]:
-    rows = conn.execute(
-        text(
-            "SELECT a.attname FROM pg_index x JOIN LATERAL unnest(x.indkey) WITH ORDINALITY k(attnum, n) ON true"
-            " JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum"
-            " WHERE x.indrelid = to_regclass(:t) AND x.indisprimary ORDER BY k.n"
-        ),
-        {"t": TABLE},
-    )
-    return [r[0] for r in rows]
 
 
 def _periods_with_rows(conn: Connection, unit: str, now: datetime) -> list[datetime]:
@@ -319,14 +306,15 @@ def _move_rows(conn: Connection) -> int:
     return int(conn.execute(text(f"INSERT INTO {_STAGING} SELECT * FROM {TABLE}")).rowcount or 0)
 
 
-def _finish_swap(conn: Connection, indexes: list[_Index], primary: list[str]) -> None:
-    """Drop the old table, keeping its id sequence; the new one takes its name, keys and indexes."""
+def _finish_swap(conn: Connection, indexes: list[_Index]) -> None:
+    """Drop the old table, keeping its id sequence; the new one takes its name, the event key as
+    its primary key, and the indexes."""
     sequence = conn.execute(text("SELECT pg_get_serial_sequence(:t, 'id')"), {"t": TABLE}).scalar()
     if sequence:
         conn.execute(text(f"ALTER SEQUENCE {sequence} OWNED BY NONE"))
     conn.execute(text(f"DROP TABLE {TABLE}"))
     conn.execute(text(f"ALTER TABLE {_STAGING} RENAME TO {TABLE}"))
-    conn.execute(text(f"ALTER TABLE {TABLE} ADD CONSTRAINT {PRIMARY_KEY} PRIMARY KEY ({', '.join(primary)})"))
+    conn.execute(text(f"ALTER TABLE {TABLE} ADD CONSTRAINT {KEY} PRIMARY KEY (execution_id, event_id)"))
     for index in indexes:
         if index.constraint:
             conn.execute(text(f"ALTER TABLE {TABLE} ADD CONSTRAINT {index.name} {index.definition}"))

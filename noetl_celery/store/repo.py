@@ -338,37 +338,46 @@ def _event_processors(dialect: Dialect) -> list[Any]:
 LEASE_KEY = "deadline_at"
 
 
-def _lease_statement(
-    dialect: Dialect, rows: list[dict[str, Any]], *, strict: bool = False
-) -> tuple[str, list[Any]] | None:
-    """The insert of the leases of the `rows` that have a deadline (None: none has). A lease that
-    exists is kept (the row it belongs to is a redelivery's, rolled back by its caller); `strict`:
-    it cannot exist (its row was just inserted without ON CONFLICT), no clause needed."""
+def _lease_statements(
+    dialect: Dialect, rows: list[dict[str, Any]], settles: str | None = None, *, strict: bool = False
+) -> list[tuple[str, list[Any]]]:
+    """The insert of the leases of the `rows` that have a deadline, and the delete of the lease
+    the first row answers (`settles`: the key of the decision row it belongs to, in the same
+    execution). A lease that exists is kept (the row it belongs to is a redelivery's, rolled back
+    by its caller); `strict`: it cannot exist (its row was just inserted without ON CONFLICT),
+    no clause needed."""
+    statements: list[tuple[str, list[Any]]] = []
     params: list[Any] = []
     for row in rows:
         deadline = row.get(LEASE_KEY)
         if deadline is not None:
             params += [row["execution_id"], row["event_id"], _bound(dialect, LEASES, "deadline_at", deadline)]
-    if not params:
-        return None
-    values = ", ".join([f"({_placeholders(dialect, 3)})"] * (len(params) // 3))
-    sql = f"INSERT INTO noetl_lease (execution_id, event_id, deadline_at) VALUES {values}"
-    if not strict:
-        sql += " ON CONFLICT (execution_id, event_id) DO NOTHING"
-    return sql, params
+    if params:
+        values = ", ".join([f"({_placeholders(dialect, 3)})"] * (len(params) // 3))
+        sql = f"INSERT INTO noetl_lease (execution_id, event_id, deadline_at) VALUES {values}"
+        if not strict:
+            sql += " ON CONFLICT (execution_id, event_id) DO NOTHING"
+        statements.append((sql, params))
+    if settles is not None:
+        sql = _dialect_sql(dialect, "DELETE FROM noetl_lease WHERE execution_id = ? AND event_id = ?")
+        statements.append((sql, [rows[0]["execution_id"], settles]))
+    return statements
 
 
-def _with_leases(conn: Connection, rows: list[dict[str, Any]], sql: str, params: list[Any]) -> tuple[str, list[Any]]:
-    """`sql` preceded by the insert of the rows' leases: in the same statement string on
-    PostgreSQL (no round trip of its own; the statement's own result stays the last one), run
-    first on its own elsewhere (SQLite runs one statement at a time, in process)."""
-    lease = _lease_statement(conn.dialect, rows)
-    if lease is None:
+def _with_leases(
+    conn: Connection, rows: list[dict[str, Any]], sql: str, params: list[Any], settles: str | None = None
+) -> tuple[str, list[Any]]:
+    """`sql` preceded by the lease statements of `rows` (`_lease_statements`): in the same
+    statement string on PostgreSQL (no round trip of their own; the statement's own result stays
+    the last one), run first, one by one, elsewhere (SQLite runs one statement at a time, in
+    process)."""
+    statements = _lease_statements(conn.dialect, rows, settles)
+    if conn.dialect.name != "postgresql":
+        for lease_sql, lease_params in statements:
+            _run(conn, lease_sql, lease_params)
         return sql, params
-    lease_sql, lease_params = lease
-    if conn.dialect.name == "postgresql":
-        return f"{lease_sql}; {sql}", lease_params + params
-    _run(conn, lease_sql, lease_params)
+    for lease_sql, lease_params in reversed(statements):
+        sql, params = f"{lease_sql}; {sql}", lease_params + params
     return sql, params
 
 
@@ -391,18 +400,27 @@ def _masked(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def insert_events(
-    conn: Connection, rows: list[dict[str, Any]], *, first_must_be_new: bool = False, new_keys: Sequence[str] = ()
+    conn: Connection,
+    rows: list[dict[str, Any]],
+    *,
+    first_must_be_new: bool = False,
+    new_keys: Sequence[str] = (),
+    settles: str | None = None,
 ) -> bool:
-    """Insert event rows, in order. With `first_must_be_new`, returns False when the first row's
-    key already exists (a redelivered event: the caller rolls back the whole transaction); so it
-    does when a key of `new_keys` (the other outcomes of a batch) already exists."""
+    """Insert event rows, in order, with their leases (and the delete of the lease the first row
+    answers, `settles`). With `first_must_be_new`, returns False when the first row's key already
+    exists (a redelivered event: the caller rolls back the whole transaction); so it does when a
+    key of `new_keys` (the other outcomes of a batch) already exists."""
     if not rows:
         return True
     dialect = conn.dialect
     inserted: set[str] = set()
     chunks = _event_chunks(dialect, rows)
     for start, (chunk, params) in zip(range(0, len(rows), INSERT_ROWS_PER_STATEMENT), chunks, strict=True):
-        sql, params = _with_leases(conn, rows[start : start + chunk], _events_insert_sql(dialect, chunk), params)
+        answered = settles if start == 0 else None
+        sql, params = _with_leases(
+            conn, rows[start : start + chunk], _events_insert_sql(dialect, chunk), params, answered
+        )
         cursor = _run(conn, sql, params)
         inserted.update(row[0] for row in cursor.fetchall())
     return _all_new(rows, inserted, first_must_be_new, new_keys)
@@ -448,6 +466,7 @@ def record_decision(
     head_version: int | None = None,
     count: IterationCount | None = None,
     bump: Bump | None = None,
+    settles: str | None = None,
 ) -> Recorded:
     """A decision's event rows (`insert_events`, the first one must be new) and the variables it
     set, by scope (`put_variables`). Returns whether the rows were new and, when they were, the
@@ -477,6 +496,9 @@ def record_decision(
     between (the state version read back is the one this write set); otherwise none, and the
     caller reads again.
 
+    `settles`: the key of an earlier decision row whose lease this decision's causing row (the
+    outcome of that decision's only message) answers: the lease is deleted in the same write.
+
     A result or variable above NOETL_MAX_RESULT_BYTES is stored once outside its row, the row
     holding its reference (store/blobs.py)."""
     from noetl_celery.store import blobs
@@ -490,7 +512,7 @@ def record_decision(
         and (bump is not None or not any(variables.values()))
         and len(rows) <= INSERT_ROWS_PER_STATEMENT
     ):
-        return _strict_insert(conn, rows, head_version, count, commit, bump, variables)
+        return _strict_insert(conn, rows, head_version, count, commit, bump, variables, settles)
     if count is not None or bump is not None:  # only the strict statement makes them
         raise Conflict(f"execution {execution_id}: a count or bump left to the write needs the one strict statement")
     if head_version is not None:
@@ -498,7 +520,7 @@ def record_decision(
         if not running_at(head, head_version):
             raise Conflict(f"execution {execution_id}: head {head} is not running at version {head_version}")
     if dialect.name != "postgresql" or len(rows) > INSERT_ROWS_PER_STATEMENT or not any(variables.values()):
-        if not insert_events(conn, rows, first_must_be_new=True, new_keys=new_keys):
+        if not insert_events(conn, rows, first_must_be_new=True, new_keys=new_keys, settles=settles):
             return Recorded(False, {})
         return Recorded(
             True, {scope: put_variables(conn, execution_id, scope, values) for scope, values in variables.items()}
@@ -512,7 +534,7 @@ def record_decision(
     )
     inserted: set[str] = set()
     stored: dict[str, dict[str, Any]] = {scope: {} for scope in variables}
-    sql, all_params = _with_leases(conn, rows, sql, params + event_params)
+    sql, all_params = _with_leases(conn, rows, sql, params + event_params, settles)
     for scope, name, value in _run(conn, sql, all_params).fetchall():
         if scope is None:
             inserted.add(name)
@@ -571,6 +593,7 @@ def _strict_insert(
     commit: str,
     bump: Bump | None = None,
     variables: dict[str, dict[str, Any]] | None = None,
+    settles: str | None = None,
 ) -> Recorded:
     """`record_decision`'s one strict statement (PostgreSQL). A check that fails (the head, the
     iteration's count, the counters' update) makes the first row's key NULL, which the column's
@@ -602,13 +625,12 @@ def _strict_insert(
     else:
         check = "counted" if count is not None else "head" if head_version is not None else None
     sql = _strict_insert_sql(dialect, row_count, check, len(names), commit)
-    lease = _lease_statement(dialect, rows, strict=True)
-    if lease is not None:  # between the insert and the commit: a refused insert never reaches it
-        lease_sql, lease_params = lease
+    leases = _lease_statements(dialect, rows, settles, strict=True)
+    if leases:  # between the insert and the commit: a refused insert never reaches them
         before, _, after = sql.partition(commit)
-        sql = f"{before}; {lease_sql}{commit}{after}"
+        sql = "; ".join([before, *(lease_sql for lease_sql, _ in leases)]) + commit + after
         kept = len(params) - len(read_back)
-        params = [*params[:kept], *lease_params, *params[kept:]]
+        params = [*params[:kept], *(p for _, lease_params in leases for p in lease_params), *params[kept:]]
     try:
         cursor = _run(conn, sql, params)
     except DBAPIError as exc:
@@ -715,9 +737,10 @@ def list_events(conn: Connection, execution_id: int) -> list[dict[str, Any]]:
     return [dict(r) for r in rows]
 
 
-def last_event_id(conn: Connection) -> int:
-    """The id of the store's last event row (0: none)."""
-    return int(conn.execute(select(func.max(EVENTS.c.id))).scalar() or 0)
+def last_event_id(conn: Connection, execution_id: int) -> int:
+    """The id of the execution's last event row (0: none)."""
+    c = EVENTS.c
+    return int(conn.execute(select(func.max(c.id)).where(c.execution_id == execution_id)).scalar() or 0)
 
 
 def events_after(conn: Connection, execution_id: int, after_id: int) -> list[dict[str, Any]]:

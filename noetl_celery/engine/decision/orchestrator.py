@@ -137,6 +137,8 @@ def _decide(
             for message, outcome, report in outcomes:
                 decider.depth = 0
                 decider.on_outcome(message, outcome, report)
+            if len(outcomes) == 1 and kind == PayloadKind.OUTCOME:  # its outcome row answers the lease
+                decider.decision.settles = outcomes[0][0].lease
         else:
             raise ValueError(f"unknown event kind {kind!r}")
         dispatches = decider.flush(last=strict)

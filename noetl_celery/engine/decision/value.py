@@ -28,6 +28,7 @@ class Decision:
     later_causes: list[str] = field(default_factory=list)  # a batch: the other outcomes' row keys
     # tool-call times of the iterations of `batch: auto` loops this event reports, per loop run
     durations_ms: dict[str, list[float]] = field(default_factory=dict)
+    settles: str | None = None  # the key of the decision row whose lease the causing outcome answers
 
     def record(self, columns: dict[str, Any]) -> None:
         """Add a row, complete: read-only from now on. The decision's first row is its cause,

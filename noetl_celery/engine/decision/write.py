@@ -23,6 +23,7 @@ from noetl_celery.engine.decision import batching, subplaybooks
 from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.messages import Dispatch
 from noetl_celery.store import repo
+from noetl_celery.vocabulary import DispatchKind
 
 
 class DuplicateEvent(Exception):
@@ -95,7 +96,19 @@ def flush(d: Decided, *, last: bool = False) -> list[Dispatch]:
         deadlines.decision_deadline(repo.utcnow(), dispatches) if dispatches else None,
     )
     _record(d, last, bump)
-    return dispatches
+    return _answering(d, dispatches)
+
+
+def _answering(d: Decided, dispatches: list[Dispatch]) -> list[Dispatch]:
+    """A decision's only message, a plain attempt (not a batch, not another execution's), carries
+    the decision row's key: its outcome's decision deletes the lease it answers (TaskMessage.lease),
+    which the sweeper then never reads. Any other lease waits for the sweeper."""
+    if len(dispatches) != 1 or dispatches[0].kind != DispatchKind.RUN:
+        return dispatches
+    message = dispatches[0].message
+    if message.get("batch") or message.get("execution_id") != d.execution_id:
+        return dispatches
+    return [dispatches[0].answering(d.decision.rows[0]["event_id"])]
 
 
 def _counters(d: Decided, last: bool) -> tuple[int, bool, repo.Bump | None]:
@@ -171,6 +184,7 @@ def _record(d: Decided, last: bool, bump: repo.Bump | None) -> None:
             head_version=head_version,
             count=d.later_count,
             bump=bump,
+            settles=d.decision.settles,
         )
     except repo.Conflict as exc:
         raise Redecide() from exc
