@@ -343,8 +343,12 @@ def _report(row: dict[str, Any]) -> dict[str, Any]:
 def _claimed_row(claim: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
     """The message of a row its claim ran in the claim's own attempt (TaskMessage.claimed_row),
     rebuilt from the row's record: the claimed row (`meta.row`), and the rest of the claim's
-    frame from the messages its decision sent for the same slot and claim."""
+    frame from the row's meta.frame (a row of an earlier release: from the messages its decision
+    sent for the same slot and claim)."""
     meta = row.get("meta") or {}
+    if isinstance(meta.get("frame"), list):  # the frame, kept once by this row
+        message = TaskMessage.from_dict(claim).claimed_row(list(meta["frame"]), 1)  # its iteration: the row's
+        return message.evolve(iteration=row["iteration"]).to_dict()
     first = meta.get("row")
     if isinstance(first, dict) and first.get("truncated") is True:
         raise ReplayError(
@@ -354,7 +358,7 @@ def _claimed_row(claim: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
     count = int((meta.get("claimed") or {}).get("rows") or 1)
     slot = claim.get("slot") or {}
     rest: list[Any] | None = [] if count == 1 else None
-    for stored in meta.get("dispatch") or []:
+    for stored in [] if rest is not None else meta.get("dispatch") or []:  # a row of an earlier release
         sent = Dispatch.from_dict(stored).message
         other = sent.get("slot") or {}
         if other.get("phase") == "row" and (other.get("id"), other.get("claim")) == (slot.get("id"), slot.get("claim")):
@@ -371,12 +375,15 @@ def _claimed_row(claim: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _claim_outcome(row: dict[str, Any]) -> dict[str, Any]:
-    """A cursor claim's outcome. The claimed rows are not a column of the claim's row: its
-    decision sent the first of them as the slot's next item's element and the rest in its `slot`;
-    a decision that sent nothing (the execution had ended) used only their number."""
+    """A cursor claim's outcome: the frame its row keeps (meta.frame, a frame of more than one
+    row). Otherwise its decision sent the one row it took as the slot's next item's element (or,
+    a row of an earlier release, the first row and the rest of the frame in its `slot`); a
+    decision that sent nothing (the execution had ended) used only their number."""
     if row["event_type"] == ev.CURSOR_CLAIM_FAILED:
         return {"status": "error", "error": row["error"]}
     meta = row.get("meta") or {}
+    if isinstance(meta.get("frame"), list):  # the frame, kept once by this row
+        return {"status": "ok", "data": {"rows": list(meta["frame"])}}
     rows: list[Any] = [None] * int(meta.get("rows") or 0)
     for stored in meta.get("dispatch") or []:
         message = Dispatch.from_dict(stored).message

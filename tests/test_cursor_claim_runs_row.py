@@ -98,7 +98,7 @@ def test_the_claims_job_reports_its_rows_outcome_and_a_redelivered_job_runs_noth
     message = TaskMessage.from_dict(claim.message)
     payload = attempt(url, claim)
     reported = TaskMessage.from_dict(payload["task"])
-    assert reported.slot == {"id": 0, "claim": 0, "phase": "row", "index": 0, "rows": [], "via": 1}
+    assert reported.slot == {"id": 0, "claim": 0, "phase": "row", "index": 0, "via": 1}  # a frame of one row
     assert (reported.iteration, reported.element) == (0, {"id": 1, "n": 1})
     assert payload["outcome"]["status"] == "ok" and payload["outcome"]["data"] == {"id": 1, "square": 1}
     assert reported.outcome_key() == message.outcome_key()

@@ -15,6 +15,7 @@ from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import (
     BATCH_VERSION,
+    FRAME_VERSION,
     MESSAGE_VERSION,
     READ_VERSION,
     VERSION_FIELD,
@@ -84,7 +85,7 @@ def test_unknown_fields_are_ignored_and_logged_once(caplog):
 
 
 def test_a_message_too_new_is_refused_with_what_to_do():
-    with pytest.raises(MessageTooNew, match=r"format 3\d*, newer than this worker reads .*upgrade"):
+    with pytest.raises(MessageTooNew, match=rf"format {READ_VERSION + 1}, newer than this worker reads .*upgrade"):
         TaskMessage.from_dict({**OLD_TASK_MESSAGE, VERSION_FIELD: READ_VERSION + 1})
     with pytest.raises(MessageError, match="whole number"):
         TaskMessage.from_dict({**OLD_TASK_MESSAGE, VERSION_FIELD: "two"})
@@ -206,6 +207,17 @@ def test_a_decision_row_keeps_a_dispatch_in_its_wire_form_and_reads_it_back_whol
     batch = Dispatch.task(replace(message, batch=[{"iteration": 4, "element": [3]}]), label="pb:work")
     assert batch.stored()["message"][VERSION_FIELD] == BATCH_VERSION
     assert Dispatch.from_dict(batch.stored()) == batch
+    # a cursor row naming its frame by reference keeps its format (3): an older reader would take
+    # the frame for over after this row, and refuses it instead
+    framed = Dispatch.task(
+        replace(
+            message, slot={"id": 0, "claim": 1, "phase": "row", "index": 4, "frame": {"at": "k", "size": 3, "pos": 1}}
+        ),
+        label="pb:work",
+    )
+    assert framed.stored()["message"][VERSION_FIELD] == FRAME_VERSION == framed.message[VERSION_FIELD]
+    assert TaskMessage.from_dict(framed.message).to_wire()[VERSION_FIELD] == FRAME_VERSION
+    assert Dispatch.from_dict(framed.stored()) == framed
     assert Dispatch.from_dict(plain.stored()) == plain
     # an event for on_event (a sub-playbook's start or end) keeps its message as it is
     event = Dispatch(kind="event", message={"kind": "child_done", "execution_id": 7}, countdown=1.0)

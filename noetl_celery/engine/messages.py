@@ -16,7 +16,10 @@ new format only when an old reader would misread the message by ignoring the fie
 Formats: 1 is every ordinary message. 2 (BATCH_VERSION) is a batched loop message (`batch`: the
 iterations after the first, engine/decision/batching.py) and the on_event payload of its outcomes: a
 format-1 reader would run only the first iteration, so such messages say 2 and are written only
-by code that reads them. Everything else stays format 1, readable by older workers.
+by code that reads them. 3 (FRAME_VERSION) is a cursor row message that names its frame by
+reference (`slot.frame`: the row keeping the frame's rows, engine/decision/cursor_loop.py)
+instead of carrying the rest of it: an older reader would take the frame for over after this row.
+Everything else stays format 1, readable by older workers.
 
 On the wire (`TaskMessage.to_wire`, `wire`) a task message leaves out every optional field that
 has its default: readers of any version fill the defaults back in, so this needs no new format
@@ -43,7 +46,8 @@ log = logging.getLogger(__name__)
 CONTEXT_VALUE_LIMIT = 2048  # characters of one value kept in an event row's `context`
 MESSAGE_VERSION = 1  # the format this code writes for every message but batches
 BATCH_VERSION = 2  # the format of a batched loop message and of its outcomes' payload
-READ_VERSION = BATCH_VERSION  # the newest format this code reads
+FRAME_VERSION = 3  # the format of a cursor row message that names its frame by reference
+READ_VERSION = FRAME_VERSION  # the newest format this code reads
 VERSION_FIELD = "message_version"  # absent: a message from before formats were versioned (read as 0)
 
 
@@ -128,8 +132,15 @@ def wire(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def written_version(message: dict[str, Any]) -> int:
-    """The format a task message dict is written in: BATCH_VERSION when it carries a batch."""
-    return BATCH_VERSION if message.get("batch") else MESSAGE_VERSION
+    """The format a task message dict is written in: FRAME_VERSION when it names its cursor frame
+    by reference, BATCH_VERSION when it carries a batch."""
+    return _format(message.get("batch"), message.get("slot"))
+
+
+def _format(batch: Any, slot: Any) -> int:
+    if isinstance(slot, dict) and slot.get("frame") is not None:
+        return FRAME_VERSION
+    return BATCH_VERSION if batch else MESSAGE_VERSION
 
 
 def stamp(payload: dict[str, Any]) -> dict[str, Any]:
@@ -208,10 +219,13 @@ class TaskMessage:
     delayed: bool = False  # sent with a countdown: checks the execution still runs when due
     store_tries: int = 0  # times the worker found the event store unreachable for this message
     # cursor loops: {"id": slot number, "claim": claim number, "phase": "claim" | "row",
-    # "index": rows this slot finished, "rows": the rest of the claimed frame, "done": the frame's
-    # rows already over (a claim: the previous frame's rows, for the driver to acknowledge),
-    # a claim's "run": its first row's first task runs in the same attempt (claimed_row), that
-    # row's "via": the claim attempt it ran in}
+    # "index": rows this slot finished, a row's "frame": {"at": the key of the event row that
+    # keeps the claimed frame in its meta.frame, "size": its rows, "pos": this row's place in it}
+    # (absent: a frame of one row), a claim's "done": the previous frame's rows, for the driver to
+    # acknowledge, a claim's "run": its first row's first task runs in the same attempt
+    # (claimed_row), that row's "via": the claim attempt it ran in and, in that row's messages
+    # only, the rest of the frame inline ("rows"; a message of an earlier release also carries
+    # "rows" and the frame's rows over, "done")}
     slot: dict[str, Any] | None = None
     # sub-playbooks: the finished child's outcome, when the parent's task still has a sink to run
     child: dict[str, Any] | None = None
@@ -269,7 +283,7 @@ class TaskMessage:
             delayed=False,
             store_tries=0,
             seed=None,
-            slot=row_slot(slot["id"], slot["claim"], slot["index"], rows[1:], via=self.attempt),
+            slot=row_slot(slot["id"], slot["claim"], slot["index"], rest=rows[1:], via=self.attempt),
         )
 
     def evolve(self, **changes: Any) -> TaskMessage:
@@ -278,7 +292,7 @@ class TaskMessage:
     def to_dict(self) -> dict[str, Any]:
         """Every field (values shared with this message, not copied: messages are not mutated)."""
         data = {name: getattr(self, name) for name in _FIELD_ORDER}
-        data[VERSION_FIELD] = BATCH_VERSION if self.batch else MESSAGE_VERSION
+        data[VERSION_FIELD] = _format(self.batch, self.slot)
         return data
 
     def to_wire(self) -> dict[str, Any]:
@@ -289,7 +303,7 @@ class TaskMessage:
             value = getattr(self, name)
             if value != default:
                 kept[name] = value
-        kept[VERSION_FIELD] = BATCH_VERSION if self.batch else MESSAGE_VERSION
+        kept[VERSION_FIELD] = _format(self.batch, self.slot)
         return kept
 
     @classmethod
@@ -372,7 +386,7 @@ class Dispatch:
             message = wire(self.message)
             message.pop("seed", None)  # the store is read where it is wanted again
             message.pop("lease", None)  # a message sent again from the store leaves its lease to the sweeper
-            if message[VERSION_FIELD] == MESSAGE_VERSION:  # a batch's 2 stays: older readers refuse it
+            if message[VERSION_FIELD] == MESSAGE_VERSION:  # a batch's 2, a frame's 3 stay: older readers refuse them
                 del message[VERSION_FIELD]
             data["message"] = message
         return data
@@ -404,17 +418,25 @@ _FIELD_ORDER = tuple(f.name for f in dataclasses.fields(TaskMessage))
 
 
 def row_slot(
-    slot: int, claim: int, index: int, rest: list[Any], done: list[Any] | None = None, via: int | None = None
+    slot: int,
+    claim: int,
+    index: int,
+    *,
+    frame: dict[str, Any] | None = None,
+    rest: list[Any] | None = None,
+    via: int | None = None,
 ) -> dict[str, Any]:
-    """A cursor row message's `slot`: its slot, claim and index, the rest of its frame, the
-    frame's rows over before it, and the claim attempt it ran in (when it did)."""
+    """A cursor row message's `slot`: its slot, claim and index, its frame by reference
+    ({"at", "size", "pos"}; None: a frame of one row), the rest of its frame inline (`rest`: the
+    first row of a claim that ran it, whose frame is recorded with its outcome), and the claim
+    attempt it ran in (when it did)."""
     return {
         "id": slot,
         "claim": claim,
         "phase": "row",
         "index": index,
-        "rows": rest,
-        **({"done": done} if done else {}),
+        **({"frame": frame} if frame is not None else {}),
+        **({"rows": rest} if rest else {}),
         **({"via": via} if via is not None else {}),
     }
 

@@ -732,6 +732,13 @@ def event_exists(conn: Connection, execution_id: int, event_id: str) -> bool:
     )
 
 
+def event_meta(conn: Connection, execution_id: int, event_id: str) -> dict[str, Any]:
+    """The `meta` of one event row, found by its key ({} when there is no such row or it has none)."""
+    c = EVENTS.c
+    meta = conn.execute(select(c.meta).where(and_(c.execution_id == execution_id, c.event_id == event_id))).scalar()
+    return meta if isinstance(meta, dict) else {}
+
+
 def list_events(conn: Connection, execution_id: int) -> list[dict[str, Any]]:
     rows = conn.execute(select(EVENTS).where(EVENTS.c.execution_id == execution_id).order_by(EVENTS.c.id)).mappings()
     return [dict(r) for r in rows]

@@ -29,6 +29,8 @@ Everything here runs inside on_event; workers only run claims and the rows' task
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from noetl_celery import cursors
@@ -40,7 +42,7 @@ from noetl_celery.engine.decision.policy_eval import next_backoff
 from noetl_celery.engine.decision.rows import OpenRow
 from noetl_celery.engine.decision.subplaybooks import PLAYBOOK_KIND
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
-from noetl_celery.engine.ids import cursor_iteration
+from noetl_celery.engine.ids import claim_key, cursor_iteration
 from noetl_celery.engine.messages import Dispatch, TaskMessage, row_slot, sanitize
 from noetl_celery.store import repo
 from noetl_celery.tools.base import get_tool
@@ -128,9 +130,9 @@ class CursorLoop:
             return
         run = RunRef(message.run_id, message.frames, message.args)
         parent = row.get("event_id") or message.parent_event_id or ""
-        rest = slot.get("rows") or []
-        finished = [*(slot.get("done") or []), message.element]  # the frame's rows over so far
-        if rest:
+        frame, pos, at = _frame(decider, message)
+        if pos + 1 < len(frame):
+            place = {"at": at, "size": len(frame), "pos": pos + 1} if at is not None else None
             dispatch_row(
                 decider,
                 step,
@@ -138,9 +140,10 @@ class CursorLoop:
                 slot=slot["id"],
                 claim=slot["claim"],
                 index=slot["index"] + 1,
-                rows=rest,
+                element=frame[pos + 1],
                 parent=parent,
-                done=finished,
+                frame=place,
+                legacy=None if place is not None else (frame[pos + 2 :], frame[: pos + 1]),
             )
         else:  # the next claim acknowledges the frame's rows (drivers that acknowledge: redis_stream, mysql, nats)
             dispatch_claim(
@@ -151,11 +154,58 @@ class CursorLoop:
                 claim=slot["claim"] + 1,
                 index=slot["index"] + 1,
                 parent=parent,
-                done=finished,
+                done=frame,
             )
 
 
 CURSOR_LOOP = CursorLoop()
+
+FRAMES_KEPT = 256  # frames a process keeps read (a slot's rows are decided one after another)
+_frames: OrderedDict[tuple[int, str], list[Any]] = OrderedDict()
+_frames_lock = threading.Lock()
+
+
+def _frame(decider: DecisionPort, message: TaskMessage) -> tuple[list[Any], int, str | None]:
+    """A cursor row's frame (every row its claim took, in order), the row's place in it, and the
+    key of the event row that keeps it (None: none does; the frame goes on inline, as a message
+    of an earlier release carried it).
+
+    By reference (`slot.frame`): read from that row's meta.frame, kept per process. Inline: the
+    first row of a claim that ran it carries the rest of the frame, which its outcome row keeps
+    (outcomes.py: under the claim attempt's key); a message of an earlier release carries the
+    rest and the rows over."""
+    slot = message.slot or {}
+    place = slot.get("frame")
+    if place is not None:
+        return _read_frame(decider, place["at"], int(place["size"])), int(place["pos"]), place["at"]
+    done = list(slot.get("done") or [])
+    frame = [*done, message.element, *(slot.get("rows") or [])]
+    if len(frame) == 1 or "via" not in slot:
+        return frame, len(done), None
+    at = claim_key(message.run_id, slot["id"], slot["claim"], slot["via"]) + ".done"
+    if message.ran_with_claim or "frame" in repo.event_meta(decider.conn, decider.execution_id, at):
+        return frame, len(done), at  # recorded by this decision, or kept by the claim's outcome row
+    return frame, len(done), None  # that row was decided by an earlier release, which kept no frame
+
+
+def _read_frame(decider: DecisionPort, at: str, size: int) -> list[Any]:
+    key = (decider.execution_id, at)
+    with _frames_lock:
+        frame = _frames.get(key)
+        if frame is not None:
+            _frames.move_to_end(key)
+            return frame
+    frame = repo.event_meta(decider.conn, decider.execution_id, at).get("frame")
+    if not isinstance(frame, list) or len(frame) != size:
+        raise RuntimeError(
+            f"execution {decider.execution_id}: the cursor frame kept by row {at!r} is missing or not "
+            f"{size} rows; the slot cannot go on"
+        )
+    with _frames_lock:
+        _frames[key] = frame
+        while len(_frames) > FRAMES_KEPT:
+            _frames.popitem(last=False)
+    return frame
 
 
 def claim_retry(step: Step) -> Action:
@@ -240,21 +290,29 @@ def dispatch_row(
     slot: int,
     claim: int,
     index: int,
-    rows: list[Any],
+    element: Any,
     parent: str,
-    done: list[Any] | None = None,
+    frame: dict[str, Any] | None = None,
+    legacy: tuple[list[Any], list[Any]] | None = None,
 ) -> None:
+    """A cursor row's first attempt: its frame by reference (`frame`: {at, size, pos}; None: a
+    frame of one row), or, for a frame no row keeps (`legacy`: the rest of it and its rows over),
+    inline, as an earlier release sent it."""
     slots = max(step.loop.max_in_flight, 1) if step.loop else 1
+    shape = row_slot(slot, claim, index, frame=frame)
+    if legacy is not None:
+        rest, done = legacy
+        shape = {**shape, "rows": rest, **({"done": done} if done else {})}
     message = TaskMessage(
         execution_id=decider.execution_id,
         run_id=run.run_id,
         step=step.name,
         iteration=cursor_iteration(slot, index, slots),
-        element=rows[0],
+        element=element,
         frames=run.frames,
         args=run.args,
         parent_event_id=parent,
-        slot=row_slot(slot, claim, index, rows[1:], done),
+        slot=shape,
     )
     decider.dispatch_task(step, message, record_start=False)
 
@@ -287,6 +345,7 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
             "slot": slot["id"],
             "claim": slot["claim"],
             "rows": len(rows),
+            **({"frame": rows} if len(rows) > 1 else {}),  # kept once: its rows' messages name this row
             **({"retry_in": delay} if retried else {}),
         },
     )
@@ -295,7 +354,15 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
     run = RunRef(message.run_id, message.frames, message.args)
     if rows:
         dispatch_row(
-            decider, step, run, slot=slot["id"], claim=slot["claim"], index=slot["index"], rows=rows, parent=key
+            decider,
+            step,
+            run,
+            slot=slot["id"],
+            claim=slot["claim"],
+            index=slot["index"],
+            element=rows[0],
+            parent=key,
+            frame={"at": key, "size": len(rows), "pos": 0} if len(rows) > 1 else None,
         )
     elif ok:
         _slot_ended(decider, step, message.run_id, key)

@@ -81,8 +81,10 @@ class OutcomeRules(DecisionCore):
         row = self.open_row(ev.ACTION_COMPLETED if ok else ev.ACTION_FAILED, key, **causing)
         if message.ran_with_claim:  # the claim that took this row ran it: its frame's size, its row
             assert message.slot is not None
+            rest = list(message.slot.get("rows") or [])
             row.note(
-                claimed={"attempt": message.slot["via"], "rows": 1 + len(message.slot.get("rows") or [])},
+                claimed={"attempt": message.slot["via"], "rows": 1 + len(rest)},
+                **({"frame": [message.element, *rest]} if rest else {}),  # kept once: the frame's rows name it
                 **(sanitize({"row": message.element}) or {}),
             )
         sink = outcome.get("meta", {}).get("sink") or {}

@@ -1,0 +1,128 @@
+"""A cursor claim's frame is kept once, by the row of the decision that first sees it (the claim's
+row, or the outcome row of the first row the claim ran), and the messages of its other rows name
+that row (`slot.frame`: at, size, pos; message format 3) instead of carrying the rest of the frame
+and the rows over: a frame of N rows costs its messages and their stored dispatches N small
+references, not N^2 rows. A row message of an earlier release (the rest of the frame inline) still
+goes on, inline. `replay` decides a framed run again the same. In-process, on SQLite and PostgreSQL
+(the demo queue's SQLite driver); the kill tests with real workers (tests/distributed) run frames
+on every driver."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from noetl_celery import replay
+from noetl_celery.compiler import compile_playbook
+from noetl_celery.engine.messages import FRAME_VERSION, MESSAGE_VERSION, VERSION_FIELD, Dispatch, written_version
+from noetl_celery.store import repo
+from noetl_celery.store.db import transaction
+from tests.support.harness import Harness, run_playbook
+
+DEMO = Path(__file__).resolve().parents[1] / "playbooks" / "cursor_queue.yaml"
+FRAME = "        frame: {max_rows: 2, lease_seconds: 60}\n"
+
+
+def framed(tmp_path: Path, rows: int, routed: bool = False) -> Path:
+    """The demo queue with frames of `rows` rows; `routed`: a routing-only task first in the step's
+    body, so that a claim does not run its first row (its frame is kept by the claim's own row)."""
+    text = DEMO.read_text()
+    assert FRAME in text
+    text = text.replace(FRAME, f"        frame: {{max_rows: {rows}, lease_seconds: 60}}\n")
+    if routed:
+        head, rest = text.split("    tool:\n      kind: python\n      args: {id:", 1)
+        block, tail = rest.split("    next:\n", 1)
+        task = "      kind: python\n      args: {id:" + block
+        body = "".join("    " + line if line.strip() else line for line in task.splitlines(keepends=True))
+        text = head + "    tool:\n      - first:\n          kind: noop\n      - square:\n" + body + "    next:\n" + tail
+    path = tmp_path / f"cursor_queue_{rows}{'_routed' if routed else ''}.yaml"
+    path.write_text(text)
+    return path
+
+
+def stored_row_messages(url: str, execution_id: int) -> list[dict]:
+    with transaction(url) as conn:
+        events = repo.list_events(conn, execution_id)
+    return [
+        Dispatch.from_dict(stored).message
+        for e in events
+        for stored in (e["meta"] or {}).get("dispatch") or []
+        if ((stored.get("message") or {}).get("slot") or {}).get("phase") == "row"
+    ], events
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["claim_runs_row", "claim_row"])
+def test_a_frame_is_kept_once_and_its_rows_name_it(either_store, tmp_path, routed):
+    url, jobs = either_store, 30
+    playbook = framed(tmp_path, 6, routed)
+    code, status = run_playbook(url, playbook, {"jobs": jobs, "queue_db": str(tmp_path / "queue.sqlite")})
+    assert code == 0 and status["status"] == "completed", status
+    assert status["results"]["report"]["done"] == jobs
+    messages, events = stored_row_messages(url, status["execution_id"])
+    keeping = {e["event_id"]: e["meta"]["frame"] for e in events if "frame" in (e["meta"] or {})}
+    assert keeping and all(1 < len(frame) <= 6 for frame in keeping.values())
+    referenced = [m for m in messages if "frame" in m["slot"]]
+    assert referenced, "no row message named its frame"
+    for message in messages:  # no rest of a frame, no rows over, in any stored row message
+        assert "rows" not in message["slot"] and "done" not in message["slot"], message["slot"]
+    for message in referenced:
+        place = message["slot"]["frame"]
+        frame = keeping[place["at"]]
+        assert len(frame) == place["size"] and frame[place["pos"]] == message["element"]
+        assert written_version(message) == FRAME_VERSION
+    with transaction(url) as conn:
+        items = [e for e in repo.list_events(conn, status["execution_id"]) if e["event_type"] == "cursor.item.done"]
+    assert len(items) == jobs and len({e["iteration"] for e in items}) == jobs
+    report = replay.replay(url, status["execution_id"])
+    assert report.difference is None, report.to_dict()
+
+
+def test_a_frames_messages_grow_with_its_rows_not_with_their_square(tmp_path):
+    """The stored dispatches of a run with frames of 12 take about as many bytes as with frames of
+    3, for the same rows (with the rest of the frame in each message, four times as many)."""
+    sizes = {}
+    for rows in (3, 12):
+        url = f"sqlite:///{tmp_path / f'store_{rows}.sqlite'}"
+        code, status = run_playbook(
+            url, framed(tmp_path, rows), {"jobs": 48, "queue_db": str(tmp_path / f"queue_{rows}.sqlite")}
+        )
+        assert code == 0 and status["status"] == "completed", status
+        messages, _ = stored_row_messages(url, status["execution_id"])
+        sizes[rows] = sum(len(json.dumps(m)) for m in messages) / len(messages)
+    assert sizes[12] < sizes[3] * 1.2, sizes
+
+
+def test_a_row_message_of_an_earlier_release_goes_on_inline(either_store, tmp_path):
+    """A row message with the rest of its frame and the rows over inline (as an earlier release
+    sent it) is decided by this code: its slot's next rows go on inline, format 1, and every row
+    is done once."""
+    url, jobs = either_store, 12
+    plan = compile_playbook(
+        framed(tmp_path, 4, routed=True), overrides={"jobs": jobs, "queue_db": str(tmp_path / "q.sqlite")}
+    )
+    harness = Harness(url)
+    execution_id = harness.start(plan)
+    converted = []
+    while harness.step():
+        for n, (due, order, dispatch) in enumerate(harness._queue):
+            slot = dispatch.message.get("slot") or {}
+            if "frame" in slot and slot["frame"]["pos"] == 1 and not converted:
+                with transaction(url) as conn:
+                    frame = repo.event_meta(conn, execution_id, slot["frame"]["at"])["frame"]
+                old = {k: v for k, v in slot.items() if k != "frame"}
+                message = {
+                    **dispatch.message,
+                    "slot": {**old, "rows": frame[2:], "done": frame[:1]},
+                    VERSION_FIELD: MESSAGE_VERSION,
+                }
+                harness._queue[n] = (due, order, Dispatch.from_dict({**dispatch.to_dict(), "message": message}))
+                converted.append(slot["id"])
+    assert converted
+    with transaction(url) as conn:
+        status = repo.get_execution(conn, execution_id)["status"]
+        items = [e for e in repo.list_events(conn, execution_id) if e["event_type"] == "cursor.item.done"]
+    assert status == "completed" and len({e["iteration"] for e in items}) == len(items) == jobs
+    inline = [d.message for d in harness.ran if "rows" in (d.message.get("slot") or {})]
+    assert inline and all(written_version(m) == MESSAGE_VERSION for m in inline)
