@@ -16,7 +16,8 @@ every number of worker instances (`celery -A noetl_celery worker -c C -P prefork
   iteration (created_at of its `iteration.completed` row minus started_at + duration_ms).
 - noetl_celery cursor loop (--cursor-n, default 10000; 0 skips it): bench/playbooks/cursor_noop.yaml,
   the same no-op python task per row, rows claimed from a PostgreSQL table by 100 slots (frames
-  of up to --cursor-frame rows, default 20; 1: no frame, a row per claim); rows/s between
+  of up to --cursor-frame rows, default 20; 1: no frame, a row per claim; --cursor-row-bytes B:
+  each claimed row carries a random payload of B characters besides its id); rows/s between
   `iterator.started` and `iterator.completed`, and event rows of the loop step per row.
 - peak RSS of each worker instance (main process + pool children, summed; sampled every 0.2 s).
 
@@ -836,21 +837,33 @@ def run_noetl(
 
 
 CURSOR_FRAME = "frame: {max_rows: 20}"  # as written in the cursor playbook
+CURSOR_RETURNING = "RETURNING w.id"  # the claimed row's columns, as written in the cursor playbook
 
 
-def cursor_playbook(frame: int) -> str:
-    """The cursor playbook's text with frames of up to `frame` rows (1 or less: no frame)."""
+def cursor_playbook(frame: int, row_bytes: int = 0) -> str:
+    """The cursor playbook's text with frames of up to `frame` rows (1 or less: no frame), each
+    claimed row carrying a `payload` of `row_bytes` characters besides its id (0: none)."""
     text = CURSOR_PLAYBOOK.read_text()
-    if CURSOR_FRAME not in text:
-        raise BenchError(f"{CURSOR_PLAYBOOK} no longer says {CURSOR_FRAME!r}")
+    for written in (CURSOR_FRAME, CURSOR_RETURNING):
+        if written not in text:
+            raise BenchError(f"{CURSOR_PLAYBOOK} no longer says {written!r}")
+    if row_bytes > 0:
+        # random hex, drawn for each row (the subquery names w.id), so that the store cannot
+        # compress it away
+        chunks = -(-row_bytes // 32)
+        payload = (
+            "substr((SELECT string_agg(md5(random()::text || g::text || w.id::text), '')"
+            f" FROM generate_series(1, {chunks}) g), 1, {row_bytes})"
+        )
+        text = text.replace(CURSOR_RETURNING, f"{CURSOR_RETURNING}, {payload} AS payload")
     if frame > 1:
         return text.replace(CURSOR_FRAME, f"frame: {{max_rows: {frame}}}")
     return text.replace(", " + CURSOR_FRAME, "")
 
 
-def run_cursor(ctx: Context, n: int, workers: list[Any], frame: int = 20) -> dict[str, Any]:
-    """One measured cursor loop of n rows (frames of up to `frame` rows; 1: none): rows/s and
-    event rows per row."""
+def run_cursor(ctx: Context, n: int, workers: list[Any], frame: int = 20, row_bytes: int = 0) -> dict[str, Any]:
+    """One measured cursor loop of n rows (frames of up to `frame` rows; 1: none; each row with a
+    payload of `row_bytes` characters): rows/s, event rows per row and bytes per row."""
     from noetl_celery import runner
     from noetl_celery.compiler import compile_playbook
 
@@ -859,7 +872,7 @@ def run_cursor(ctx: Context, n: int, workers: list[Any], frame: int = 20) -> dic
     store_bytes = StoreBytes(reader)
     try:
         t0 = time.perf_counter()
-        plan = compile_playbook(CURSOR_PLAYBOOK, text=cursor_playbook(frame), overrides={"n": n})
+        plan = compile_playbook(CURSOR_PLAYBOOK, text=cursor_playbook(frame, row_bytes), overrides={"n": n})
         execution_id = runner.submit(plan, ctx.settings)
         deadline = time.monotonic() + ctx.run_timeout(n)
         while True:
@@ -1066,12 +1079,13 @@ def bench_set(ctx: Context, mode: str, count: int, results: dict[str, Any]) -> N
                 "concurrency": args.concurrency,
                 "cursor_n": args.cursor_n,
                 "cursor_frame": args.cursor_frame,
+                "cursor_row_bytes": args.cursor_row_bytes,
             }
             results.setdefault("cursor_runs", []).append(cursor_run)
             try:
                 time.sleep(args.pause)
                 log(f"   cursor N={args.cursor_n} ...")
-                cursor_run["cursor"] = run_cursor(ctx, args.cursor_n, workers, args.cursor_frame)
+                cursor_run["cursor"] = run_cursor(ctx, args.cursor_n, workers, args.cursor_frame, args.cursor_row_bytes)
                 log(
                     f"   cursor N={args.cursor_n}: {cursor_run['cursor']['rows_per_s']} rows/s, rows/row "
                     f"{cursor_run['cursor']['event_rows_per_row']}"
@@ -1328,6 +1342,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=20,
         help="rows a claim of the cursor loop may take (frame.max_rows; default 20; 1: no frame)",
+    )
+    p.add_argument(
+        "--cursor-row-bytes",
+        type=int,
+        default=0,
+        help="characters of a random payload each claimed cursor row carries besides its id (default 0: none)",
     )
     p.add_argument("--json-out", help="also write the JSON results to this file")
     p.add_argument("--redis-db", type=int, default=14, help="Redis database index to claim (default 14)")
