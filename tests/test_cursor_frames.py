@@ -126,3 +126,20 @@ def test_a_row_message_of_an_earlier_release_goes_on_inline(either_store, tmp_pa
     assert status == "completed" and len({e["iteration"] for e in items}) == len(items) == jobs
     inline = [d.message for d in harness.ran if "rows" in (d.message.get("slot") or {})]
     assert inline and all(written_version(m) == MESSAGE_VERSION for m in inline)
+
+
+def test_the_frames_a_process_keeps_are_bounded_and_a_frame_not_kept_is_read_again(tmp_path, monkeypatch):
+    """With room for no frame in the process's cache, every row's decision reads its frame from
+    the store: the run is the same, and the cache holds nothing."""
+    from noetl_celery.engine.decision import cursor_loop
+
+    monkeypatch.setattr(cursor_loop, "FRAME_CACHE_BYTES", 10)  # smaller than any frame here
+    reads = []
+    event_meta = repo.event_meta
+    monkeypatch.setattr(repo, "event_meta", lambda *a: reads.append(a[2]) or event_meta(*a))
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    code, status = run_playbook(url, framed(tmp_path, 5), {"jobs": 20, "queue_db": str(tmp_path / "q.sqlite")})
+    assert code == 0 and status["status"] == "completed" and status["results"]["report"]["done"] == 20
+    messages, _ = stored_row_messages(url, status["execution_id"])
+    assert len(reads) >= len([m for m in messages if "frame" in m["slot"]]) > 0  # each row read its frame
+    assert not any(key[1] == status["execution_id"] for key in cursor_loop._frames)

@@ -29,6 +29,7 @@ Everything here runs inside on_event; workers only run claims and the rows' task
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -160,9 +161,10 @@ class CursorLoop:
 
 CURSOR_LOOP = CursorLoop()
 
-FRAMES_KEPT = 256  # frames a process keeps read (a slot's rows are decided one after another)
-_frames: OrderedDict[tuple[int, str], list[Any]] = OrderedDict()
+FRAME_CACHE_BYTES = 32 * 1024 * 1024  # JSON bytes of the frames a process keeps read, at most
+_frames: OrderedDict[tuple[str, int, str], tuple[list[Any], int]] = OrderedDict()
 _frames_lock = threading.Lock()
+_frames_bytes = 0
 
 
 def _frame(decider: DecisionPort, message: TaskMessage) -> tuple[list[Any], int, str | None]:
@@ -189,22 +191,29 @@ def _frame(decider: DecisionPort, message: TaskMessage) -> tuple[list[Any], int,
 
 
 def _read_frame(decider: DecisionPort, at: str, size: int) -> list[Any]:
-    key = (decider.execution_id, at)
+    """The frame kept by the row `at` (meta.frame), of `size` rows: from this process's cache
+    (the frames read last, FRAME_CACHE_BYTES of them at most), else read from the store."""
+    global _frames_bytes
+    key = (str(decider.conn.engine.url), decider.execution_id, at)
     with _frames_lock:
-        frame = _frames.get(key)
-        if frame is not None:
+        kept = _frames.get(key)
+        if kept is not None:
             _frames.move_to_end(key)
-            return frame
+            return kept[0]
     frame = repo.event_meta(decider.conn, decider.execution_id, at).get("frame")
     if not isinstance(frame, list) or len(frame) != size:
         raise RuntimeError(
             f"execution {decider.execution_id}: the cursor frame kept by row {at!r} is missing or not "
             f"{size} rows; the slot cannot go on"
         )
+    weight = len(json.dumps(frame, default=str))
     with _frames_lock:
-        _frames[key] = frame
-        while len(_frames) > FRAMES_KEPT:
-            _frames.popitem(last=False)
+        if weight <= FRAME_CACHE_BYTES and key not in _frames:
+            _frames[key] = (frame, weight)
+            _frames_bytes += weight
+            while _frames_bytes > FRAME_CACHE_BYTES:
+                _, (_, gone) = _frames.popitem(last=False)
+                _frames_bytes -= gone
     return frame
 
 
