@@ -41,13 +41,19 @@ def lease_keys(url: str) -> set[tuple[int, str]]:
         return {tuple(r) for r in conn.execute(select(repo.LEASES.c.execution_id, repo.LEASES.c.event_id))}
 
 
-def test_each_only_message_carries_its_decisions_key_and_its_outcome_deletes_the_lease(either_store):
-    url = either_store
-    plan = compile_playbook("answered_chain.yaml", text=CHAIN)
-    execution_id = create_execution(plan, url)
+def started_chain(url: str) -> tuple[int, Dispatch, list[dict]]:
+    """A new execution of CHAIN, its start decided: its id, its one message, and the rows that
+    keep a dispatch list."""
+    execution_id = create_execution(compile_playbook("answered_chain.yaml", text=CHAIN), url)
     (first,) = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
     with transaction(url) as conn:
         cause = [r for r in repo.list_events(conn, execution_id) if r["meta"] and r["meta"].get("dispatch")]
+    return execution_id, first, cause
+
+
+def test_each_only_message_carries_its_decisions_key_and_its_outcome_deletes_the_lease(either_store):
+    url = either_store
+    execution_id, first, cause = started_chain(url)
     assert [r["event_id"] for r in cause] == [first.message["lease"]]  # the row that holds the lease
     assert "lease" not in cause[0]["meta"]["dispatch"][0]["message"]  # never stored
     assert lease_keys(url) == {(execution_id, first.message["lease"])}
@@ -83,15 +89,8 @@ def test_a_decision_of_several_messages_keeps_its_lease_for_the_sweeper(either_s
 
 def test_a_message_sent_again_from_the_store_leaves_its_lease_to_the_sweeper(either_store):
     url = either_store
-    plan = compile_playbook("answered_chain.yaml", text=CHAIN)
-    execution_id = create_execution(plan, url)
-    (first,) = orchestrator.handle_event(url, orchestrator.start_payload(execution_id))
-    with transaction(url) as conn:
-        (stored,) = [
-            r["meta"]["dispatch"]
-            for r in repo.list_events(conn, execution_id)
-            if r["meta"] and r["meta"].get("dispatch")
-        ]
+    execution_id, first, (cause,) = started_chain(url)
+    stored = cause["meta"]["dispatch"]
     again = Dispatch.from_dict(stored[0]).as_replay()
     assert again.message.get("lease") is None
     harness = Harness(url)
