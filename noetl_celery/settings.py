@@ -77,6 +77,10 @@ DEFAULT_MAX_RESULT_DEPTH = 200
 STRICT_TEMPLATES_ENV = "NOETL_STRICT_TEMPLATES"  # 1: undefined names fail wherever they are rendered
 MAX_STEPS_ENV = "NOETL_MAX_STEPS"  # step runs one execution may start (an arc cycle without an end)
 DEFAULT_MAX_STEPS = 100_000
+# the newest message format this deployment writes (engine/messages.py): during a rolling upgrade,
+# the newest the release being replaced reads, so that its workers refuse nothing
+MESSAGE_FORMAT_ENV = "NOETL_MESSAGE_FORMAT"
+NEWEST_MESSAGE_FORMAT = 3  # engine/messages.py READ_VERSION (a test holds them equal)
 LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limit`)
     MAX_RESULT_BYTES_ENV: DEFAULT_MAX_RESULT_BYTES,
     MAX_PLAYBOOK_BYTES_ENV: DEFAULT_MAX_PLAYBOOK_BYTES,
@@ -88,6 +92,7 @@ LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limi
     MAX_STEPS_ENV: DEFAULT_MAX_STEPS,
     MAX_STORED_BYTES_ENV: DEFAULT_MAX_STORED_BYTES,
     STORED_CACHE_BYTES_ENV: DEFAULT_STORED_CACHE_BYTES,
+    MESSAGE_FORMAT_ENV: NEWEST_MESSAGE_FORMAT,
 }
 WHOLE_LIMITS = frozenset(LIMIT_DEFAULTS) - {TEMPLATE_TIMEOUT_ENV}  # counts of bytes or nodes
 SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) holding the package
@@ -139,6 +144,7 @@ class Settings:
     max_loop_items: int = DEFAULT_MAX_LOOP_ITEMS
     max_result_depth: int = DEFAULT_MAX_RESULT_DEPTH
     max_steps: int = DEFAULT_MAX_STEPS
+    message_format: int = NEWEST_MESSAGE_FORMAT  # the newest message format written (NOETL_MESSAGE_FORMAT)
     max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES
     stored_cache_bytes: int = DEFAULT_STORED_CACHE_BYTES
     strict_templates: bool = False  # as load() saw it; templating reads it again at each use
@@ -194,6 +200,8 @@ class Settings:
             MAX_LOOP_ITEMS_ENV: str(self.max_loop_items),
             MAX_RESULT_DEPTH_ENV: f"{self.max_result_depth} levels",
             MAX_STEPS_ENV: str(self.max_steps),
+            MESSAGE_FORMAT_ENV: str(self.message_format)
+            + (" (the newest)" if self.message_format == NEWEST_MESSAGE_FORMAT else " (a rolling upgrade's)"),
             MAX_STORED_BYTES_ENV: f"{self.max_stored_bytes} bytes",
             STORED_CACHE_BYTES_ENV: f"{self.stored_cache_bytes} bytes",
             STRICT_TEMPLATES_ENV: "on" if self.strict_templates else "off (NoETL's lenient rendering)",
@@ -274,6 +282,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_loop_items=int(limit(MAX_LOOP_ITEMS_ENV, env)),
             max_result_depth=int(limit(MAX_RESULT_DEPTH_ENV, env)),
             max_steps=int(limit(MAX_STEPS_ENV, env)),
+            message_format=int(limit(MESSAGE_FORMAT_ENV, env)),
             max_stored_bytes=int(limit(MAX_STORED_BYTES_ENV, env)),
             stored_cache_bytes=int(limit(STORED_CACHE_BYTES_ENV, env)),
             strict_templates=strict_templates(env),
@@ -420,6 +429,12 @@ def check(settings: Settings) -> Settings:
                 f"{name} {mask_url(url)} has an '@' in its user or password: percent-encode @ in "
                 "passwords (@ -> %40), and / and # likewise (%2F, %23)"
             )
+    if not 1 <= settings.message_format <= NEWEST_MESSAGE_FORMAT:
+        raise ConfigurationError(
+            f"{MESSAGE_FORMAT_ENV} must be a message format from 1 to {NEWEST_MESSAGE_FORMAT}, got "
+            f"{settings.message_format}: during a rolling upgrade, the newest format the release being "
+            "replaced reads (docs/operations.md, Upgrading)"
+        )
     if not 0 <= settings.eager_window <= MAX_EAGER_WINDOW:
         raise ConfigurationError(
             f"NOETL_EAGER_WINDOW must be between 0 (off) and {MAX_EAGER_WINDOW:g} seconds, got "

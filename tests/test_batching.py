@@ -368,3 +368,14 @@ def test_a_batch_finishing_after_a_cancel_is_recorded_and_dispatches_nothing(url
     assert len(outcomes) == 8 and all(r["meta"].get("ignored") for r in outcomes)  # kept for a resume
     with transaction(url) as conn:
         assert repo.get_loop(conn, first[0].message["run_id"])["done"] == 0
+
+
+def test_nothing_is_batched_while_a_rolling_upgrades_older_workers_read_no_batch(monkeypatch) -> None:
+    """NOETL_MESSAGE_FORMAT=1 (the newest format the release being replaced reads): every
+    iteration travels alone, in format 1."""
+    plan, iteration = _plan_and_dispatches()
+    dispatches = [iteration(i) for i in range(10)]
+    assert len(batching.group(plan, dispatches, {})) < len(dispatches)
+    monkeypatch.setenv("NOETL_MESSAGE_FORMAT", "1")
+    grouped = batching.group(plan, dispatches, {})
+    assert grouped == dispatches and all(wire(d.message)[VERSION_FIELD] == MESSAGE_VERSION for d in grouped)

@@ -143,3 +143,26 @@ def test_the_frames_a_process_keeps_are_bounded_and_a_frame_not_kept_is_read_aga
     messages, _ = stored_row_messages(url, status["execution_id"])
     assert len(reads) >= len([m for m in messages if "frame" in m["slot"]]) > 0  # each row read its frame
     assert not any(key[1] == status["execution_id"] for key in cursor_loop._frames)
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["claim_runs_row", "claim_row"])
+def test_during_a_rolling_upgrade_frames_travel_inline_as_the_older_release_sends_them(
+    either_store, tmp_path, monkeypatch, routed
+):
+    """NOETL_MESSAGE_FORMAT=2 (the newest format a release before frames by reference reads):
+    every row message carries the rest of its frame inline, in format 1, and the run and its
+    replay are as with references."""
+    monkeypatch.setenv("NOETL_MESSAGE_FORMAT", "2")
+    url, jobs = either_store, 18
+    code, status = run_playbook(
+        url, framed(tmp_path, 6, routed), {"jobs": jobs, "queue_db": str(tmp_path / "q.sqlite")}
+    )
+    assert code == 0 and status["status"] == "completed" and status["results"]["report"]["done"] == jobs
+    messages, _ = stored_row_messages(url, status["execution_id"])
+    assert messages and all("frame" not in m["slot"] for m in messages)
+    assert any(m["slot"].get("rows") for m in messages)  # the rest of a frame, inline
+    assert all(written_version(m) == MESSAGE_VERSION for m in messages)
+    with transaction(url) as conn:
+        items = [e for e in repo.list_events(conn, status["execution_id"]) if e["event_type"] == "cursor.item.done"]
+    assert len({e["iteration"] for e in items}) == len(items) == jobs
+    assert replay.replay(url, status["execution_id"]).difference is None

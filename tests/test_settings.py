@@ -249,3 +249,18 @@ def test_no_other_module_reads_a_noetl_variable():
         and (names := variables_named(path.read_text(encoding="utf-8")))
     }
     assert elsewhere == {}, "read these in noetl_celery/settings.py and show them in Settings.masked()"
+
+
+def test_the_message_format_a_deployment_writes_is_at_most_the_newest_this_release_reads():
+    """NOETL_MESSAGE_FORMAT: the newest format written (engine/messages.py); a rolling upgrade
+    sets the one the release being replaced reads. Out of 1..READ_VERSION it is refused."""
+    from noetl_celery.engine.messages import READ_VERSION, written_formats
+
+    assert settings.NEWEST_MESSAGE_FORMAT == READ_VERSION == settings.load({}).message_format
+    assert settings.check(settings.load({"NOETL_MESSAGE_FORMAT": "2"})).message_format == 2
+    with pytest.raises(ConfigurationError, match="NOETL_MESSAGE_FORMAT must be a message format from 1 to"):
+        settings.check(settings.load({"NOETL_MESSAGE_FORMAT": str(READ_VERSION + 1)}))
+    for wrong in ("0", "two"):
+        with pytest.raises(ConfigurationError, match="NOETL_MESSAGE_FORMAT must be a positive whole number"):
+            settings.load({"NOETL_MESSAGE_FORMAT": wrong})
+    assert written_formats() == READ_VERSION

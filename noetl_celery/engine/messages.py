@@ -19,7 +19,9 @@ format-1 reader would run only the first iteration, so such messages say 2 and a
 by code that reads them. 3 (FRAME_VERSION) is a cursor row message that names its frame by
 reference (`slot.frame`: the row keeping the frame's rows, engine/decision/cursor_loop.py)
 instead of carrying the rest of it: an older reader would take the frame for over after this row.
-Everything else stays format 1, readable by older workers.
+Everything else stays format 1, readable by older workers. During a rolling upgrade,
+NOETL_MESSAGE_FORMAT caps the formats written (`written_formats`) at the newest the release being
+replaced reads: frames then travel inline and iterations unbatched, as that release sends them.
 
 On the wire (`TaskMessage.to_wire`, `wire`) a task message leaves out every optional field that
 has its default: readers of any version fill the defaults back in, so this needs no new format
@@ -36,6 +38,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from noetl_celery import settings
 from noetl_celery.engine.deadlines import DEFAULT_TIMEOUT
 from noetl_celery.engine.ids import attempt_key, claim_key, cursor_iteration
 from noetl_celery.errors import NoetlError
@@ -47,7 +50,7 @@ CONTEXT_VALUE_LIMIT = 2048  # characters of one value kept in an event row's `co
 MESSAGE_VERSION = 1  # the format this code writes for every message but batches
 BATCH_VERSION = 2  # the format of a batched loop message and of its outcomes' payload
 FRAME_VERSION = 3  # the format of a cursor row message that names its frame by reference
-READ_VERSION = FRAME_VERSION  # the newest format this code reads
+READ_VERSION = FRAME_VERSION  # the newest format this code reads (settings.NEWEST_MESSAGE_FORMAT)
 VERSION_FIELD = "message_version"  # absent: a message from before formats were versioned (read as 0)
 
 
@@ -62,6 +65,13 @@ class MessageTooNew(MessageError):
 _T = TypeVar("_T")
 _logged_unknown: set[tuple[str, str]] = set()
 _logged_lock = threading.Lock()
+
+
+def written_formats() -> int:
+    """The newest format this process writes: READ_VERSION, or less during a rolling upgrade
+    (NOETL_MESSAGE_FORMAT: the newest format the release being replaced reads). Below
+    FRAME_VERSION a cursor frame travels inline; below BATCH_VERSION iterations are not batched."""
+    return min(int(settings.limit(settings.MESSAGE_FORMAT_ENV)), READ_VERSION)
 
 
 def check_version(data: dict[str, Any], what: str) -> int:

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from noetl_celery.dsl.plan import Loop, Plan
-from noetl_celery.engine.messages import BATCH_VERSION, VERSION_FIELD, Dispatch
+from noetl_celery.engine.messages import BATCH_VERSION, VERSION_FIELD, Dispatch, written_formats
 from noetl_celery.vocabulary import DispatchKind
 
 AUTO_MAX = 32  # iterations of one message with `batch: auto`
@@ -67,7 +67,10 @@ def _batchable(plan: Plan, dispatch: Dispatch) -> Loop | None:
 
 def group(plan: Plan, dispatches: list[Dispatch], durations_ms: dict[str, list[float]]) -> list[Dispatch]:
     """`dispatches` with the batchable ones sent together (a batch sits where its first was).
-    `durations_ms`: per loop run, the tool-call times of the iterations this decision saw end."""
+    `durations_ms`: per loop run, the tool-call times of the iterations this decision saw end.
+    Nothing is batched while a rolling upgrade's older workers read no batch (written_formats)."""
+    if written_formats() < BATCH_VERSION:
+        return dispatches
     groups: dict[tuple[Any, ...], list[Dispatch]] = {}
     order: list[tuple[Any, ...] | Dispatch] = []
     sizes: dict[tuple[Any, ...], int] = {}

@@ -44,7 +44,7 @@ from noetl_celery.engine.decision.rows import OpenRow
 from noetl_celery.engine.decision.subplaybooks import PLAYBOOK_KIND
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import claim_key, cursor_iteration
-from noetl_celery.engine.messages import Dispatch, TaskMessage, row_slot, sanitize
+from noetl_celery.engine.messages import FRAME_VERSION, Dispatch, TaskMessage, row_slot, sanitize, written_formats
 from noetl_celery.store import repo
 from noetl_celery.tools.base import get_tool
 from noetl_celery.vocabulary import ErrorKind
@@ -132,6 +132,8 @@ class CursorLoop:
         run = RunRef(message.run_id, message.frames, message.args)
         parent = row.get("event_id") or message.parent_event_id or ""
         frame, pos, at = _frame(decider, message)
+        if at is not None and written_formats() < FRAME_VERSION:  # a rolling upgrade's older workers
+            at = None
         if pos + 1 < len(frame):
             place = {"at": at, "size": len(frame), "pos": pos + 1} if at is not None else None
             dispatch_row(
@@ -362,6 +364,7 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
         return
     run = RunRef(message.run_id, message.frames, message.args)
     if rows:
+        by_reference = len(rows) > 1 and written_formats() >= FRAME_VERSION
         dispatch_row(
             decider,
             step,
@@ -371,7 +374,8 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
             index=slot["index"],
             element=rows[0],
             parent=key,
-            frame={"at": key, "size": len(rows), "pos": 0} if len(rows) > 1 else None,
+            frame={"at": key, "size": len(rows), "pos": 0} if by_reference else None,
+            legacy=None if by_reference or len(rows) == 1 else (rows[1:], []),
         )
     elif ok:
         _slot_ended(decider, step, message.run_id, key)
