@@ -3,7 +3,8 @@ row, or the outcome row of the first row the claim ran), and the messages of its
 that row (`slot.frame`: at, size, pos; message format 3) instead of carrying the rest of the frame
 and the rows over: a frame of N rows costs its messages and their stored dispatches N small
 references, not N^2 rows. A row message of an earlier release (the rest of the frame inline) still
-goes on, inline. `replay` decides a framed run again the same. In-process, on SQLite and PostgreSQL
+goes on, inline, and so do all of them while NOETL_MESSAGE_FORMAT is below 3 (a rolling upgrade).
+`replay` decides a framed run again the same. In-process, on SQLite and PostgreSQL
 (the demo queue's SQLite driver); the kill tests with real workers (tests/distributed) run frames
 on every driver."""
 
@@ -42,7 +43,8 @@ def framed(tmp_path: Path, rows: int, routed: bool = False) -> Path:
     return path
 
 
-def stored_row_messages(url: str, execution_id: int) -> list[dict]:
+def stored_row_messages(url: str, execution_id: int) -> tuple[list[dict], list[dict]]:
+    """The cursor row messages the execution's decision rows keep (meta.dispatch), and its rows."""
     with transaction(url) as conn:
         events = repo.list_events(conn, execution_id)
     return [
