@@ -168,3 +168,48 @@ def test_during_a_rolling_upgrade_frames_travel_inline_as_the_older_release_send
         items = [e for e in repo.list_events(conn, status["execution_id"]) if e["event_type"] == "cursor.item.done"]
     assert len({e["iteration"] for e in items}) == len(items) == jobs
     assert replay.replay(url, status["execution_id"]).difference is None
+
+
+def big_rows(tmp_path: Path) -> Path:
+    """The routed demo queue with frames of 6 rows of about 400 bytes each."""
+    text = framed(tmp_path, 6, routed=True).read_text()
+    assert "RETURNING id, n" in text
+    playbook = tmp_path / "big_rows.yaml"
+    playbook.write_text(text.replace("RETURNING id, n", "RETURNING id, n, printf('%.400c', 'x') AS payload"))
+    return playbook
+
+
+def test_a_frame_above_the_row_cap_is_read_whole_not_taken_for_an_empty_claim(either_store, tmp_path, monkeypatch):
+    """A claim's rows above NOETL_MAX_RESULT_BYTES reach on_event by reference (store/blobs.py):
+    the claim's decision reads them whole. Taken for no rows, the slot would end with its frame
+    claimed and never run (every claim was, before: 0 of 24 rows done, and the loop completed)."""
+    monkeypatch.setenv("NOETL_MAX_RESULT_BYTES", "2000")  # a frame of 6 rows of ~400 bytes is above it
+    playbook = big_rows(tmp_path)
+    url, jobs = either_store, 24
+    code, status = run_playbook(url, playbook, {"jobs": jobs, "queue_db": str(tmp_path / "q.sqlite")})
+    assert code == 0 and status["status"] == "completed", status.get("error")
+    assert status["results"]["report"]["done"] == jobs
+    _, events = stored_row_messages(url, status["execution_id"])
+    frames = [e["meta"]["frame"] for e in events if "frame" in (e["meta"] or {})]
+    assert frames and all(len(f) > 1 and len(f[0]["payload"]) == 400 for f in frames)
+
+
+def test_a_frame_the_store_had_to_cut_fails_the_claim_by_name(tmp_path, monkeypatch):
+    """Rows above NOETL_MAX_STORED_BYTES are cut to a marker: the claim fails (kind `limit`, what to
+    change), tried again as a failed claim is, then the step fails; no slot ends as if it found
+    no rows."""
+    monkeypatch.setenv("NOETL_MAX_RESULT_BYTES", "1000")
+    monkeypatch.setenv("NOETL_MAX_STORED_BYTES", "1500")  # a frame of 6 rows of ~400 bytes is above both
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    code, status = run_playbook(url, big_rows(tmp_path), {"jobs": 12, "queue_db": str(tmp_path / "q.sqlite")})
+    assert status["status"] == "failed" and status["failed_step"] == "drain", status
+    assert "lower the frame's max_rows" in status["error"]["message"]
+    with transaction(url) as conn:
+        claims = [e for e in repo.list_events(conn, status["execution_id"]) if e["task"] == "claim"]
+    failed = [e for e in claims if e["event_type"] == "cursor.claim.failed"]
+    assert failed and all(e["error"]["kind"] == "limit" for e in failed)
+    # the slots that ended found no row: the queue's 12 rows went to the two frames that failed
+    assert all(e["meta"]["rows"] == 0 for e in claims if e["event_type"] == "cursor.slot.ended")
+    assert {e["meta"]["slot"] for e in failed}.isdisjoint(
+        e["meta"]["slot"] for e in claims if e["event_type"] == "cursor.slot.ended"
+    )

@@ -34,7 +34,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from noetl_celery import cursors
+from noetl_celery import cursors, limits, settings
 from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Action, Step
 from noetl_celery.engine import deadlines
@@ -45,7 +45,7 @@ from noetl_celery.engine.decision.subplaybooks import PLAYBOOK_KIND
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import claim_key, cursor_iteration
 from noetl_celery.engine.messages import FRAME_VERSION, Dispatch, TaskMessage, row_slot, sanitize, written_formats
-from noetl_celery.store import repo
+from noetl_celery.store import blobs, repo
 from noetl_celery.tools.base import get_tool
 from noetl_celery.vocabulary import ErrorKind
 
@@ -328,13 +328,34 @@ def dispatch_row(
     decider.dispatch_task(step, message, record_start=False)
 
 
+def _claimed(decider: DecisionPort, outcome: dict[str, Any], slot: int) -> tuple[dict[str, Any], list[Any]]:
+    """A claim's outcome as it is decided, and the rows it took. Rows above NOETL_MAX_RESULT_BYTES
+    came by reference (store/blobs.py) and are read whole; rows the store had to cut (above
+    NOETL_MAX_STORED_BYTES) make a failed claim, never a claim of no rows, which would end the
+    slot with its frame taken and never run."""
+    if outcome["status"] != "ok":
+        return outcome, []
+    data = outcome.get("data")
+    if isinstance(data, dict) and limits.is_reference(data):
+        data = blobs.fetch(decider.conn, data)
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if limits.is_truncated(data) or limits.is_truncated(rows):
+        error = {
+            "kind": ErrorKind.LIMIT,
+            "message": f"cursor claim of slot {slot} took rows above {settings.MAX_STORED_BYTES_ENV}, which "
+            "were cut: lower the frame's max_rows",
+        }
+        return {**outcome, "status": "error", "error": error}, []
+    return outcome, list(rows or [])
+
+
 def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, Any], report: dict[str, Any]) -> None:
     """A claim's outcome: rows start the slot's next row, none ends the slot, an error retries."""
     assert message.slot is not None
     slot = message.slot
     step = decider.plan.steps[message.step]
+    outcome, rows = _claimed(decider, outcome, slot["id"])
     ok = outcome["status"] == "ok"
-    rows = list((outcome.get("data") or {}).get("rows") or []) if ok else []
     kind = ev.CURSOR_CLAIMED if rows else ev.CURSOR_SLOT_ENDED if ok else ev.CURSOR_CLAIM_FAILED
     # a failed claim tried again: its row says when, built once with the rest of it
     retried = not ok and decider.can_dispatch() and message.attempt < (claim_retry(step).attempts or 1)
