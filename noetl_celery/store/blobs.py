@@ -25,7 +25,7 @@ import json
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import Connection
@@ -175,32 +175,41 @@ _MISSING = object()
 
 
 class ValueCache:
-    """Decoded values stored by reference, least recently used dropped first, bounded by the JSON
-    size of what it holds (NOETL_STORED_CACHE_BYTES, read at each keep)."""
+    """Decoded values, least recently used dropped first, bounded by the JSON size of what it holds
+    (`bound()`, read at each keep; by default NOETL_STORED_CACHE_BYTES). `get`/`keep` hold values
+    stored by reference, by their reference; `lookup`/`hold` any value under a key of the caller's
+    (a cursor frame, engine/decision/cursor_loop.py)."""
 
-    def __init__(self) -> None:
-        self._values: OrderedDict[tuple[int, str], tuple[int, Any]] = OrderedDict()
+    def __init__(self, bound: Callable[[], int] | None = None) -> None:
+        self._values: OrderedDict[Hashable, tuple[int, Any]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._bound = bound or (lambda: limits.stored_cache_bytes())
 
     @staticmethod
     def _key(ref: Mapping[str, Any]) -> tuple[int, str]:
         return int(ref["execution_id"]), str(ref["sha256"])
 
     def get(self, ref: Mapping[str, Any]) -> Any:
-        key = self._key(ref)
+        return self.lookup(self._key(ref), _MISSING)
+
+    def keep(self, ref: Mapping[str, Any], value: Any) -> None:
+        self.hold(self._key(ref), int(ref["size"]), value)
+
+    def lookup(self, key: Hashable, default: Any = None) -> Any:
+        """The value held under `key` (`default` when none is)."""
         with self._lock:
             found = self._values.get(key)
             if found is None:
-                return _MISSING
+                return default
             self._values.move_to_end(key)
             return found[1]
 
-    def keep(self, ref: Mapping[str, Any], value: Any) -> None:
-        size, bound = int(ref["size"]), limits.stored_cache_bytes()
+    def hold(self, key: Hashable, size: int, value: Any) -> None:
+        """Hold `value` (`size`: its JSON bytes) under `key`; a value above the bound is not held."""
+        bound = self._bound()
         if size > bound:
             return
-        key = self._key(ref)
         with self._lock:
             old = self._values.pop(key, None)
             if old is not None:
@@ -217,6 +226,10 @@ class ValueCache:
 
     def __len__(self) -> int:
         return len(self._values)
+
+    def __iter__(self) -> Iterator[Hashable]:
+        with self._lock:
+            return iter(list(self._values))
 
     def clear(self) -> None:
         with self._lock:

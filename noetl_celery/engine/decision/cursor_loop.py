@@ -30,9 +30,7 @@ Everything here runs inside on_event; workers only run claims and the rows' task
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from noetl_celery import cursors, limits, settings
 from noetl_celery import vocabulary as ev
@@ -164,9 +162,7 @@ class CursorLoop:
 CURSOR_LOOP = CursorLoop()
 
 FRAME_CACHE_BYTES = 32 * 1024 * 1024  # JSON bytes of the frames a process keeps read, at most
-_frames: OrderedDict[tuple[str, int, str], tuple[list[Any], int]] = OrderedDict()
-_frames_lock = threading.Lock()
-_frames_bytes = 0
+_frames = blobs.ValueCache(lambda: FRAME_CACHE_BYTES)  # by (store, execution, the row keeping it)
 
 
 def _frame(decider: DecisionPort, message: TaskMessage) -> tuple[list[Any], int, str | None]:
@@ -195,27 +191,17 @@ def _frame(decider: DecisionPort, message: TaskMessage) -> tuple[list[Any], int,
 def _read_frame(decider: DecisionPort, at: str, size: int) -> list[Any]:
     """The frame kept by the row `at` (meta.frame), of `size` rows: from this process's cache
     (the frames read last, FRAME_CACHE_BYTES of them at most), else read from the store."""
-    global _frames_bytes
     key = (str(decider.conn.engine.url), decider.execution_id, at)
-    with _frames_lock:
-        kept = _frames.get(key)
-        if kept is not None:
-            _frames.move_to_end(key)
-            return kept[0]
+    kept = _frames.lookup(key)
+    if kept is not None:
+        return cast(list[Any], kept)
     frame = repo.event_meta(decider.conn, decider.execution_id, at).get("frame")
     if not isinstance(frame, list) or len(frame) != size:
         raise RuntimeError(
             f"execution {decider.execution_id}: the cursor frame kept by row {at!r} is missing or not "
             f"{size} rows; the slot cannot go on"
         )
-    weight = len(json.dumps(frame, default=str))
-    with _frames_lock:
-        if weight <= FRAME_CACHE_BYTES and key not in _frames:
-            _frames[key] = (frame, weight)
-            _frames_bytes += weight
-            while _frames_bytes > FRAME_CACHE_BYTES:
-                _, (_, gone) = _frames.popitem(last=False)
-                _frames_bytes -= gone
+    _frames.hold(key, len(json.dumps(frame, default=str)), frame)
     return frame
 
 
