@@ -57,7 +57,7 @@ OUTCOME_TYPES = frozenset(
         ev.CURSOR_ITEM_FAILED,
     }
 )
-CLAIM_TYPES = frozenset({ev.CURSOR_CLAIMED, ev.CURSOR_SLOT_ENDED, ev.CURSOR_CLAIM_FAILED})
+CLAIM_TYPES = frozenset({ev.CURSOR_CLAIMED, ev.CURSOR_SLOT_ENDED, ev.CURSOR_CLAIM_WAITING, ev.CURSOR_CLAIM_FAILED})
 CANCELLED = ev.EXECUTION_CANCELLED  # runner.cancel's row (engine/recovery/lifecycle.py)
 RESUMED = ev.EXECUTION_RESUMED  # engine/recovery/resume.py's row: rows before it were rewritten
 # rows written beside the decisions, read by none: the sweeper's and the worker-loss records
@@ -375,13 +375,16 @@ def _claimed_row(claim: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _claim_outcome(row: dict[str, Any]) -> dict[str, Any]:
-    """A cursor claim's outcome: the frame its row keeps (meta.frame, a frame of more than one
-    row). Otherwise its decision sent the one row it took as the slot's next item's element (or,
-    a row of an earlier release, the first row and the rest of the frame in its `slot`); a
-    decision that sent nothing (the execution had ended) used only their number."""
+    """A cursor claim's outcome: none with when to claim again (`cursor.claim.waiting`), or the
+    frame its row keeps (meta.frame, a frame of more than one row). Otherwise its decision sent
+    the one row it took as the slot's next item's element (or, a row of an earlier release, the
+    first row and the rest of the frame in its `slot`); a decision that sent nothing (the
+    execution had ended) used only their number."""
     if row["event_type"] == ev.CURSOR_CLAIM_FAILED:
         return {"status": "error", "error": row["error"]}
     meta = row.get("meta") or {}
+    if row["event_type"] == ev.CURSOR_CLAIM_WAITING:  # no row, and when to claim again
+        return {"status": "ok", "data": {"rows": [], "again_in": meta.get("again_in")}}
     if isinstance(meta.get("frame"), list):  # the frame, kept once by this row
         return {"status": "ok", "data": {"rows": list(meta["frame"])}}
     rows: list[Any] = [None] * int(meta.get("rows") or 0)

@@ -49,6 +49,7 @@ ITERATION_FAILED: Final = "iteration.failed"
 CURSOR_CLAIMED: Final = "cursor.claimed"  # a claim returned rows
 CURSOR_CLAIM_FAILED: Final = "cursor.claim.failed"  # a claim errored (retried, then the step fails)
 CURSOR_SLOT_ENDED: Final = "cursor.slot.ended"  # a claim returned no row: the slot is over
+CURSOR_CLAIM_WAITING: Final = "cursor.claim.waiting"  # no row now, rows a lost claim took come back later
 CURSOR_ITEM_DONE: Final = "cursor.item.done"
 CURSOR_ITEM_FAILED: Final = "cursor.item.failed"
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from noetl_celery import cursors
 from noetl_celery.cursors import SLOT_PARAM, ClaimCall
+from noetl_celery.cursors import nats as nats_cursor
 from tests.support import services as svc
 from tests.support.harness import run_playbook
 
@@ -73,18 +75,31 @@ def publish(url: str, stream: str, *values: Any) -> None:
 
 
 def claim(url: str, names: dict[str, str], slot: str = "run:0", done: list[Any] | None = None, **options: Any) -> Any:
-    call = ClaimCall(
+    """The rows of one claim (which must succeed and not ask to claim again later)."""
+    data = claim_data(url, names, slot, done, **options)
+    assert "again_in" not in data, data
+    return data["rows"]
+
+
+def claim_data(url: str, names: dict[str, str], slot: str, done: list[Any] | None = None, **options: Any) -> Any:
+    outcome = cursors.claim("nats", claim_call(url, names, slot, done, **options))
+    assert outcome.status == "ok", outcome.error
+    return outcome.data
+
+
+def claim_call(url: str, names: dict[str, str], slot: str, done: list[Any] | None = None, **options: Any) -> ClaimCall:
+    """A claim of `slot` on the test's stream; `lease` (seconds) and `rows` (the frame's max_rows)
+    are the frame's, other keywords cursor keys."""
+    lease, rows = options.pop("lease", 60), options.pop("rows", 1)
+    return ClaimCall(
         sql="",
         params={SLOT_PARAM: slot},
         credential={"url": url},
-        timeout=options.pop("lease", 60),
+        timeout=lease,
         options={"stream": names["stream"], "slots_bucket": names["slots"], "dead_letter": names["dead"], **options},
         done=done or [],
-        max_rows=options.pop("rows", 1),
+        max_rows=rows,
     )
-    outcome = cursors.claim("nats", call)
-    assert outcome.status == "ok", outcome.error
-    return outcome.data["rows"]
 
 
 def consumer_state(url: str, stream: str) -> tuple[int, int]:
@@ -171,6 +186,45 @@ def test_an_unacked_message_comes_back_after_ack_wait_and_the_poison_is_dead_let
         "Noetl-Source-Subject": f"{names['stream']}.jobs",
         "Noetl-Deliveries": "3",
     }
+    assert consumer_state(nats_url, names["stream"]) == (0, 0)
+
+
+def test_a_pull_never_recorded_keeps_its_slot_claiming_until_its_messages_come_back(
+    nats_url: str, names: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed between a claim's pull and the slot's record of it leaves messages
+    delivered, unacknowledged and named by no record until AckWait. The slot's claim run again
+    finds none available; rather than end (the loop could then complete without them), it asks
+    to claim again later (`again_in`) while they may be pending, and gets them once they are back."""
+    short = {"reclaim_seconds": 2, "rows": 2}
+    assert claim(nats_url, names, **short) == []  # creates the consumer (AckWait 2 s)
+    publish(nats_url, names["stream"], {"n": 1}, {"n": 2})
+    keep = nats_cursor._Slot._keep
+
+    async def killed(self: Any, kv: Any, record: dict[str, Any]) -> None:
+        if "held" in record:  # the pull is done, its record is not written: the worker dies here
+            raise RuntimeError("worker killed")
+        await keep(self, kv, record)
+
+    monkeypatch.setattr(nats_cursor._Slot, "_keep", killed)
+    lost = cursors.claim("nats", claim_call(nats_url, names, "run:0", **short))
+    assert lost.status == "error" and "worker killed" in lost.error["message"], lost
+    monkeypatch.setattr(nats_cursor._Slot, "_keep", keep)
+    assert consumer_state(nats_url, names["stream"]) == (2, 0)  # delivered, acknowledged by none
+
+    again = claim_data(nats_url, names, "run:0", **short)  # the same claim, run again
+    assert again["rows"] == [] and nats_cursor.ORPHAN_POLL_MIN <= again["again_in"] <= nats_cursor.ORPHAN_POLL
+    assert claim(nats_url, names, slot="run:1", **short) == []  # another slot, with no lost pull, ends
+    deadline = time.monotonic() + 30
+    rows: list[Any] = []
+    while not rows:  # as the engine would: the slot's next claim after again_in, until they are back
+        assert time.monotonic() < deadline, "the lost pull's messages never came back"
+        time.sleep(again["again_in"])
+        again = claim_data(nats_url, names, "run:0", **short)
+        rows = again["rows"]
+    assert [(row["data"]["n"], row["deliveries"]) for row in rows] == [(1, 2), (2, 2)]
+    # done: acked by the slot's next claim, which ends the slot (nothing is pending any more)
+    assert claim(nats_url, names, slot="run:0", done=rows, **short) == []
     assert consumer_state(nats_url, names["stream"]) == (0, 0)
 
 

@@ -4,7 +4,9 @@ A driver is one function `claim(ClaimCall) -> Outcome`: run the already-rendered
 binding `%(name)s` parameters from `call.params` (at least `__worker_slot_id`), commit so other
 slots see the claim at once, and return `Outcome.ok({"rows": [...]})` with each claimed row as a
 mapping of column -> value (zero rows: the slot is over), or an error Outcome carrying the
-database's message. Drivers never raise for a failure of the claim itself.
+database's message. Drivers never raise for a failure of the claim itself. Zero rows with
+`"again_in": seconds` means none now, but rows a lost claim took come back later: the slot claims
+again after that long instead of ending (the nats driver, whose pulls can be lost).
 
 Registered here: `postgres` (noetl_celery/cursors/postgres.py) and `sqlite`
 (noetl_celery/cursors/sqlite.py), which run the cursor's claim SQL, and the queue drivers

@@ -28,9 +28,16 @@ A claim, in one call:
    headers plus Noetl-Source-Stream, Noetl-Source-Sequence, Noetl-Source-Subject,
    Noetl-Deliveries; Nats-Msg-Id dedupes a retry) and acked, and the claim fetches further. When
    no stream holds the dead-letter subject, a stream `<stream>_DEAD` is created for it. The
-   fetched messages are recorded as the slot's record before the claim returns them.
+   fetched messages are recorded as the slot's record before the claim returns them. Before the
+   pull, the record is marked `pulling`: a claim whose worker dies between the pull and the
+   record leaves messages delivered, unacknowledged and named by no record, which the server
+   hands out again only after AckWait.
 Nothing available: zero rows, the slot is over (a consumer with no message available at the
-moment of the claim ends the slot unless `wait_seconds` keeps it waiting).
+moment of the claim ends the slot unless `wait_seconds` keeps it waiting). Except when the
+slot's record shows a pull that was never recorded, less than AckWait ago, and the consumer has
+messages delivered and unacknowledged: those may be that pull's, so the claim returns zero rows
+with `again_in` (seconds, at most ORPHAN_POLL) and the slot claims again then instead of ending,
+until the lost pull's messages are past AckWait and so available to a pull (or none is pending).
 
 Claims run on an event loop of the process's own (a thread), where the connection to each server
 (and credential) stays open between claims, with the bucket handles and the consumers it found;
@@ -49,6 +56,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +82,10 @@ KEYS = frozenset(
     }
 )
 HEADER_PREFIX = "Noetl-"
+# a slot whose pull may have been lost (its worker died before recording it) claims again this
+# often, at most, while those messages may still be pending, instead of ending
+ORPHAN_POLL = 5.0
+ORPHAN_POLL_MIN = 0.5
 
 
 class _Refused(Exception):
@@ -246,47 +258,84 @@ class _Slot:
         with contextlib.suppress(Exception):
             await nc.request(str(row["ack"]), b"+ACK", timeout=REQUEST_TIMEOUT)
 
-    async def _held(self, conn: _Conn, kv: Any) -> list[dict[str, Any]] | None:
-        """The messages of the slot's record that are not among the acked ones (`done`): those of a
-        claim whose worker died before the engine recorded it, read back from the stream; None
-        when the slot holds none. The record of the acked frame itself is deleted. A claim sent
-        again carries the same `done` as the first time, while the record already holds the frame
-        that first time fetched: that frame is what it returns."""
-        from nats.aio.msg import Msg
+    async def _record(self, kv: Any) -> dict[str, Any]:
+        """The slot's record: {"held": the messages its last claim took, "pulling": when a claim
+        began a pull it had not yet recorded, "orphans_until": until when messages a lost claim
+        took may come back}; {} when it has none."""
         from nats.js import errors as js_errors
 
         try:
             entry = await kv.get(self.key)
         except js_errors.KeyNotFoundError:
-            return None
+            return {}
         if entry is None or not entry.value:
-            return None
+            return {}
         record = json.loads(entry.value)
+        if "held" not in record and "ack" in record:  # one message, as an earlier release kept it
+            return {"held": [record]}
+        return record
+
+    async def _held(self, conn: _Conn, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """The messages of the slot's record that are not among the acked ones (`done`): those of a
+        claim whose worker died before the engine recorded it, read back from the stream. A claim
+        sent again carries the same `done` as the first time, while the record already holds the
+        frame that first time fetched: that frame is what it returns."""
+        from nats.aio.msg import Msg
+        from nats.js import errors as js_errors
+
         acked = {str(row["ack"]) for row in self.done}
-        held = [m for m in (record.get("held", []) if "held" in record else [record]) if str(m["ack"]) not in acked]
         rows = []
-        for item in held:
+        for item in record.get("held") or []:
+            if str(item["ack"]) in acked:
+                continue
             try:
                 raw = await conn.js.get_msg(self.stream, int(item["seq"]))
             except js_errors.NotFoundError:
                 continue  # deleted from the stream meanwhile: nothing to do
             fake = Msg(conn.nc, subject=raw.subject or "", data=raw.data or b"", headers=raw.headers)
             rows.append(self._row(fake, int(item["seq"]), int(item["deliveries"]), str(item["ack"])))
-        if rows:
-            return rows
-        await kv.delete(self.key)
-        return None
+        return rows
 
-    async def claim(self, conn: _Conn) -> list[dict[str, Any]]:
+    def _orphans_until(self, record: dict[str, Any]) -> float:
+        """Until when messages of this slot that no record names may still be delivered and
+        unacknowledged: a pull the record marks as begun and never recorded (its claim's worker
+        died in between) may have taken messages, which the server hands out again only after
+        AckWait from their delivery."""
+        until = float(record.get("orphans_until") or 0.0)
+        if record.get("pulling"):
+            until = max(until, float(record["pulling"]) + self.ack_wait + self.wait + REQUEST_TIMEOUT + 1.0)
+        return until
+
+    async def _keep(self, kv: Any, record: dict[str, Any]) -> None:
+        """Write the slot's record (nothing to keep: delete it). It always has `held`, which is all
+        a worker of an earlier release reads in it."""
+        if record:
+            await kv.put(self.key, json.dumps({"held": [], **record}).encode())
+        else:
+            await kv.delete(self.key)
+
+    async def _orphans_pending(self, conn: _Conn) -> bool:
+        """Whether the consumer has any message delivered and unacknowledged: without one, no
+        lost claim's messages can be waiting for AckWait."""
+        info = await conn.js.consumer_info(self.stream, self.consumer, timeout=REQUEST_TIMEOUT)
+        return int(info.num_ack_pending) > 0
+
+    async def claim(self, conn: _Conn) -> dict[str, Any]:
         nc, js = conn.nc, conn.js
         kv = await self._kv(conn)
         await asyncio.gather(*(self._ack(nc, row) for row in self.done))
-        held = await self._held(conn, kv)
+        record = await self._record(kv)
+        held = await self._held(conn, record)
         if held:
-            return held
+            return {"rows": held}
+        now = time.time()
+        until = self._orphans_until(record)
+        waiting = {"orphans_until": until} if until > now else {}
+        # marked before the pull: a worker that dies after it leaves messages no record names
+        await self._keep(kv, {"pulling": now, **waiting})
         await self._consumer(conn)
         rows: list[dict[str, Any]] = []
-        record: list[dict[str, Any]] = []
+        taken: list[dict[str, Any]] = []
         while len(rows) < self.count:
             msgs = await self._next(nc, self.count - len(rows), 0.0)
             if msgs is None and (self.stream, self.consumer) in conn.consumers:
@@ -307,12 +356,18 @@ class _Slot:
                     poison += 1
                     continue
                 rows.append(self._row(msg, seq, deliveries, msg.reply))
-                record.append({"seq": seq, "deliveries": deliveries, "ack": msg.reply})
+                taken.append({"seq": seq, "deliveries": deliveries, "ack": msg.reply})
             if not poison:  # as many as were available: no use asking again
                 break
-        if record:
-            await kv.put(self.key, json.dumps({"held": record}).encode())
-        return rows
+        if taken:
+            await self._keep(kv, {"held": taken, **waiting})
+            return {"rows": rows}
+        if waiting and await self._orphans_pending(conn):
+            # nothing available now, but a lost claim's messages come back: the slot claims again
+            await self._keep(kv, waiting)
+            return {"rows": [], "again_in": round(min(max(until - time.time(), ORPHAN_POLL_MIN), ORPHAN_POLL), 3)}
+        await self._keep(kv, {})
+        return {"rows": []}
 
 
 @dataclass
@@ -360,7 +415,7 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-async def _run(call: ClaimCall, slot: _Slot, claims: _Claims) -> list[dict[str, Any]]:
+async def _run(call: ClaimCall, slot: _Slot, claims: _Claims) -> dict[str, Any]:
     from nats import errors as nats_errors
     from nats.js import errors as js_errors
 
@@ -410,7 +465,7 @@ def claim_nats(call: ClaimCall) -> Outcome:
     try:
         slot = _Slot(call)
         claims = _claims
-        rows = claims.run(_run(call, slot, claims))
+        data = claims.run(_run(call, slot, claims))
     except _Refused as refused:
         return Outcome.fail(refused.kind, str(refused), refused.retryable)
-    return Outcome.ok({"rows": rows})
+    return Outcome.ok(data)

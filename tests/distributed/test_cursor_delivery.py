@@ -280,3 +280,47 @@ def test_a_worker_killed_mid_cursor_loop_loses_no_row_and_repeats_none(request, 
         assert status["results"]["drain"] == {"stats": {"processed": ROWS, "failed": 0, "slots": 8}}
         verify = status["results"]["verify"]
         assert {k: verify[k] for k in queue.verify} == queue.verify, verify
+
+
+@pytest.mark.slow
+def test_a_nats_claim_killed_between_its_pull_and_its_record_loses_no_row(
+    request, env, store_url, worker_factory, tmp_path
+):
+    """The worker process of a nats claim is SIGKILLed right after its pull, before the slot's
+    record of the messages it took (tests/support/lost_pull_app.py): they stay delivered and
+    unacknowledged, named by no record, until AckWait (6 s here). 8 rows, 2 slots of 4: the claim
+    run again finds the stream empty, the other slot ends; the loop must not complete without
+    them. The slot claims again (`cursor.claim.waiting`) until they come back, and runs them."""
+    rows, ack_wait = 8, 6
+    mark = tmp_path / "killed"
+    with nats_queue(request) as queue:
+        playbook = tmp_path / "cursor_rows_nats_2.yaml"
+        text_ = queue.playbook.read_text()
+        assert "max_in_flight: 8\n" in text_
+        playbook.write_text(text_.replace("max_in_flight: 8\n", "max_in_flight: 2\n"))
+        worker_env = {**env, "NOETL_TEST_LOST_PULL_MARK": str(mark)}
+        worker = worker_factory(app="tests.support.lost_pull_app", env=worker_env, concurrency=2, name="lost-pull@%h")
+        workload = {**queue.workload, "poison": 0, "ack_wait": ack_wait}
+        execution_id = submit(env, playbook, rows=rows, row_sleep=0.005, **workload)
+        status = wait(store_url, execution_id, timeout=RUN_TIMEOUT)
+        assert mark.exists(), f"no claim was killed after its pull:\n{worker.log_tail()}"
+        assert "killed its worker process" in worker.log_text(), worker.log_tail()
+        assert status["status"] == "completed", status.get("error")
+        numbers = item_numbers(store_url, execution_id, queue.number)
+        assert sorted(numbers) == list(range(1, rows + 1)) and max(numbers.values()) == 1, numbers
+        drained = events(store_url, execution_id, "drain")
+        kinds = Counter(e["event_type"] for e in drained)
+        assert kinds["cursor.claim.waiting"] >= 1 and kinds["cursor.slot.ended"] == 2, kinds
+        again = [
+            e["meta"]["row"]
+            for e in drained
+            if e["event_type"] == "cursor.item.done" and e["meta"]["row"]["deliveries"] > 1
+        ]
+        assert len(again) == 4, again  # the lost pull's frame, delivered a second time
+        verify = status["results"]["verify"]
+        assert {k: verify[k] for k in ("done", "unacked", "pending", "dead")} == {
+            "done": rows,
+            "unacked": 0,
+            "pending": 0,
+            "dead": [],
+        }, verify

@@ -9,6 +9,9 @@ Everything here runs inside on_event; workers only run claims and the rows' task
   row's first task (`run`; TaskMessage.claimed_row) and reports its outcome, recorded under the
   claim's key: the claim costs no task and no row of its own. When a row is over, the slot's
   next row of the frame runs, or the slot's next claim is dispatched. No task loops or blocks.
+- A claim that returns no row with `again_in` (its driver knows rows a lost claim took come back
+  later, cursors/nats.py) is recorded (`cursor.claim.waiting`) and the slot's next claim is
+  dispatched with that countdown: the slot does not end.
 - A claim that returns no row ends its slot (`noetl_loop.slots_ended` counts it, in the same
   transaction that records the claim's outcome row, whose key is deterministic: a redelivery
   counts nothing twice). The claim that ends the last slot completes the loop (a guarded UPDATE:
@@ -21,7 +24,7 @@ Everything here runs inside on_event; workers only run claims and the rows' task
   cursor loop may be unbounded.
 - Event rows: one per row processed (`cursor.item.done` / `cursor.item.failed`: the last
   attempt's outcome row, built as the item's: no start rows), one per claim without rows
-  (`cursor.slot.ended` / `cursor.claim.failed`) and per claim that did not run its first row
+  (`cursor.slot.ended` / `cursor.claim.waiting` / `cursor.claim.failed`) and per claim that did not run its first row
   (`cursor.claimed`), plus step and loop start/end.
 - Unit ids: row `index` of slot `s` of `n` slots is iteration `index * n + s` (unique in the run,
   no counter needed).
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
 # all, 0.5 s before the second and doubled for each further one; then the step fails with the
 # database's message.
 CLAIM_RETRY = Action(do="retry", attempts=3, delay=0.5, backoff="exponential", max_delay=60.0)
+MAX_AGAIN_IN = 3600.0  # seconds: the longest a slot waits to claim again when its driver asks
 
 
 def _run_ref(decider: DecisionPort, run_id: str) -> RunRef:
@@ -314,6 +318,16 @@ def dispatch_row(
     decider.dispatch_task(step, message, record_start=False)
 
 
+def _again_in(outcome: dict[str, Any]) -> float:
+    """Seconds after which a claim that took no row wants its slot to claim again (0: the slot is
+    over). A value that is not a positive number ends the slot, as an earlier release would."""
+    data = outcome.get("data") if outcome["status"] == "ok" else None
+    again = data.get("again_in") if isinstance(data, dict) else None
+    if isinstance(again, bool) or not isinstance(again, (int, float)) or not again > 0:
+        return 0.0
+    return min(float(again), MAX_AGAIN_IN)
+
+
 def _claimed(decider: DecisionPort, outcome: dict[str, Any], slot: int) -> tuple[dict[str, Any], list[Any]]:
     """A claim's outcome as it is decided, and the rows it took. Rows above NOETL_MAX_RESULT_BYTES
     came by reference (store/blobs.py) and are read whole; rows the store had to cut (above
@@ -336,13 +350,20 @@ def _claimed(decider: DecisionPort, outcome: dict[str, Any], slot: int) -> tuple
 
 
 def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, Any], report: dict[str, Any]) -> None:
-    """A claim's outcome: rows start the slot's next row, none ends the slot, an error retries."""
+    """A claim's outcome: rows start the slot's next row, none ends the slot (or, with `again_in`,
+    claims again then), an error retries."""
     assert message.slot is not None
     slot = message.slot
     step = decider.plan.steps[message.step]
     outcome, rows = _claimed(decider, outcome, slot["id"])
     ok = outcome["status"] == "ok"
-    kind = ev.CURSOR_CLAIMED if rows else ev.CURSOR_SLOT_ENDED if ok else ev.CURSOR_CLAIM_FAILED
+    again = 0.0 if rows else _again_in(outcome)
+    if rows:
+        kind = ev.CURSOR_CLAIMED
+    elif ok:
+        kind = ev.CURSOR_CLAIM_WAITING if again else ev.CURSOR_SLOT_ENDED
+    else:
+        kind = ev.CURSOR_CLAIM_FAILED
     # a failed claim tried again: its row says when, built once with the rest of it
     retried = not ok and decider.can_dispatch() and message.attempt < (claim_retry(step).attempts or 1)
     delay = next_backoff(claim_retry(step), message.attempt) if retried else 0.0
@@ -365,6 +386,7 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
             "rows": len(rows),
             **({"frame": rows} if len(rows) > 1 else {}),  # kept once: its rows' messages name this row
             **({"retry_in": delay} if retried else {}),
+            **({"again_in": again} if again else {}),
         },
     )
     if not decider.can_dispatch():
@@ -383,6 +405,17 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
             parent=key,
             frame={"at": key, "size": len(rows), "pos": 0} if by_reference else None,
             legacy=None if by_reference or len(rows) == 1 else (rows[1:], []),
+        )
+    elif again:  # the slot's next claim, later: this one acknowledged its previous frame
+        dispatch_claim(
+            decider,
+            step,
+            run,
+            slot=slot["id"],
+            claim=slot["claim"] + 1,
+            index=slot["index"],
+            parent=key,
+            countdown=again,
         )
     elif ok:
         _slot_ended(decider, step, message.run_id, key)
