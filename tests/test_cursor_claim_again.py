@@ -7,6 +7,8 @@ driver's side is tests/test_cursor_nats.py, on the real server."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -112,3 +114,16 @@ def test_an_again_in_that_is_not_a_positive_number_ends_the_slot(again):
     assert _again_in({"status": "ok", "data": {"rows": [], "again_in": again}}) == 0.0
     assert _again_in({"status": "ok", "data": {"rows": [], "again_in": 1e9}}) == 3600.0
     assert _again_in({"status": "error", "data": {"again_in": 5}}) == 0.0
+
+
+def test_a_driver_registered_or_imported_first_does_not_hide_the_built_in_ones():
+    """The built-in drivers load on the first lookup, whatever was registered before it (this
+    test's own driver, or one built-in module imported on its own, as a worker app may)."""
+    code = (
+        "from noetl_celery import cursors\n"
+        "from noetl_celery.cursors import nats\n"
+        "cursors.register('mine', needs_claim=False)(lambda call: None)\n"
+        "print(' '.join(cursors.known_kinds()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split() == ["mine", "mysql", "nats", "postgres", "redis_stream", "sqlite"], out

@@ -101,32 +101,37 @@ def register(
 
 def driver_keys(kind: str) -> frozenset[str]:
     """The cursor keys driver `kind` takes besides kind/auth/claim/retry."""
-    if not _DRIVERS:
-        _load_builtin_drivers()
+    _load_builtin_drivers()
     return _OPTIONS.get(kind, (frozenset(), True))[0]
 
 
 def needs_claim(kind: str) -> bool:
     """Whether driver `kind` runs a `claim` SQL text (an unknown kind: yes)."""
-    if not _DRIVERS:
-        _load_builtin_drivers()
+    _load_builtin_drivers()
     return _OPTIONS.get(kind, (frozenset(), True))[1]
 
 
+_loaded: list[bool] = []  # the built-in drivers were imported (once: not "some driver is registered")
+
+
 def _load_builtin_drivers() -> None:
-    # Importing the modules registers them (lazily: they import the tools they run through).
+    # Importing the modules registers them (lazily: they import the tools they run through). A
+    # driver module imported on its own (or a further driver registered) first must not stand
+    # in for the rest.
+    if _loaded:
+        return
     from noetl_celery.cursors import mysql, nats, postgres, redis_stream, sqlite  # noqa: F401
+
+    _loaded.append(True)
 
 
 def get_driver(kind: str) -> ClaimFn | None:
-    if not _DRIVERS:
-        _load_builtin_drivers()
+    _load_builtin_drivers()
     return _DRIVERS.get(kind)
 
 
 def known_kinds() -> list[str]:
-    if not _DRIVERS:
-        _load_builtin_drivers()
+    _load_builtin_drivers()
     return sorted(_DRIVERS)
 
 
