@@ -406,32 +406,21 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
             frame={"at": key, "size": len(rows), "pos": 0} if by_reference else None,
             legacy=None if by_reference or len(rows) == 1 else (rows[1:], []),
         )
-    elif again:  # the slot's next claim, later: this one acknowledged its previous frame
+    elif again or retried:  # the slot's next claim after again_in, or this one tried again
         dispatch_claim(
             decider,
             step,
             run,
             slot=slot["id"],
-            claim=slot["claim"] + 1,
+            claim=slot["claim"] + 1 if again else slot["claim"],
             index=slot["index"],
             parent=key,
-            countdown=again,
+            attempt=1 if again else message.attempt + 1,
+            countdown=again or delay,
+            done=None if again else slot.get("done"),  # a claim with again_in acknowledged its frame
         )
     elif ok:
         _slot_ended(decider, step, message.run_id, key)
-    elif retried:
-        dispatch_claim(
-            decider,
-            step,
-            run,
-            slot=slot["id"],
-            claim=slot["claim"],
-            index=slot["index"],
-            parent=key,
-            attempt=message.attempt + 1,
-            countdown=delay,
-            done=slot.get("done"),
-        )
     elif repo.complete_loop(decider.conn, message.run_id):
         reason = (outcome.get("error") or {}).get("message") or "claim failed"
         error = {
