@@ -24,8 +24,8 @@ Everything here runs inside on_event; workers only run claims and the rows' task
   cursor loop may be unbounded.
 - Event rows: one per row processed (`cursor.item.done` / `cursor.item.failed`: the last
   attempt's outcome row, built as the item's: no start rows), one per claim without rows
-  (`cursor.slot.ended` / `cursor.claim.waiting` / `cursor.claim.failed`) and per claim that did not run its first row
-  (`cursor.claimed`), plus step and loop start/end.
+  (`cursor.slot.ended` / `cursor.claim.waiting` / `cursor.claim.failed`) and per claim that did
+  not run its first row (`cursor.claimed`), plus step and loop start/end.
 - Unit ids: row `index` of slot `s` of `n` slots is iteration `index * n + s` (unique in the run,
   no counter needed).
 """
