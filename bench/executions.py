@@ -35,7 +35,8 @@ from bench.loops import (
     StoreReader,
     WorkerRun,
     _now,
-    add_eager_window,
+    add_engine_options,
+    engine_env,
     log,
     open_services,
     report,
@@ -44,7 +45,7 @@ from bench.loops import (
 )
 
 POLL = 0.05
-CONFIG_ARGS = ("broker", "n", "pairs", "workers", "concurrency", "eager_window", "timeout")
+CONFIG_ARGS = ("broker", "n", "pairs", "workers", "concurrency", "eager_window", "pg_prepare", "timeout")
 
 
 class Runs:
@@ -165,7 +166,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis-db", type=int, default=14, help="Redis database index to claim (default 14)")
     p.add_argument("--json-out", help="also write the JSON results to this file")
     p.add_argument("--keep-logs", action="store_true", help="keep the worker logs (path printed)")
-    add_eager_window(p)
+    add_engine_options(p)
     return p.parse_args(argv)
 
 
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support import services as svc
 
     with contextlib.ExitStack() as stack:
-        services = open_services(stack, args.broker, args.redis_db, args.eager_window)
+        services = open_services(stack, args.broker, args.redis_db, engine_env(args))
         results["machine"] = services.machine
         results["config"] = {k: getattr(args, k) for k in CONFIG_ARGS}
         client = svc.redis_client(services.redis_url)
@@ -186,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             COUNTER_URL_ENV: services.redis_url,
             "NOETL_DATABASE_URL": services.database_url,
         }
-        if args.eager_window is not None:
-            env["NOETL_EAGER_WINDOW"] = str(args.eager_window)
+        env.update(engine_env(args))
         with WorkerRun(results) as run:
             log(f"== {args.workers} worker(s) -c {args.concurrency} prefork, broker {args.broker}, N={args.n}")
             run.workers.extend(start_workers(args.workers, args.concurrency, env, log_dir, "executions"))

@@ -54,8 +54,9 @@ from bench.loops import (
     StoreReader,
     WorkerRun,
     _now,
-    add_eager_window,
+    add_engine_options,
     check_alive,
+    engine_env,
     log,
     open_services,
     report,
@@ -235,7 +236,19 @@ class Bench:
 
 # --------------------------------------------------------------------------- runs
 
-CONFIG_ARGS = ("broker", "runs", "warmup", "cases", "workers", "concurrency", "mode", "poll", "pause", "eager_window")
+CONFIG_ARGS = (
+    "broker",
+    "runs",
+    "warmup",
+    "cases",
+    "workers",
+    "concurrency",
+    "mode",
+    "poll",
+    "pause",
+    "eager_window",
+    "pg_prepare",
+)
 CASES: dict[str, tuple[str, str]] = {"chain": ("noetl_chain", "raw_chain"), "retry": ("noetl_retry", "raw_retry")}
 CASE_METRICS = {
     "chain": ("recorded_ms", "seen_ms"),
@@ -354,7 +367,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pause", type=float, default=0.05, help="seconds of rest before each run (default 0.05)")
     p.add_argument("--run-timeout", type=float, default=30.0, help="give up on a run after this many s (30)")
     p.add_argument("--redis-db", type=int, default=14, help="Redis database index to claim (default 14)")
-    add_eager_window(p)
+    add_engine_options(p)
     p.add_argument("--json-out", help="also write the JSON results to this file")
     p.add_argument("--keep-logs", action="store_true", help="keep the worker logs (path printed)")
     args = p.parse_args(argv)
@@ -372,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support import services as svc
 
     with contextlib.ExitStack() as stack:
-        services = open_services(stack, args.broker, args.redis_db, args.eager_window)
+        services = open_services(stack, args.broker, args.redis_db, engine_env(args))
         redis_url, database_url, broker_url = services.redis_url, services.database_url, services.broker_url
         settings = services.settings
         results["machine"] = services.machine
@@ -390,8 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             "NOETL_DATABASE_URL": database_url,
             "NOETL_EVENT_DISPATCH": args.mode,
         }
-        if args.eager_window is not None:
-            env["NOETL_EAGER_WINDOW"] = str(args.eager_window)
+        env.update(engine_env(args))
         with WorkerRun(results) as run:
             log(f"== {args.workers} worker(s) -c {args.concurrency} prefork, mode {args.mode}, broker {args.broker}")
             run.workers.extend(start_workers(args.workers, args.concurrency, env, log_dir, f"lat-{args.mode}"))

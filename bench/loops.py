@@ -50,7 +50,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -988,12 +988,12 @@ class Context:
         }
         if self.args.task_events is not None:
             env["NOETL_TASK_EVENTS"] = self.args.task_events
-        if self.args.eager_window is not None:
-            env["NOETL_EAGER_WINDOW"] = str(self.args.eager_window)
+        env.update(engine_env(self.args))
         return env
 
 
-def add_eager_window(p: argparse.ArgumentParser) -> None:
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """The engine's settings a benchmark may set, for the workers and the process that submits."""
     p.add_argument(
         "--eager-window",
         type=float,
@@ -1001,6 +1001,22 @@ def add_eager_window(p: argparse.ArgumentParser) -> None:
         help="NOETL_EAGER_WINDOW for the workers and this process, seconds (0: off; default: unset, "
         "the engine's default of 2 s)",
     )
+    p.add_argument(
+        "--pg-prepare",
+        choices=("auto", "on", "off"),
+        default=None,
+        help="NOETL_PG_PREPARE for the workers and this process (default: unset, the engine's auto)",
+    )
+
+
+def engine_env(args: argparse.Namespace) -> dict[str, str]:
+    """The variables of `add_engine_options` that `args` sets."""
+    env = {}
+    if getattr(args, "eager_window", None) is not None:
+        env["NOETL_EAGER_WINDOW"] = str(args.eager_window)
+    if getattr(args, "pg_prepare", None) is not None:
+        env["NOETL_PG_PREPARE"] = args.pg_prepare
+    return env
 
 
 def clear_queues(ctx: Context) -> None:
@@ -1357,7 +1373,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="NOETL_TASK_EVENTS for the workers (default: unset, i.e. the worker default, on)",
     )
-    add_eager_window(p)
+    add_engine_options(p)
     p.add_argument("--pause", type=float, default=1.0, help="seconds of rest before each measured run")
     p.add_argument(
         "--settle",
@@ -1468,12 +1484,13 @@ class Services:
 
 
 def open_services(
-    stack: contextlib.ExitStack, broker: str, redis_db: int, eager_window: float | None = None
+    stack: contextlib.ExitStack, broker: str, redis_db: int, engine: Mapping[str, str] | None = None
 ) -> Services:
     """Claim Redis database `redis_db` (flushed), create a fresh PostgreSQL database (and, for
     amqp, a RabbitMQ virtual host), migrate it, print the machine and the services, and point this
-    process's environment and Celery app at them; `stack` undoes all of it. `eager_window`: this
-    process's NOETL_EAGER_WINDOW (what it submits carries the window's time limits)."""
+    process's environment and Celery app at them; `stack` undoes all of it. `engine`: this
+    process's engine settings (`engine_env`: what it submits carries the eager window's time
+    limits, and its statements are prepared or not as the workers' are)."""
     from tests.support import services as svc
 
     redis_server, pg_server, amqp_server = find_servers(broker)
@@ -1499,8 +1516,7 @@ def open_services(
 
     migrate(database_url)
     os.environ.update(NOETL_BROKER_URL=broker_url, NOETL_DATABASE_URL=database_url, **{COUNTER_URL_ENV: redis_url})
-    if eager_window is not None:
-        os.environ["NOETL_EAGER_WINDOW"] = str(eager_window)
+    os.environ.update(engine or {})
     from noetl_celery import settings as noetl_settings
     from noetl_celery.app import app, configure
 
@@ -1518,7 +1534,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support import services as svc
 
     with contextlib.ExitStack() as stack:
-        services = open_services(stack, args.broker, args.redis_db, args.eager_window)
+        services = open_services(stack, args.broker, args.redis_db, engine_env(args))
         redis_url, database_url, broker_url = services.redis_url, services.database_url, services.broker_url
         settings, db = services.settings, services.db
         results["machine"] = services.machine
@@ -1535,6 +1551,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory_mode": args.memory_mode,
             "task_events": args.task_events or "worker default (on)",
             "eager_window": settings.eager_window or "off",
+            "pg_prepare": settings.pg_prepare,
             "worker_loglevel": "INFO",
             "prefetch_multiplier": settings.prefetch_multiplier,
             "rss_sample_interval_s": SAMPLE_INTERVAL,

@@ -101,6 +101,9 @@ MASK = "***"
 # (engine/deadlines.py, OUTCOME_MARGIN)
 DEFAULT_EAGER_WINDOW = 2.0  # seconds: the fast path is the default (docs/benchmarks.md says what it costs)
 MAX_EAGER_WINDOW = 5.0
+PG_PREPARE_ENV = "NOETL_PG_PREPARE"  # auto | on | off: statements prepared on the store's connections
+PG_PREPARE_MODES = ("auto", "on", "off")
+DEFAULT_PG_PREPARE = "auto"
 
 
 @dataclass(frozen=True, repr=False)
@@ -148,6 +151,7 @@ class Settings:
     max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES
     stored_cache_bytes: int = DEFAULT_STORED_CACHE_BYTES
     strict_templates: bool = False  # as load() saw it; templating reads it again at each use
+    pg_prepare: str = DEFAULT_PG_PREPARE  # NOETL_PG_PREPARE (store/prepared.py), read when an engine is made
     # the sweeper deletes the history of finished executions older than this (None: never; `prune`)
     prune_older_than: timedelta | None = None
 
@@ -187,6 +191,7 @@ class Settings:
             "NOETL_MAX_DELIVERIES": str(self.max_deliveries),
             "NOETL_EAGER_WINDOW": f"{self.eager_window:g} s" if self.eager_window else "off",
             "NOETL_PRUNE_OLDER_THAN": str(self.prune_older_than) if self.prune_older_than else "off",
+            PG_PREPARE_ENV: self.pg_prepare,
             "NOETL_FLOWER_URL": mask_url(self.flower_url) if self.flower_url else "(none)",
             "NOETL_DASHBOARD_URL": mask_url(self.dashboard_url) if self.dashboard_url else "(none)",
             "NOETL_DASHBOARD_TOKEN": MASK if self.dashboard_token else "(none)",
@@ -286,6 +291,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_stored_bytes=int(limit(MAX_STORED_BYTES_ENV, env)),
             stored_cache_bytes=int(limit(STORED_CACHE_BYTES_ENV, env)),
             strict_templates=strict_templates(env),
+            pg_prepare=pg_prepare(env),
             prune_older_than=parse_age(env["NOETL_PRUNE_OLDER_THAN"], "NOETL_PRUNE_OLDER_THAN")
             if env.get("NOETL_PRUNE_OLDER_THAN")
             else None,
@@ -311,6 +317,19 @@ def strict_templates(environ: Mapping[str, str] | None = None) -> bool:
     renders them. Read at each use, as the limits are."""
     env = os.environ if environ is None else environ
     return (env.get(STRICT_TEMPLATES_ENV) or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def pg_prepare(environ: Mapping[str, str] | None = None) -> str:
+    """NOETL_PG_PREPARE: auto (the default), on or off (store/prepared.py). Read when a process
+    makes its engine for a store."""
+    env = os.environ if environ is None else environ
+    value = (env.get(PG_PREPARE_ENV) or DEFAULT_PG_PREPARE).strip().lower()
+    if value not in PG_PREPARE_MODES:
+        raise ConfigurationError(
+            f"{PG_PREPARE_ENV} must be one of {', '.join(PG_PREPARE_MODES)}, got {env.get(PG_PREPARE_ENV)!r}: "
+            "off behind a transaction pooler such as PgBouncer, auto to tell by the connection"
+        )
+    return value
 
 
 def limit(name: str, environ: Mapping[str, str] | None = None) -> float:

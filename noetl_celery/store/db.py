@@ -21,7 +21,9 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 
+from noetl_celery import settings as noetl_settings
 from noetl_celery.errors import ConfigurationError
+from noetl_celery.store import prepared
 from noetl_celery.store.check import safe_url
 
 SQLITE_BUSY_TIMEOUT = 60  # seconds a SQLite writer waits for the lock
@@ -92,7 +94,20 @@ def _create_engine(url: str) -> Engine:
     _ping_when_idle(engine)
     if _folds_begin(engine):
         event.listen(engine, "before_cursor_execute", _begin_with_first_statement, retval=True)
+        _prepare_statements(engine, parsed.host, parsed.port)
     return engine
+
+
+def _prepare_statements(engine: Engine, host: str | None, port: int | None) -> None:
+    """Each new connection of a psycopg2 engine gets its prepared-statement Session, by
+    NOETL_PG_PREPARE (store/prepared.py)."""
+    chosen = noetl_settings.pg_prepare()
+    if chosen == "off":
+        return
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection, record):  # type: ignore[no-untyped-def]
+        prepared.on_connect(dbapi_connection, record, chosen, host, port)
 
 
 def _folds_begin(engine: Engine) -> bool:
@@ -216,11 +231,11 @@ def decision_transaction(url: str) -> Iterator[Connection]:
         info[_BEGIN_PENDING] = True
         try:
             yield conn
-            if info.get(_DEFERRED) or dbapi_connection.info.transaction_status != _IDLE:
+            if info.get(_DEFERRED) or dbapi_connection.info.transaction_status != IDLE:
                 conn.exec_driver_sql("COMMIT")  # carries what is still deferred
         except BaseException:
             info.pop(_DEFERRED, None)
-            if not dbapi_connection.closed and dbapi_connection.info.transaction_status != _IDLE:
+            if not dbapi_connection.closed and dbapi_connection.info.transaction_status != IDLE:
                 conn.exec_driver_sql("ROLLBACK")
             raise
         finally:
@@ -228,7 +243,7 @@ def decision_transaction(url: str) -> Iterator[Connection]:
             info.pop(_DEFERRED, None)
 
 
-_IDLE = 0  # psycopg2.extensions.TRANSACTION_STATUS_IDLE: no transaction open on the server
+IDLE = 0  # psycopg2.extensions.TRANSACTION_STATUS_IDLE: no transaction open on the server
 
 
 def begin_prefix(conn: Connection, *, bound: bool = True) -> str:

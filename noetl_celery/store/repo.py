@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, NoReturn, cast
 
 from sqlalchemy import Connection, Table, and_, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -26,7 +26,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
 from noetl_celery import limits, secret_registry
-from noetl_celery.store import db
+from noetl_celery.store import db, prepared
 from noetl_celery.store.models import (
     Blob,
     CatalogEntry,
@@ -74,21 +74,58 @@ def _run(conn: Connection, sql: str, params: Any) -> Any:
     dbapi_connection = conn.connection.dbapi_connection
     assert dbapi_connection is not None
     cursor = dbapi_connection.cursor()
-    sql = db.begin_prefix(conn, bound=params is not None) + sql
+    prefix = db.begin_prefix(conn, bound=params is not None)
+    session = prepared.session_of(conn.connection.info, conn.engine) if params is not None else None
+    if session is None:
+        return _send(conn, cursor, prefix + sql, params)
+    idle = dbapi_connection.info.transaction_status == db.IDLE  # before the batch: nothing to lose
+    batch, params = session.rewrite(sql, params)
+    try:
+        cursor.execute(prefix + batch, params)
+    except Exception as exc:
+        if batch == sql:
+            session.succeeded()  # nothing prepared or deallocated: nothing unknown
+        elif prepared.pooler_error(exc):
+            prepared.turn_off(conn.engine, exc)
+            session.failed()
+        elif prepared.plain_again(exc) and not dbapi_connection.closed:
+            session.refused(sql)
+            if idle:  # the batch opened its transaction: roll it back and send the text itself
+                if dbapi_connection.info.transaction_status != db.IDLE:
+                    if dbapi_connection.autocommit:
+                        cursor.execute("ROLLBACK")
+                    else:
+                        dbapi_connection.rollback()
+                return _send(conn, cursor, prefix + sql, params)
+        else:
+            session.failed()
+        _raise(conn, cursor, prefix + batch, params, exc)
+    session.succeeded()
+    return cursor
+
+
+def _send(conn: Connection, cursor: Any, sql: str, params: Any) -> Any:
     try:
         cursor.execute(sql, params)
     except Exception as exc:
-        dialect = conn.dialect
-        base = dialect.loaded_dbapi.Error
-        if not isinstance(exc, base):
-            raise
-        lost = dialect.is_disconnect(exc, dbapi_connection, cursor)
-        if lost:  # as Core does: this connection, and the pooled ones of the same age, are dropped
-            conn.invalidate(exc)
-            conn.engine.dispose(close=False)
-        wrapped = DBAPIError.instance(sql, params, exc, base, connection_invalidated=lost, dialect=dialect)
-        raise wrapped from exc
+        _raise(conn, cursor, sql, params, exc)
     return cursor
+
+
+def _raise(conn: Connection, cursor: Any, sql: str, params: Any, exc: Exception) -> NoReturn:
+    """A driver error as SQLAlchemy's DBAPIError; a lost connection is invalidated, as Core
+    would do. Any other exception is raised as it is."""
+    dialect = conn.dialect
+    base = dialect.loaded_dbapi.Error
+    if not isinstance(exc, base):
+        raise exc
+    dbapi_connection = conn.connection.dbapi_connection
+    lost = dialect.is_disconnect(exc, dbapi_connection, cursor)
+    if lost:  # as Core does: this connection, and the pooled ones of the same age, are dropped
+        conn.invalidate(exc)
+        conn.engine.dispose(close=False)
+    wrapped = DBAPIError.instance(sql, params, exc, base, connection_invalidated=lost, dialect=dialect)
+    raise wrapped from exc
 
 
 def _placeholders(dialect: Dialect, count: int) -> str:

@@ -5,7 +5,8 @@ variants run against PostgreSQL directly in test_loop_delivery.py), with the
 workers, the submitting command and the sweeper connected to a PgBouncer of the test's own
 (pool_mode = transaction) instead of PostgreSQL. Nothing relies on session state there: the
 decisions' BEGIN rides on their first statement, the sweeper's lock is transaction-level and its
-timeouts are SET LOCAL, and psycopg2 prepares no statement on the server. Each test checks that
+timeouts are SET LOCAL, and no statement is prepared on a server connection (NOETL_PG_PREPARE=auto
+sees the pooler: tests/test_prepared_statements.py). Each test checks that
 the store's traffic did go through PgBouncer (its admin console's counters)."""
 
 from __future__ import annotations
