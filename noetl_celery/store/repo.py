@@ -986,15 +986,17 @@ def loop_iteration_done(conn: Connection, run_id: str, *, ok: bool, tolerated: b
 
 
 _LOOP_COUNTERS = ("done", "succeeded", "failed", "tolerated", "total", "cap", "status", "context")
+# The counters only: an iteration's update leaves the row's later columns as they were, so its
+# WAL record carries the changed counters, not the row from them to `updated_at` (130 bytes an
+# iteration). `updated_at` is set when the loop completes (`complete_loop`).
 _LOOP_DONE_SQL = (
     "UPDATE noetl_loop SET done = done + 1, succeeded = succeeded + ?, failed = failed + ?, "
-    "tolerated = tolerated + ?, updated_at = ? WHERE run_id = ?"
+    "tolerated = tolerated + ? WHERE run_id = ?"
 )
 
 
 def _loop_done_params(dialect: Dialect, run_id: str, ok: bool, tolerated: bool) -> tuple[Any, ...]:
-    now = _bound(dialect, LOOPS, "updated_at", utcnow())
-    return (1 if ok else 0, 0 if ok else 1, 1 if tolerated else 0, now, run_id)
+    return (1 if ok else 0, 0 if ok else 1, 1 if tolerated else 0, run_id)
 
 
 def _loop_counters(dialect: Dialect, row: Any) -> dict[str, Any]:

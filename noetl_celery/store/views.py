@@ -175,7 +175,10 @@ def loops(conn: Connection, execution_id: int) -> list[dict[str, Any]]:
     A cursor loop has no total while it runs (None: it pulls rows until the claim finds none),
     and its in-flight count is its slots. A loop of an execution that has ended (cancelled, or
     failed elsewhere) shows the execution's status and nothing in flight: nothing more is sent."""
-    ended = conn.execute(select(EXECUTIONS.c.status).where(EXECUTIONS.c.execution_id == execution_id)).scalar()
+    head = conn.execute(
+        select(EXECUTIONS.c.status, EXECUTIONS.c.finished_at).where(EXECUTIONS.c.execution_id == execution_id)
+    ).first()
+    ended, finished_at = (head.status, head.finished_at) if head is not None else (None, None)
     lp = LOOPS.c
     rows = conn.execute(
         select(
@@ -206,7 +209,10 @@ def loops(conn: Connection, execution_id: int) -> list[dict[str, Any]]:
             item["in_flight"] = item["cap"] if running else 0
         else:
             item["in_flight"] = min(item["cap"], item["total"] - item["done"]) if running else 0
-        elapsed = duration_s(item["created_at"], item["updated_at"])
+        # a loop's row is stamped when it completes, not at each iteration: a loop still counting
+        # is measured to now, or to its execution's end
+        last = item["updated_at"] if item["status"] == "completed" else finished_at
+        elapsed = duration_s(item["created_at"], last, _now(item["created_at"]))
         item["rate"] = round(item["done"] / elapsed, 2) if elapsed else None  # iterations per second
         out.append(item)
     return out
