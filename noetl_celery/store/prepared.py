@@ -33,6 +33,7 @@ server plans it once per connection (its generic plan, once its custom plans cos
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import logging
@@ -92,8 +93,7 @@ class Session:
         """`sql` with `params` as the batch to send: its statements prepared or executed by name."""
         if not isinstance(params, tuple | list) or not params:
             return sql, params
-        parts = sql.split(SEPARATOR)
-        counts = [_placeholders(part) for part in parts]
+        parts, counts = _shape(sql)
         if sum(counts) != len(params):
             return sql, params
         head: list[str] = []
@@ -156,8 +156,11 @@ def _numbered(part: str) -> str:
     return _MARK.sub(lambda m: m.group() if m.group() == "%%" else f"${next(numbers)}", part)
 
 
-def _placeholders(part: str) -> int:
-    return sum(1 for m in _MARK.finditer(part) if m.group() == "%s")
+@functools.lru_cache(maxsize=1024)
+def _shape(sql: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """A batch's statements and the placeholders of each (the texts are the engine's own: few)."""
+    parts = tuple(sql.split(SEPARATOR))
+    return parts, tuple(sum(1 for m in _MARK.finditer(part) if m.group() == "%s") for part in parts)
 
 
 KEY = "noetl_prepared"  # pool record info: the connection's Session (None: it prepares nothing)
