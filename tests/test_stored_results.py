@@ -222,7 +222,7 @@ def test_a_stored_value_is_masked_and_the_limit_of_what_is_stored_truncates(sqli
 
 
 def test_a_200000_element_python_result_starts_its_loop_at_the_default_settings(sqlite_url, monkeypatch, tmp_path):
-    """The case of the issue, at the default settings: list(range(200000)) (1.29 MB of JSON) is
+    """The case that failed before, at the default settings: list(range(200000)) (1.29 MB of JSON) is
     stored once, the loop starts over all of it, and its first iterations run on their elements.
     Running all 200,000 iterations is bench.fanout's job (docs/benchmarks.md)."""
     monkeypatch.delenv("NOETL_MAX_RESULT_BYTES")
