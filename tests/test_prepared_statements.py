@@ -106,8 +106,8 @@ def test_a_failed_batch_leaves_the_server_with_only_the_statements_the_session_k
         repo._run(conn, insert, (1, "ctx", "a", "1"))
         with pytest.raises(DBAPIError) as failed:  # its second send prepares, then hits the key
             repo._run(conn, insert, (1, "ctx", "a", "1"))
-        assert failed.value.orig.pgcode == "23505"
-        assert session.reset and not session.names
+        assert failed.value.orig.pgcode == "23505"  # sent again as text, which failed the same way
+        assert session.reset and not session.names and insert not in session.plain
         repo._run(conn, insert, (1, "ctx", "b", "2"))  # DEALLOCATE ALL in front, prepared again
         repo._run(conn, insert, (1, "ctx", "c", "3"))
         assert _server_names(conn) == set(session.names.values()) and len(session.names) == 1
@@ -158,3 +158,21 @@ def test_auto_prepares_nothing_through_pgbouncer_and_on_finds_it_out(migrated_po
                 assert repo._run(one, SUM, (7, 1)).fetchone()[0] == 8
         finally:
             db.dispose_engine(url)
+
+
+@pytest.mark.services
+def test_in_a_transaction_already_open_a_refused_preparation_is_raised_and_the_text_stays_plain(direct_url):
+    listed = "SELECT count(*) FROM noetl_execution WHERE status IN %s"
+    engine = db.get_engine(direct_url)
+    with db._autocommit(engine) as (conn, _):
+        session = prepared.session_of(conn.connection.info, engine)
+        assert session is not None
+        assert repo._run(conn, listed, (("running",),)).fetchone()[0] == 0  # sent once: as text
+    with pytest.raises(DBAPIError) as refused, db.decision_transaction(direct_url) as conn:
+        repo._run(conn, SUM, (1, 1))  # opens the transaction
+        repo._run(conn, listed, (("running",),))  # its second send: prepared, refused
+    assert refused.value.orig.pgcode.startswith("42")
+    with db.decision_transaction(direct_url) as conn:
+        again = prepared.session_of(conn.connection.info, engine)
+        assert again is session and listed in session.plain
+        assert repo._run(conn, listed, (("running",),)).fetchone()[0] == 0

@@ -18,10 +18,12 @@ server plans it once per connection (its generic plan, once its custom plans cos
 - `PREPARE` and `DEALLOCATE` do not roll back with a transaction: when a batch that prepared
   or deallocated fails, which of them ran is unknown, so the session forgets every name and
   sends `DEALLOCATE ALL` in front of its next batch.
-- A batch the server refuses because of its preparation (a type it cannot infer, a syntax
-  `EXECUTE` cannot carry: error classes 42 and 22), sent while no transaction was open, is rolled
-  back and sent again as plain text, and its statements are never prepared again on that
-  connection. The retry's result is the caller's.
+- A batch that prepared or executed by name and failed, sent while no transaction was open, is
+  rolled back and sent again as plain text (`repo._as_text`). If the text runs, the preparation
+  was at fault (a type the server cannot infer, a syntax `EXECUTE` cannot carry, a limit) and
+  its statements are never prepared again on that connection; if it fails too, its error is the
+  caller's. In a transaction opened before, the batch cannot be sent again: an error of classes
+  42 or 22 (which the preparation may cause) leaves its text plain on that connection.
 - Behind a transaction pooler (PgBouncer's `pool_mode = transaction`) a prepared statement
   lives on a server connection that the next transaction may not get. NOETL_PG_PREPARE=auto
   (the default) prepares only on a connection that reaches the server itself: the server's

@@ -83,24 +83,35 @@ def _run(conn: Connection, sql: str, params: Any) -> Any:
     try:
         cursor.execute(prefix + batch, params)
     except Exception as exc:
-        if batch == sql:
-            session.succeeded()  # nothing prepared or deallocated: nothing unknown
+        if batch == sql:  # nothing prepared, deallocated or executed by name: the text's own error
+            session.succeeded()
         elif prepared.pooler_error(exc):
             prepared.turn_off(conn.engine, exc)
             session.failed()
-        elif prepared.plain_again(exc) and not dbapi_connection.closed:
-            session.refused(sql)
-            if idle:  # the batch opened its transaction: roll it back and send the text itself
-                if dbapi_connection.info.transaction_status != db.IDLE:
-                    if dbapi_connection.autocommit:
-                        cursor.execute("ROLLBACK")
-                    else:
-                        dbapi_connection.rollback()
-                return _send(conn, cursor, prefix + sql, params)
-        else:
-            session.failed()
+        elif idle and not dbapi_connection.closed:
+            return _as_text(conn, cursor, session, prefix, sql, params)
+        else:  # in a transaction opened before: its caller runs the unit of work again
+            session.refused(sql) if prepared.plain_again(exc) else session.failed()
         _raise(conn, cursor, prefix + batch, params, exc)
     session.succeeded()
+    return cursor
+
+
+def _as_text(conn: Connection, cursor: Any, session: prepared.Session, prefix: str, sql: str, params: Any) -> Any:
+    """A batch that prepared or executed by name failed, and it had opened its transaction: roll
+    it back and send the text itself. If the text runs, the preparation was at fault (a type the
+    server cannot infer, a syntax EXECUTE cannot carry, a limit): the text is not prepared again
+    on this connection. If it fails too, its error is the caller's."""
+    session.failed()  # what the batch prepared or deallocated is unknown: DEALLOCATE ALL next
+    dbapi_connection = conn.connection.dbapi_connection
+    assert dbapi_connection is not None
+    if dbapi_connection.info.transaction_status != db.IDLE:
+        if dbapi_connection.autocommit:
+            cursor.execute("ROLLBACK")
+        else:
+            dbapi_connection.rollback()
+    _send(conn, cursor, prefix + sql, params)
+    session.refused(sql)
     return cursor
 
 
