@@ -106,7 +106,7 @@ def test_a_failed_batch_leaves_the_server_with_only_the_statements_the_session_k
         repo._run(conn, insert, (1, "ctx", "a", "1"))
         with pytest.raises(DBAPIError) as failed:  # its second send prepares, then hits the key
             repo._run(conn, insert, (1, "ctx", "a", "1"))
-        assert failed.value.orig.pgcode == "23505"  # sent again as text, which failed the same way
+        assert failed.value.orig.pgcode == "23505"  # the statement's own error: raised as it is
         assert session.reset and not session.names and insert not in session.plain
         repo._run(conn, insert, (1, "ctx", "b", "2"))  # DEALLOCATE ALL in front, prepared again
         repo._run(conn, insert, (1, "ctx", "c", "3"))

@@ -18,12 +18,14 @@ server plans it once per connection (its generic plan, once its custom plans cos
 - `PREPARE` and `DEALLOCATE` do not roll back with a transaction: when a batch that prepared
   or deallocated fails, which of them ran is unknown, so the session forgets every name and
   sends `DEALLOCATE ALL` in front of its next batch.
-- A batch that prepared or executed by name and failed, sent while no transaction was open, is
-  rolled back and sent again as plain text (`repo._as_text`). If the text runs, the preparation
-  was at fault (a type the server cannot infer, a syntax `EXECUTE` cannot carry, a limit) and
-  its statements are never prepared again on that connection; if it fails too, its error is the
-  caller's. In a transaction opened before, the batch cannot be sent again: an error of classes
-  42 or 22 (which the preparation may cause) leaves its text plain on that connection.
+- A batch that prepared or executed by name and failed with an error its preparation may cause
+  (PLAIN_AGAIN_CLASSES: a type the server cannot infer, a syntax `EXECUTE` cannot carry, a
+  limit, a plan whose result type a migration changed), sent while no transaction was open, is
+  rolled back and sent again as plain text (`repo._as_text`). If the text runs, its statements
+  are never prepared again on that connection; if it fails too, its error is the caller's. In a
+  transaction opened before, the batch cannot be sent again: its error is raised and its text
+  stays plain on that connection. Other errors (a key that exists, which the strict decision
+  write expects now and then; a lock; a timeout) are the statement's own and raised as they are.
 - Behind a transaction pooler (PgBouncer's `pool_mode = transaction`) a prepared statement
   lives on a server connection that the next transaction may not get. NOETL_PG_PREPARE=auto
   (the default) prepares only on a connection that reaches the server itself: the server's
@@ -55,7 +57,9 @@ NAME_PREFIX = "noetl_"
 SEPARATOR = "; "
 _LEAD = ("WITH ", "INSERT ", "UPDATE ", "DELETE ", "SELECT ")  # the statements that are prepared
 POOLER_CODES = frozenset({"26000", "42P05"})  # invalid_sql_statement_name, duplicate_prepared_statement
-PLAIN_AGAIN_CLASSES = ("42", "22")  # syntax or access rule, data exception: may be the preparation's
+# syntax or access rule, data exception, feature not supported (a cached plan's result type),
+# program limit, internal error: what a preparation may cause
+PLAIN_AGAIN_CLASSES = ("42", "22", "0A", "54", "XX")
 
 
 def reaches_server(dbapi_connection: Any, host: str | None, port: int | None) -> bool:

@@ -88,20 +88,23 @@ def _run(conn: Connection, sql: str, params: Any) -> Any:
         elif prepared.pooler_error(exc):
             prepared.turn_off(conn.engine, exc)
             session.failed()
+        elif not prepared.plain_again(exc):  # the statement's own error (a key, a lock, a timeout)
+            session.failed()
         elif idle and not dbapi_connection.closed:
             return _as_text(conn, cursor, session, prefix, sql, params)
-        else:  # in a transaction opened before: its caller runs the unit of work again
-            session.refused(sql) if prepared.plain_again(exc) else session.failed()
+        else:  # in a transaction opened before: its caller runs the unit of work again, as text
+            session.refused(sql)
         _raise(conn, cursor, prefix + batch, params, exc)
     session.succeeded()
     return cursor
 
 
 def _as_text(conn: Connection, cursor: Any, session: prepared.Session, prefix: str, sql: str, params: Any) -> Any:
-    """A batch that prepared or executed by name failed, and it had opened its transaction: roll
-    it back and send the text itself. If the text runs, the preparation was at fault (a type the
-    server cannot infer, a syntax EXECUTE cannot carry, a limit): the text is not prepared again
-    on this connection. If it fails too, its error is the caller's."""
+    """A batch that prepared or executed by name failed with an error its preparation may cause,
+    and it had opened its transaction: roll it back and send the text itself. If the text runs,
+    the preparation was at fault (a type the server cannot infer, a syntax EXECUTE cannot carry,
+    a limit, a plan whose result type changed): the text is not prepared again on this
+    connection. If it fails too, its error is the caller's."""
     session.failed()  # what the batch prepared or deallocated is unknown: DEALLOCATE ALL next
     dbapi_connection = conn.connection.dbapi_connection
     assert dbapi_connection is not None
