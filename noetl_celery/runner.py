@@ -374,25 +374,18 @@ def _run_here(
     recorded, nothing further is sent)."""
     url = settings.database_url
     execution_id: int | None = None
-    restore: Callable[[], None] | None = None
-    try:
-        with embedded_worker():
-            try:
-                with _ctrl_c_between_reads() as pressed:
-                    execution_id = start()
-                    status = wait(url, execution_id, timeout, on_poll=_raising_when(pressed, on_poll))
-            except KeyboardInterrupt:
-                restore = _ignore_sigint()  # a second Ctrl-C leaves it neither half cancelled nor half stopped
-                if execution_id is not None:
-                    cancel(url, execution_id, INTERRUPTED_REASON)
-            else:
-                if status["status"] == "running":
-                    cancel(url, execution_id, TIMED_OUT_REASON.format(timeout=timeout or 0))
-                    status = {**execution_status(url, execution_id), "timed_out": True}
-                return status
-    finally:
-        if restore is not None:
-            restore()
+    with _ctrl_c_between_reads() as pressed, embedded_worker():
+        try:
+            execution_id = start()
+            status = wait(url, execution_id, timeout, on_poll=_raising_when(pressed, on_poll))
+        except KeyboardInterrupt:  # more Ctrl-C are noted only: neither half cancelled nor half stopped
+            if execution_id is not None:
+                cancel(url, execution_id, INTERRUPTED_REASON)
+        else:
+            if status["status"] == "running":
+                cancel(url, execution_id, TIMED_OUT_REASON.format(timeout=timeout or 0))
+                status = {**execution_status(url, execution_id), "timed_out": True}
+            return status
     raise Interrupted(execution_id)
 
 
@@ -401,13 +394,20 @@ def _ctrl_c_between_reads() -> Iterator[threading.Event]:
     """Ctrl-C noted, not raised where it lands: the KeyboardInterrupt comes between two reads of
     the store (`_raising_when`), never inside one. One raised inside a SQLite transaction could
     leave it open, holding the store's write lock, so that the cancel that follows waited out the
-    busy timeout and failed ("database is locked")."""
+    busy timeout and failed ("database is locked").
+
+    Once Ctrl-C was pressed the command is ending, and SIGINT stays noted only: the handler from
+    before is not put back, so that a Ctrl-C pressed again while the execution is cancelled, the
+    worker stops or the command says so is never raised there (it was, between the put-back and
+    the command's own ignore, and the command then said it had been interrupted before the
+    execution started). Without a Ctrl-C, the handler from before is put back."""
     pressed = threading.Event()
     restore = _on_sigint(lambda *_: pressed.set())
     try:
         yield pressed
     finally:
-        restore()
+        if not pressed.is_set():
+            restore()
 
 
 def _raising_when(pressed: threading.Event, on_poll: Callable[[int], None] | None) -> Callable[[int], None]:
@@ -421,13 +421,6 @@ def _raising_when(pressed: threading.Event, on_poll: Callable[[int], None] | Non
             on_poll(execution_id)
 
     return poll
-
-
-def _ignore_sigint() -> Callable[[], None]:
-    """Ignore SIGINT from now on; returns what puts the previous handler back."""
-    import signal
-
-    return _on_sigint(signal.SIG_IGN)
 
 
 def _on_sigint(handler: Any) -> Callable[[], None]:

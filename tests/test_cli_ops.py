@@ -125,7 +125,8 @@ def test_ctrl_c_while_an_embedded_run_waits_is_raised_between_two_reads_of_the_s
     """Ctrl-C pressed inside a read of the store (here: between two statements of the test) is
     noted, not raised there; the next poll raises it, outside any transaction. Raised inside a
     SQLite transaction it could leave the write lock held, and the cancel that follows failed
-    after the busy timeout ("database is locked")."""
+    after the busy timeout ("database is locked"). After it, a Ctrl-C pressed again is noted
+    only (the command is ending); without one, the handler from before is put back."""
     from noetl_celery import runner
 
     before = signal.getsignal(signal.SIGINT)
@@ -138,7 +139,47 @@ def test_ctrl_c_while_an_embedded_run_waits_is_raised_between_two_reads_of_the_s
         with pytest.raises(KeyboardInterrupt):
             poll(1)  # the next poll, between two reads
     assert read_finished and polled == [1]  # the poll that raised did not call on_poll
-    assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
+    try:  # the command is ending: a Ctrl-C pressed again is noted, not raised
+        os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is not before
+    finally:
+        signal.signal(signal.SIGINT, before)
+    with runner._ctrl_c_between_reads() as pressed:  # no Ctrl-C: the handler is put back
+        runner._raising_when(pressed, polled.append)(2)
+    assert signal.getsignal(signal.SIGINT) is before and polled == [1, 2]
+
+
+def test_after_a_ctrl_c_the_command_is_not_interrupted_again_on_its_way_out(monkeypatch):
+    """A Ctrl-C pressed again after the run was interrupted (while it cancels, stops its worker
+    or says so) is noted only. The handler from before used to be put back as the run unwound,
+    and a Ctrl-C landing then was raised outside the run: the command said it had been
+    interrupted before the execution started, and the execution went uncancelled."""
+    import contextlib
+
+    from noetl_celery import runner
+    from noetl_celery import settings as noetl_settings
+    from noetl_celery.errors import Interrupted
+
+    cancelled: list[int] = []
+    monkeypatch.setattr(runner, "embedded_worker", contextlib.nullcontext)
+    monkeypatch.setattr(runner, "cancel", lambda url, execution_id, reason=None: cancelled.append(execution_id))
+
+    def wait(url, execution_id, timeout, on_poll):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the run waits
+        on_poll(execution_id)  # raises it, between two reads
+
+    monkeypatch.setattr(runner, "wait", wait)
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(Interrupted) as interrupted:
+            runner._run_here(noetl_settings.load({}), lambda: 7, None, None)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # pressed again as the command says it was interrupted
+        except KeyboardInterrupt:
+            pytest.fail("a Ctrl-C after the run was interrupted was raised on the command's way out")
+        assert interrupted.value.execution_id == 7 and cancelled == [7]
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_ctrl_c_on_run_cancels_the_execution_and_an_embedded_resume_finishes_it(tmp_path):
