@@ -94,7 +94,7 @@ class Session:
         self.plain: set[str] = set()  # texts the server refused to prepare: never again here
         self.dropped: list[str] = []  # names to deallocate in front of the next batch
         self.reset = False  # DEALLOCATE ALL in front of the next batch
-        self.changing: list[str] = []  # texts the batch in flight prepares
+        self.changing = False  # the batch in flight prepares or deallocates
 
     def rewrite(self, sql: str, params: Any) -> tuple[str, Any]:
         """`sql` with `params` as the batch to send: its statements prepared or executed by name."""
@@ -118,7 +118,7 @@ class Session:
                 name = NAME_PREFIX + hashlib.blake2b(part.encode(), digest_size=12).hexdigest()
                 out.append(f"PREPARE {name} AS {_numbered(part)}")
                 self.names[part] = name
-                self.changing.append(part)
+                self.changing = True
                 while len(self.names) > MAX_PREPARED:
                     _, old = self.names.popitem(last=False)
                     self.dropped.append(old)
@@ -130,12 +130,11 @@ class Session:
                 continue
             out.append(f"EXECUTE {name}({', '.join(['%s'] * count)})")
         head.extend(f"DEALLOCATE {name}" for name in self.dropped)
-        if head:
-            self.changing.append("")  # the batch deallocates: its failure leaves the names unknown
+        self.changing = self.changing or bool(head)  # a failure then leaves the names unknown
         return SEPARATOR.join(head + out), params
 
     def succeeded(self) -> None:
-        self.changing.clear()
+        self.changing = False
         self.dropped.clear()
         self.reset = False
 
@@ -145,7 +144,7 @@ class Session:
             self.names.clear()
             self.dropped.clear()
             self.reset = True
-        self.changing.clear()
+        self.changing = False
 
     def refused(self, sql: str) -> None:
         """The server refused `sql` prepared: its statements are sent as text from now on."""
