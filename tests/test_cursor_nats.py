@@ -201,10 +201,10 @@ def test_a_pull_never_recorded_keeps_its_slot_claiming_until_its_messages_come_b
     publish(nats_url, names["stream"], {"n": 1}, {"n": 2})
     keep = nats_cursor._Slot._keep
 
-    async def killed(self: Any, kv: Any, record: dict[str, Any]) -> None:
+    async def killed(self: Any, kv: Any, record: dict[str, Any], last: int) -> int:
         if "held" in record:  # the pull is done, its record is not written: the worker dies here
             raise RuntimeError("worker killed")
-        await keep(self, kv, record)
+        return await keep(self, kv, record, last)
 
     monkeypatch.setattr(nats_cursor._Slot, "_keep", killed)
     lost = cursors.claim("nats", claim_call(nats_url, names, "run:0", **short))
@@ -225,6 +225,96 @@ def test_a_pull_never_recorded_keeps_its_slot_claiming_until_its_messages_come_b
     assert [(row["data"]["n"], row["deliveries"]) for row in rows] == [(1, 2), (2, 2)]
     # done: acked by the slot's next claim, which ends the slot (nothing is pending any more)
     assert claim(nats_url, names, slot="run:0", done=rows, **short) == []
+    assert consumer_state(nats_url, names["stream"]) == (0, 0)
+
+
+def _run_beside(
+    first_pauses: str, monkeypatch: pytest.MonkeyPatch, first: ClaimCall, second: ClaimCall
+) -> tuple[Any, Any]:
+    """Two copies of one claim at once (the claim delivered again while its first delivery still
+    runs): the first copy stops right after its driver's `first_pauses` step (`_record`: it has
+    read the slot's record; `_pull`: it has taken its messages, not yet recorded them), the second
+    runs whole meanwhile, then the first goes on. Both outcomes' data, first copy first."""
+    step = getattr(nats_cursor._Slot, first_pauses)
+    paused, go_on = threading.Event(), threading.Event()
+
+    async def pausing(self: Any, *args: Any) -> Any:
+        result = await step(self, *args)
+        if not paused.is_set():  # the first copy's call: it waits for the second copy to end
+            paused.set()
+            while not go_on.is_set():
+                await asyncio.sleep(0.01)
+        return result
+
+    monkeypatch.setattr(nats_cursor._Slot, first_pauses, pausing)
+    outcomes: dict[str, Any] = {}
+    copy = threading.Thread(target=lambda: outcomes.update(first=cursors.claim("nats", first)))
+    copy.start()
+    assert paused.wait(20), "the first copy never reached its pause"
+    outcomes["second"] = cursors.claim("nats", second)
+    go_on.set()
+    copy.join(20)
+    assert not copy.is_alive()
+    monkeypatch.setattr(nats_cursor._Slot, first_pauses, step)
+    for outcome in outcomes.values():
+        assert outcome.status == "ok", outcome.error
+    return outcomes["first"].data, outcomes["second"].data
+
+
+def _drain_slot(url: str, names: dict[str, str], data: Any, **options: Any) -> list[int]:
+    """The slot's claims after the engine recorded `data` as its claim's outcome, as the engine
+    makes them (`done` the recorded rows; none after `again_in`), until the slot ends: the
+    payloads of the rows they returned."""
+    seen: list[int] = []
+    for _ in range(10):
+        if not data["rows"] and not data.get("again_in"):
+            return seen
+        done = [] if data.get("again_in") else data["rows"]
+        data = claim_data(url, names, "run:0", done=done, **options)
+        seen += [row["data"]["n"] for row in data["rows"]]
+    raise AssertionError(f"the slot never ended: {seen}")
+
+
+@pytest.mark.parametrize("recorded", ["first", "second"])
+def test_two_copies_of_one_claim_that_both_pull_lose_no_message(
+    nats_url: str, names: dict[str, str], monkeypatch: pytest.MonkeyPatch, recorded: str
+) -> None:
+    """The first copy pulls, then the second copy runs whole and pulls other messages, then the
+    first records its pull: each copy's messages are named by the slot's record, so whichever
+    copy's rows the engine records, the slot's next claims return the other's (before, the last
+    write won and the other copy's messages waited, named by nothing, for AckWait)."""
+    frame = {"rows": 2}
+    assert claim(nats_url, names, **frame) == []  # creates the consumer
+    publish(nats_url, names["stream"], *({"n": n} for n in range(1, 6)))
+    call = claim_call(nats_url, names, "run:0", **frame)
+    first, second = _run_beside("_pull", monkeypatch, call, call)
+    assert [row["data"]["n"] for row in first["rows"]] == [1, 2]
+    assert [row["data"]["n"] for row in second["rows"]] == [3, 4]
+    outcome = first if recorded == "first" else second
+    rest = _drain_slot(nats_url, names, outcome, **frame)
+    processed = sorted([row["data"]["n"] for row in outcome["rows"]] + rest)
+    assert processed == [1, 2, 3, 4, 5], rest  # each once: none lost, none returned twice
+    assert consumer_state(nats_url, names["stream"]) == (0, 0)
+
+
+@pytest.mark.parametrize("recorded", ["first", "second"])
+def test_a_copy_of_a_claim_that_finds_the_record_changed_takes_nothing_and_claims_again(
+    nats_url: str, names: dict[str, str], monkeypatch: pytest.MonkeyPatch, recorded: str
+) -> None:
+    """The first copy reads the slot's record, then the second copy runs whole: the first copy's
+    mark before its pull finds the record changed, so it takes nothing and asks to claim again
+    soon. Whichever outcome the engine records, every message is processed once."""
+    frame = {"rows": 2}
+    assert claim(nats_url, names, **frame) == []
+    publish(nats_url, names["stream"], *({"n": n} for n in range(1, 4)))
+    call = claim_call(nats_url, names, "run:0", **frame)
+    first, second = _run_beside("_record", monkeypatch, call, call)
+    assert first == {"rows": [], "again_in": nats_cursor.ORPHAN_POLL_MIN}
+    assert [row["data"]["n"] for row in second["rows"]] == [1, 2]
+    assert consumer_state(nats_url, names["stream"]) == (2, 1)  # the first copy pulled nothing
+    outcome = first if recorded == "first" else second
+    rest = _drain_slot(nats_url, names, outcome, **frame)
+    assert sorted([row["data"]["n"] for row in outcome["rows"]] + rest) == [1, 2, 3], rest
     assert consumer_state(nats_url, names["stream"]) == (0, 0)
 
 

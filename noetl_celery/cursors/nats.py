@@ -32,6 +32,13 @@ A claim, in one call:
    pull, the record is marked `pulling`: a claim whose worker dies between the pull and the
    record leaves messages delivered, unacknowledged and named by no record, which the server
    hands out again only after AckWait.
+Every write of the slot's record names the revision it read (JetStream's expected last subject
+sequence), so two copies of one claim running at once (the claim delivered again while its first
+delivery still runs) never overwrite each other: a copy that finds the record changed before its
+pull takes nothing and returns no row with `again_in` (the slot claims again soon); one that
+finds it changed after its pull writes its messages beside the other copy's. The engine records
+one copy's rows; the slot's next claims return the other's, which that claim's `done` does not
+name, and a record's acked messages leave it when the rest are returned.
 Nothing available: zero rows, the slot is over (a consumer with no message available at the
 moment of the claim ends the slot unless `wait_seconds` keeps it waiting). Except when the
 slot's record shows a pull that was never recorded, less than AckWait ago, and the consumer has
@@ -86,6 +93,19 @@ HEADER_PREFIX = "Noetl-"
 # often, at most, while those messages may still be pending, instead of ending
 ORPHAN_POLL = 5.0
 ORPHAN_POLL_MIN = 0.5
+RACE_TRIES = 10  # writes of a claim's frame into a record another copy keeps changing
+WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream: the subject's last sequence is not the one expected
+
+
+class _Raced(Exception):
+    """Another copy of this claim wrote the slot's record since this one read it."""
+
+
+def _raced() -> dict[str, Any]:
+    """The outcome of a copy of a claim that found another copy of it writing the slot's record
+    (the same claim delivered again while it still runs): no row, and the slot claims again soon;
+    that next claim returns what the other copy took."""
+    return {"rows": [], "again_in": ORPHAN_POLL_MIN}
 
 
 class _Refused(Exception):
@@ -258,36 +278,41 @@ class _Slot:
         with contextlib.suppress(Exception):
             await nc.request(str(row["ack"]), b"+ACK", timeout=REQUEST_TIMEOUT)
 
-    async def _record(self, kv: Any) -> dict[str, Any]:
+    async def _record(self, kv: Any) -> tuple[dict[str, Any], int]:
         """The slot's record: {"held": the messages its last claim took, "pulling": when a claim
         began a pull it had not yet recorded, "orphans_until": until when messages a lost claim
-        took may come back}; {} when it has none."""
+        took may come back}, {} when it has none; and its revision (0: never written), which a
+        write of it must still find (`_keep`)."""
         from nats.js import errors as js_errors
 
         try:
             entry = await kv.get(self.key)
-        except js_errors.KeyNotFoundError:
-            return {}
-        if entry is None or not entry.value:
-            return {}
+        except js_errors.KeyNotFoundError as exc:  # deleted (a marker with its revision) or never written
+            marker = getattr(exc, "entry", None)
+            return {}, int(getattr(marker, "revision", 0) or 0)
+        if entry is None:
+            return {}, 0
+        revision = int(entry.revision or 0)
+        if not entry.value:
+            return {}, revision
         record = json.loads(entry.value)
         if "held" not in record and "ack" in record:  # one message, as an earlier release kept it
-            return {"held": [record]}
-        return record
+            return {"held": [record]}, revision
+        return record, revision
 
-    async def _held(self, conn: _Conn, record: dict[str, Any]) -> list[dict[str, Any]]:
-        """The messages of the slot's record that are not among the acked ones (`done`): those of a
-        claim whose worker died before the engine recorded it, read back from the stream. A claim
-        sent again carries the same `done` as the first time, while the record already holds the
-        frame that first time fetched: that frame is what it returns."""
+    def _acked(self) -> set[str]:
+        return {str(row["ack"]) for row in self.done}
+
+    async def _held(self, conn: _Conn, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows of the record's messages `items` (those not among the acked ones: a claim
+        whose worker died before the engine recorded it), read back from the stream. A claim sent
+        again carries the same `done` as the first time, while the record already holds the frame
+        that first time fetched: that frame is what it returns."""
         from nats.aio.msg import Msg
         from nats.js import errors as js_errors
 
-        acked = {str(row["ack"]) for row in self.done}
         rows = []
-        for item in record.get("held") or []:
-            if str(item["ack"]) in acked:
-                continue
+        for item in items:
             try:
                 raw = await conn.js.get_msg(self.stream, int(item["seq"]))
             except js_errors.NotFoundError:
@@ -306,13 +331,53 @@ class _Slot:
             until = max(until, float(record["pulling"]) + self.ack_wait + self.wait + REQUEST_TIMEOUT + 1.0)
         return until
 
-    async def _keep(self, kv: Any, record: dict[str, Any]) -> None:
-        """Write the slot's record (nothing to keep: delete it). It always has `held`, which is all
-        a worker of an earlier release reads in it."""
-        if record:
-            await kv.put(self.key, json.dumps({"held": [], **record}).encode())
-        else:
-            await kv.delete(self.key)
+    async def _keep(self, kv: Any, record: dict[str, Any], last: int) -> int:
+        """Write the slot's record (nothing to keep: delete it) if its revision is still `last`,
+        the one this claim read or wrote; its new revision. `_Raced` when another copy of this
+        claim (the same claim delivered again while it runs) wrote it meanwhile: nothing is
+        written then. The record always has `held`, which is all a worker of an earlier release
+        reads in it."""
+        from nats.js import errors as js_errors
+
+        try:
+            if record:
+                return int(await kv.update(self.key, json.dumps({"held": [], **record}).encode(), last=last))
+            if last:  # never written: nothing to delete
+                await kv.delete(self.key, last=last)
+            return 0
+        except js_errors.KeyWrongLastSequenceError:
+            raise _Raced from None
+        except js_errors.APIError as exc:  # a delete's check fails as the stream's own error
+            if exc.err_code in WRONG_LAST_SEQUENCE:
+                raise _Raced from None
+            raise
+
+    async def _record_taken(self, kv: Any, record: dict[str, Any], last: int, mark: float) -> None:
+        """Record the messages this claim took (`record["held"]`) in the slot's record. When
+        another copy of this claim wrote the record since (`_Raced`), what it holds is kept beside
+        them: the engine records one copy's rows, and the slot's next claims return the other's,
+        which its `done` does not name, instead of leaving them to AckWait."""
+        taken = record["held"]
+        for _ in range(RACE_TRIES):
+            try:
+                await self._keep(kv, record, last)
+                return
+            except _Raced:
+                theirs, last = await self._record(kv)
+            acked = self._acked()
+            mine = {int(item["seq"]) for item in taken}
+            kept = [i for i in theirs.get("held") or [] if str(i["ack"]) not in acked and int(i["seq"]) not in mine]
+            record = {"held": kept + taken}
+            until = max(float(theirs.get("orphans_until") or 0.0), float(record.get("orphans_until") or 0.0))
+            if until > time.time():
+                record["orphans_until"] = until
+            if theirs.get("pulling") and float(theirs["pulling"]) != mark:  # the other copy's pull, not yet recorded
+                record["pulling"] = theirs["pulling"]
+        raise _Refused(
+            ToolErrorKind.CURSOR,
+            f"nats cursor on {self.stream}: the slot's record kept changing under {RACE_TRIES} writes",
+            True,
+        )
 
     async def _orphans_pending(self, conn: _Conn) -> bool:
         """Whether the consumer has any message delivered and unacknowledged: without one, no
@@ -321,18 +386,50 @@ class _Slot:
         return int(info.num_ack_pending) > 0
 
     async def claim(self, conn: _Conn) -> dict[str, Any]:
-        nc, js = conn.nc, conn.js
+        nc = conn.nc
         kv = await self._kv(conn)
         await asyncio.gather(*(self._ack(nc, row) for row in self.done))
-        record = await self._record(kv)
-        held = await self._held(conn, record)
-        if held:
-            return {"rows": held}
+        record, revision = await self._record(kv)
+        acked = self._acked()
+        pending = [item for item in record.get("held") or [] if str(item["ack"]) not in acked]
+        if pending:
+            held = await self._held(conn, pending)
+            if held and len(pending) < len(record["held"]):
+                # a record that named two copies' messages: the ones acked now are gone from it,
+                # or a later claim, whose done does not name them, would return them again
+                try:
+                    await self._keep(kv, {**record, "held": pending}, revision)
+                except _Raced:
+                    return _raced()
+            if held:
+                return {"rows": held}
         now = time.time()
         until = self._orphans_until(record)
         waiting = {"orphans_until": until} if until > now else {}
         # marked before the pull: a worker that dies after it leaves messages no record names
-        await self._keep(kv, {"pulling": now, **waiting})
+        try:
+            revision = await self._keep(kv, {"pulling": now, **waiting}, revision)
+        except _Raced:  # another copy of this claim runs: its frame is in the record for the next claim
+            return _raced()
+        rows, taken = await self._pull(conn)
+        if taken:
+            await self._record_taken(kv, {"held": taken, **waiting}, revision, now)
+            return {"rows": rows}
+        if waiting and await self._orphans_pending(conn):
+            # nothing available now, but a lost claim's messages come back: the slot claims again
+            with contextlib.suppress(_Raced):  # written meanwhile by another copy: it claims again all the same
+                await self._keep(kv, waiting, revision)
+            return {"rows": [], "again_in": round(min(max(until - time.time(), ORPHAN_POLL_MIN), ORPHAN_POLL), 3)}
+        try:
+            await self._keep(kv, {}, revision)
+        except _Raced:  # another copy of this claim took messages meanwhile: the slot claims again for them
+            return _raced()
+        return {"rows": []}
+
+    async def _pull(self, conn: _Conn) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Up to the frame's count of messages from the consumer (the poison ones dead-lettered on
+        the way): their rows, and what the slot's record keeps of them."""
+        nc, js = conn.nc, conn.js
         await self._consumer(conn)
         rows: list[dict[str, Any]] = []
         taken: list[dict[str, Any]] = []
@@ -359,15 +456,7 @@ class _Slot:
                 taken.append({"seq": seq, "deliveries": deliveries, "ack": msg.reply})
             if not poison:  # as many as were available: no use asking again
                 break
-        if taken:
-            await self._keep(kv, {"held": taken, **waiting})
-            return {"rows": rows}
-        if waiting and await self._orphans_pending(conn):
-            # nothing available now, but a lost claim's messages come back: the slot claims again
-            await self._keep(kv, waiting)
-            return {"rows": [], "again_in": round(min(max(until - time.time(), ORPHAN_POLL_MIN), ORPHAN_POLL), 3)}
-        await self._keep(kv, {})
-        return {"rows": []}
+        return rows, taken
 
 
 @dataclass

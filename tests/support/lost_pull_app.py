@@ -29,10 +29,10 @@ def _first() -> bool:
     return True
 
 
-async def _killed_after_a_pull(self: Any, kv: Any, record: dict[str, Any]) -> None:
+async def _killed_after_a_pull(self: Any, kv: Any, record: dict[str, Any], last: int) -> int:
     if record.get("held") and _first():
         os.kill(os.getpid(), signal.SIGKILL)
-    await _keep(self, kv, record)
+    return await _keep(self, kv, record, last)
 
 
 nats_cursor._Slot._keep = _killed_after_a_pull  # type: ignore[method-assign]
