@@ -22,9 +22,6 @@ import click
 
 from noetl_celery import secret_registry
 from noetl_celery import settings as noetl_settings
-from noetl_celery.compiler import compile_source, describe
-from noetl_celery.dsl.plan import Plan
-from noetl_celery.dsl.set_values import parse_assignments
 from noetl_celery.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -34,12 +31,16 @@ from noetl_celery.errors import (
     Problem,
 )
 from noetl_celery.lazy import lazy_module
-from noetl_celery.store.check import check_broker_url, describe_infrastructure_error
+from noetl_celery.store.check import check_broker_url, describe_infrastructure_error, safe_url
 
 if TYPE_CHECKING:
-    from noetl_celery import runner
+    from noetl_celery import compiler, runner
+    from noetl_celery.dsl.plan import Plan
+    from noetl_celery.store import status as store_status
 else:
     runner = lazy_module("noetl_celery.runner")  # SQLAlchemy and Celery only for the commands that use them
+    store_status = lazy_module("noetl_celery.store.status")  # a command that only reads: no compiler
+    compiler = lazy_module("noetl_celery.compiler")
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_RUNNING, EXIT_CANCELLED = 0, 1, 2, 3, 4
 EXIT_DETACHED = 5  # Ctrl-C on submit --wait: stopped following, the execution goes on
@@ -49,6 +50,8 @@ SUMMARY_WIDTH = 70  # characters of a result/error shown per event row in the ta
 
 def _parse_sets(values: tuple[str, ...]) -> dict[str, Any]:
     """`--set a.b=1` -> {"a": {"b": 1}}; values are read as YAML scalars (numbers, booleans, lists)."""
+    from noetl_celery.dsl.set_values import parse_assignments  # the compiler only for the commands that compile
+
     try:
         return parse_assignments(values)
     except ValueError as exc:
@@ -76,7 +79,7 @@ def _compile(path: str, sets: tuple[str, ...] = (), strict_names: bool = False) 
     ...`, on stderr), or is a problem with `strict_names` (or where templates render strictly)."""
     warnings: list[Problem] = []
     try:
-        plan = compile_source(path, _parse_sets(sets), _catalog_lookup, warnings)
+        plan = compiler.compile_source(path, _parse_sets(sets), _catalog_lookup, warnings)
         if strict_names and warnings:
             raise PlaybookError(warnings)
         for warning in warnings:
@@ -159,7 +162,7 @@ def compile_cmd(playbook: str, as_json: bool, sets: tuple[str, ...]) -> None:
     """Show the plan: steps, task signatures, policies and routing."""
     plan = _compile(playbook, sets)
     settings = noetl_settings.load()
-    described = describe(plan, task_queue=settings.task_queue, event_queue=settings.event_queue)
+    described = compiler.describe(plan, task_queue=settings.task_queue, event_queue=settings.event_queue)
     if as_json:
         _print_json({**described, "plan": plan.model_dump(mode="json")})
         return
@@ -317,7 +320,7 @@ def status(execution_id: int, as_json: bool) -> None:
     """The state of an execution, read from the event store."""
     from noetl_celery.watch import status_extras
 
-    result = _execution_or_exit(runner.execution_status, execution_id)
+    result = _execution_or_exit(store_status.execution_status, execution_id)
     extras = status_extras(noetl_settings.load().database_url, execution_id)
     if as_json:
         _print_json({**result, **extras})
@@ -406,7 +409,7 @@ def events(
     after_id, since_time = _since(since)
     url = noetl_settings.load().database_url
     if follow:
-        _execution_or_exit(runner.execution_status, execution_id)
+        _execution_or_exit(store_status.execution_status, execution_id)
         if not as_json:
             echo(EVENTS_HEADER)
         shown = 0
@@ -527,7 +530,7 @@ def cancel(execution_id: int, reason: str | None) -> None:
     """Cancel a running execution and its child executions (exit 0, also when it had already
     ended; 2 when there is no such execution)."""
     cancelled = _execution_or_exit(lambda url, eid: runner.cancel(url, eid, reason), execution_id)
-    status = _execution_or_exit(runner.execution_status, execution_id)
+    status = _execution_or_exit(store_status.execution_status, execution_id)
     if cancelled:
         children = [c for c in cancelled if c != execution_id]
         echo(f"execution {execution_id}: cancelled" + (f" (and {len(children)} child executions)" if children else ""))
@@ -679,7 +682,7 @@ def migrate(revision: str) -> None:
 
     settings = noetl_settings.load()
     before, after = upgrade(settings.database_url, revision)
-    where = runner._safe_url(settings.database_url)
+    where = safe_url(settings.database_url)
     if before == after:
         echo(f"event store at {where} is at revision {after}: nothing to do")
     else:

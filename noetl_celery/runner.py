@@ -23,11 +23,12 @@ from noetl_celery.engine.context import ExecutionState, new_state
 from noetl_celery.engine.decision.orchestrator import start_new
 from noetl_celery.engine.ids import new_execution_id
 from noetl_celery.engine.recovery.lifecycle import end_tree
-from noetl_celery.engine.recovery.rerun import origin as rerun_made_from
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
 from noetl_celery.store import repo
-from noetl_celery.store import schedules as schedule_store
 from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
+from noetl_celery.store.status import execution_events as execution_events
+from noetl_celery.store.status import execution_status as execution_status
+from noetl_celery.store.status import not_found
 from noetl_celery.vocabulary import ErrorKind
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ def cancel(database_url: str, execution_id: int, reason: str | None = None) -> l
     error = {"kind": ErrorKind.CANCELLED, "message": reason or "cancelled"}
     with transaction(database_url) as conn:
         if repo.execution_head(conn, execution_id) is None:
-            raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
+            raise not_found(database_url, execution_id)
         ended = end_tree(conn, execution_id, "cancelled", ev.EXECUTION_CANCELLED, error)
     if execution_id in ended:
         _notify_now(database_url, execution_id)
@@ -190,53 +191,6 @@ def resume(settings: noetl_settings.Settings, execution_id: int) -> int:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
-def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
-    """{execution_id, status, error, failed_step, results: {step: result}, ...} from the store."""
-    ensure_schema(database_url)
-    with transaction(database_url) as conn:
-        row = repo.get_execution(conn, execution_id)
-        if row is None:
-            raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
-        variables = repo.load_variables(conn, execution_id)
-        made_from = rerun_made_from(conn, execution_id) or {}
-        scheduled = schedule_store.started_by(conn, execution_id)
-        children = [
-            {
-                "execution_id": c["execution_id"],
-                "status": c["status"],
-                "playbook": c["playbook_name"],
-                "path": c["playbook_path"],
-                "parent_event_id": c["parent_event_id"],
-            }
-            for c in repo.child_executions(conn, execution_id)
-        ]
-    return {
-        "execution_id": execution_id,
-        "playbook": row["playbook_name"],
-        "status": row["status"],
-        "error": row["error"],
-        "failed_step": row["failed_step"],
-        "parent_execution_id": row["parent_execution_id"],
-        "children": children,
-        "rerun_of": made_from.get("rerun_of"),
-        "from_step": made_from.get("from_step"),
-        "results": variables.get("result", {}),
-        "ctx": variables.get("ctx", {}),
-        "vars": variables.get("vars", {}),
-        "created_at": row["created_at"].isoformat() if row["created_at"] else None,
-        "finished_at": row["finished_at"].isoformat() if row["finished_at"] else None,
-        "scheduled": scheduled,
-    }
-
-
-def execution_events(database_url: str, execution_id: int) -> list[dict[str, Any]]:
-    ensure_schema(database_url)
-    with transaction(database_url) as conn:
-        if repo.execution_head(conn, execution_id) is None:
-            raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
-        return repo.list_events(conn, execution_id)
 
 
 def wait(

@@ -20,6 +20,7 @@ from noetl_celery import secret_registry
 from noetl_celery import vocabulary as ev
 from noetl_celery.store import views
 from noetl_celery.store.db import transaction
+from noetl_celery.store.status import not_found
 
 TTY_REFRESH = 0.25  # seconds between redraws on a terminal
 PLAIN_REFRESH = 1.0  # seconds between reads when writing plain lines
@@ -213,7 +214,6 @@ def stream_events(
     server-side cursor) and yielded as they come, so that a log of any size is written in bounded
     memory. Filters: event types, steps, rows after id `after_id`, rows created at or after
     `since`; at most `limit` rows. Raises ExecutionNotFound for an unknown execution."""
-    from noetl_celery.errors import ExecutionNotFound
     from noetl_celery.store import repo
     from noetl_celery.store.db import ensure_schema
 
@@ -231,9 +231,7 @@ def stream_events(
         query = query.limit(limit)
     with transaction(database_url) as conn:
         if repo.execution_head(conn, execution_id) is None:
-            from noetl_celery.runner import _safe_url
-
-            raise ExecutionNotFound(f"no execution {execution_id} in {_safe_url(database_url)}")
+            raise not_found(database_url, execution_id)
         if since is not None:
             if conn.dialect.name == "sqlite" and since.tzinfo is not None:  # SQLite keeps naive UTC
                 since = since.astimezone(UTC).replace(tzinfo=None)

@@ -45,6 +45,30 @@ def test_the_validate_command_loads_neither_celery_nor_sqlalchemy():
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
 
+def test_the_commands_that_only_read_an_execution_load_neither_the_compiler_nor_celery(tmp_path):
+    """`status` and `events` read the store: they start without the compiler, the DSL or Celery
+    (an operator's script calls them in a loop)."""
+    watched = ("noetl_celery.compiler", "noetl_celery.dsl", "noetl_celery.runner", "celery")
+    for command in ("status", "events"):
+        code = (
+            "import atexit, json, sys\n"
+            f"atexit.register(lambda: print(json.dumps(sorted(m for m in {watched!r} if m in sys.modules))))\n"
+            "from noetl_celery.cli import main\n"
+            f"sys.argv = ['noetl-celery', {command!r}, '42']\n"
+            "main()\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=REPO_ROOT,
+            env=_clean_env({"NOETL_HOME": str(tmp_path)}),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 2 and "no execution 42 in sqlite:///" in proc.stderr, (command, proc.stderr)
+        assert json.loads(proc.stdout.strip().splitlines()[-1]) == [], command
+
+
 def test_celery_finds_the_app_whatever_was_imported_first():
     check = (
         "from celery import Celery\nfrom celery.app.utils import find_app\n"

@@ -36,6 +36,7 @@ from noetl_celery.dashboard import actions, layout
 from noetl_celery.errors import NoetlError
 from noetl_celery.store import repo, views
 from noetl_celery.store.db import ensure_schema, transaction
+from noetl_celery.store.status import rerun_origin
 
 DEFAULT_HOST = "127.0.0.1"  # loopback: reachable from this machine only
 DEFAULT_PORT = 8080
@@ -185,13 +186,6 @@ def _execution(conn: Any, execution_id: int, timeline: bool = True) -> dict[str,
         "rerun": rerun_origin(conn, execution_id),
         "duration_s": views.duration_s(row["created_at"], row["finished_at"], views._now(row["created_at"])),
     }
-
-
-def rerun_origin(conn: Any, execution_id: int) -> dict[str, Any] | None:
-    """What made the execution when a rerun did (engine/recovery/rerun.py), else None."""
-    from noetl_celery.engine.recovery.rerun import origin
-
-    return origin(conn, execution_id)
 
 
 def _full(conn: Any, execution_id: int, filters: dict[str, Any]) -> dict[str, Any]:

@@ -165,13 +165,3 @@ def start(conn: Connection, state: ExecutionState, create_row: Any, rerun: Rerun
     else:
         decider.enter_step(rerun.from_step, ev.START_KEY, frames=[], args=rerun.args, came_from=rerun.came_from)
     return decider.flush(last=True)
-
-
-def origin(conn: Connection, execution_id: int) -> dict[str, Any] | None:
-    """{rerun_of, from_step, plan, seeded} of an execution made by a rerun (None otherwise)."""
-    row = repo.find_event(conn, execution_id, ev.START_KEY)
-    meta = (row or {}).get("meta") or {}
-    if meta.get("rerun_of") is None:
-        return None
-    keys = ("rerun_of", "from_step", "plan", "registered_at", "seeded")
-    return {k: meta.get(k) for k in keys}

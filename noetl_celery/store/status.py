@@ -1,0 +1,81 @@
+"""What the store says of one execution, read without the compiler or the engine: its status
+(results, ctx and vars, children, where a rerun or a schedule made it) and its event rows. The
+commands that only read (`status`, `events`) and the REST API answer from here, so they start
+without importing what running a playbook needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection
+
+from noetl_celery import vocabulary as ev
+from noetl_celery.errors import ExecutionNotFound
+from noetl_celery.store import repo
+from noetl_celery.store import schedules as schedule_store
+from noetl_celery.store.check import safe_url
+from noetl_celery.store.db import ensure_schema, transaction
+
+RERUN_KEYS = ("rerun_of", "from_step", "plan", "registered_at", "seeded")
+
+
+def rerun_origin(conn: Connection, execution_id: int) -> dict[str, Any] | None:
+    """{rerun_of, from_step, plan, registered_at, seeded} of an execution made by a rerun (its
+    `execution.started` row's meta, engine/recovery/rerun.py); None otherwise."""
+    row = repo.find_event(conn, execution_id, ev.START_KEY)
+    meta = (row or {}).get("meta") or {}
+    if meta.get("rerun_of") is None:
+        return None
+    return {k: meta.get(k) for k in RERUN_KEYS}
+
+
+def not_found(database_url: str, execution_id: int) -> ExecutionNotFound:
+    return ExecutionNotFound(f"no execution {execution_id} in {safe_url(database_url)}")
+
+
+def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
+    """{execution_id, status, error, failed_step, results: {step: result}, ...} from the store."""
+    ensure_schema(database_url)
+    with transaction(database_url) as conn:
+        row = repo.get_execution(conn, execution_id)
+        if row is None:
+            raise not_found(database_url, execution_id)
+        variables = repo.load_variables(conn, execution_id)
+        made_from = rerun_origin(conn, execution_id) or {}
+        scheduled = schedule_store.started_by(conn, execution_id)
+        children = [
+            {
+                "execution_id": c["execution_id"],
+                "status": c["status"],
+                "playbook": c["playbook_name"],
+                "path": c["playbook_path"],
+                "parent_event_id": c["parent_event_id"],
+            }
+            for c in repo.child_executions(conn, execution_id)
+        ]
+    return {
+        "execution_id": execution_id,
+        "playbook": row["playbook_name"],
+        "status": row["status"],
+        "error": row["error"],
+        "failed_step": row["failed_step"],
+        "parent_execution_id": row["parent_execution_id"],
+        "children": children,
+        "rerun_of": made_from.get("rerun_of"),
+        "from_step": made_from.get("from_step"),
+        "results": variables.get("result", {}),
+        "ctx": variables.get("ctx", {}),
+        "vars": variables.get("vars", {}),
+        "created_at": row["created_at"].isoformat() if row["created_at"] else None,
+        "finished_at": row["finished_at"].isoformat() if row["finished_at"] else None,
+        "scheduled": scheduled,
+    }
+
+
+def execution_events(database_url: str, execution_id: int) -> list[dict[str, Any]]:
+    """Every event row of the execution, in order."""
+    ensure_schema(database_url)
+    with transaction(database_url) as conn:
+        if repo.execution_head(conn, execution_id) is None:
+            raise not_found(database_url, execution_id)
+        return repo.list_events(conn, execution_id)
