@@ -592,9 +592,54 @@ class StoreBytes:
             (execution_id,),
         )[0]
         out: dict[str, Any] = {"row_bytes_per_unit": round(int(own) / n, 1), **self._figures(n)}
+        floor = self.floor(execution_id, n)
+        if floor:
+            out["floor"] = floor
         if settle > 0:
             time.sleep(settle)
             out["after_settle"] = {"seconds": settle, **self._figures(n)}
+        return out
+
+    FLOORS = (  # name, what the copy's table has besides the event table's columns
+        ("heap alone", ""),
+        ("heap and the event key", ", PRIMARY KEY (execution_id, event_id)"),
+    )
+
+    def floor(self, execution_id: int, n: int) -> dict[str, Any]:
+        """What the run's event rows cost at the least in PostgreSQL: copied, in the order they
+        were written and in one statement (one WAL record per row and no commit per decision),
+        into a table of the event table's columns with no index at all, then into one with only
+        the key that makes recording an event idempotent. Store bytes (pg_total_relation_size)
+        and WAL (server-wide: run alone) per unit, and their ratio to the rows' own size, which
+        no design that keeps these rows in PostgreSQL gets under."""
+        own = float(
+            self.reader.one(
+                "SELECT coalesce(sum(pg_column_size(e.*)), 0) FROM noetl_event e WHERE execution_id = %s",
+                (execution_id,),
+            )[0]
+        )
+        out: dict[str, Any] = {}
+        for name, extra in self.FLOORS:
+            table = "bench_floor"
+            done = self.reader.all_or_none(f"DROP TABLE IF EXISTS {table}")
+            done = done is not None and self.reader.all_or_none(f"CREATE TABLE {table} (LIKE noetl_event{extra})")
+            if done is None or done is False:
+                return {}
+            lsn0 = self.reader.one("SELECT pg_current_wal_lsn()::text")[0]
+            self.reader.one(
+                f"WITH copied AS (INSERT INTO {table} SELECT * FROM noetl_event WHERE execution_id = %s "
+                "ORDER BY id RETURNING 1) SELECT count(*) FROM copied",
+                (execution_id,),
+            )
+            wal = float(self.reader.one("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", (lsn0,))[0])
+            size = float(self.reader.one(f"SELECT pg_total_relation_size('{table}')")[0])
+            self.reader.all_or_none(f"DROP TABLE {table}")
+            out[name] = {
+                "store_bytes_per_unit": round(size / n, 1),
+                "wal_bytes_per_unit": round(wal / n, 1),
+                "store_ratio": round(size / own, 2) if own else None,
+                "wal_ratio": round(wal / own, 2) if own else None,
+            }
         return out
 
 
@@ -1301,6 +1346,11 @@ def table(results: dict[str, Any]) -> str:
                 f"  {r['mode']:6} {r['workers']}w N={r['n']:<6} {label}: rows {b['row_bytes_per_unit']}, "
                 f"store {b['store_bytes_per_unit']}, WAL {b['wal_bytes_per_unit']}{tail}"
             )
+            for name, floor in (b.get("floor") or {}).items():
+                out.append(
+                    f"      the same rows, {name}: store {floor['store_bytes_per_unit']} "
+                    f"({floor['store_ratio']}x the rows), WAL {floor['wal_bytes_per_unit']} ({floor['wal_ratio']}x)"
+                )
     mem = results.get("memory")
     if mem:
         out.append("")
