@@ -35,7 +35,7 @@ from noetl_celery.engine.transport import eager, process, task_events, verdict, 
 from noetl_celery.errors import AttemptFailed, ConfigurationError
 from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
-from noetl_celery.store import retention
+from noetl_celery.store import leases, retention
 from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 log = logging.getLogger(__name__)
@@ -471,7 +471,8 @@ def _fresh_process(**_: Any) -> None:
 def sweep_once() -> sweeper.SweepResult:
     """One sweep of the event store, and the publishing and deciding it calls for (after each of
     the sweep's transactions commits); then, with NOETL_PRUNE_OLDER_THAN, a share of retention,
-    and the coming partitions of a partitioned event table."""
+    the coming partitions of a partitioned event table, and a vacuum of the lease table where
+    autovacuum has not kept up with it."""
     settings = current_settings()
     result = sweeper.sweep(
         settings.database_url,
@@ -485,6 +486,7 @@ def sweep_once() -> sweeper.SweepResult:
         _prune_share(settings.database_url, settings.prune_older_than, settings.sweep_interval)
     if not result.skipped:
         _partitions_ahead(settings.database_url)
+        _vacuum_leases(settings.database_url)
     _notify_ended()
     return result
 
@@ -520,6 +522,25 @@ def _partitions_ahead(url: str) -> None:
         return
     _next_partitions = time.monotonic() + PARTITIONS_EVERY
     retention.keep_partitions_ahead(url)
+
+
+LEASE_VACUUM_EVERY = 60.0  # seconds between two looks at the lease table's dead rows
+_next_lease_vacuum = 0.0
+
+
+def _vacuum_leases(url: str) -> None:
+    """The lease table vacuumed by the sweeper when autovacuum has not kept up with it
+    (store/leases.py vacuum_if_needed): one statistics read every LEASE_VACUUM_EVERY seconds on
+    PostgreSQL, nothing on SQLite. A failure is logged; the next look tries again."""
+    global _next_lease_vacuum
+    if time.monotonic() < _next_lease_vacuum:
+        return
+    _next_lease_vacuum = time.monotonic() + LEASE_VACUUM_EVERY
+    try:
+        if leases.vacuum_if_needed(url):
+            log.info("sweeper: vacuumed noetl_lease (autovacuum had not, for %.0f s)", leases.VACUUM_QUIET)
+    except Exception as exc:
+        log.warning("sweeper: VACUUM noetl_lease failed: %s", exc)
 
 
 NOTIFY = "noetl.notify"  # a failed or cancelled execution's webhook (noetl_celery/webhooks.py)

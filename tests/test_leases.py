@@ -81,3 +81,123 @@ def test_the_overdue_read_settles_exactly_the_leases_whose_attempts_have_outcome
             assert leases.deadline(conn, 1 if key != "ended" else 2, key) is None
         for key in left:
             assert leases.deadline(conn, 1, key) is not None
+
+
+def _lease_stats(url: str) -> tuple[int, object]:
+    from tests.support.services import pg_connect
+
+    conn = pg_connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT n_dead_tup, last_vacuum FROM pg_stat_user_tables WHERE relname = 'noetl_lease'")
+            dead, last = cur.fetchone()
+            return int(dead), last
+    finally:
+        conn.close()
+
+
+def _churn_leases(url: str, n: int, first: int = 0) -> None:
+    """n leases written and settled, as decisions and their outcomes do, in a session of their own
+    whose statistics reach the server when it ends; then waits until the server counts them."""
+    import time
+
+    from tests.support.services import pg_connect
+
+    before = _lease_stats(url)[0]
+    conn = pg_connect(url)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            for k in range(first, first + n):
+                cur.execute(
+                    "INSERT INTO noetl_lease (execution_id, event_id, deadline_at) VALUES (1, %s, now())", (f"d{k}",)
+                )
+            cur.execute("DELETE FROM noetl_lease")
+    finally:
+        conn.close()
+    deadline = time.monotonic() + 30
+    while _lease_stats(url)[0] < before + n:
+        assert time.monotonic() < deadline, _lease_stats(url)
+        time.sleep(0.2)
+
+
+def test_the_sweeper_vacuums_the_lease_table_when_no_vacuum_has(url, sqlite_url):
+    """Each decision's lease, deleted by its outcome, leaves dead rows and index entries that only
+    a vacuum reclaims: with autovacuum off for the table, the sweeper's look vacuums it once the
+    dead rows pass the threshold, and not again within the quiet period after a vacuum."""
+    from tests.support.services import pg_connect
+
+    conn = pg_connect(url)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("ALTER TABLE noetl_lease SET (autovacuum_enabled = false)")
+    finally:
+        conn.close()
+    _churn_leases(url, 300)
+    assert _lease_stats(url)[1] is None  # never vacuumed
+
+    assert not leases.vacuum_if_needed(url, dead_rows=1000)  # under the threshold: nothing
+    assert _lease_stats(url)[1] is None
+    assert leases.vacuum_if_needed(url, dead_rows=100)
+    dead, last = _lease_stats(url)
+    assert last is not None and dead == 0
+
+    _churn_leases(url, 300, first=300)
+    assert not leases.vacuum_if_needed(url, dead_rows=100)  # over the threshold, but vacuumed a moment ago
+    assert _lease_stats(url) == (300, last)
+    assert leases.vacuum_if_needed(url, dead_rows=100, quiet=0.0)
+    assert not leases.vacuum_if_needed(sqlite_url)  # SQLite: nothing to vacuum
+
+
+def test_the_sweep_looks_at_the_lease_table_once_a_minute_and_a_failed_vacuum_is_logged(url, monkeypatch, caplog):
+    from noetl_celery import app
+
+    looks: list[str] = []
+
+    def look(u: str) -> bool:
+        looks.append(u)
+        if len(looks) > 1:
+            raise RuntimeError("must be owner of table noetl_lease")
+        return True
+
+    monkeypatch.setattr(leases, "vacuum_if_needed", look)
+    monkeypatch.setattr(app, "_next_lease_vacuum", 0.0)
+    with caplog.at_level("INFO", logger=app.log.name):
+        app._vacuum_leases(url)
+        app._vacuum_leases(url)  # within the minute: no look
+        assert looks == [url] and "vacuumed noetl_lease" in caplog.text
+        monkeypatch.setattr(app, "_next_lease_vacuum", 0.0)
+        app._vacuum_leases(url)  # fails: logged, the sweep goes on
+    assert looks == [url, url]
+    assert "VACUUM noetl_lease failed: must be owner of table noetl_lease" in caplog.text
+
+
+def test_a_store_role_that_may_not_vacuum_the_lease_table_leaves_it_alone(url):
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    from noetl_celery.store.db import dispose_engine
+    from tests.support.services import pg_connect
+
+    role = f"noetl_reader_{uuid.uuid4().hex[:8]}"
+    admin = pg_connect(url)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE ROLE {role} LOGIN")
+            cur.execute(f"GRANT SELECT ON noetl_lease TO {role}")
+        _churn_leases(url, 200)
+        reader = make_url(url).set(username=role).render_as_string(hide_password=False)
+        try:
+            assert not leases.vacuum_if_needed(reader, dead_rows=100, quiet=0.0)
+        finally:
+            dispose_engine(reader)
+        assert _lease_stats(url)[1] is None  # not vacuumed
+        assert leases.vacuum_if_needed(url, dead_rows=100, quiet=0.0)  # the owner's role may
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"DROP OWNED BY {role}")
+            cur.execute(f"DROP ROLE {role}")
+        admin.close()

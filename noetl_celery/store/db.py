@@ -196,6 +196,14 @@ def single_read(url: str) -> Iterator[Connection]:
 
 
 @contextmanager
+def outside_transaction(url: str) -> Iterator[Connection]:
+    """A PostgreSQL connection in autocommit mode, for a statement that cannot run inside a
+    transaction (VACUUM)."""
+    with _autocommit(get_engine(url)) as (conn, _):
+        yield conn
+
+
+@contextmanager
 def _autocommit(engine: Engine) -> Iterator[tuple[Connection, Any]]:
     """A pooled connection whose DBAPI connection is in autocommit mode until it goes back."""
     with engine.connect() as conn:

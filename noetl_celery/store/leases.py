@@ -27,6 +27,8 @@ from sqlalchemy import Connection, and_, delete, select, text, tuple_, update
 from noetl_celery.store import repo
 
 PAIRS_PER_STATEMENT = 400  # row values per statement where arrays are not at hand (SQLite)
+VACUUM_DEAD_ROWS = 10_000  # dead lease rows past which the sweeper vacuums the table itself...
+VACUUM_QUIET = 60.0  # ...when no vacuum has run on it for this many seconds (autovacuum off or behind)
 
 
 class Overdue(NamedTuple):
@@ -247,3 +249,36 @@ def count(conn: Connection, *, overdue_at: datetime | None = None) -> int:
 def _chunks(items: list[Any]) -> Iterable[list[Any]]:
     for start in range(0, len(items), PAIRS_PER_STATEMENT):
         yield items[start : start + PAIRS_PER_STATEMENT]
+
+
+VACUUM_LOOK = (  # dead rows, seconds since the last vacuum, whether this role may vacuum the table
+    "SELECT s.n_dead_tup, extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum)), "
+    "pg_has_role(c.relowner, 'MEMBER') OR pg_has_role(d.datdba, 'MEMBER') "
+    "OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) "
+    "FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
+    "JOIN pg_database d ON d.datname = current_database() "
+    "WHERE s.relid = to_regclass('noetl_lease')"
+)
+
+
+def vacuum_if_needed(url: str, dead_rows: int = VACUUM_DEAD_ROWS, quiet: float = VACUUM_QUIET) -> bool:
+    """On PostgreSQL, `VACUUM noetl_lease` when the table holds more than `dead_rows` dead rows
+    (pg_stat_user_tables) and no vacuum, autovacuum's or another, ran on it in the last `quiet`
+    seconds; whether it did. A lease lives for the milliseconds between a decision and its
+    outcome, and the entries it leaves in the table's two indexes are reclaimed only by a vacuum:
+    where autovacuum runs (PostgreSQL's default) it gets there first and this does nothing; where
+    it is off, the table would grow by every decision's lease. VACUUM takes no lock that stops
+    inserts or deletes. A role that may not vacuum the table (neither its owner, the database's
+    nor a superuser) does nothing here."""
+    from noetl_celery.store.db import get_engine, outside_transaction
+
+    if get_engine(url).dialect.name != "postgresql":
+        return False
+    with outside_transaction(url) as conn:
+        row = conn.execute(text(VACUUM_LOOK)).first()
+        if row is None or not row[2]:  # no such table, or a role that may not vacuum it
+            return False
+        if int(row[0] or 0) <= dead_rows or (row[1] is not None and float(row[1]) < quiet):
+            return False
+        conn.execute(text("VACUUM noetl_lease"))
+    return True
