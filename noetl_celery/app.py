@@ -13,6 +13,7 @@ Every worker main process runs the sweeper (engine/recovery/sweeper.py) on a tim
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -474,13 +475,14 @@ def sweep_once() -> sweeper.SweepResult:
     the coming partitions of a partitioned event table, and a vacuum of the lease table where
     autovacuum has not kept up with it."""
     settings = current_settings()
+    busy = _queues_busy(settings)
     result = sweeper.sweep(
         settings.database_url,
-        queue_busy=_queues_busy(settings),
+        queue_busy=busy,
         max_republishes=settings.max_republishes,
         interval=settings.sweep_interval,
         timeout=settings.sweep_timeout,
-        committed=_act_on_sweep,
+        committed=functools.partial(_act_on_sweep, queues_busy=busy),
     )
     if settings.prune_older_than is not None and not result.skipped:  # the sweeper holding the lock prunes
         _prune_share(settings.database_url, settings.prune_older_than, settings.sweep_interval)
@@ -586,12 +588,23 @@ def _notify_ended() -> None:
     enqueue_notifications(due)
 
 
-def _act_on_sweep(result: sweeper.SweepResult) -> None:
+def _act_on_sweep(result: sweeper.SweepResult, queues_busy: bool = False) -> None:
     """Publish and decide what one transaction of a sweep recorded. Re-published attempts go to
-    the event queue: a backlog in the task queue must not hold back the attempts that were lost."""
+    the event queue: a backlog in the task queue must not hold back the attempts that were lost.
+    While the queues hold messages, an overdue attempt is most likely waiting in line (a loop with
+    more iterations in flight than pool processes, run with the eager window, keeps some of them
+    waiting longer than half their lease): its re-publish is logged at INFO, and whichever copy
+    runs first is recorded, the other skipped. With the queues empty it is a WARNING."""
     settings = current_settings()
     if result.republished:
-        log.warning("sweeper: re-publishing %d overdue attempt(s)", len(result.republished))
+        if queues_busy:
+            log.info(
+                "sweeper: re-publishing %d overdue attempt(s) while the queues hold messages (they may be "
+                "waiting in line; the copy that runs first is recorded, the other skipped)",
+                len(result.republished),
+            )
+        else:
+            log.warning("sweeper: re-publishing %d overdue attempt(s)", len(result.republished))
         publish(result.republished, queue=settings.event_queue)
     for execution_id in result.starts:
         send_event(orchestrator.start_payload(execution_id))

@@ -235,3 +235,24 @@ def test_a_parent_cancelled_with_its_children_is_not_told_of_their_end(tmp_path)
         ended = end_tree(conn, parent_id, "cancelled", "execution.cancelled", {"kind": "cancelled", "message": "x"})
     assert ended == [parent_id, child_start.message["execution_id"]]
     assert sweeper.sweep(url).republished == []
+
+
+def test_a_re_publish_while_the_queues_hold_messages_is_logged_as_routine_and_otherwise_as_a_warning(
+    monkeypatch, caplog
+):
+    """An overdue attempt found while the queues hold messages is most likely waiting in line (a
+    loop with more iterations in flight than pool processes, under the eager window): its copy is
+    published the same way either time, and the log says which case it is."""
+    from noetl_celery import app
+
+    published: list[tuple[int, str]] = []
+    monkeypatch.setattr(app, "publish", lambda dispatches, queue: published.append((len(dispatches), queue)))
+    result = sweeper.SweepResult(republished=[Dispatch(kind="run", message={"execution_id": 1})])
+    queue = app.current_settings().event_queue
+    with caplog.at_level("INFO", logger=app.log.name):
+        app._act_on_sweep(result, queues_busy=True)
+        app._act_on_sweep(result)
+    busy, idle = [r for r in caplog.records if "re-publishing" in r.getMessage()]
+    assert busy.levelname == "INFO" and "may be waiting in line" in busy.getMessage()
+    assert idle.levelname == "WARNING" and idle.getMessage() == "sweeper: re-publishing 1 overdue attempt(s)"
+    assert published == [(1, queue), (1, queue)]
