@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -530,19 +531,30 @@ LEASE_VACUUM_EVERY = 60.0  # seconds between two looks at the lease table's dead
 _next_lease_vacuum = 0.0
 
 
-def _vacuum_leases(url: str) -> None:
-    """The lease table vacuumed by the sweeper when autovacuum has not kept up with it
-    (store/leases.py vacuum_if_needed): one statistics read every LEASE_VACUUM_EVERY seconds on
-    PostgreSQL, nothing on SQLite. A failure is logged; the next look tries again."""
-    global _next_lease_vacuum
-    if time.monotonic() < _next_lease_vacuum:
-        return
+_lease_vacuum: threading.Thread | None = None
+
+
+def _vacuum_leases(url: str) -> threading.Thread | None:
+    """The lease table vacuumed where autovacuum has not kept up with it (store/leases.py
+    vacuum_if_needed): one statistics read every LEASE_VACUUM_EVERY seconds on PostgreSQL, nothing
+    on SQLite. It runs on a thread of its own, so that a long first vacuum of a bloated table does
+    not hold back the sweeps (and the recovery of lost attempts); a look while the last one still
+    runs is skipped. A failure is logged; the next look tries again. The thread, when one started."""
+    global _next_lease_vacuum, _lease_vacuum
+    if time.monotonic() < _next_lease_vacuum or (_lease_vacuum is not None and _lease_vacuum.is_alive()):
+        return None
     _next_lease_vacuum = time.monotonic() + LEASE_VACUUM_EVERY
-    try:
-        if leases.vacuum_if_needed(url):
-            log.info("sweeper: vacuumed noetl_lease (autovacuum had not, for %.0f s)", leases.VACUUM_QUIET)
-    except Exception as exc:
-        log.warning("sweeper: VACUUM noetl_lease failed: %s", exc)
+
+    def look() -> None:
+        try:
+            if leases.vacuum_if_needed(url):
+                log.info("sweeper: vacuumed noetl_lease (autovacuum had not, for %.0f s)", leases.VACUUM_QUIET)
+        except Exception as exc:
+            log.warning("sweeper: VACUUM noetl_lease failed: %s", exc)
+
+    _lease_vacuum = threading.Thread(target=look, name="noetl-lease-vacuum", daemon=True)
+    _lease_vacuum.start()
+    return _lease_vacuum
 
 
 NOTIFY = "noetl.notify"  # a failed or cancelled execution's webhook (noetl_celery/webhooks.py)

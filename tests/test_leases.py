@@ -7,7 +7,9 @@ sweeper with its dispatch list; a lease of an ended execution is settled."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -161,14 +163,19 @@ def test_the_sweep_looks_at_the_lease_table_once_a_minute_and_a_failed_vacuum_is
             raise RuntimeError("must be owner of table noetl_lease")
         return True
 
+    def looked(thread: Any) -> None:  # the look runs on a thread of its own, not the sweep's
+        assert thread is not None and thread is not threading.current_thread()
+        thread.join(10)
+        assert not thread.is_alive()
+
     monkeypatch.setattr(leases, "vacuum_if_needed", look)
     monkeypatch.setattr(app, "_next_lease_vacuum", 0.0)
     with caplog.at_level("INFO", logger=app.log.name):
-        app._vacuum_leases(url)
-        app._vacuum_leases(url)  # within the minute: no look
+        looked(app._vacuum_leases(url))
+        assert app._vacuum_leases(url) is None  # within the minute: no look
         assert looks == [url] and "vacuumed noetl_lease" in caplog.text
         monkeypatch.setattr(app, "_next_lease_vacuum", 0.0)
-        app._vacuum_leases(url)  # fails: logged, the sweep goes on
+        looked(app._vacuum_leases(url))  # fails: logged, the sweep goes on
     assert looks == [url, url]
     assert "VACUUM noetl_lease failed: must be owner of table noetl_lease" in caplog.text
 
@@ -201,3 +208,24 @@ def test_a_store_role_that_may_not_vacuum_the_lease_table_leaves_it_alone(url):
             cur.execute(f"DROP OWNED BY {role}")
             cur.execute(f"DROP ROLE {role}")
         admin.close()
+
+
+def test_a_look_at_the_lease_table_while_the_last_vacuum_still_runs_is_skipped(url, monkeypatch):
+    from noetl_celery import app
+
+    running, release = threading.Event(), threading.Event()
+
+    def slow(u: str) -> bool:  # a long first vacuum of a bloated table
+        running.set()
+        release.wait(10)
+        return True
+
+    monkeypatch.setattr(leases, "vacuum_if_needed", slow)
+    monkeypatch.setattr(app, "_next_lease_vacuum", 0.0)
+    first = app._vacuum_leases(url)
+    assert first is not None and running.wait(10)
+    monkeypatch.setattr(app, "_next_lease_vacuum", 0.0)  # a minute later, the vacuum still running
+    assert app._vacuum_leases(url) is None
+    release.set()
+    first.join(10)
+    assert not first.is_alive()
