@@ -592,12 +592,12 @@ class StoreBytes:
             (execution_id,),
         )[0]
         out: dict[str, Any] = {"row_bytes_per_unit": round(int(own) / n, 1), **self._figures(n)}
-        floor = self.floor(execution_id, n)
-        if floor:
-            out["floor"] = floor
         if settle > 0:
             time.sleep(settle)
             out["after_settle"] = {"seconds": settle, **self._figures(n)}
+        floor = self.floor(execution_id, n)  # last: its copies' WAL is in no figure of the run's
+        if floor:
+            out["floor"] = floor
         return out
 
     FLOORS = (  # name, what the copy's table has besides the event table's columns
