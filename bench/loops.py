@@ -595,7 +595,7 @@ class StoreBytes:
         if settle > 0:
             time.sleep(settle)
             out["after_settle"] = {"seconds": settle, **self._figures(n)}
-        floor = self.floor(execution_id, n)  # last: its copies' WAL is in no figure of the run's
+        floor = self.floor(execution_id, n, int(own))  # last: its copies' WAL is in no figure of the run's
         if floor:
             out["floor"] = floor
         return out
@@ -605,25 +605,18 @@ class StoreBytes:
         ("heap and the event key", ", PRIMARY KEY (execution_id, event_id)"),
     )
 
-    def floor(self, execution_id: int, n: int) -> dict[str, Any]:
+    def floor(self, execution_id: int, n: int, own: int) -> dict[str, Any]:
         """What the run's event rows cost at the least in PostgreSQL: copied, in the order they
         were written and in one statement (one WAL record per row and no commit per decision),
         into a table of the event table's columns with no index at all, then into one with only
         the key that makes recording an event idempotent. Store bytes (pg_total_relation_size)
         and WAL (server-wide: run alone) per unit, and their ratio to the rows' own size, which
         no design that keeps these rows in PostgreSQL gets under."""
-        own = float(
-            self.reader.one(
-                "SELECT coalesce(sum(pg_column_size(e.*)), 0) FROM noetl_event e WHERE execution_id = %s",
-                (execution_id,),
-            )[0]
-        )
         out: dict[str, Any] = {}
+        table = "bench_floor"  # in the benchmark's own database, dropped after each copy
         for name, extra in self.FLOORS:
-            table = "bench_floor"
-            done = self.reader.all_or_none(f"DROP TABLE IF EXISTS {table}")
-            done = done is not None and self.reader.all_or_none(f"CREATE TABLE {table} (LIKE noetl_event{extra})")
-            if done is None or done is False:
+            dropped = self.reader.all_or_none(f"DROP TABLE IF EXISTS {table}")
+            if dropped is None or self.reader.all_or_none(f"CREATE TABLE {table} (LIKE noetl_event{extra})") is None:
                 return {}
             lsn0 = self.reader.one("SELECT pg_current_wal_lsn()::text")[0]
             self.reader.one(

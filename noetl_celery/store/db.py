@@ -186,12 +186,11 @@ def single_read(url: str) -> Iterator[Connection]:
     """A connection for one read statement. On PostgreSQL it runs outside a transaction
     (autocommit): a statement reads one snapshot, and BEGIN and COMMIT would be two more round
     trips. Elsewhere it is a transaction, as `transaction` gives."""
-    engine = get_engine(url)
-    if engine.dialect.name != "postgresql":
+    if get_engine(url).dialect.name != "postgresql":
         with transaction(url) as conn:
             yield conn
         return
-    with _autocommit(engine) as (conn, _):
+    with outside_transaction(url) as conn:
         yield conn
 
 

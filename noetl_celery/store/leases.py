@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, and_, delete, select, text, tuple_, update
 
 from noetl_celery.store import repo
+from noetl_celery.store.db import get_engine, outside_transaction
 
 PAIRS_PER_STATEMENT = 400  # row values per statement where arrays are not at hand (SQLite)
 VACUUM_DEAD_ROWS = 10_000  # dead lease rows past which the sweeper vacuums the table itself...
@@ -270,8 +271,6 @@ def vacuum_if_needed(url: str, dead_rows: int = VACUUM_DEAD_ROWS, quiet: float =
     it is off, the table would grow by every decision's lease. VACUUM takes no lock that stops
     inserts or deletes. A role that may not vacuum the table (neither its owner, the database's
     nor a superuser) does nothing here."""
-    from noetl_celery.store.db import get_engine, outside_transaction
-
     if get_engine(url).dialect.name != "postgresql":
         return False
     with outside_transaction(url) as conn:
