@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from noetl_celery.tools.base import Outcome
+from noetl_celery.tools.base import missing_extra as tools_missing_extra
 from noetl_celery.vocabulary import ToolErrorKind
 
 SLOT_PARAM = "__worker_slot_id"  # bound by every driver: the slot's unique id
@@ -86,17 +87,34 @@ ClaimFn = Callable[[ClaimCall], Outcome]
 _DRIVERS: dict[str, ClaimFn] = {}
 # kind -> (the cursor keys it takes besides kind/auth/claim/retry, whether it needs `claim` SQL)
 _OPTIONS: dict[str, tuple[frozenset[str], bool]] = {}
+_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {}  # kind -> (its optional extra, the modules it imports)
 
 
 def register(
-    kind: str, *, keys: frozenset[str] = frozenset(), needs_claim: bool = True
+    kind: str,
+    *,
+    keys: frozenset[str] = frozenset(),
+    needs_claim: bool = True,
+    extra: str | None = None,
+    modules: tuple[str, ...] = (),
 ) -> Callable[[ClaimFn], ClaimFn]:
     def wrap(fn: ClaimFn) -> ClaimFn:
         _DRIVERS[kind] = fn
         _OPTIONS[kind] = (keys, needs_claim)
+        if modules:
+            _EXTRAS[kind] = (extra or kind, modules)
         return fn
 
     return wrap
+
+
+def missing_extra(kind: str) -> str | None:
+    """Why driver `kind` cannot run in this installation (its optional extra is missing), or None."""
+    _load_builtin_drivers()
+    if kind not in _EXTRAS:
+        return None
+    extra, modules = _EXTRAS[kind]
+    return tools_missing_extra(f"cursor kind '{kind}'", extra, modules)
 
 
 def driver_keys(kind: str) -> frozenset[str]:
@@ -141,6 +159,8 @@ def claim(kind: str, call: ClaimCall) -> Outcome:
         return Outcome.fail(
             ToolErrorKind.CURSOR, f"no cursor driver for kind {kind!r} (known: {', '.join(known_kinds())})"
         )
+    if (missing := missing_extra(kind)) is not None:
+        return Outcome.fail(ToolErrorKind.CURSOR, missing)
     try:
         return driver(call)
     except Exception as exc:  # a driver defect must still end as an outcome

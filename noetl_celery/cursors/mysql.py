@@ -275,7 +275,7 @@ def _claim_once(conn: Any, claim: _Claim, slot: str, lease: float, done: list[An
     return rows
 
 
-@register("mysql", keys=KEYS, needs_claim=False)
+@register("mysql", keys=KEYS, needs_claim=False, extra="mysql", modules=("pymysql",))
 def claim_mysql(call: ClaimCall) -> Outcome:
     import pymysql
 

@@ -549,7 +549,7 @@ async def _run(call: ClaimCall, slot: _Slot, claims: _Claims) -> dict[str, Any]:
         raise _Refused(ToolErrorKind.CONNECTION, f"nats cursor on {where}: {type(exc).__name__}", True) from None
 
 
-@register("nats", keys=KEYS, needs_claim=False)
+@register("nats", keys=KEYS, needs_claim=False, extra="nats", modules=("nats",))
 def claim_nats(call: ClaimCall) -> Outcome:
     try:
         slot = _Slot(call)

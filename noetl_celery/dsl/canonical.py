@@ -467,6 +467,8 @@ def _cursor(ctx: Context, loop: LDict, path: str) -> dict[str, Any] | None:
             join(cursor_path, "kind"),
             f"cursor kind '{kind}' is not supported (known: {', '.join(known)}){hint}",
         )
+    elif (missing := cursors.missing_extra(str(kind))) is not None:
+        ctx.problem(line_of(cursor, "kind"), join(cursor_path, "kind"), missing)
     if cursors.needs_claim(str(kind)) or "claim" in cursor:
         expect_str(ctx, cursor.get("claim"), line_of(cursor, "claim"), join(cursor_path, "claim"))
     return plain(cursor)

@@ -179,6 +179,8 @@ def tool_spec(ctx: Context, kind: Any, line: int | None, path: str) -> ToolSpec 
         known = known_tool_kinds()
         hint = suggest(kind, known)
         ctx.problem(line, path, f"tool kind '{kind}' is not supported (known: {', '.join(known)}){hint}")
+    elif (missing := spec.missing_extra()) is not None:
+        ctx.problem(line, path, missing)
     return spec
 
 

@@ -8,7 +8,9 @@ and the render context; it returns an Outcome and never raises for a failure of 
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
 import threading
 import traceback
 from collections.abc import Callable
@@ -95,6 +97,9 @@ class ToolSpec:
               checked against it at validate, rendered values in the worker. None: free-form.
     resolves_auth: `auth:` is the tool's own (duckdb: aliases -> credentials): the worker renders
               it into config["auth"] instead of resolving one credential.
+    extra: the optional extra of the package that installs what the tool imports
+           (`pip install 'noetl_celery[<extra>]'`); modules: the modules it imports when it runs.
+           A kind whose modules are missing is refused at validate, naming the extra.
     """
 
     kind: str
@@ -105,6 +110,12 @@ class ToolSpec:
     routing_only: bool = False
     settings: type[BaseModel] | None = None
     resolves_auth: bool = False  # the worker renders `auth` into config["auth"]; the tool resolves it
+    extra: str | None = None
+    modules: tuple[str, ...] = ()
+
+    def missing_extra(self) -> str | None:
+        """Why this tool cannot run in this installation (a module of its extra is missing), or None."""
+        return missing_extra(f"tool kind '{self.kind}'", self.extra, self.modules)
 
 
 ENTRY_POINT_GROUP = "noetl_celery.tools"  # third-party tool modules; importing one registers its kinds
@@ -142,6 +153,8 @@ def register(
     aliases: tuple[str, ...] = (),
     settings: type[BaseModel] | None = None,
     resolves_auth: bool = False,
+    extra: str | None = None,
+    modules: tuple[str, ...] = (),
 ) -> Callable[[Callable[[ToolCall], Outcome]], Callable[[ToolCall], Outcome]]:
     """Decorator: register `run` as the implementation of tool `kind` (and its aliases).
 
@@ -160,6 +173,8 @@ def register(
             routing_only=routing_only,
             settings=settings,
             resolves_auth=resolves_auth,
+            extra=extra,
+            modules=tuple(modules),
         )
         for name in (kind, *aliases):
             existing = _REGISTRY.get(name)
@@ -234,6 +249,25 @@ def plugin_errors() -> dict[str, str]:
     return dict(_plugin_errors)
 
 
+@functools.cache  # an installation does not change under a running process; attempts ask per call
+def module_installed(name: str) -> bool:
+    """Whether `name` (dotted) can be imported here, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a broken module spec
+        return False
+
+
+def missing_extra(what: str, extra: str | None, modules: tuple[str, ...]) -> str | None:
+    """The one-line reason `what` (a tool or cursor kind, named) cannot run in this installation, or
+    None when its modules are there."""
+    missing = [name for name in modules if not module_installed(name)]
+    if not missing:
+        return None
+    install = f"pip install 'noetl_celery[{extra}]'" if extra else f"pip install {' '.join(missing)}"
+    return f"{what} needs {', '.join(missing)}, which is not installed: {install}"
+
+
 def get_tool(kind: str) -> ToolSpec | None:
     _ensure_loaded()
     return _REGISTRY.get(kind)
@@ -261,6 +295,9 @@ def run_tool(call: ToolCall) -> Outcome:
         return Outcome.fail(
             ToolErrorKind.UNKNOWN_TOOL, f"no tool of kind {call.kind!r}; known: {', '.join(known_kinds())}"
         )
+    missing = spec.missing_extra()
+    if missing is not None:
+        return Outcome.fail(ToolErrorKind.UNKNOWN_TOOL, missing)
     try:
         return spec.run(call)
     except SoftTimeLimitExceeded:

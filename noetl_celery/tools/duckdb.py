@@ -159,6 +159,8 @@ def _auth_secrets(conn: Any, auth: Any, secrets: set[str]) -> None:
     required=(set(_SQL_KEYS),),
     settings=DuckdbSettings,
     resolves_auth=True,
+    extra="duckdb",
+    modules=("duckdb",),
 )
 def run_duckdb(call: ToolCall) -> Outcome:
     """Run the call's SQL on its database and return the rows of the last statement."""

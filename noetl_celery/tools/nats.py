@@ -290,6 +290,8 @@ async def _run(urls: list[str], options: dict[str, Any], operation: str, cfg: di
     fields={"operation", "bucket", "key", "value", "ttl", "pattern", "subject", "data", "headers", "nats_url"},
     required=({"operation"},),
     settings=NatsSettings,
+    extra="nats",
+    modules=("nats",),
 )
 def run_nats(call: ToolCall) -> Outcome:
     """Connect, do the one operation the config names, close."""
