@@ -47,8 +47,8 @@ DEFAULT_DIR = noetl_settings.DEFAULT_DUCKDB_DIR
 MEMORY = ":memory:"
 _SQL_KEYS = ("query", "command", "commands", "sql", "statement")
 _MENTIONS_POSTGRES = re.compile(r"\bpostgres\b", re.IGNORECASE)
-# Where a pip-installed DuckDB extension package (duckdb-ext-postgres) puts the extension file.
-_BUNDLED_EXTENSION = "duckdb_ext/extensions/v{version}/{platform}/postgres_scanner.duckdb_extension"
+# Where a pip-installed DuckDB extension package (duckdb-ext-postgres, ...) puts the extension file.
+_BUNDLED_EXTENSION = "duckdb_ext/extensions/v{version}/{platform}/{file}.duckdb_extension"
 
 
 class DuckdbSettings(ToolSettings):
@@ -78,46 +78,51 @@ def database_path(database: str | None, execution_id: int | None, store_key: str
     return str(path)
 
 
-def _load_postgres_extension(conn: Any, duckdb: Any) -> None:
-    """LOAD postgres: installed in DuckDB's home, shipped by a pip package, or installed now."""
+def load_extension(conn: Any, duckdb: Any, name: str, file_stem: str | None = None) -> None:
+    """LOAD extension `name`: installed in DuckDB's home, shipped by a pip package (duckdb-ext-<name>,
+    file `<file_stem>.duckdb_extension`), or installed now."""
     try:
-        conn.execute("LOAD postgres")
+        conn.execute(f"LOAD {name}")
         return
     except duckdb.Error:
         pass
     platform = conn.execute("PRAGMA platform").fetchone()[0]
     bundled = Path(sysconfig.get_paths()["purelib"]) / _BUNDLED_EXTENSION.format(
-        version=duckdb.__version__, platform=platform
+        version=duckdb.__version__, platform=platform, file=file_stem or name
     )
     try:
-        conn.execute(f"INSTALL {_quote(str(bundled))}" if bundled.is_file() else "INSTALL postgres")
-        conn.execute("LOAD postgres")
+        conn.execute(f"INSTALL {quote(str(bundled))}" if bundled.is_file() else f"INSTALL {name}")
+        conn.execute(f"LOAD {name}")
     except duckdb.Error as exc:
-        raise _AttachError(
-            f"the DuckDB postgres extension is not available on this worker (install the package "
-            f"duckdb-ext-postgres matching duckdb {duckdb.__version__}): {exc}"
+        raise AttachError(
+            f"the DuckDB {name} extension is not available on this worker (install the package "
+            f"duckdb-ext-{name} matching duckdb {duckdb.__version__}): {exc}"
         ) from None
 
 
-class _AttachError(Exception):
+def _load_postgres_extension(conn: Any, duckdb: Any) -> None:
+    load_extension(conn, duckdb, "postgres", "postgres_scanner")
+
+
+class AttachError(Exception):
     pass
 
 
-def _quote(text: str) -> str:
+def quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _postgres_credential(alias: str, ref: Any, secrets: set[str]) -> dict[str, str]:
+def postgres_credential(alias: str, ref: Any, secrets: set[str]) -> dict[str, str]:
     """The libpq parameters of the credential `ref` names (its secrets go to `secrets`)."""
     try:
         credential = credentials.resolve(ref)
     except CredentialError as exc:
-        raise _AttachError(f"{alias}: {exc}") from None
+        raise AttachError(f"{alias}: {exc}") from None
     secrets |= credentials.secret_values(credential)
     try:
         dsn, password = build_dsn(credential)
     except ValueError as exc:
-        raise _AttachError(f"{alias}: {exc}") from None
+        raise AttachError(f"{alias}: {exc}") from None
     if password:
         secrets.add(password)
     return {"dsn": dsn, **psycopg2.extensions.parse_dsn(dsn)}
@@ -126,9 +131,9 @@ def _postgres_credential(alias: str, ref: Any, secrets: set[str]) -> dict[str, s
 def _attach(conn: Any, attach: dict[str, Any], secrets: set[str]) -> None:
     for alias, ref in attach.items():
         if not str(alias).isidentifier():
-            raise _AttachError(f"attach alias {alias!r} must be a plain name")
-        params = _postgres_credential(f"attach {alias}", ref, secrets)
-        conn.execute(f"ATTACH {_quote(params['dsn'])} AS {alias} (TYPE postgres)")
+            raise AttachError(f"attach alias {alias!r} must be a plain name")
+        params = postgres_credential(f"attach {alias}", ref, secrets)
+        conn.execute(f"ATTACH {quote(params['dsn'])} AS {alias} (TYPE postgres)")
 
 
 _REF_KEYS = frozenset({"type", "credential", "key", "name", "source", "dsn", "url", "host", "user", "password"})
@@ -145,10 +150,10 @@ def _auth_secrets(conn: Any, auth: Any, secrets: set[str]) -> None:
     named = {None: auth} if single else dict(auth)
     for alias, ref in named.items():
         if alias is not None and not str(alias).isidentifier():
-            raise _AttachError(f"auth alias {alias!r} must be a plain name")
-        params = _postgres_credential(f"auth {alias or ''}".strip(), ref, secrets)
+            raise AttachError(f"auth alias {alias!r} must be a plain name")
+        params = postgres_credential(f"auth {alias or ''}".strip(), ref, secrets)
         options = ", ".join(
-            f"{key} {_quote(str(params[name]))}" for name, key in _SECRET_PARAMS.items() if params.get(name)
+            f"{key} {quote(str(params[name]))}" for name, key in _SECRET_PARAMS.items() if params.get(name)
         )
         conn.execute(f"CREATE OR REPLACE TEMPORARY SECRET {alias or ''} (TYPE postgres, {options})")
 
@@ -188,7 +193,7 @@ def _run(duckdb: Any, call: ToolCall, text: str, secrets: set[str]) -> Outcome:
         if attach or auth:
             _load_postgres_extension(conn, duckdb)
         elif _MENTIONS_POSTGRES.search(text):  # the SQL may INSTALL/LOAD it itself: have it at hand
-            with contextlib.suppress(_AttachError):
+            with contextlib.suppress(AttachError):
                 _load_postgres_extension(conn, duckdb)
         if auth:
             _auth_secrets(conn, auth, secrets)
@@ -200,7 +205,7 @@ def _run(duckdb: Any, call: ToolCall, text: str, secrets: set[str]) -> Outcome:
         rows = [to_jsonable(dict(zip(columns, row, strict=True))) for row in fetched]
         result = {"rows": rows, "row_count": len(rows), "columns": columns}
         return Outcome.ok({**result, "command_0": dict(result), "database": path})
-    except _AttachError as exc:
+    except AttachError as exc:
         return Outcome.fail(ToolErrorKind.EXTENSION if "extension" in str(exc) else "credential", f"duckdb: {exc}")
     except duckdb.Error as exc:
         return Outcome.fail(ToolErrorKind.SQL_ERROR, f"duckdb: {type(exc).__name__}: {exc}")

@@ -14,6 +14,5 @@ UNAVAILABLE_KINDS: dict[str, str] = {
     "container": "running containers needs a container runtime, which workers do not control",
     "transfer": "cross-system transfers run on NoETL's own data movers, not shipped here",
     "artifact": "artifacts live in NoETL's artifact store, which this engine does not have",
-    "ducklake": "DuckLake catalogs need NoETL's lakehouse setup; use the duckdb tool",
     "shell": "running shell commands on workers is not allowed; use the python tool",
 }
