@@ -127,6 +127,7 @@ _BUILTIN_MODULES = (
     "noetl_celery.tools.python",
     "noetl_celery.tools.duckdb",
     "noetl_celery.tools.ducklake",
+    "noetl_celery.tools.mcp",
     "noetl_celery.tools.nats",
     "noetl_celery.tools.secrets",
     "noetl_celery.tools.playbook",
