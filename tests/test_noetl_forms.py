@@ -492,7 +492,12 @@ def test_postgres_multi_statement_results_are_numbered_per_statement(sqlite_url,
     assert start["command_0"]["affected_rows"] == 120
     # stored numbered only: the last statement's rows are not repeated at the top (templates and
     # the python task above read them there all the same)
-    assert start["command_2"] == {"rows": [{"second": 2}], "row_count": 1, "columns": ["second"], "statusmessage": "SELECT 1"}
+    assert start["command_2"] == {
+        "rows": [{"second": 2}],
+        "row_count": 1,
+        "columns": ["second"],
+        "statusmessage": "SELECT 1",
+    }
     assert "rows" not in start and start["statement_count"] == 3
 
 

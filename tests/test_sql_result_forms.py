@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from noetl_celery import limits
-from noetl_celery.sql_result import both_forms
 from noetl_celery.tools.base import ToolCall, run_tool
 from noetl_celery.tools.sql_text import placeholders
 from tests.support.harness import run_playbook
@@ -212,6 +211,7 @@ workflow:
       input: {numbered: "{{ start.command_0.rows | length }}", flat: "{{ start.rows[99].id }}"}
       code: "result = {'numbered': numbered, 'flat': flat}"
 """
+BIG_INPUT = 'input: {numbered: "{{ start.command_0.rows | length }}", flat: "{{ start.rows[99].id }}"}'
 
 
 def test_a_result_above_the_row_cap_goes_by_reference_and_reads_in_both_forms(sqlite_url, tmp_path, pg_local):
@@ -229,9 +229,9 @@ def test_a_result_above_the_row_cap_goes_by_reference_and_reads_in_both_forms(sq
 def test_a_cut_result_is_never_read_as_the_real_one_in_either_form(sqlite_url, tmp_path, pg_local):
     env = {**pg_local, "NOETL_MAX_RESULT_BYTES": "4000", "NOETL_MAX_STORED_BYTES": "8000"}
     for read in ("{{ start.command_0.rows | length }}", "{{ start.rows | length }}"):
-        text = BIG.replace("{numbered: \"{{ start.command_0.rows | length }}\", flat: \"{{ start.rows[99].id }}\"}",
-                           f'{{numbered: "{read}", flat: 0}}')
-        code, status = _run(sqlite_url, tmp_path, text, env)
+        text = BIG.replace(BIG_INPUT, f'input: {{numbered: "{read}", flat: 0}}')
+        assert text != BIG
+        _, status = _run(sqlite_url, tmp_path, text, env)
         assert status["status"] == "failed" and status["failed_step"] == "read", status
         assert limits.is_truncated(status["results"]["start"])
         assert "truncated when stored" in status["error"]["message"], status["error"]

@@ -23,6 +23,7 @@ def last_rows(outcome: Outcome) -> Any:
     """The rows of a SQL outcome's last statement, whichever form it was stored in."""
     return both_forms(outcome.data)["rows"]
 
+
 PG_DSN = os.environ.get("NOETL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

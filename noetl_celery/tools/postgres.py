@@ -54,7 +54,6 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 from psycopg2 import sql
-
 from pydantic import ValidationInfo, field_validator
 
 from noetl_celery import settings as noetl_settings
