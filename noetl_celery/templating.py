@@ -510,6 +510,11 @@ class PlaybookEnvironment(SandboxedEnvironment):
             if attribute in obj:
                 return _guard_truncated(obj[attribute])
             _refuse_truncated(obj, attribute)
+            if sql_result.is_sql_result(obj):  # one found inside a value (a loop's results)
+                try:
+                    return _guard_truncated(sql_result.alias(obj, attribute))
+                except KeyError:
+                    pass
             if isinstance(obj, StepResult):
                 try:
                     return obj.alias(attribute)
@@ -537,6 +542,11 @@ class PlaybookEnvironment(SandboxedEnvironment):
             return obj
         if isinstance(obj, Mapping) and argument not in obj:
             _refuse_truncated(obj, argument)
+            if isinstance(argument, str) and sql_result.is_sql_result(obj):
+                try:
+                    return _guard_truncated(sql_result.alias(obj, argument))
+                except KeyError:
+                    pass
         if isinstance(obj, Mapping) and not isinstance(obj, StepResult) and argument in obj:
             return _guard_truncated(obj[argument])
         if isinstance(obj, (StepResult, ResponseView)) and isinstance(argument, str) and argument not in obj:
