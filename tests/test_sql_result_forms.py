@@ -96,6 +96,11 @@ def test_a_count_that_does_not_match_fails_the_call_before_the_server_sees_it(fr
     out = _pg(fresh_postgres.dsn, command="CREATE TABLE never (x int); SELECT $1, $3", params=[1, 2])
     assert out.status == "error" and out.error["kind"] == "invalid_args"
     assert out.error["message"] == "postgres: the SQL's placeholders go up to $3 but params gives 2 values"
+    gap = _pg(fresh_postgres.dsn, command="SELECT $1, $2, $3", params={"1": "a", "$3": "c"})
+    assert gap.status == "error" and gap.error["kind"] == "invalid_args"
+    assert (
+        gap.error["message"] == "postgres: params gives no value for $2 (its keys are numbers: each $N needs its own)"
+    )
     check = _pg(fresh_postgres.dsn, command="SELECT to_regclass('never') IS NULL AS gone")
     assert check.data["rows"] == [{"gone": True}]
 

@@ -287,6 +287,11 @@ def positional_problem(text: str, params: Any) -> str | None:
     highest, given = max(numbers), len(positional_values(params))
     if 0 in numbers:
         return "the SQL has $0: positional parameters start at $1"
+    keys = [str(key).removeprefix("$") for key in params] if isinstance(params, dict) else []
+    if keys and all(key.isdigit() for key in keys):  # a mapping by number: each $N needs its key
+        missing = sorted(set(numbers) - {int(key) for key in keys})
+        if missing:
+            return f"params gives no value for ${missing[0]} (its keys are numbers: each $N needs its own)"
     if given != highest:
         noun = "value" if given == 1 else "values"
         return f"the SQL's placeholders go up to ${highest} but params gives {given} {noun}"
