@@ -41,7 +41,7 @@ from jinja2.runtime import Context, Undefined
 from jinja2.sandbox import SandboxedEnvironment, SandboxedFormatter
 from markupsafe import Markup
 
-from noetl_celery import limits, settings, template_budget
+from noetl_celery import limits, settings, sql_result, template_budget
 from noetl_celery.errors import TemplateError
 from noetl_celery.jsonable import plain as plain  # re-exported: the engine renders, then makes plain
 
@@ -282,14 +282,15 @@ class StepFloat(_Aliased, float):
 
 class RowsResult(StepList):
     """A duckdb step's result as NoETL gives it: the list of row mappings of the last statement.
-    The stored result's fields (`rows`, `row_count`, `columns`, `command_0`, `database`) still
-    answer by name, so `{{ step.rows }}` and `{{ step.command_0.rows }}` keep working."""
+    The stored result's fields (`rows`, `row_count`, `columns`, `database`) and NoETL's numbered
+    form (`command_0`, sql_result.both_forms) still answer by name, so `{{ step.rows }}` and
+    `{{ step.command_0.rows }}` keep working."""
 
     __slots__ = ("fields",)
 
     def __init__(self, result: Mapping[str, Any]):
         super().__init__(result.get("rows") or [])
-        self.fields = dict(result)
+        self.fields = sql_result.both_forms(result)
 
     def alias(self, name: str) -> Any:
         if name in self.fields:
@@ -335,6 +336,8 @@ def as_step_result(value: Any, task_results: Mapping[str, Any] | None = None) ->
     if isinstance(value, Mapping):
         if value.get(limits.TRUNCATED) is True:
             return TruncatedResult(value, task_results)
+        if sql_result.is_sql_result(value):  # a SQL result answers both NoETL forms
+            return StepResult(sql_result.both_forms(value), task_results)
         return StepResult(value, task_results)
     if isinstance(value, list):
         return StepList(value)
@@ -507,6 +510,11 @@ class PlaybookEnvironment(SandboxedEnvironment):
             if attribute in obj:
                 return _guard_truncated(obj[attribute])
             _refuse_truncated(obj, attribute)
+            if sql_result.is_sql_result(obj):  # one found inside a value (a loop's results)
+                try:
+                    return _guard_truncated(sql_result.alias(obj, attribute))
+                except KeyError:
+                    pass
             if isinstance(obj, StepResult):
                 try:
                     return obj.alias(attribute)
@@ -534,6 +542,11 @@ class PlaybookEnvironment(SandboxedEnvironment):
             return obj
         if isinstance(obj, Mapping) and argument not in obj:
             _refuse_truncated(obj, argument)
+            if isinstance(argument, str) and sql_result.is_sql_result(obj):
+                try:
+                    return _guard_truncated(sql_result.alias(obj, argument))
+                except KeyError:
+                    pass
         if isinstance(obj, Mapping) and not isinstance(obj, StepResult) and argument in obj:
             return _guard_truncated(obj[argument])
         if isinstance(obj, (StepResult, ResponseView)) and isinstance(argument, str) and argument not in obj:

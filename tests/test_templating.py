@@ -104,6 +104,24 @@ def test_conditions(condition, expected):
     assert evaluate_condition(condition, {"x": 1}) is expected
 
 
+def test_a_sql_result_reads_in_both_noetl_forms_wherever_it_is_found():
+    flat = {"status": "success", "rows": [{"a": 1}], "row_count": 1, "columns": ["a"], "statement_count": 1}
+    numbered = {"status": "success", "statement_count": 2, "command_0": {"rows": [], "row_count": 0, "columns": []}}
+    numbered["command_1"] = {"rows": [{"b": 2}], "row_count": 1, "columns": ["b"]}
+    ctx = {"one": as_step_result(flat), "two": as_step_result(numbered), "loop": {"results": [flat, numbered]}}
+    assert render_string("{{ one.command_0.rows[0].a }}", ctx) == 1
+    assert render_string("{{ one['command_0']['row_count'] }}", ctx) == 1
+    assert render_string("{{ two.rows[0].b }}", ctx) == 2 and render_string("{{ two.columns }}", ctx) == ["b"]
+    # a plain result inside another value (a loop's per-iteration results) answers both forms too
+    assert render_string("{{ loop.results[0].command_0.rows[0].a }}", ctx) == 1
+    assert render_string("{{ loop.results[1]['rows'][0].b }}", ctx) == 2
+    # the view adds the other form without copying the rows
+    assert ctx["one"]["command_0"]["rows"] is flat["rows"]
+    # a mapping that is not a SQL result (no statement_count) gains nothing
+    with pytest.raises(TemplateError):
+        render_string("{{ x.command_0 }}", {"x": {"rows": [], "row_count": 0, "columns": []}})
+
+
 def test_a_duckdb_result_reads_as_its_rows_and_keeps_its_fields():
     stored = {"rows": [{"a": 1}, {"a": 2}], "row_count": 2, "columns": ["a"], "database": ":memory:"}
     stored["command_0"] = {"rows": stored["rows"], "row_count": 2, "columns": ["a"]}

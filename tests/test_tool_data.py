@@ -14,6 +14,7 @@ import pytest
 from noetl_celery import credentials
 from noetl_celery.dsl import load_plan
 from noetl_celery.engine.attempt import worker
+from noetl_celery.sql_result import both_forms
 from noetl_celery.tools.base import Outcome
 from tests.test_tool_settings import V2, compile_text, one_step, problems
 
@@ -65,15 +66,14 @@ def test_postgres_credential_is_an_alias_of_auth(pg_credential: str) -> None:
     assert outcome.data["rows"] == [{"n": 42}]
 
 
-def test_postgres_result_has_noetls_command_0_beside_rows(pg_credential: str) -> None:
+def test_postgres_one_statement_is_stored_flat_and_also_reads_as_command_0(pg_credential: str) -> None:
     outcome = call("postgres", {"command": "SELECT 1 AS a UNION ALL SELECT 2 ORDER BY 1"}, auth=pg_credential)
-    assert outcome.data["rows"] == [{"a": 1}, {"a": 2}]
-    assert outcome.data["command_0"] == {
-        "rows": [{"a": 1}, {"a": 2}],
-        "row_count": 2,
-        "columns": ["a"],
-        "statusmessage": "SELECT 2",
-    }
+    statement = {"rows": [{"a": 1}, {"a": 2}], "row_count": 2, "columns": ["a"], "statusmessage": "SELECT 2"}
+    # stored once, flat, as NoETL's latest server gives it
+    assert outcome.data == {"status": "success", **statement, "statement_count": 1}
+    # the view templates read also answers NoETL's numbered form, sharing the same rows
+    view = both_forms(outcome.data)
+    assert view["command_0"] == statement and view["command_0"]["rows"] is outcome.data["rows"]
 
 
 def test_postgres_pool_is_accepted_as_advisory_and_checked(pg_credential: str) -> None:
@@ -104,7 +104,8 @@ def test_postgres_script_from_a_file_relative_to_the_playbook(tmp_path: Path, pg
     task = load_plan(playbook).steps["start"].tasks[0]
     outcome = call("postgres", task.config, auth=task.auth, source_file=str(playbook))
     assert outcome.status == "ok", outcome.error
-    assert outcome.data["rows"] == [{"n": 2}]
+    assert outcome.data["statement_count"] == 3 and "rows" not in outcome.data  # numbered, rows stored once
+    assert outcome.data["command_2"]["rows"] == [{"n": 2}] and both_forms(outcome.data)["rows"] == [{"n": 2}]
     with psycopg2.connect(pg_dsn) as conn, conn.cursor() as cur:
         cur.execute(f"SELECT name FROM public.{table} ORDER BY id")
         assert cur.fetchall() == [("a",), ("b",)]
@@ -132,7 +133,7 @@ def test_duckdb_query_with_list_and_named_params() -> None:
     outcome = call("duckdb", cfg)
     assert outcome.status == "ok", outcome.error
     assert outcome.data["rows"] == [{"i": 3}, {"i": 4}] and outcome.data["columns"] == ["i"]
-    assert outcome.data["command_0"]["rows"] == outcome.data["rows"]
+    assert "command_0" not in outcome.data and both_forms(outcome.data)["command_0"]["rows"] == outcome.data["rows"]
     named = call("duckdb", {"database": ":memory:", "command": "SELECT $a + $b AS s", "params": {"a": 1, "b": 2}})
     assert named.data["rows"] == [{"s": 3}]
 

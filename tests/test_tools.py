@@ -14,8 +14,15 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from noetl_celery.sql_result import both_forms
 from noetl_celery.tools.base import Outcome, ToolCall, get_tool, run_tool
 from tests.support.loopback import serve
+
+
+def last_rows(outcome: Outcome) -> Any:
+    """The rows of a SQL outcome's last statement, whichever form it was stored in."""
+    return both_forms(outcome.data)["rows"]
+
 
 PG_DSN = os.environ.get("NOETL_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -371,7 +378,7 @@ def test_postgres_bind_params_and_types(pg: tuple[str, str]) -> None:
         params={"n": 41, "s": "x"},
     )
     assert out.status == "ok", out.error
-    assert out.data["rows"] == [{"n": 42, "s": "x", "d": 1.5, "day": "2026-01-02", "ok": True, "j": {"a": 1}}]
+    assert last_rows(out) == [{"n": 42, "s": "x", "d": 1.5, "day": "2026-01-02", "ok": True, "j": {"a": 1}}]
     assert out.data["columns"] == ["n", "s", "d", "day", "ok", "j"]
     assert out.data["row_count"] == 1 and out.data["statusmessage"] == "SELECT 1"
     json.dumps(out.to_dict())
@@ -391,9 +398,9 @@ def test_postgres_multi_statement_and_do_block(pg: tuple[str, str]) -> None:
     """
     out = call("postgres", credential=dsn, command=text)
     assert out.status == "ok", out.error
-    assert out.data["rows"] == [{"status": "Table ready", "n": 3}]
+    assert last_rows(out) == [{"status": "Table ready", "n": 3}]
     ddl = call("postgres", credential={"dsn": dsn}, command=f"CREATE TABLE {schema}.empty (x int)")
-    assert ddl.data["rows"] == [] and ddl.data["columns"] == [] and ddl.data["statusmessage"] == "CREATE TABLE"
+    assert last_rows(ddl) == [] and ddl.data["columns"] == [] and ddl.data["statusmessage"] == "CREATE TABLE"
 
 
 def test_postgres_upsert_sink_shape_with_json(pg: tuple[str, str]) -> None:
@@ -464,7 +471,7 @@ def test_postgres_sql_error_has_sqlstate_and_names_the_statement(pg: tuple[str, 
         credential=dsn,
         query=f"SELECT to_regclass('{schema}.kept') IS NOT NULL AS kept, to_regclass('{schema}.never') AS never",
     )
-    assert check.data["rows"] == [{"kept": True, "never": None}]
+    assert last_rows(check) == [{"kept": True, "never": None}]
 
 
 def test_postgres_begin_commit_in_the_text_is_one_transaction(pg: tuple[str, str]) -> None:
@@ -483,7 +490,7 @@ def test_postgres_begin_commit_in_the_text_is_one_transaction(pg: tuple[str, str
         credential=dsn,
         query=f"SELECT to_regclass('{schema}.gone') AS gone, to_regclass('{schema}.open') AS open",
     )
-    assert check.data["rows"] == [{"gone": None, "open": None}]
+    assert last_rows(check) == [{"gone": None, "open": None}]
     ok = call(
         "postgres",
         credential=dsn,
@@ -491,7 +498,7 @@ def test_postgres_begin_commit_in_the_text_is_one_transaction(pg: tuple[str, str
         f"SELECT x FROM {schema}.both",
     )
     assert ok.status == "ok", ok.error
-    assert ok.data["rows"] == [{"x": 7}]
+    assert last_rows(ok) == [{"x": 7}]
     empty = call("postgres", credential=dsn, command=" ; -- nothing\n /* at all */ ;")
     assert empty.error["kind"] == "invalid_args" and "no statement" in empty.error["message"]
 
@@ -509,7 +516,7 @@ def test_postgres_statements_of_concurrent_texts_see_each_others_commits(pg: tup
     with ThreadPoolExecutor(2) as pool:
         outs = list(pool.map(lambda k: call("postgres", credential=dsn, command=text, params={"k": k}), [1, 2]))
     assert [o.status for o in outs] == ["ok", "ok"], [o.error for o in outs]
-    assert [o.data["rows"] for o in outs] == [[{"n": 2}], [{"n": 2}]]
+    assert [last_rows(o) for o in outs] == [[{"n": 2}], [{"n": 2}]]
 
 
 def test_postgres_timeout_applies_to_every_statement(pg: tuple[str, str]) -> None:

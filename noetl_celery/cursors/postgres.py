@@ -7,6 +7,7 @@ claim without parameters may contain a literal `%`.
 
 from __future__ import annotations
 
+from noetl_celery import sql_result
 from noetl_celery.cursors import ClaimCall, register
 from noetl_celery.tools.base import Outcome, ToolCall, run_tool
 
@@ -19,4 +20,4 @@ def claim_postgres(call: ClaimCall) -> Outcome:
     outcome = run_tool(ToolCall(kind="postgres", config=config, credential=call.credential, timeout=call.timeout))
     if outcome.status != "ok":
         return outcome
-    return Outcome.ok({"rows": (outcome.data or {}).get("rows") or []})
+    return Outcome.ok({"rows": sql_result.both_forms(outcome.data or {}).get("rows") or []})

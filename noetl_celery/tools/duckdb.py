@@ -16,8 +16,9 @@ The postgres extension is loaded when the call attaches or its SQL mentions post
 DuckDB's extension directory, else from the duckdb-ext-postgres wheel (installed into that
 directory, so the SQL's own `INSTALL postgres` needs no network), else downloaded.
 
-Data, shaped like the postgres tool's: {rows: [{column: value}], row_count, columns,
-command_0: {rows, row_count, columns}}. A connection is opened per call and closed after it
+Data, shaped like the postgres tool's one-statement result (sql_result.py): {status: success,
+rows: [{column: value}], row_count, columns, statement_count: 1, database}, the last statement's
+rows stored once; templates also read it as `command_0`. A connection is opened per call and closed after it
 (DuckDB lets one process write a file at a time). Errors: kind "sql_error" (the DuckDB message)
 or "extension" when PostgreSQL cannot be attached. Passwords of attached credentials never
 appear in the outcome (they are handed to the worker's masking).
@@ -33,7 +34,7 @@ from typing import Any
 
 import psycopg2.extensions
 
-from noetl_celery import credentials
+from noetl_celery import credentials, sql_result
 from noetl_celery import settings as noetl_settings
 from noetl_celery.errors import CredentialError
 from noetl_celery.jsonable import to_jsonable
@@ -203,8 +204,8 @@ def _run(duckdb: Any, call: ToolCall, text: str, secrets: set[str]) -> Outcome:
         columns = [d[0] for d in cursor.description] if cursor.description else []
         fetched = cursor.fetchall() if cursor.description else []
         rows = [to_jsonable(dict(zip(columns, row, strict=True))) for row in fetched]
-        result = {"rows": rows, "row_count": len(rows), "columns": columns}
-        return Outcome.ok({**result, "command_0": dict(result), "database": path})
+        result = sql_result.stored([{"rows": rows, "row_count": len(rows), "columns": columns}])
+        return Outcome.ok({**result, "database": path})
     except AttachError as exc:
         return Outcome.fail(ToolErrorKind.EXTENSION if "extension" in str(exc) else "credential", f"duckdb: {exc}")
     except duckdb.Error as exc:

@@ -9,11 +9,20 @@ Two shapes:
   text's own `BEGIN; ... COMMIT;` makes the statements between them one transaction. The first
   failing statement stops the text: the error names it ("statement 2 of 3: ..."), statements
   before it stay committed, and a transaction the text opened is rolled back (as is one the
-  text leaves open, which is an error). `params` binds `%(name)s` (a mapping) or `%s` (a list)
-  over the whole text; without `params` no parameters are passed, so a literal `%` needs no
-  escaping. Data: {rows: [{column: value}] of the last statement ([] when it returns no rows),
-  row_count, columns, statusmessage} and, as NoETL numbers them, `command_0`, `command_1`, ...:
-  the same four keys for each statement of the text, in order. `autocommit` is accepted and changes nothing.
+  text leaves open, which is an error). `params` is bound over the whole text, before it is
+  split: when the text has positional parameters (`$1`, `$2`, ... outside strings, quoted
+  identifiers, dollar-quoted bodies and comments; NoETL's Rust tool) a list binds `$1` to its
+  first value, a mapping binds its values in order (or by number when its keys are `1`, `2`,
+  ... or `$1`, `$2`, ...), and the number of values must be the highest `$N`; a value binds
+  as NoETL's tool sends it (null, boolean, number, text; a mapping or a list as JSON text).
+  Otherwise `params` binds `%(name)s` (a mapping) or `%s` (a list). Without `params` no
+  parameters are passed, so a literal `%` needs no escaping. Data (sql_result.py): one
+  statement is stored flat, `{status: success, rows: [{column: value}], row_count, columns,
+  statusmessage, statement_count: 1}` (`affected_rows` too for a statement without rows);
+  several are stored as NoETL numbers them, `{status, statement_count, command_0, command_1,
+  ...}`, each with the statement fields. Templates read both forms of either (`command_0` of
+  a flat result, `rows` of a numbered one: the last statement's); the rows are stored once.
+  `autocommit` is accepted and changes nothing.
 * table write (the sink shape): `table` + `args` (a mapping column -> value, or a list of them)
   + `mode` insert | append (the same) | upsert (needs `key`: a column or a list of columns;
   ON CONFLICT (key) DO UPDATE SET the other columns; rows repeating a key keep the last one).
@@ -45,13 +54,15 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 from psycopg2 import sql
+from pydantic import ValidationInfo, field_validator
 
 from noetl_celery import settings as noetl_settings
+from noetl_celery import sql_result
 from noetl_celery.jsonable import to_jsonable
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.tools.sql_text import split_statements
+from noetl_celery.tools.sql_text import placeholders, split_statements
 from noetl_celery.vocabulary import ToolErrorKind
 
 DSN_ENV = noetl_settings.POSTGRES_DSN_ENV
@@ -59,9 +70,6 @@ CONNECT_TIMEOUT = "10"  # seconds, unless the credential says otherwise
 PING_AFTER_IDLE = 30.0  # seconds; a cached connection idle longer is checked before use
 MAX_CONNECTIONS_PER_THREAD = 4
 INSERT_CHUNK = 1000  # rows per INSERT statement
-# NoETL's shape of a SQL result, kept beside `rows`: `command_0`, `command_1`, ... one per
-# statement of the text, in order (playbooks read `step.command_0.rows`).
-NOETL_RESULT_PREFIX = "command_"
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 _CREDENTIAL_KEYS = {
     "host": "host",
@@ -243,6 +251,64 @@ class PostgresSettings(ToolSettings):
     credential: str | dict[str, Any] | None = None
     pool: dict[str, Any] | bool | None = None  # advisory: connections are cached per worker thread
 
+    @field_validator("params")
+    @classmethod
+    def _params_fill_the_placeholders(cls, params: Any, info: ValidationInfo) -> Any:
+        """The values of `params` match the text's `$N` placeholders (when the text is given
+        literally; a template is checked once rendered)."""
+        text = next((info.data.get(k) for k in _SQL_KEYS if isinstance(info.data.get(k), str)), None)
+        if params is not None and text is not None and "{{" not in text and "{%" not in text:
+            problem = positional_problem(text, params)
+            if problem:
+                raise ValueError(problem)
+        return params
+
+
+def positional_values(params: dict[str, Any] | list[Any]) -> list[Any]:
+    """The values of `params` in `$1, $2, ...` order: a list as it is; a mapping by number when
+    every key is one (`1`, `"2"`, `"$3"`), else its values in order."""
+    if isinstance(params, list):
+        return list(params)
+    numbers = {}
+    for key in params:
+        digits = str(key).removeprefix("$")
+        if not digits.isdigit():
+            return list(params.values())
+        numbers[int(digits)] = params[key]
+    return [numbers.get(n) for n in range(1, max(numbers, default=0) + 1)]
+
+
+def positional_problem(text: str, params: Any) -> str | None:
+    """Why `params` cannot fill the `$N` placeholders of `text`, or None (also when the text has
+    none: then `params` binds `%s` / `%(name)s`)."""
+    numbers = [number for number, _, _ in placeholders(text)]
+    if not numbers or not isinstance(params, (dict, list)):
+        return None
+    highest, given = max(numbers), len(positional_values(params))
+    if 0 in numbers:
+        return "the SQL has $0: positional parameters start at $1"
+    keys = [str(key).removeprefix("$") for key in params] if isinstance(params, dict) else []
+    if keys and all(key.isdigit() for key in keys):  # a mapping by number: each $N needs its key
+        missing = sorted(set(numbers) - {int(key) for key in keys})
+        if missing:
+            return f"params gives no value for ${missing[0]} (its keys are numbers: each $N needs its own)"
+    if given != highest:
+        noun = "value" if given == 1 else "values"
+        return f"the SQL's placeholders go up to ${highest} but params gives {given} {noun}"
+    return None
+
+
+def bind_positional(cur: Any, text: str, params: dict[str, Any] | list[Any], encoding: str) -> str:
+    """`text` with each `$N` placeholder replaced by the quoted literal of its value."""
+    values = positional_values(params)
+    pieces, last = [], 0
+    for number, start, stop in placeholders(text):
+        value = values[number - 1]
+        adapted = psycopg2.extras.Json(value) if isinstance(value, (dict, list)) else value
+        pieces += [text[last:start], cur.mogrify("%s", [adapted]).decode(encoding)]
+        last = stop
+    return "".join(pieces) + text[last:]
+
 
 @register(
     "postgres",
@@ -349,26 +415,17 @@ def _run_text(conn: Any, dsn: str, password: str | None, timeout: float | None, 
         conn.autocommit = True
         with conn.cursor() as cur:
             if params is not None:  # bound once over the whole text, then split
-                if isinstance(params, dict):  # a mapping value binds as JSON; a list stays an ARRAY
-                    params = {k: psycopg2.extras.Json(v) if isinstance(v, dict) else v for k, v in params.items()}
-                text = cur.mogrify(text, params).decode(psycopg2.extensions.encodings[conn.encoding])
+                text = _bind(cur, text, params, psycopg2.extensions.encodings[conn.encoding])
             statements = split_statements(text)
             if not statements:
                 return Outcome.fail(ToolErrorKind.INVALID_ARGS, "postgres: the SQL text holds no statement")
             _set_timeout(cur, timeout)
-            data: dict[str, Any] = {}
-            for index, statement in enumerate(statements):
+            results = []
+            for statement in statements:
                 cur.execute(statement)
                 done += 1
-                columns = [d.name for d in cur.description] if cur.description else []
-                fetched = cur.fetchall() if cur.description else []
-                data[f"{NOETL_RESULT_PREFIX}{index}"] = {
-                    "rows": [to_jsonable(dict(zip(columns, row, strict=True))) for row in fetched],
-                    "row_count": cur.rowcount,
-                    "columns": columns,
-                    "statusmessage": cur.statusmessage,
-                }
-            data = {**data[f"{NOETL_RESULT_PREFIX}{len(statements) - 1}"], **data}  # the last one's, beside
+                results.append(_statement_result(cur))
+            data = sql_result.stored(results)
         if conn.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
             _end_open_transaction(conn, dsn)
             return Outcome.fail(
@@ -383,6 +440,37 @@ def _run_text(conn: Any, dsn: str, password: str | None, timeout: float | None, 
         _end_open_transaction(conn, dsn)
         where = f"statement {done + 1} of {len(statements)}" if done or len(statements) > 1 else ""
         return _sql_failure(exc, conn, dsn, password, where)
+
+
+def _bind(cur: Any, text: str, params: Any, encoding: str) -> str:
+    """The text with `params` bound: to its `$N` placeholders when it has some, else by psycopg2
+    (`%s` / `%(name)s`; a mapping value binds as JSON, a list stays an ARRAY)."""
+    if not isinstance(params, (dict, list)):
+        raise ValueError(f"postgres: params must be a list or a mapping, not {type(params).__name__}")
+    if placeholders(text):
+        problem = positional_problem(text, params)
+        if problem:
+            raise ValueError(f"postgres: {problem}")
+        return bind_positional(cur, text, params, encoding)
+    if isinstance(params, dict):
+        params = {k: psycopg2.extras.Json(v) if isinstance(v, dict) else v for k, v in params.items()}
+    return str(cur.mogrify(text, params).decode(encoding))
+
+
+def _statement_result(cur: Any) -> dict[str, Any]:
+    """One statement's fields: its rows, row count, columns and status message (and, for a
+    statement without rows, `affected_rows`, as NoETL's Rust tool names it)."""
+    columns = [d.name for d in cur.description] if cur.description else []
+    fetched = cur.fetchall() if cur.description else []
+    result = {
+        "rows": [to_jsonable(dict(zip(columns, row, strict=True))) for row in fetched],
+        "row_count": cur.rowcount,
+        "columns": columns,
+        "statusmessage": cur.statusmessage,
+    }
+    if cur.description is None:
+        result["affected_rows"] = max(cur.rowcount, 0)
+    return result
 
 
 def _set_timeout(cur: Any, timeout: float | None) -> None:

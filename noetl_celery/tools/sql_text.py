@@ -8,6 +8,10 @@ as written (comments included, the `;` left off), so an error position still rea
 
 An unterminated string, identifier, comment or dollar quote runs to the end of the text: the
 server then reports the error on that statement, as it would for the whole text.
+
+`placeholders` finds PostgreSQL's positional parameters (`$1`, `$2`, ...) the same way: a `$N`
+inside a string, a quoted identifier, a dollar-quoted body or a comment is not one, nor is a `$`
+that is part of an identifier (`a$1`).
 """
 
 from __future__ import annotations
@@ -21,21 +25,22 @@ _IDENT_CHAR = re.compile(r"[A-Za-z_0-9$\x80-\U0010ffff]")
 _E_STRING_END = re.compile(r"(?:[^'\\]|\\.|'')*'", re.DOTALL)
 _COMMENT_MARK = re.compile(r"/\*|\*/")
 _SPACE = re.compile(r"\s*")
+_PARAMETER = re.compile(r"\$([0-9]+)")
 
 
-def split_statements(text: str) -> list[str]:
-    """The statements of `text`, in order, without their terminating `;`."""
-    statements: list[str] = []
-    start = pos = 0
-    end = len(text)
+def _scan(text: str) -> list[tuple[str, int, int]]:
+    """(token, start, end) of each `;` and `$N` outside strings, quoted identifiers, dollar
+    quotes and comments, in order."""
+    found: list[tuple[str, int, int]] = []
+    pos, end = 0, len(text)
     while pos < end:
         match = _SPECIAL.search(text, pos)
         if match is None:
             break
         token, at = match.group(), match.start()
         if token == ";":
-            _keep(statements, text[start:at])
-            start = pos = at + 1
+            found.append((";", at, at + 1))
+            pos = at + 1
         elif token == "'":
             pos = _after_string(text, at)
         elif token == '"':
@@ -48,13 +53,32 @@ def split_statements(text: str) -> list[str]:
             pos = end if newline == -1 else newline + 1
         elif token == "/*":
             pos = _after_block_comment(text, at)
-        else:  # "$": a dollar quote only where it is not part of an identifier or a $1 parameter
-            tag = _DOLLAR_TAG.match(text, at)
-            if tag is None or (at > 0 and _IDENT_CHAR.match(text, at - 1)):
-                pos = at + 1
-            else:
-                close = text.find(tag.group(), tag.end())
-                pos = end if close == -1 else close + len(tag.group())
+        elif at > 0 and _IDENT_CHAR.match(text, at - 1):  # "$" inside an identifier (a$b)
+            pos = at + 1
+        elif (parameter := _PARAMETER.match(text, at)) is not None:
+            found.append(("$", at, parameter.end()))
+            pos = parameter.end()
+        elif (tag := _DOLLAR_TAG.match(text, at)) is not None:
+            close = text.find(tag.group(), tag.end())
+            pos = end if close == -1 else close + len(tag.group())
+        else:
+            pos = at + 1
+    return found
+
+
+def placeholders(text: str) -> list[tuple[int, int, int]]:
+    """(number, start, end) of each positional parameter `$N` of `text`, in order."""
+    return [(int(text[start + 1 : stop]), start, stop) for token, start, stop in _scan(text) if token == "$"]
+
+
+def split_statements(text: str) -> list[str]:
+    """The statements of `text`, in order, without their terminating `;`."""
+    statements: list[str] = []
+    start = 0
+    for token, at, stop in _scan(text):
+        if token == ";":
+            _keep(statements, text[start:at])
+            start = stop
     _keep(statements, text[start:])
     return statements
 

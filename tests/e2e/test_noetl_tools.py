@@ -27,7 +27,8 @@ def test_duckdb_corpus_playbook(engine):
     run = engine.run(corpus("renames-2026-04/duckdb_test.yaml"))
     assert run.returncode == 0, (run.status.get("error"), run.stderr)
     start = run.results["start"]
-    assert start["rows"] == ALICE_AND_CHARLIE and start["command_0"]["rows"] == ALICE_AND_CHARLIE
+    # stored once, flat (templates also read it as `command_0`)
+    assert start["rows"] == ALICE_AND_CHARLIE and "command_0" not in start and start["statement_count"] == 1
     assert start["database"] == ":memory:"
     # `{{ start }}` reads as the list of rows, as the playbook's own check expects.
     assert run.results["process"]["users"] == ALICE_AND_CHARLIE
@@ -117,6 +118,21 @@ def test_a_secret_is_masked_in_every_row_also_where_a_later_step_uses_it(engine)
     assert run.results["use"] == {"seen": "***"}
     text = event_text(engine, run.execution_id)
     assert TEST_SECRET not in text and "TEST_SECRET" in text  # the name is there, never the value
+
+
+@pytest.mark.smoke
+def test_postgres_dollar_params_and_both_result_forms(engine, pg_dsn):
+    run = engine.run(PLAYBOOKS / "postgres_dollar_params.yaml")
+    assert run.returncode == 0, (run.status.get("error"), run.stderr)
+    assert run.results["read"] == {
+        "labels": ["item-3", "item-4", "item-5"],
+        "ns": [3, 4, 5],
+        "literal": "$3",
+        "duck_flat": {"doubled": 6, "word": "item-3"},
+        "duck_numbered": 6,
+    }
+    start = run.results["start"]
+    assert start["statement_count"] == 1 and start["row_count"] == 3 and "command_0" not in start
 
 
 def test_postgres_credential_pool_and_noetl_result_shape(engine):
