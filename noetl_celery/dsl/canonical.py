@@ -44,6 +44,7 @@ from noetl_celery.dsl.validate import (
     expect_str,
     join,
     number,
+    one_of,
     suggest,
     tool_only_fields,
     tool_spec,
@@ -271,12 +272,12 @@ def routing(ctx: Context, value: Any, line: int | None, path: str) -> Routing:
         spec = expect_mapping(ctx, nxt["spec"], line_of(nxt, "spec"), spec_path) or LDict()
         check_keys(ctx, spec, {"mode", "on_no_match"}, spec_path)
         written = spec.get("mode", "exclusive")
-        if written not in ROUTE_MODES:
+        if not one_of(written, ROUTE_MODES):
             hint = suggest(str(written), ROUTE_MODES)
             ctx.problem(line_of(spec, "mode"), join(spec_path, "mode"), f"unknown routing mode '{written}'{hint}")
-        mode = ROUTE_MODES.get(written, "exclusive")
+        mode = ROUTE_MODES[written] if one_of(written, ROUTE_MODES) else "exclusive"
         on_no_match = spec.get("on_no_match")
-        if on_no_match not in NO_MATCH_ACTIONS:
+        if not one_of(on_no_match, NO_MATCH_ACTIONS):
             hint = suggest(str(on_no_match), ("quiet", "error"))
             ctx.problem(
                 line_of(spec, "on_no_match"),
@@ -393,7 +394,7 @@ def _mode(ctx: Context, loop: LDict, spec: LDict, path: str, is_cursor: bool) ->
         ctx.problem(line_of(spec, "mode"), join(path, "spec.mode"), "mode is given twice with different values")
     holder, hpath = (spec, join(path, "spec")) if "mode" in spec else (loop, path)
     written = holder.get("mode", "cursor" if is_cursor else "sequential")
-    if written not in LOOP_MODES:
+    if not one_of(written, LOOP_MODES):
         hint = suggest(str(written), LOOP_MODES)
         ctx.problem(line_of(holder, "mode"), join(hpath, "mode"), f"unknown loop mode '{written}'{hint}")
         return "cursor" if is_cursor else "sequential"
@@ -460,7 +461,7 @@ def _cursor(ctx: Context, loop: LDict, path: str) -> dict[str, Any] | None:
     kind = cursor.get("kind")
     known = cursors.known_kinds()
     check_keys(ctx, cursor, CURSOR_KEYS | cursors.driver_keys(str(kind)), cursor_path)
-    if kind not in known:
+    if not one_of(kind, known):
         hint = suggest(str(kind), known)
         ctx.problem(
             line_of(cursor, "kind"),

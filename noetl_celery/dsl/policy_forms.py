@@ -39,6 +39,7 @@ from noetl_celery.dsl.validate import (
     expect_mapping,
     join,
     number,
+    one_of,
     suggest,
 )
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
@@ -137,7 +138,7 @@ def canonical_action(ctx: Context, value: Any, line: int | None, path: str) -> A
         return Action()
     check_keys(ctx, then, ACTION_KEYS, path)
     do = then.get("do", "continue")
-    if do not in ACTION_KINDS:
+    if not one_of(do, ACTION_KINDS):
         ctx.problem(line_of(then, "do"), join(path, "do"), f"unknown action '{do}'{suggest(str(do), ACTION_KINDS)}")
         do = "continue"
     if (do == "jump") != ("to" in then):
@@ -186,7 +187,7 @@ def backoff_kind(ctx: Context, mapping: LDict, path: str) -> BackoffKind | None:
     value = mapping.get("backoff")
     if value is None:
         return None
-    if value not in BACKOFF_KINDS:
+    if not one_of(value, BACKOFF_KINDS):
         hint = suggest(str(value), BACKOFF_KINDS)
         ctx.problem(line_of(mapping, "backoff"), join(path, "backoff"), f"unknown backoff '{value}'{hint}")
         return None
@@ -318,7 +319,7 @@ def collect_of(ctx: Context, mapping: LDict, path: str) -> Collect | None:
             )
         fields["path"] = merge_path
     strategy = fields.get("strategy", "append")
-    if strategy not in COLLECT_STRATEGIES:
+    if not one_of(strategy, COLLECT_STRATEGIES):
         ctx.problem(line, cpath, f"unknown collect strategy '{strategy}'{suggest(str(strategy), COLLECT_STRATEGIES)}")
         fields["strategy"] = "append"
     for key in ("path", "into"):

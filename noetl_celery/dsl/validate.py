@@ -10,7 +10,7 @@ found at validate, not at run time). It collects problems into a `Context`; it n
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +108,12 @@ def expect_str(ctx: Context, value: Any, line: int | None, path: str) -> str | N
         return value
     ctx.problem(line, path, f"must be a non-empty string, not {tool_settings.type_name(value)}")
     return None
+
+
+def one_of(value: Any, choices: Collection[Any]) -> bool:
+    """Whether `value` is one of `choices`; a list or a mapping (written where a name belongs) is
+    none of them, never an error."""
+    return isinstance(value, Hashable) and value in choices
 
 
 def number(ctx: Context, mapping: LDict, key: str, path: str, *, integer: bool = False) -> Any:
