@@ -88,13 +88,18 @@ def load_plan(
         check_templates(ctx, document)
         names = Context(file=file, problems=[])
         check_names(names, document, list(overrides or {}))
+        advisories = sorted([problem for _, problem in ctx.unknown] + names.problems, key=_where)
         if plan is not None and strict_rendering(plan.strict_templates):
-            ctx.problems.extend(names.problems)
+            ctx.problems.extend(advisories)
         elif warnings is not None:
-            warnings.extend(names.problems)
+            warnings.extend(advisories)
     if ctx.problems or plan is None:
-        raise PlaybookError(sorted(ctx.problems, key=lambda p: (p.line or 0, p.path)))
+        raise PlaybookError(sorted(ctx.problems, key=_where))
     return plan
+
+
+def _where(problem: Problem) -> tuple[int, str]:
+    return problem.line or 0, problem.path
 
 
 def _too_big(file: str, size: int) -> Problem:

@@ -39,6 +39,7 @@ from noetl_celery.dsl.validate import (
     check_required,
     check_settings,
     condition,
+    missing_required,
     expect_list,
     expect_mapping,
     expect_str,
@@ -114,21 +115,26 @@ def canonical_tasks(ctx: Context, step: LDict, label: str, path: str, workbook: 
 
 
 def _check_step_keys(ctx: Context, step: LDict, tasks: list[Task], path: str) -> None:
+    """A tool field written at step level is a problem when its tool lacks a field it needs
+    (most likely that one, misplaced), else, as any other unknown step key, a warning."""
     owners: dict[str, list[str]] = {}
+    incomplete: set[str] = set()
     for task in tasks:
         spec = get_tool(task.kind)
         for key in tool_only_fields(spec) if spec else ():
             owners.setdefault(key, []).append(task.kind)
+        for group in missing_required(spec, task.config) if spec else ():
+            incomplete |= group
     for key in step:
         if key in STEP_KEYS or key == STEP_INPUT_KEY:
             continue
         if key in owners:
             kinds = " / ".join(dict.fromkeys(owners[key]))
-            ctx.problem(
-                line_of(step, key),
-                join(path, key),
-                f"'{key}' is a field of the {kinds} tool; put it under tool",
-            )
+            message = f"'{key}' is a field of the {kinds} tool; put it under tool"
+            if key in incomplete:
+                ctx.problem(line_of(step, key), join(path, key), message)
+            else:
+                ctx.unknown_key(step, line_of(step, key), join(path, key), message)
         else:
             unknown_key(ctx, step, key, path, STEP_KEYS)
 
@@ -186,7 +192,7 @@ def task_from_mapping(
         policy = with_task_sets(policy, *task_sets)
     sink = build_sink(ctx, *read("sink")) if "sink" in fields else None
     auth = plain(read("auth")[0]) if "auth" in fields else None
-    check_required(ctx, spec, config, line, path)
+    check_required(ctx, spec, config, line, path, {id(holder): holder for holder, _ in fields.values()}.values())
     check_settings(ctx, spec, config, tool, path, fields)
     return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, sink=sink, line=line, hints=hints)
 
@@ -291,8 +297,9 @@ def routing(ctx: Context, value: Any, line: int | None, path: str) -> Routing:
     for index, raw in enumerate(items):
         item_path, item_line = join(arcs_path, index), line_of(items, index)
         item = expect_mapping(ctx, raw, item_line, item_path)
-        if item is None or not check_keys(ctx, item, ARC_KEYS, item_path):
+        if item is None:
             continue
+        check_keys(ctx, item, ARC_KEYS, item_path)
         made = arc(ctx, item, condition(ctx, item, "when", item_path), False, item_line, item_path)
         if made is not None and "set" in item:
             sets = assignments(ctx, item, item_path, ARC_SET_SCOPES, bare="ctx")
@@ -481,6 +488,7 @@ def claim_retry(ctx: Context, loop: LDict, path: str) -> Action | None:
         return None
     retry_path = join(join(path, "cursor"), "retry")
     retry = expect_mapping(ctx, cursor["retry"], line_of(cursor, "retry"), retry_path)
-    if retry is None or not check_keys(ctx, retry, BACKOFF_KEYS, retry_path):
+    if retry is None:
         return None
+    check_keys(ctx, retry, BACKOFF_KEYS, retry_path)
     return retry_action(ctx, retry, retry_path)

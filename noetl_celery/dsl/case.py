@@ -61,10 +61,11 @@ def compile_case(ctx: Context, value: Any, line: int | None, path: str) -> CaseR
     for index, raw in enumerate(entries):
         entry_path, entry_line = join(path, index), line_of(entries, index)
         entry = expect_mapping(ctx, raw, entry_line, entry_path)
-        if entry is None or not check_keys(ctx, entry, CASE_ENTRY_KEYS, entry_path):
+        if entry is None:
             continue
+        check_keys(ctx, entry, CASE_ENTRY_KEYS, entry_path)
         if "when" not in entry or "then" not in entry:
-            ctx.problem(entry_line, entry_path, "a case entry needs when and then")
+            ctx.missing(entry, entry_line, entry_path, "a case entry needs when and then")
             continue
         when = condition(ctx, entry, "when", entry_path)
         then_path = join(entry_path, "then")
@@ -94,14 +95,17 @@ def _then(ctx: Context, entry: LDict, path: str) -> LDict | None:
     value, line = entry["then"], line_of(entry, "then")
     if not isinstance(value, list):
         then = expect_mapping(ctx, value, line, path)
-        return then if then is not None and check_keys(ctx, then, CASE_THEN_KEYS, path) else None
+        if then is not None:
+            check_keys(ctx, then, CASE_THEN_KEYS, path)
+        return then
     merged = LDict()
     merged.line = line
     for index, item in enumerate(value):
         item_path, item_line = join(path, index), line_of(value, index)
         action = expect_mapping(ctx, item, item_line, item_path)
-        if action is None or not check_keys(ctx, action, CASE_THEN_KEYS, item_path):
+        if action is None:
             continue
+        check_keys(ctx, action, CASE_THEN_KEYS, item_path)
         for key in action:
             if key in merged:
                 message = f"'{key}' is given twice in this then list (first at line {merged.key_lines[key]})"

@@ -57,9 +57,28 @@ class Context:
     problems: list[Problem] = field(default_factory=list)
     arc_refs: list[ArcRef] = field(default_factory=list)
     templated_caps: list[TemplatedCap] = field(default_factory=list)
+    # unknown keys, with the id of the mapping that holds each: warnings unless strict, or unless
+    # that mapping lacks a key it needs (the unknown key is then most likely that key misspelt)
+    unknown: list[tuple[int, Problem]] = field(default_factory=list)
 
     def problem(self, line: int | None, path: str, message: str) -> None:
         self.problems.append(Problem(self.file, line, path, message))
+
+    def unknown_key(self, holder: Any, line: int | None, path: str, message: str) -> None:
+        self.unknown.append((id(holder), Problem(self.file, line, path, message)))
+
+    def refuse_unknown(self, holder: Any) -> bool:
+        """Make the unknown keys of `holder` problems; True when it had any."""
+        mine = [problem for owner, problem in self.unknown if owner == id(holder)]
+        self.unknown = [(owner, problem) for owner, problem in self.unknown if owner != id(holder)]
+        self.problems.extend(mine)
+        return bool(mine)
+
+    def missing(self, holder: Any, line: int | None, path: str, message: str) -> None:
+        """`holder` lacks a key it needs: its unknown keys are the problem when it has any (a
+        misspelt `-step:` is named as such), else `message`."""
+        if not self.refuse_unknown(holder):
+            self.problem(line, path, message)
 
 
 def join(path: str, key: str | int) -> str:
@@ -77,16 +96,17 @@ def suggest(word: str, choices: Iterable[str]) -> str:
 
 
 def unknown_key(ctx: Context, mapping: Any, key: str, path: str, choices: Iterable[str]) -> None:
-    ctx.problem(line_of(mapping, key), join(path, key), f"unknown key '{key}'{suggest(key, choices)}")
+    """A key this playbook's reader does not know: a warning with the nearest known key (as NoETL,
+    the run ignores it), a problem where the playbook is strict or `mapping` lacks a key it needs."""
+    ctx.unknown_key(mapping, line_of(mapping, key), join(path, key), f"unknown key '{key}'{suggest(key, choices)}")
 
 
-def check_keys(ctx: Context, mapping: LDict, allowed: Iterable[str], path: str) -> bool:
-    """Report every key of `mapping` not in `allowed`. True when there was none."""
+def check_keys(ctx: Context, mapping: LDict, allowed: Iterable[str], path: str) -> None:
+    """Note every key of `mapping` not in `allowed` (see `unknown_key`)."""
     allowed = frozenset(allowed)
-    unknown = [key for key in mapping if key not in allowed]
-    for key in unknown:
-        unknown_key(ctx, mapping, key, path, allowed)
-    return not unknown
+    for key in mapping:
+        if key not in allowed:
+            unknown_key(ctx, mapping, key, path, allowed)
 
 
 def expect_mapping(ctx: Context, value: Any, line: int | None, path: str) -> LDict | None:
@@ -209,13 +229,24 @@ def check_fields(
             message = f"unknown step key '{key}'{hint}"
         else:
             message = f"unknown key '{key}' for the {spec.kind} tool{hint}"
-        ctx.problem(line_of(mapping, key), join(path, key), message)
+        ctx.unknown_key(mapping, line_of(mapping, key), join(path, key), message)
 
 
-def check_required(ctx: Context, spec: ToolSpec, config: dict[str, Any], line: int | None, path: str) -> None:
-    for group in spec.required:
-        if not any(config.get(key) not in (None, "") for key in group):
-            ctx.problem(line, path, f"{spec.kind} tool needs one of: {', '.join(sorted(group))}")
+def missing_required(spec: ToolSpec, config: dict[str, Any]) -> list[frozenset[str]]:
+    """The groups of fields of which the tool needs one and `config` gives none."""
+    return [group for group in spec.required if not any(config.get(key) not in (None, "") for key in group)]
+
+
+def check_required(
+    ctx: Context, spec: ToolSpec, config: dict[str, Any], line: int | None, path: str, holders: Iterable[Any] = ()
+) -> None:
+    """A problem per group of fields the tool needs and lacks; the unknown keys of `holders` (the
+    mappings its fields are written in) are problems then too: most likely the field misspelt."""
+    missing = missing_required(spec, config)
+    for group in missing:
+        ctx.problem(line, path, f"{spec.kind} tool needs one of: {', '.join(sorted(group))}")
+    for holder in holders if missing else ():
+        ctx.refuse_unknown(holder)
 
 
 def check_settings(
@@ -273,8 +304,8 @@ def build_sink(ctx: Context, value: Any, line: int | None, path: str) -> Sink | 
         return None
     config_keys = [key for key in fields if key not in SINK_META_KEYS]
     check_fields(ctx, spec, fields, config_keys, path)
-    config = {key: plain(fields[key]) for key in config_keys}
-    check_required(ctx, spec, config, line, path)
+    config = {key: plain(fields[key]) for key in config_keys if key in spec.fields}
+    check_required(ctx, spec, config, line, path, [fields])
     check_settings(ctx, spec, config, fields, path)
     return Sink(kind=spec.kind, config=config, auth=plain(fields.get("auth")), line=line)
 
