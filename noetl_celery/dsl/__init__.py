@@ -47,12 +47,20 @@ API_VERSIONS = ("noetl.io/v1", "noetl.io/v2", "noetl.io/v10")
 LEGACY_API_VERSION = "noetl.io/v1"
 TOP_KEYS = frozenset(
     {"apiVersion", "kind", "metadata", "workload", "ctx", "keychain", "executor", "workbook", "workflow", "timeout"}
+    | {"auth"}  # NoETL's playbook-level auth: accepted; each task names its own credential here
 )
-METADATA_KEYS = frozenset({"name", "path", "description", "version", "labels", "tags"})
-EXECUTOR_KEYS = frozenset({"profile", "version", "requires", "spec"})
+METADATA_KEYS = frozenset({"name", "path", "description", "version", "labels", "tags"}) | {
+    # NoETL's catalog and gui read these; they change nothing in a run
+    "agent",
+    "exposed_in_ui",
+    "exposes_as_mcp",
+    "capabilities",
+    "terminal",
+}
+EXECUTOR_KEYS = frozenset({"profile", "version", "requires", "spec", "kind"})  # kind: NoETL ignores it
 EXECUTOR_SPEC_KEYS = frozenset(
-    {"entry_step", "final_step", "no_next_is_error", "policy", "timeout", "strict_templates", "webhook"}
-)
+    {"entry_step", "final_step", "no_next_is_error", "policy", "timeout", "strict_templates", "webhook", "pool"}
+)  # pool: NoETL's worker pool name, which NoETL ignores too
 CANONICAL_WORKBOOK_KEYS = frozenset({"name", "desc", "tool", "assert"})
 DEFAULT_ENTRY_STEP = "start"
 SET_TARGETS = {"ctx": "set_ctx", "vars": "vars"}  # step-level `set: {ctx.x: ..., vars.y: ...}`

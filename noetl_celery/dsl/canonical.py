@@ -51,6 +51,7 @@ from noetl_celery.dsl.validate import (
     tool_spec,
     unknown_key,
 )
+from noetl_celery.dsl.timeouts import normalise_timeouts
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
 from noetl_celery.templating import is_template
 from noetl_celery.tools.base import get_tool
@@ -190,8 +191,14 @@ def task_from_mapping(
     policy = task_policy(ctx, *read("policy")) if "policy" in fields else None
     if task_sets is not None:
         policy = with_task_sets(policy, *task_sets)
-    sink = build_sink(ctx, *read("sink")) if "sink" in fields else None
+    sink = None
+    if "sink" in fields and isinstance(read("sink")[0], bool):
+        hints["sink"] = read("sink")[0]  # NoETL's `sink: true` marks the task as a write: advisory
+    elif "sink" in fields:
+        sink = build_sink(ctx, *read("sink"))
     auth = plain(read("auth")[0]) if "auth" in fields else None
+    timeout_line = line_of(fields["timeout"][0], "timeout") if "timeout" in fields else line
+    normalise_timeouts(ctx, spec, config, timeout_line, path)
     check_required(ctx, spec, config, line, path, {id(holder): holder for holder, _ in fields.values()}.values())
     check_settings(ctx, spec, config, tool, path, fields)
     return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, sink=sink, line=line, hints=hints)

@@ -32,6 +32,7 @@ from noetl_celery.dsl.validate import (
     tool_spec,
     unknown_key,
 )
+from noetl_celery.dsl.timeouts import normalise_timeouts
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
 
 # Keys a step may carry in any dialect (tool fields aside).
@@ -116,6 +117,7 @@ def inline_task(ctx: Context, mapping: LDict, reserved: frozenset[str], label: s
         policy = task_policy(ctx, mapping["policy"], line_of(mapping, "policy"), join(path, "policy"))
     if spec.routing_only and not config and policy is None and "sink" not in mapping:
         return None  # `tool: end` and friends with nothing to do: a routing-only step
+    normalise_timeouts(ctx, spec, config, line_of(mapping, "timeout"), path)
     check_required(ctx, spec, config, tool_line, tool_path, [mapping])
     check_settings(ctx, spec, config, mapping, path)
     auth = plain(mapping.get("auth"))
