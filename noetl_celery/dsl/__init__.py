@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from noetl_celery import credentials, limits
+from noetl_celery.dsl.bounded import InputError, check_value_depth
 from noetl_celery.dsl.canonical import build_loop, canonical_tasks, routing, task_from_mapping
 from noetl_celery.dsl.case import compile_case
 from noetl_celery.dsl.legacy import Workbook, legacy_tasks, workbook_entry_task
@@ -85,13 +86,18 @@ def load_plan(
     `warnings` (templates render leniently: the name reads as empty and is noted at run time).
     """
     file = str(source)
+    try:
+        check_value_depth(overrides, "workload")
+    except InputError as exc:
+        raise PlaybookError([Problem(file, None, "", str(exc))]) from None
     if text is None:
         text = read_playbook_text(Path(source), file)
     elif len(text) > limits.max_playbook_bytes():
         raise PlaybookError([_too_big(file, len(text.encode("utf-8")))])
     document, problems = load_yaml(text, file)
     ctx = Context(file=file, problems=problems)
-    plan = _plan(ctx, document, overrides or {}) if document is not None else None
+    # a document that loads to null (`~`) is refused by _plan as "must be a mapping"
+    plan = _plan(ctx, document, overrides or {}) if document is not None or not problems else None
     if document is not None:
         check_templates(ctx, document)
         names = Context(file=file, problems=[])

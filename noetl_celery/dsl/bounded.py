@@ -16,6 +16,7 @@ from noetl_celery import limits
 
 OPENERS = frozenset(b"[{")
 CLOSERS = frozenset(b"]}")
+MAX_SHOWN_PATH = 60  # characters of a too-deep value's key path shown in the refusal
 QUOTE, BACKSLASH = ord('"'), ord("\\")
 
 
@@ -90,4 +91,5 @@ def check_value_depth(value: Any, what: str) -> None:
     depth, path = value_depth(value, limit)
     if depth > limit:
         where = f"{what}.{path}" if path else what
+        where = where if len(where) <= MAX_SHOWN_PATH else where[: MAX_SHOWN_PATH - 3] + "..."
         raise InputError(f"{where}: nested more than {limit} levels deep (NOETL_MAX_INPUT_DEPTH)")
