@@ -13,8 +13,8 @@ names the variable, the module imports nothing heavy (the DSL and `validate` use
 credential variables are a prefix family that a model of fixed fields does not describe.
 
 The limits on hostile or oversized input and output (NOETL_MAX_*_BYTES, NOETL_MAX_YAML_NODES,
-NOETL_TEMPLATE_*) are read here too, by `limit()`: `noetl_celery.limits` asks for each one when it
-is used (so a running worker and the CLI agree), and `load()` reads them with the rest so that a
+NOETL_MAX_INPUT_DEPTH, NOETL_TEMPLATE_*) are read here too, by `limit()`: `noetl_celery.limits`
+asks for each one when it is used (so a running worker and the CLI agree), and `load()` reads them with the rest so that a
 bad value is refused up front and `noetl-celery config` shows them.
 """
 
@@ -145,6 +145,7 @@ class Settings:
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
     max_playbook_bytes: int = DEFAULT_MAX_PLAYBOOK_BYTES
     max_yaml_nodes: int = DEFAULT_MAX_YAML_NODES
+    max_input_depth: int = DEFAULT_MAX_INPUT_DEPTH
     template_timeout: float = DEFAULT_TEMPLATE_TIMEOUT
     template_max_bytes: int = DEFAULT_TEMPLATE_MAX_BYTES
     max_loop_items: int = DEFAULT_MAX_LOOP_ITEMS
@@ -203,6 +204,7 @@ class Settings:
             MAX_RESULT_BYTES_ENV: f"{self.max_result_bytes} bytes",
             MAX_PLAYBOOK_BYTES_ENV: f"{self.max_playbook_bytes} bytes",
             MAX_YAML_NODES_ENV: str(self.max_yaml_nodes),
+            MAX_INPUT_DEPTH_ENV: str(self.max_input_depth),
             TEMPLATE_TIMEOUT_ENV: f"{self.template_timeout:g} s",
             TEMPLATE_MAX_BYTES_ENV: f"{self.template_max_bytes} bytes",
             MAX_LOOP_ITEMS_ENV: str(self.max_loop_items),
@@ -285,6 +287,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_result_bytes=int(limit(MAX_RESULT_BYTES_ENV, env)),
             max_playbook_bytes=int(limit(MAX_PLAYBOOK_BYTES_ENV, env)),
             max_yaml_nodes=int(limit(MAX_YAML_NODES_ENV, env)),
+            max_input_depth=int(limit(MAX_INPUT_DEPTH_ENV, env)),
             template_timeout=limit(TEMPLATE_TIMEOUT_ENV, env),
             template_max_bytes=int(limit(TEMPLATE_MAX_BYTES_ENV, env)),
             max_loop_items=int(limit(MAX_LOOP_ITEMS_ENV, env)),

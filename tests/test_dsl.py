@@ -636,7 +636,9 @@ def test_cursor_loop_keeps_cursor_and_frame() -> None:
 
 def test_cursor_loop_rules_are_enforced() -> None:
     head = "workflow:\n  - step: start\n    tool: {kind: noop}\n    loop:\n"
-    both = strict_texts(V10, head + "      in: [1]\n      cursor: {kind: postgres, claim: x}\n      spec: {mode: cursor}\n")
+    both = strict_texts(
+        V10, head + "      in: [1]\n      cursor: {kind: postgres, claim: x}\n      spec: {mode: cursor}\n"
+    )
     assert both == ["pb.yaml:8: workflow[0](start).loop: a loop needs exactly one of in (or collection) and cursor"]
     no_mode = strict_texts(V10, head + "      cursor: {kind: postgres, claim: x}\n      spec: {mode: parallel}\n")
     assert no_mode == ["pb.yaml:10: workflow[0](start).loop.spec.mode: mode: cursor goes with cursor: (and only there)"]

@@ -220,9 +220,7 @@ def test_case_else_routes_when_no_other_entry_does(tmp_path, n, taken, skipped) 
 
 
 def test_case_else_must_be_the_last_entry(tmp_path) -> None:
-    body = CASE_ELSE.replace(
-        "          - else:\n              then: {next: [{step: small}]}\n", ""
-    ).replace(
+    body = CASE_ELSE.replace("          - else:\n              then: {next: [{step: small}]}\n", "").replace(
         "        case:\n",
         "        case:\n          - else: {next: [{step: small}]}\n",
     )

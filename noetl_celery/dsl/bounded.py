@@ -58,7 +58,9 @@ def parse_json(raw: bytes | str, what: str = "body") -> Any:
     limit = limits.max_input_depth()
     deepest, line = json_depth(raw)
     if deepest > limit:
-        raise InputError(f"{what}: line {line}: nested {deepest} levels deep, more than {limit} (NOETL_MAX_INPUT_DEPTH)")
+        raise InputError(
+            f"{what}: line {line}: nested {deepest} levels deep, more than {limit} (NOETL_MAX_INPUT_DEPTH)"
+        )
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:

@@ -26,6 +26,7 @@ from noetl_celery.dsl.legacy import (
 )
 from noetl_celery.dsl.plan import DEFAULT_PARALLEL_CAP, Action, Loop, Routing, Task
 from noetl_celery.dsl.policy_forms import BACKOFF_KEYS, SET_SCOPES, retry_action, task_policy, with_task_sets
+from noetl_celery.dsl.timeouts import normalise_timeouts
 from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
@@ -39,11 +40,11 @@ from noetl_celery.dsl.validate import (
     check_required,
     check_settings,
     condition,
-    missing_required,
     expect_list,
     expect_mapping,
     expect_str,
     join,
+    missing_required,
     number,
     one_of,
     suggest,
@@ -51,7 +52,6 @@ from noetl_celery.dsl.validate import (
     tool_spec,
     unknown_key,
 )
-from noetl_celery.dsl.timeouts import normalise_timeouts
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
 from noetl_celery.templating import is_template
 from noetl_celery.tools.base import get_tool

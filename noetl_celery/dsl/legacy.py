@@ -14,6 +14,7 @@ from typing import Any
 
 from noetl_celery.dsl.plan import Arc, Task
 from noetl_celery.dsl.policy_forms import task_policy
+from noetl_celery.dsl.timeouts import normalise_timeouts
 from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
@@ -32,7 +33,6 @@ from noetl_celery.dsl.validate import (
     tool_spec,
     unknown_key,
 )
-from noetl_celery.dsl.timeouts import normalise_timeouts
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
 
 # Keys a step may carry in any dialect (tool fields aside).

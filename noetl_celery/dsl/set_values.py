@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from noetl_celery import limits
+from noetl_celery import limits, settings
 from noetl_celery.dsl import nest_dotted
 from noetl_celery.dsl.yaml_lines import load_yaml, plain
 
@@ -30,8 +30,10 @@ def scalar(raw: str) -> Any:
         return ""
     value, problems = load_yaml(raw, "--set")
     if problems:
-        if any("NOETL_MAX_INPUT_DEPTH" in problem.message for problem in problems):
-            raise ValueError(f"{raw[:40]!r}...: nested more than {limits.max_input_depth()} levels (NOETL_MAX_INPUT_DEPTH)")
+        if any(settings.MAX_INPUT_DEPTH_ENV in problem.message for problem in problems):
+            raise ValueError(
+                f"{raw[:40]!r}...: nested more than {limits.max_input_depth()} levels (the input depth limit)"
+            )
         return raw
     if isinstance(value, int) and raw.strip().lstrip("+-").startswith("0") and len(raw.strip()) > 1:
         return raw  # "01234" is a code with a leading zero, not YAML 1.1's octal

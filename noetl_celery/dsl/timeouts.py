@@ -35,7 +35,9 @@ def normalise_timeouts(ctx: Context, spec: ToolSpec, config: dict[str, Any], lin
     where = join(path, "timeout")
     unknown = sorted(set(phases) - set(PHASES) - OTHER_PHASES)
     if unknown:
-        ctx.problem(line, where, f"a timeout mapping has connect and read (seconds), not {', '.join(map(str, unknown))}")
+        ctx.problem(
+            line, where, f"a timeout mapping has connect and read (seconds), not {', '.join(map(str, unknown))}"
+        )
     seconds = {name: _seconds(ctx, phases.get(name), line, join(where, name)) for name in PHASES if name in phases}
     if not seconds:
         ctx.problem(line, where, "a timeout mapping needs connect or read (seconds)")

@@ -19,7 +19,6 @@ from noetl_celery.errors import Problem
 from noetl_celery.jsonable import plain as _plain
 
 
-
 class LDict(dict):  # type: ignore[type-arg]
     """A mapping that knows its own line and the line of each of its keys."""
 
@@ -252,7 +251,9 @@ def oversized_problem(file: str, node: Node) -> Problem:
 
 
 def too_deep_problem(file: str, line: int | None, limit: int) -> Problem:
-    return Problem(file, line, "", f"the document nests more than {limit} levels deep here; refused (NOETL_MAX_INPUT_DEPTH)")
+    return Problem(
+        file, line, "", f"the document nests more than {limit} levels deep here; refused (NOETL_MAX_INPUT_DEPTH)"
+    )
 
 
 def _unreadable_character(file: str, text: str, exc: yaml.reader.ReaderError) -> Problem:
@@ -266,7 +267,7 @@ def _unreadable_character(file: str, text: str, exc: yaml.reader.ReaderError) ->
         line,
         "",
         f"invalid YAML: character U+{code:04X} at column {column} is not allowed in a YAML document; "
-        f"remove it (inside a double-quoted string write it as \"\\x{code:02x}\")",
+        f'remove it (inside a double-quoted string write it as "\\x{code:02x}")',
     )
 
 

@@ -3,7 +3,8 @@
 Config (already rendered): method (default GET), url (alias endpoint), params, headers,
 payload / json (a JSON body), body / data (a raw body), timeout (alias timeout_seconds, NoETL's
 Rust tool name: seconds, default 30; the call's timeout wins), connect_timeout (seconds to connect,
-from a task's `spec.timeout: {connect, read}`), verify (alias verify_ssl: bool or CA bundle path), allow_redirects (default true).
+from a task's `spec.timeout: {connect, read}`), verify (alias verify_ssl: bool or CA bundle path),
+allow_redirects (default true).
 
 Body rules: `json` is always sent as a JSON body. `payload` is a JSON body for POST/PUT/PATCH;
 for other methods (GET, DELETE, ...) `payload` is sent as the query string when `params` is
