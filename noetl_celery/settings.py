@@ -14,8 +14,8 @@ credential variables are a prefix family that a model of fixed fields does not d
 
 The limits on hostile or oversized input and output (NOETL_MAX_*_BYTES, NOETL_MAX_YAML_NODES,
 NOETL_MAX_INPUT_DEPTH, NOETL_TEMPLATE_*) are read here too, by `limit()`: `noetl_celery.limits`
-asks for each one when it is used (so a running worker and the CLI agree), and `load()` reads them with the rest so that a
-bad value is refused up front and `noetl-celery config` shows them.
+asks for each one when it is used (so a running worker and the CLI agree), and `load()` reads
+them with the rest so that a bad value is refused up front and `noetl-celery config` shows them.
 """
 
 from __future__ import annotations
