@@ -226,3 +226,29 @@ def test_case_else_must_be_the_last_entry(tmp_path) -> None:
     )
     with pytest.raises(PlaybookError, match="a case else must be the last entry"):
         load_plan(write(tmp_path, body))
+
+
+def test_step_level_sink_true_is_an_advisory_hint(tmp_path) -> None:
+    body = """\
+        metadata: {name: t}
+        workflow:
+          - step: start
+            sink: true
+            tool: {kind: python, code: "def main():\\n    return 1"}
+        """
+    path = write(tmp_path, body)
+    assert warnings_of(path) == []
+    step = load_plan(path).steps["start"]
+    assert step.result_hints == {"sink": True} and step.tasks[0].sink is None
+
+
+def test_validate_strict_refuses_an_unknown_key(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from noetl_celery.cli import cli
+
+    path = write(tmp_path, UNKNOWN)
+    default = CliRunner().invoke(cli, ["validate", str(path)])
+    assert default.exit_code == 0 and "warning: unknown key 'owner'" in default.output
+    strict = CliRunner().invoke(cli, ["validate", "--strict", str(path)])
+    assert strict.exit_code == 2 and f"{path}:3: metadata.owner: unknown key 'owner'" in strict.output

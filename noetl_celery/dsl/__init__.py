@@ -438,13 +438,15 @@ def _step(ctx: Context, step: LDict, line: int | None, path: str, workbook: Work
         policy, page_sink = legacy_retry(ctx, step["retry"], line_of(step, "retry"), join(path, "retry"))
         _attach_policy(ctx, tasks, policy, step, "retry", path)
         _attach_sink(ctx, tasks, page_sink, name, step, "retry", path)
-    if "sink" in step:
+    if "sink" in step and not isinstance(step["sink"], bool):  # `sink: true`: a hint (below)
         sink = build_sink(ctx, step["sink"], line_of(step, "sink"), join(path, "sink"))
         _attach_sink(ctx, tasks, sink, name, step, "sink", path)
     variables, set_ctx = _assignments(ctx, step, path)
     loop = build_loop(ctx, step["loop"], line_of(step, "loop"), join(path, "loop")) if "loop" in step else None
     desc = expect_str(ctx, step["desc"], line_of(step, "desc"), join(path, "desc")) if "desc" in step else None
     select, hints = _result_hints(ctx, step, path)
+    if isinstance(step.get("sink"), bool):
+        hints["sink"] = step["sink"]  # NoETL's `sink: true` marks the step as a write: advisory here
     return Step(
         name=name,
         desc=desc,
