@@ -252,3 +252,28 @@ def test_validate_strict_refuses_an_unknown_key(tmp_path) -> None:
     assert default.exit_code == 0 and "warning: unknown key 'owner'" in default.output
     strict = CliRunner().invoke(cli, ["validate", "--strict", str(path)])
     assert strict.exit_code == 2 and f"{path}:3: metadata.owner: unknown key 'owner'" in strict.output
+
+
+NAMED_SET = """\
+    metadata: {name: named_set}
+    workflow:
+      - step: start
+        tool: {kind: python, code: "def main():\\n    return {'email': 'a@b.c'}"}
+        case:
+          - when: "{{ event.name == 'call.done' }}"
+            then:
+              set:
+                - name: user_email
+                  value: "{{ result.email }}"
+              next: [{step: use}]
+      - step: use
+        tool: {kind: python, code: "def main(email):\\n    return email", args: {email: "{{ vars.user_email }}"}}
+"""
+
+
+def test_case_set_as_a_list_of_name_and_value_assigns_vars(tmp_path) -> None:
+    path = write(tmp_path, NAMED_SET)
+    assert warnings_of(path) == []
+    code, status = run_playbook(store(tmp_path), path)
+    assert code == 0, status
+    assert status["results"]["use"] == "a@b.c"

@@ -330,6 +330,29 @@ def check_templates(ctx: Context, value: Any, path: str = "", line: int | None =
             ctx.problem(line, path, failed)
 
 
+def _named_values(ctx: Context, items: list[Any], path: str, scope: str | None) -> LDict:
+    """NoETL's `set: [{name: x, value: ...}]` (v2 examples): each item assigns `vars.x` (or x in
+    `scope` where there are no vars), as `set: {vars.x: ...}` does."""
+    values = LDict()
+    values.line = line_of(items, 0)
+    for index, item in enumerate(items):
+        item_path, item_line = join(path, index), line_of(items, index)
+        entry = expect_mapping(ctx, item, item_line, item_path)
+        if entry is None:
+            continue
+        check_keys(ctx, entry, {"name", "value"}, item_path)
+        name = expect_str(ctx, entry.get("name"), line_of(entry, "name"), join(item_path, "name"))
+        if name is None:
+            continue
+        key = f"{scope}.{name}" if scope else name
+        if key in values:
+            ctx.problem(line_of(entry, "name"), join(item_path, "name"), f"'{name}' is assigned twice")
+            continue
+        values[key] = entry.get("value")
+        values.key_lines[key] = item_line or 0
+    return values
+
+
 def assignments(
     ctx: Context, owner: LDict, path: str, scopes: dict[str, str], bare: str | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -343,7 +366,10 @@ def assignments(
             values.update(plain(expect_mapping(ctx, owner[block], line_of(owner, block), join(path, block)) or {}))
     if "set" not in owner:
         return targets
-    values = expect_mapping(ctx, owner["set"], line_of(owner, "set"), join(path, "set")) or LDict()
+    if isinstance(owner["set"], list):
+        values = _named_values(ctx, owner["set"], join(path, "set"), "vars" if "vars" in scopes else bare)
+    else:
+        values = expect_mapping(ctx, owner["set"], line_of(owner, "set"), join(path, "set")) or LDict()
     names = [f"{scope}.x" for scope in scopes]
     shapes = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
     if bare is not None:
