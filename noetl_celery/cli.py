@@ -75,7 +75,7 @@ _catalog_lookup = _CatalogLookup()
 
 def _compile(path: str, sets: tuple[str, ...] = (), strict_names: bool = False) -> Plan:
     """A playbook file, or the catalog path of a registered playbook (`noetl-celery register`).
-    A `{{ name }}` the playbook never gives is printed as a warning (`file:line: path: warning:
+    An unknown key or a `{{ name }}` the playbook never gives is printed as a warning (`file:line: path: warning:
     ...`, on stderr), or is a problem with `strict_names` (or where templates render strictly)."""
     warnings: list[Problem] = []
     try:
@@ -144,12 +144,15 @@ def cli(debug: bool) -> None:
 @click.argument("playbook", type=click.Path(dir_okay=False))
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="A workload value the run will give.")
 @click.option(
-    "--strict", is_flag=True, help="A {{ name }} the playbook never gives is a problem, not a warning (exit 2)."
+    "--strict",
+    is_flag=True,
+    help="An unknown key, or a {{ name }} the playbook never gives, is a problem, not a warning (exit 2).",
 )
 def validate(playbook: str, sets: tuple[str, ...], strict: bool) -> None:
-    """Check a playbook; prints `file:line: path: message` per problem (exit 2). A `{{ name }}`
-    that is no step, task, workload, ctx, vars or built-in name of the playbook is printed as a
-    warning with the nearest name (a problem with --strict or strict templates)."""
+    """Check a playbook; prints `file:line: path: message` per problem (exit 2). A key this engine
+    does not know (ignored, as NoETL ignores it) and a `{{ name }}` that is no step, task,
+    workload, ctx, vars or built-in name of the playbook are printed as warnings with the nearest
+    name (problems with --strict or strict templates)."""
     plan = _compile(playbook, sets, strict_names=strict)
     echo(f"{playbook}: valid {plan.dialect} playbook '{plan.name}' with {len(plan.steps)} steps")
 

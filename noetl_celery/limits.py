@@ -9,6 +9,8 @@ and the CLI agree, and `noetl-celery config` shows them with the other settings)
   (JSON size, default 1 MB);
 - NOETL_MAX_PLAYBOOK_BYTES: a playbook file (default 4 MB);
 - NOETL_MAX_YAML_NODES: YAML nodes built, aliases counted each time they are used (default 500000);
+- NOETL_MAX_INPUT_DEPTH: nesting levels of a playbook's YAML, of a JSON request body and of a
+  workload (default 100; deeper input is refused with its line, never parsed recursively);
 - NOETL_TEMPLATE_TIMEOUT: seconds one template evaluation may take (default 5);
 - NOETL_TEMPLATE_MAX_BYTES: size of a string, list or number one template operation may build
   (default 1 MB);
@@ -52,6 +54,10 @@ def max_playbook_bytes() -> int:
 
 def max_yaml_nodes() -> int:
     return int(settings.limit(settings.MAX_YAML_NODES_ENV))
+
+
+def max_input_depth() -> int:
+    return int(settings.limit(settings.MAX_INPUT_DEPTH_ENV))
 
 
 def template_timeout() -> float:

@@ -13,9 +13,9 @@ names the variable, the module imports nothing heavy (the DSL and `validate` use
 credential variables are a prefix family that a model of fixed fields does not describe.
 
 The limits on hostile or oversized input and output (NOETL_MAX_*_BYTES, NOETL_MAX_YAML_NODES,
-NOETL_TEMPLATE_*) are read here too, by `limit()`: `noetl_celery.limits` asks for each one when it
-is used (so a running worker and the CLI agree), and `load()` reads them with the rest so that a
-bad value is refused up front and `noetl-celery config` shows them.
+NOETL_MAX_INPUT_DEPTH, NOETL_TEMPLATE_*) are read here too, by `limit()`: `noetl_celery.limits`
+asks for each one when it is used (so a running worker and the CLI agree), and `load()` reads
+them with the rest so that a bad value is refused up front and `noetl-celery config` shows them.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ MAX_PLAYBOOK_BYTES_ENV = "NOETL_MAX_PLAYBOOK_BYTES"  # a playbook file
 DEFAULT_MAX_PLAYBOOK_BYTES = 4_000_000  # bytes of playbook text
 MAX_YAML_NODES_ENV = "NOETL_MAX_YAML_NODES"  # YAML nodes built, aliases counted each time they are used
 DEFAULT_MAX_YAML_NODES = 500_000
+MAX_INPUT_DEPTH_ENV = "NOETL_MAX_INPUT_DEPTH"  # nesting levels of a playbook's YAML, a JSON body or a workload
+DEFAULT_MAX_INPUT_DEPTH = 100
 TEMPLATE_TIMEOUT_ENV = "NOETL_TEMPLATE_TIMEOUT"  # one template evaluation
 DEFAULT_TEMPLATE_TIMEOUT = 5.0  # seconds
 TEMPLATE_MAX_BYTES_ENV = "NOETL_TEMPLATE_MAX_BYTES"  # a string, list or number one template operation builds
@@ -85,6 +87,7 @@ LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limi
     MAX_RESULT_BYTES_ENV: DEFAULT_MAX_RESULT_BYTES,
     MAX_PLAYBOOK_BYTES_ENV: DEFAULT_MAX_PLAYBOOK_BYTES,
     MAX_YAML_NODES_ENV: DEFAULT_MAX_YAML_NODES,
+    MAX_INPUT_DEPTH_ENV: DEFAULT_MAX_INPUT_DEPTH,
     TEMPLATE_TIMEOUT_ENV: DEFAULT_TEMPLATE_TIMEOUT,
     TEMPLATE_MAX_BYTES_ENV: DEFAULT_TEMPLATE_MAX_BYTES,
     MAX_LOOP_ITEMS_ENV: DEFAULT_MAX_LOOP_ITEMS,
@@ -142,6 +145,7 @@ class Settings:
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
     max_playbook_bytes: int = DEFAULT_MAX_PLAYBOOK_BYTES
     max_yaml_nodes: int = DEFAULT_MAX_YAML_NODES
+    max_input_depth: int = DEFAULT_MAX_INPUT_DEPTH
     template_timeout: float = DEFAULT_TEMPLATE_TIMEOUT
     template_max_bytes: int = DEFAULT_TEMPLATE_MAX_BYTES
     max_loop_items: int = DEFAULT_MAX_LOOP_ITEMS
@@ -200,6 +204,7 @@ class Settings:
             MAX_RESULT_BYTES_ENV: f"{self.max_result_bytes} bytes",
             MAX_PLAYBOOK_BYTES_ENV: f"{self.max_playbook_bytes} bytes",
             MAX_YAML_NODES_ENV: str(self.max_yaml_nodes),
+            MAX_INPUT_DEPTH_ENV: str(self.max_input_depth),
             TEMPLATE_TIMEOUT_ENV: f"{self.template_timeout:g} s",
             TEMPLATE_MAX_BYTES_ENV: f"{self.template_max_bytes} bytes",
             MAX_LOOP_ITEMS_ENV: str(self.max_loop_items),
@@ -282,6 +287,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_result_bytes=int(limit(MAX_RESULT_BYTES_ENV, env)),
             max_playbook_bytes=int(limit(MAX_PLAYBOOK_BYTES_ENV, env)),
             max_yaml_nodes=int(limit(MAX_YAML_NODES_ENV, env)),
+            max_input_depth=int(limit(MAX_INPUT_DEPTH_ENV, env)),
             template_timeout=limit(TEMPLATE_TIMEOUT_ENV, env),
             template_max_bytes=int(limit(TEMPLATE_MAX_BYTES_ENV, env)),
             max_loop_items=int(limit(MAX_LOOP_ITEMS_ENV, env)),

@@ -330,10 +330,23 @@ def test_run_of_an_invalid_playbook_exits_2_before_anything_runs(tmp_path):
     playbook.write_text(
         "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: bad}\nworkflow:\n  - step: start\n    nxt: start\n"
     )
-    proc = cli(["run", str(playbook)], home_env(tmp_path))
+    proc = cli(["run", str(playbook)], {**home_env(tmp_path), "NOETL_STRICT_TEMPLATES": "1"})
     assert proc.returncode == 2
     assert f"{playbook}:6: workflow[0](start).nxt: unknown key 'nxt'; did you mean 'next'?" in proc.stderr
     assert not (tmp_path / "home" / "noetl.sqlite").exists()
+
+
+def test_run_warns_of_an_unknown_key_and_runs_without_it(tmp_path):
+    playbook = tmp_path / "extra.yaml"
+    playbook.write_text(
+        "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: extra, owner: me}\nworkflow:\n"
+        "  - step: start\n    nxt: start\n"
+    )
+    proc = cli(["run", str(playbook)], home_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert f"{playbook}:3: metadata.owner: warning: unknown key 'owner'" in proc.stderr
+    assert f"{playbook}:6: workflow[0](start).nxt: warning: unknown key 'nxt'; did you mean 'next'?" in proc.stderr
+    assert "execution" in proc.stdout and "completed" in proc.stdout
 
 
 # --------------------------------------------------------------------------- worker

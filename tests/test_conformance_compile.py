@@ -11,7 +11,7 @@ from noetl_celery.dsl import load_plan
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.decision.select import select_part
-from noetl_celery.errors import PlaybookError, TemplateError
+from noetl_celery.errors import PlaybookError, Problem, TemplateError
 from noetl_celery.templating import as_step_result, render_string
 
 FILE = "pb.yaml"
@@ -27,6 +27,13 @@ def texts(head: str, body: str) -> list[str]:
     with pytest.raises(PlaybookError) as raised:
         compile_text(head, body)
     return [str(p) for p in raised.value.problems]
+
+
+def strict_texts(head: str, body: str) -> list[str]:
+    """What `validate --strict` prints: the warnings of a playbook that otherwise validates."""
+    warnings: list[Problem] = []
+    load_plan(FILE, text=head + textwrap.dedent(body), warnings=warnings)
+    return [str(p) for p in warnings]
 
 
 # --- renames era -----------------------------------------------------------------------------
@@ -231,7 +238,7 @@ def test_a_workbook_call_with_task_and_with_is_noetls_spelling(head, tool) -> No
 
 def test_a_misspelt_step_key_on_a_legacy_postgres_step_is_a_step_key() -> None:
     body = "workflow:\n  - step: start\n    tool: postgres\n    command: select 1\n    nxt: start\n"
-    assert texts(V1, body) == ["pb.yaml:9: workflow[0](start).nxt: unknown step key 'nxt'; did you mean 'next'?"]
+    assert strict_texts(V1, body) == ["pb.yaml:9: workflow[0](start).nxt: unknown step key 'nxt'; did you mean 'next'?"]
 
 
 def test_a_misspelt_tool_field_is_still_named_for_its_tool() -> None:

@@ -39,6 +39,29 @@ def texts(head: str, body: str) -> list[str]:
     return [str(p) for p in problems(head, body)]
 
 
+def strict_problems(head: str, body: str) -> list[Problem]:
+    """The problems `validate --strict` prints: the warnings (unknown keys, unknown names) too."""
+    warnings: list[Problem] = []
+    try:
+        compile_text(head, body, warnings=warnings)
+        found: list[Problem] = []
+    except PlaybookError as exc:
+        found = list(exc.problems)
+    assert found or warnings, "no problem and no warning"
+    return sorted(found + warnings, key=lambda p: (p.line or 0, p.path))
+
+
+def strict_texts(head: str, body: str) -> list[str]:
+    return [str(p) for p in strict_problems(head, body)]
+
+
+def warned(head: str, body: str) -> list[str]:
+    """The warnings of a playbook that validates."""
+    warnings: list[Problem] = []
+    compile_text(head, body, warnings=warnings)
+    return [str(p) for p in warnings]
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading
 
@@ -91,7 +114,7 @@ def test_every_known_api_version_is_accepted(version: str) -> None:
 
 
 def test_unknown_top_level_key_suggests_the_near_one() -> None:
-    found = texts(V1, "workfow:\n  - step: start\n")
+    found = strict_texts(V1, "workfow:\n  - step: start\n")
     assert "pb.yaml:5: workfow: unknown key 'workfow'; did you mean 'workflow'?" in found
     assert "pb.yaml:1: a playbook needs workflow: [steps]" in found
 
@@ -126,7 +149,7 @@ def test_ctx_and_metadata_are_kept() -> None:
 
 
 def test_unknown_step_key_names_file_line_path_and_suggestion() -> None:
-    found = texts(V1, "workflow:\n  - step: start\n    nxt:\n      - step: start\n")
+    found = strict_texts(V1, "workflow:\n  - step: start\n    nxt:\n      - step: start\n")
     assert found == ["pb.yaml:7: workflow[0](start).nxt: unknown key 'nxt'; did you mean 'next'?"]
 
 
@@ -142,7 +165,7 @@ def test_all_problems_are_collected_before_raising() -> None:
         next:
           - step: nowhere
     """
-    found = texts(V1, body)
+    found = strict_texts(V1, body)
     assert found == [
         "pb.yaml:7: workflow[0](start).nxt: unknown key 'nxt'; did you mean 'next'?",
         "pb.yaml:10: workflow[1](fetch).metod: unknown key 'metod' for the http tool; did you mean 'method'?",
@@ -536,7 +559,7 @@ def test_case_unknown_then_key_is_a_problem() -> None:
     body = (
         "workflow:\n  - step: start\n    tool: {kind: noop}\n    case:\n      - when: x\n        then: {nxt: start}\n"
     )
-    assert texts(V2, body) == [
+    assert strict_texts(V2, body) == [
         "pb.yaml:10: workflow[0](start).case[0].then.nxt: unknown key 'nxt'; did you mean 'next'?"
     ]
 
@@ -613,11 +636,13 @@ def test_cursor_loop_keeps_cursor_and_frame() -> None:
 
 def test_cursor_loop_rules_are_enforced() -> None:
     head = "workflow:\n  - step: start\n    tool: {kind: noop}\n    loop:\n"
-    both = texts(V10, head + "      in: [1]\n      cursor: {kind: postgres, claim: x}\n      spec: {mode: cursor}\n")
+    both = strict_texts(
+        V10, head + "      in: [1]\n      cursor: {kind: postgres, claim: x}\n      spec: {mode: cursor}\n"
+    )
     assert both == ["pb.yaml:8: workflow[0](start).loop: a loop needs exactly one of in (or collection) and cursor"]
-    no_mode = texts(V10, head + "      cursor: {kind: postgres, claim: x}\n      spec: {mode: parallel}\n")
+    no_mode = strict_texts(V10, head + "      cursor: {kind: postgres, claim: x}\n      spec: {mode: parallel}\n")
     assert no_mode == ["pb.yaml:10: workflow[0](start).loop.spec.mode: mode: cursor goes with cursor: (and only there)"]
-    bad_kind = texts(V10, head + "      cursor: {kind: oracle, claim: x}\n")
+    bad_kind = strict_texts(V10, head + "      cursor: {kind: oracle, claim: x}\n")
     assert bad_kind == [
         (
             "pb.yaml:9: workflow[0](start).loop.cursor.kind: cursor kind 'oracle' is not supported "
@@ -629,19 +654,19 @@ def test_cursor_loop_rules_are_enforced() -> None:
     plan = compile_text(V10, head + "      cursor: {kind: redis_stream, stream: s}\n")  # no claim SQL
     assert plan.steps["start"].loop is not None
     assert plan.steps["start"].loop.cursor == {"kind": "redis_stream", "stream": "s"}
-    assert texts(V10, head + "      cursor: {kind: redis_stream, stream: s, max_delivery: 3}\n") == [
+    assert strict_texts(V10, head + "      cursor: {kind: redis_stream, stream: s, max_delivery: 3}\n") == [
         "pb.yaml:9: workflow[0](start).loop.cursor.max_delivery: unknown key 'max_delivery'; "
         "did you mean 'max_deliveries'?"
     ]
-    assert texts(V10, head + "      cursor: {kind: postgres}\n") == [
+    assert strict_texts(V10, head + "      cursor: {kind: postgres}\n") == [
         "pb.yaml:9: workflow[0](start).loop.cursor.claim: must be a non-empty string, not null"
     ]
-    bad_retry = texts(V10, head + "      cursor: {kind: sqlite, claim: x, retry: {max_attempt: 2}}\n")
+    bad_retry = strict_texts(V10, head + "      cursor: {kind: sqlite, claim: x, retry: {max_attempt: 2}}\n")
     assert bad_retry == [
         "pb.yaml:9: workflow[0](start).loop.cursor.retry.max_attempt: unknown key 'max_attempt'; "
         "did you mean 'max_attempts'?"
     ]
-    on_collection = texts(V10, head + "      in: [1]\n      aggregate: true\n")
+    on_collection = strict_texts(V10, head + "      in: [1]\n      aggregate: true\n")
     assert on_collection == [
         "pb.yaml:10: workflow[0](start).loop.aggregate: aggregate: only applies to a cursor loop "
         "(a collection loop's result always has its results)"
@@ -650,7 +675,7 @@ def test_cursor_loop_rules_are_enforced() -> None:
 
 def test_unknown_loop_key_is_a_problem_with_suggestion() -> None:
     body = "workflow:\n  - step: start\n    tool: {kind: noop}\n    loop: {in: [1], iteratr: x}\n"
-    assert texts(V10, body) == [
+    assert strict_texts(V10, body) == [
         ("pb.yaml:8: workflow[0](start).loop.iteratr: unknown key 'iteratr'; did you mean 'iterator'?")
     ]
 
@@ -739,7 +764,7 @@ def test_on_success_without_max_attempts_uses_the_pagination_default() -> None:
 
 def test_unknown_key_inside_on_success_has_path_and_suggestion() -> None:
     body = "workflow:\n  - step: fetch_users\n    tool: http\n    url: x\n    retry:\n      on_success:\n        whille: x\n"
-    found = texts(V1, body)
+    found = strict_texts(V1, body)
     assert (
         "pb.yaml:11: workflow[0](fetch_users).retry.on_success.whille: unknown key 'whille'; "
         "did you mean 'while'?" in found
@@ -797,7 +822,7 @@ def test_canonical_retry_without_attempts_gets_the_default() -> None:
 
 def test_unknown_action_and_action_key_are_problems() -> None:
     body = "workflow:\n  - step: start\n    tool:\n      kind: noop\n      spec: {policy: {rules: [{else: {do: retyr, attemps: 2}}]}}\n"
-    assert texts(V10, body) == [
+    assert strict_texts(V10, body) == [
         (
             "pb.yaml:9: workflow[0](start).tool.spec.policy.rules[0].else.attemps: unknown key 'attemps'; "
             "did you mean 'attempts'?"
@@ -846,7 +871,7 @@ def test_step_when_is_admission() -> None:
 
 def test_admit_unknown_key_is_a_problem() -> None:
     body = "workflow:\n  - step: start\n    spec:\n      policy:\n        admit:\n          rules:\n            - else: {then: {alow: true}}\n"
-    found = texts(V10, body)
+    found = strict_texts(V10, body)
     assert (
         "pb.yaml:11: workflow[0](start).spec.policy.admit.rules[0].else.then.alow: unknown key 'alow'; "
         "did you mean 'allow'?" in found
@@ -854,7 +879,7 @@ def test_admit_unknown_key_is_a_problem() -> None:
 
 
 def test_step_key_typo_on_a_legacy_tool_step_suggests_the_step_key() -> None:
-    found = texts(V1, "workflow:\n  - step: start\n    tool: http\n    url: x\n    nxt: start\n")
+    found = strict_texts(V1, "workflow:\n  - step: start\n    tool: http\n    url: x\n    nxt: start\n")
     assert found == ["pb.yaml:9: workflow[0](start).nxt: unknown step key 'nxt'; did you mean 'next'?"]
 
 

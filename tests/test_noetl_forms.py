@@ -125,7 +125,6 @@ def test_playbook_payload_is_the_childs_workload_and_retry_is_accepted(sqlite_ur
     ("path", "hint"),
     [
         ("tests/fidelity/chlid", "; did you mean 'tests/fidelity/child'?"),
-        ("child.yaml", "; the file 'child.yaml' has metadata.path 'tests/fidelity/child': name it by that path"),
         ("chld", "; did you mean 'tests/fidelity/child' (child)?"),
         ("something/else/entirely", " (more directories: NOETL_PLAYBOOK_PATH)"),
     ],

@@ -67,7 +67,12 @@ def child_problems(plan: Plan, catalog: resolve.Catalog | None, seen: frozenset[
             if task.kind != PLAYBOOK_KIND or not isinstance(path, str) or resolve.is_template(path):
                 continue
             where = f"{name}.tool.path" if len(step.tasks) == 1 else f"{name}.tool.{task.label}.path"
-            found = resolve.find(path, plan.source_file, catalog)
+            try:
+                found = resolve.find(path, plan.source_file, catalog)
+            except PlaybookError as exc:
+                first = exc.problems[0] if exc.problems else None
+                problems.append(Problem(file, task.line, where, f"sub-playbook {path!r} cannot be read: {first}"))
+                continue
             if found is None:
                 problems.append(
                     Problem(file, task.line, where, resolve.not_found_message(path, plan.source_file, catalog))

@@ -1,9 +1,17 @@
-"""Where a sub-playbook's catalog path (its `metadata.path`) is found.
+"""Where a sub-playbook named by its catalog path (its `metadata.path`) or its file is found.
 
-Order: the catalog in the store (`noetl-celery register FILE...`), then playbook files whose
-`metadata.path` matches: beside the parent file, then under each directory of
-NOETL_PLAYBOOK_PATH (os.pathsep-separated, searched recursively). A file's metadata.path is read
-once per (file, mtime) per process.
+Order: the catalog in the store (`noetl-celery register FILE...`); a file path relative to the
+parent file's folder when the name is written as one (`./child.yaml`, `../x.yaml`, `setup/x.yaml`:
+it starts with ./ or ../ or ends in .yaml/.yml); playbook files whose `metadata.path` matches:
+beside the parent file, then under each directory of NOETL_PLAYBOOK_PATH (os.pathsep-separated,
+searched recursively); last, a file beside the parent named by the path with .yaml or .yml added
+(`setup/x`), as NoETL's loader tries file paths.
+
+The folder scan reads only what it needs: a file whose bytes do not contain the name looked for
+is not parsed, and every file is read as a playbook is (at most NOETL_MAX_PLAYBOOK_BYTES, YAML
+within NOETL_MAX_INPUT_DEPTH and NOETL_MAX_YAML_NODES), so no file of the folder can break the
+compilation of a playbook beside it. A file's metadata.path is read once per (file, mtime) per
+process.
 """
 
 from __future__ import annotations
@@ -14,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from noetl_celery import limits
 from noetl_celery import settings as noetl_settings
+from noetl_celery.dsl import read_playbook_text
+from noetl_celery.dsl.yaml_lines import load_yaml
+from noetl_celery.errors import PlaybookError
 
 PLAYBOOK_PATH_ENV = noetl_settings.PLAYBOOK_PATH_ENV
 PLAYBOOK_SUFFIXES = (".yaml", ".yml")
@@ -37,20 +47,38 @@ class Found:
 Catalog = Callable[[str], Found | None]
 
 
-def metadata_path(file: Path) -> str | None:
+def metadata_path(file: Path, containing: str | None = None) -> str | None:
+    """The file's `metadata.path`, None when it has none or cannot be read as a playbook.
+    `containing`: skip (None) a file whose bytes do not contain this text, without parsing it."""
     try:
-        key = (str(file), file.stat().st_mtime)
+        stat = file.stat()
     except OSError:
         return None
-    if key not in _metadata_paths:
-        try:
-            document: Any = yaml.safe_load(file.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError, UnicodeDecodeError):
-            document = None
-        meta = document.get("metadata") if isinstance(document, dict) else None
-        value = meta.get("path") if isinstance(meta, dict) else None
-        _metadata_paths[key] = value if isinstance(value, str) else None
+    key = (str(file), stat.st_mtime)
+    if key in _metadata_paths:
+        return _metadata_paths[key]
+    if containing is not None and not _contains(file, containing.encode("utf-8")):
+        return None
+    _metadata_paths[key] = _read_metadata_path(file) if stat.st_size <= limits.max_playbook_bytes() else None
     return _metadata_paths[key]
+
+
+def _contains(file: Path, needle: bytes) -> bool:
+    try:
+        with file.open("rb") as handle:
+            return needle in handle.read(limits.max_playbook_bytes() + 1)
+    except OSError:
+        return False
+
+
+def _read_metadata_path(file: Path) -> str | None:
+    try:
+        document, _ = load_yaml(read_playbook_text(file, str(file)), str(file))
+    except PlaybookError:
+        return None
+    meta = document.get("metadata") if isinstance(document, dict) else None
+    value = meta.get("path") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def search_dirs(parent_file: str | None) -> list[tuple[Path, bool]]:
@@ -77,18 +105,41 @@ def playbook_files(parent_file: str | None) -> Iterator[tuple[Path, Path]]:
 
 
 def find_file(catalog_path: str, parent_file: str | None) -> Path | None:
-    return next((file for _, file in playbook_files(parent_file) if metadata_path(file) == catalog_path), None)
+    return next(
+        (file for _, file in playbook_files(parent_file) if metadata_path(file, catalog_path) == catalog_path), None
+    )
+
+
+def written_as_file(name: str) -> bool:
+    """`./child.yaml`, `../x`, `setup/x.yaml`: a name that can only be a file path."""
+    return name.startswith(("./", "../")) or name.endswith(PLAYBOOK_SUFFIXES)
+
+
+def beside_parent(name: str, parent_file: str | None) -> Path | None:
+    """The playbook file `name` names relative to the parent file's folder, as written or with
+    .yaml or .yml added, if there is one."""
+    if not parent_file or parent_file.startswith("catalog:") or Path(name).is_absolute():
+        return None
+    folder = Path(parent_file).resolve().parent
+    names = [name] if name.endswith(PLAYBOOK_SUFFIXES) else [name + suffix for suffix in PLAYBOOK_SUFFIXES]
+    return next((folder / candidate for candidate in names if (folder / candidate).is_file()), None)
 
 
 def find(catalog_path: str, parent_file: str | None, catalog: Catalog | None = None) -> Found | None:
+    """The sub-playbook `catalog_path` names (see the module docstring for the order). Raises
+    PlaybookError when the file it names cannot be read as a playbook (too big, not UTF-8)."""
     if catalog is not None:
         found = catalog(catalog_path)
         if found is not None:
             return found
-    file = find_file(catalog_path, parent_file)
+    file = beside_parent(catalog_path, parent_file) if written_as_file(catalog_path) else None
+    if file is None:
+        file = find_file(catalog_path, parent_file)
+    if file is None and not written_as_file(catalog_path):
+        file = beside_parent(catalog_path, parent_file)
     if file is None:
         return None
-    return Found(path=catalog_path, source=str(file), text=file.read_text(encoding="utf-8"))
+    return Found(path=catalog_path, source=str(file), text=read_playbook_text(file, str(file)))
 
 
 def known_playbooks(parent_file: str | None) -> dict[str, str]:

@@ -28,6 +28,7 @@ from sqlalchemy import text
 
 from noetl_celery.dashboard.server import Base
 from noetl_celery.dsl import nest_dotted
+from noetl_celery.dsl.bounded import InputError, parse_json
 from noetl_celery.errors import BrokerUnavailable, ConfigurationError, ExecutionNotFound, NoetlError, PlaybookError
 from noetl_celery.store import views
 
@@ -118,9 +119,9 @@ class Api(Base):
         if not raw.strip():
             return {}
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"body: not JSON ({exc})", "body") from None
+            body = parse_json(raw, "body")
+        except InputError as exc:
+            raise ApiError(400, str(exc), "body") from None
         if not isinstance(body, dict):
             raise ApiError(400, f"body: expected a JSON object, got {type(body).__name__}", "body")
         return body

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from noetl_celery import credentials, limits
+from noetl_celery.dsl.bounded import InputError, check_value_depth
 from noetl_celery.dsl.canonical import build_loop, canonical_tasks, routing, task_from_mapping
 from noetl_celery.dsl.case import compile_case
 from noetl_celery.dsl.legacy import Workbook, legacy_tasks, workbook_entry_task
@@ -47,12 +48,20 @@ API_VERSIONS = ("noetl.io/v1", "noetl.io/v2", "noetl.io/v10")
 LEGACY_API_VERSION = "noetl.io/v1"
 TOP_KEYS = frozenset(
     {"apiVersion", "kind", "metadata", "workload", "ctx", "keychain", "executor", "workbook", "workflow", "timeout"}
+    | {"auth"}  # NoETL's playbook-level auth: accepted; each task names its own credential here
 )
-METADATA_KEYS = frozenset({"name", "path", "description", "version", "labels", "tags"})
-EXECUTOR_KEYS = frozenset({"profile", "version", "requires", "spec"})
+METADATA_KEYS = frozenset({"name", "path", "description", "version", "labels", "tags"}) | {
+    # NoETL's catalog and gui read these; they change nothing in a run
+    "agent",
+    "exposed_in_ui",
+    "exposes_as_mcp",
+    "capabilities",
+    "terminal",
+}
+EXECUTOR_KEYS = frozenset({"profile", "version", "requires", "spec", "kind"})  # kind: NoETL ignores it
 EXECUTOR_SPEC_KEYS = frozenset(
-    {"entry_step", "final_step", "no_next_is_error", "policy", "timeout", "strict_templates", "webhook"}
-)
+    {"entry_step", "final_step", "no_next_is_error", "policy", "timeout", "strict_templates", "webhook", "pool"}
+)  # pool: NoETL's worker pool name, which NoETL ignores too
 CANONICAL_WORKBOOK_KEYS = frozenset({"name", "desc", "tool", "assert"})
 DEFAULT_ENTRY_STEP = "start"
 SET_TARGETS = {"ctx": "set_ctx", "vars": "vars"}  # step-level `set: {ctx.x: ..., vars.y: ...}`
@@ -77,24 +86,34 @@ def load_plan(
     `warnings` (templates render leniently: the name reads as empty and is noted at run time).
     """
     file = str(source)
+    try:
+        check_value_depth(overrides, "workload")
+    except InputError as exc:
+        raise PlaybookError([Problem(file, None, "", str(exc))]) from None
     if text is None:
         text = read_playbook_text(Path(source), file)
     elif len(text) > limits.max_playbook_bytes():
         raise PlaybookError([_too_big(file, len(text.encode("utf-8")))])
     document, problems = load_yaml(text, file)
     ctx = Context(file=file, problems=problems)
-    plan = _plan(ctx, document, overrides or {}) if document is not None else None
+    # a document that loads to null (`~`) is refused by _plan as "must be a mapping"
+    plan = _plan(ctx, document, overrides or {}) if document is not None or not problems else None
     if document is not None:
         check_templates(ctx, document)
         names = Context(file=file, problems=[])
         check_names(names, document, list(overrides or {}))
+        advisories = sorted([problem for _, problem in ctx.unknown] + names.problems, key=_where)
         if plan is not None and strict_rendering(plan.strict_templates):
-            ctx.problems.extend(names.problems)
+            ctx.problems.extend(advisories)
         elif warnings is not None:
-            warnings.extend(names.problems)
+            warnings.extend(advisories)
     if ctx.problems or plan is None:
-        raise PlaybookError(sorted(ctx.problems, key=lambda p: (p.line or 0, p.path)))
+        raise PlaybookError(sorted(ctx.problems, key=_where))
     return plan
+
+
+def _where(problem: Problem) -> tuple[int, str]:
+    return problem.line or 0, problem.path
 
 
 def _too_big(file: str, size: int) -> Problem:
@@ -419,13 +438,15 @@ def _step(ctx: Context, step: LDict, line: int | None, path: str, workbook: Work
         policy, page_sink = legacy_retry(ctx, step["retry"], line_of(step, "retry"), join(path, "retry"))
         _attach_policy(ctx, tasks, policy, step, "retry", path)
         _attach_sink(ctx, tasks, page_sink, name, step, "retry", path)
-    if "sink" in step:
+    if "sink" in step and not isinstance(step["sink"], bool):  # `sink: true`: a hint (below)
         sink = build_sink(ctx, step["sink"], line_of(step, "sink"), join(path, "sink"))
         _attach_sink(ctx, tasks, sink, name, step, "sink", path)
     variables, set_ctx = _assignments(ctx, step, path)
     loop = build_loop(ctx, step["loop"], line_of(step, "loop"), join(path, "loop")) if "loop" in step else None
     desc = expect_str(ctx, step["desc"], line_of(step, "desc"), join(path, "desc")) if "desc" in step else None
     select, hints = _result_hints(ctx, step, path)
+    if isinstance(step.get("sink"), bool):
+        hints["sink"] = step["sink"]  # NoETL's `sink: true` marks the step as a write: advisory here
     return Step(
         name=name,
         desc=desc,

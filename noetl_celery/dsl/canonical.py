@@ -26,6 +26,7 @@ from noetl_celery.dsl.legacy import (
 )
 from noetl_celery.dsl.plan import DEFAULT_PARALLEL_CAP, Action, Loop, Routing, Task
 from noetl_celery.dsl.policy_forms import BACKOFF_KEYS, SET_SCOPES, retry_action, task_policy, with_task_sets
+from noetl_celery.dsl.timeouts import normalise_timeouts
 from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
@@ -43,7 +44,9 @@ from noetl_celery.dsl.validate import (
     expect_mapping,
     expect_str,
     join,
+    missing_required,
     number,
+    one_of,
     suggest,
     tool_only_fields,
     tool_spec,
@@ -113,21 +116,26 @@ def canonical_tasks(ctx: Context, step: LDict, label: str, path: str, workbook: 
 
 
 def _check_step_keys(ctx: Context, step: LDict, tasks: list[Task], path: str) -> None:
+    """A tool field written at step level is a problem when its tool lacks a field it needs
+    (most likely that one, misplaced), else, as any other unknown step key, a warning."""
     owners: dict[str, list[str]] = {}
+    incomplete: set[str] = set()
     for task in tasks:
         spec = get_tool(task.kind)
         for key in tool_only_fields(spec) if spec else ():
             owners.setdefault(key, []).append(task.kind)
+        for group in missing_required(spec, task.config) if spec else ():
+            incomplete |= group
     for key in step:
         if key in STEP_KEYS or key == STEP_INPUT_KEY:
             continue
         if key in owners:
             kinds = " / ".join(dict.fromkeys(owners[key]))
-            ctx.problem(
-                line_of(step, key),
-                join(path, key),
-                f"'{key}' is a field of the {kinds} tool; put it under tool",
-            )
+            message = f"'{key}' is a field of the {kinds} tool; put it under tool"
+            if key in incomplete:
+                ctx.problem(line_of(step, key), join(path, key), message)
+            else:
+                ctx.unknown_key(step, line_of(step, key), join(path, key), message)
         else:
             unknown_key(ctx, step, key, path, STEP_KEYS)
 
@@ -183,9 +191,15 @@ def task_from_mapping(
     policy = task_policy(ctx, *read("policy")) if "policy" in fields else None
     if task_sets is not None:
         policy = with_task_sets(policy, *task_sets)
-    sink = build_sink(ctx, *read("sink")) if "sink" in fields else None
+    sink = None
+    if "sink" in fields and isinstance(read("sink")[0], bool):
+        hints["sink"] = read("sink")[0]  # NoETL's `sink: true` marks the task as a write: advisory
+    elif "sink" in fields:
+        sink = build_sink(ctx, *read("sink"))
     auth = plain(read("auth")[0]) if "auth" in fields else None
-    check_required(ctx, spec, config, line, path)
+    timeout_line = line_of(fields["timeout"][0], "timeout") if "timeout" in fields else line
+    normalise_timeouts(ctx, spec, config, timeout_line, path)
+    check_required(ctx, spec, config, line, path, {id(holder): holder for holder, _ in fields.values()}.values())
     check_settings(ctx, spec, config, tool, path, fields)
     return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, sink=sink, line=line, hints=hints)
 
@@ -271,12 +285,12 @@ def routing(ctx: Context, value: Any, line: int | None, path: str) -> Routing:
         spec = expect_mapping(ctx, nxt["spec"], line_of(nxt, "spec"), spec_path) or LDict()
         check_keys(ctx, spec, {"mode", "on_no_match"}, spec_path)
         written = spec.get("mode", "exclusive")
-        if written not in ROUTE_MODES:
+        if not one_of(written, ROUTE_MODES):
             hint = suggest(str(written), ROUTE_MODES)
             ctx.problem(line_of(spec, "mode"), join(spec_path, "mode"), f"unknown routing mode '{written}'{hint}")
-        mode = ROUTE_MODES.get(written, "exclusive")
+        mode = ROUTE_MODES[written] if one_of(written, ROUTE_MODES) else "exclusive"
         on_no_match = spec.get("on_no_match")
-        if on_no_match not in NO_MATCH_ACTIONS:
+        if not one_of(on_no_match, NO_MATCH_ACTIONS):
             hint = suggest(str(on_no_match), ("quiet", "error"))
             ctx.problem(
                 line_of(spec, "on_no_match"),
@@ -290,8 +304,9 @@ def routing(ctx: Context, value: Any, line: int | None, path: str) -> Routing:
     for index, raw in enumerate(items):
         item_path, item_line = join(arcs_path, index), line_of(items, index)
         item = expect_mapping(ctx, raw, item_line, item_path)
-        if item is None or not check_keys(ctx, item, ARC_KEYS, item_path):
+        if item is None:
             continue
+        check_keys(ctx, item, ARC_KEYS, item_path)
         made = arc(ctx, item, condition(ctx, item, "when", item_path), False, item_line, item_path)
         if made is not None and "set" in item:
             sets = assignments(ctx, item, item_path, ARC_SET_SCOPES, bare="ctx")
@@ -393,7 +408,7 @@ def _mode(ctx: Context, loop: LDict, spec: LDict, path: str, is_cursor: bool) ->
         ctx.problem(line_of(spec, "mode"), join(path, "spec.mode"), "mode is given twice with different values")
     holder, hpath = (spec, join(path, "spec")) if "mode" in spec else (loop, path)
     written = holder.get("mode", "cursor" if is_cursor else "sequential")
-    if written not in LOOP_MODES:
+    if not one_of(written, LOOP_MODES):
         hint = suggest(str(written), LOOP_MODES)
         ctx.problem(line_of(holder, "mode"), join(hpath, "mode"), f"unknown loop mode '{written}'{hint}")
         return "cursor" if is_cursor else "sequential"
@@ -460,7 +475,7 @@ def _cursor(ctx: Context, loop: LDict, path: str) -> dict[str, Any] | None:
     kind = cursor.get("kind")
     known = cursors.known_kinds()
     check_keys(ctx, cursor, CURSOR_KEYS | cursors.driver_keys(str(kind)), cursor_path)
-    if kind not in known:
+    if not one_of(kind, known):
         hint = suggest(str(kind), known)
         ctx.problem(
             line_of(cursor, "kind"),
@@ -482,6 +497,7 @@ def claim_retry(ctx: Context, loop: LDict, path: str) -> Action | None:
         return None
     retry_path = join(join(path, "cursor"), "retry")
     retry = expect_mapping(ctx, cursor["retry"], line_of(cursor, "retry"), retry_path)
-    if retry is None or not check_keys(ctx, retry, BACKOFF_KEYS, retry_path):
+    if retry is None:
         return None
+    check_keys(ctx, retry, BACKOFF_KEYS, retry_path)
     return retry_action(ctx, retry, retry_path)

@@ -39,6 +39,7 @@ from noetl_celery.dsl.validate import (
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
 
 CASE_ENTRY_KEYS = frozenset({"when", "then"})
+CASE_ELSE_KEY = "else"  # `- else: {then: ...}`: the last entry, when no other applies
 CASE_THEN_KEYS = frozenset({"next", "retry", "collect", "set", "result"})
 CASE_SET_SCOPES = {"ctx": "set_ctx", "vars": "set_vars", "iter": "set_iter"}
 CASE_SET_BARE = "ctx"  # `then: {set: {page: 2}}` assigns ctx.page
@@ -61,12 +62,19 @@ def compile_case(ctx: Context, value: Any, line: int | None, path: str) -> CaseR
     for index, raw in enumerate(entries):
         entry_path, entry_line = join(path, index), line_of(entries, index)
         entry = expect_mapping(ctx, raw, entry_line, entry_path)
-        if entry is None or not check_keys(ctx, entry, CASE_ENTRY_KEYS, entry_path):
+        if entry is None:
             continue
-        if "when" not in entry or "then" not in entry:
-            ctx.problem(entry_line, entry_path, "a case entry needs when and then")
+        is_else = CASE_ELSE_KEY in entry
+        if is_else:
+            entry = _else_entry(ctx, entry, index == len(entries) - 1, entry_line, entry_path)
+            if entry is None:
+                continue
+            entry_path = join(entry_path, CASE_ELSE_KEY)
+        check_keys(ctx, entry, CASE_ENTRY_KEYS, entry_path)
+        if ("when" not in entry and not is_else) or "then" not in entry:
+            ctx.missing(entry, entry_line, entry_path, "a case entry needs when and then")
             continue
-        when = condition(ctx, entry, "when", entry_path)
+        when = None if is_else else condition(ctx, entry, "when", entry_path)
         then_path = join(entry_path, "then")
         then = _then(ctx, entry, then_path)
         if then is None:
@@ -76,6 +84,7 @@ def compile_case(ctx: Context, value: Any, line: int | None, path: str) -> CaseR
             arcs = _arcs(ctx, then, when, then_path)
             for made in arcs:
                 made.set_ctx, made.set_vars = dict(sets.get("set_ctx", {})), dict(sets.get("set_vars", {}))
+                made.fallback = is_else
             if sets.get("set_iter") and not ({"retry", "collect", "result"} & then.keys()):
                 message = "iter.x goes with a call's outcome; with next, set ctx.x or vars.x"
                 ctx.problem(line_of(then, "set"), join(then_path, "set"), message)
@@ -89,19 +98,36 @@ def compile_case(ctx: Context, value: Any, line: int | None, path: str) -> CaseR
     return result
 
 
+def _else_entry(ctx: Context, entry: LDict, last: bool, line: int | None, path: str) -> LDict | None:
+    """`- else: {then: {...}}` (or `- else: {next: ...}`, the actions themselves): the entry that
+    applies when no other entry does; it is the last entry. Returned as an entry without `when`."""
+    check_keys(ctx, entry, {CASE_ELSE_KEY}, path)
+    if not last:
+        ctx.problem(line, path, "a case else must be the last entry")
+    body = expect_mapping(ctx, entry[CASE_ELSE_KEY], line_of(entry, CASE_ELSE_KEY), join(path, CASE_ELSE_KEY))
+    if body is None or "then" in body:
+        return body
+    wrapped = LDict({"then": body})
+    wrapped.line, wrapped.key_lines = body.line, {"then": body.line or 0}
+    return wrapped
+
+
 def _then(ctx: Context, entry: LDict, path: str) -> LDict | None:
     """`then:` as a mapping of actions, or a list of one-action mappings read as one mapping."""
     value, line = entry["then"], line_of(entry, "then")
     if not isinstance(value, list):
         then = expect_mapping(ctx, value, line, path)
-        return then if then is not None and check_keys(ctx, then, CASE_THEN_KEYS, path) else None
+        if then is not None:
+            check_keys(ctx, then, CASE_THEN_KEYS, path)
+        return then
     merged = LDict()
     merged.line = line
     for index, item in enumerate(value):
         item_path, item_line = join(path, index), line_of(value, index)
         action = expect_mapping(ctx, item, item_line, item_path)
-        if action is None or not check_keys(ctx, action, CASE_THEN_KEYS, item_path):
+        if action is None:
             continue
+        check_keys(ctx, action, CASE_THEN_KEYS, item_path)
         for key in action:
             if key in merged:
                 message = f"'{key}' is given twice in this then list (first at line {merged.key_lines[key]})"

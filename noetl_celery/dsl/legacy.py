@@ -14,6 +14,7 @@ from typing import Any
 
 from noetl_celery.dsl.plan import Arc, Task
 from noetl_celery.dsl.policy_forms import task_policy
+from noetl_celery.dsl.timeouts import normalise_timeouts
 from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
@@ -116,7 +117,8 @@ def inline_task(ctx: Context, mapping: LDict, reserved: frozenset[str], label: s
         policy = task_policy(ctx, mapping["policy"], line_of(mapping, "policy"), join(path, "policy"))
     if spec.routing_only and not config and policy is None and "sink" not in mapping:
         return None  # `tool: end` and friends with nothing to do: a routing-only step
-    check_required(ctx, spec, config, tool_line, tool_path)
+    normalise_timeouts(ctx, spec, config, line_of(mapping, "timeout"), path)
+    check_required(ctx, spec, config, tool_line, tool_path, [mapping])
     check_settings(ctx, spec, config, mapping, path)
     auth = plain(mapping.get("auth"))
     return Task(label=label, kind=spec.kind, config=config, auth=auth, policy=policy, line=tool_line, hints=hints)
@@ -181,7 +183,8 @@ def resolve_workbook(
     config = deepcopy(entry.config)
     if args is not None:
         step_args: dict[str, Any] = expect_mapping(ctx, args, line, join(path, "args")) or {}
-        config["args"] = {**config.get("args", {}), **plain(step_args)}
+        entry_args = config.get("args")  # not a mapping: a problem of the entry, reported there
+        config["args"] = {**(entry_args if isinstance(entry_args, dict) else {}), **plain(step_args)}
     auth = plain(auth) if auth is not None else entry.auth
     return entry.model_copy(update={"label": label, "config": config, "auth": auth, "line": line}, deep=True)
 
@@ -220,8 +223,7 @@ def legacy_arcs(ctx: Context, value: Any, line: int | None, path: str) -> list[A
 
 
 def _entry(ctx: Context, entry: LDict, line: int | None, path: str) -> list[Arc]:
-    if not check_keys(ctx, entry, NEXT_ENTRY_KEYS, path):
-        return []
+    check_keys(ctx, entry, NEXT_ENTRY_KEYS, path)
     when = condition(ctx, entry, "when", path)
     if "then" in entry or "else" in entry:
         if "step" in entry:
@@ -252,8 +254,9 @@ def _branch(ctx: Context, entry: LDict, key: str, when: Any, negate: bool, path:
             item = LDict({"step": item})
             item.line = item_line
         mapping = expect_mapping(ctx, item, item_line, item_path)
-        if mapping is None or not check_keys(ctx, mapping, BRANCH_KEYS, item_path):
+        if mapping is None:
             continue
+        check_keys(ctx, mapping, BRANCH_KEYS, item_path)
         made = arc(ctx, mapping, when, negate, item_line, item_path)
         arcs.extend([made] if made is not None else [])
     return arcs
@@ -262,7 +265,7 @@ def _branch(ctx: Context, entry: LDict, key: str, when: Any, negate: bool, path:
 def arc(ctx: Context, entry: LDict, when: Any, negate: bool, line: int | None, path: str) -> Arc | None:
     """`{step, args?}` under condition `when` -> Arc (its target is checked later)."""
     if "step" not in entry:
-        ctx.problem(line, path, "a next entry needs step: <name>")
+        ctx.missing(entry, line, path, "a next entry needs step: <name>")
         return None
     target = expect_str(ctx, entry["step"], line_of(entry, "step"), join(path, "step"))
     if target is None:

@@ -39,6 +39,7 @@ from noetl_celery.dsl.validate import (
     expect_mapping,
     join,
     number,
+    one_of,
     suggest,
 )
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
@@ -72,7 +73,11 @@ def _stop(source: str) -> Rule:
 def task_policy(ctx: Context, value: Any, line: int | None, path: str) -> Policy | None:
     """A task's `spec.policy` (or `policy`): `{rules: [...]}`."""
     policy = expect_mapping(ctx, value, line, path)
-    if policy is None or not check_keys(ctx, policy, {"rules"}, path):
+    if policy is None:
+        return None
+    check_keys(ctx, policy, {"rules"}, path)
+    if "rules" not in policy:
+        ctx.missing(policy, line, path, "a policy needs rules: [...]")
         return None
     rules = expect_list(ctx, policy.get("rules"), line_of(policy, "rules"), join(path, "rules"))
     if rules is None:
@@ -114,7 +119,7 @@ def _rule_parts(ctx: Context, rules: list[Any], path: str) -> Iterator[_RulePart
             continue
         check_keys(ctx, item, {"when", "then"}, item_path)
         if "when" not in item or "then" not in item:
-            ctx.problem(item_line, item_path, "a rule needs when and then (or else)")
+            ctx.missing(item, item_line, item_path, "a rule needs when and then (or else)")
             continue
         when = condition(ctx, item, "when", item_path)
         yield _RuleParts(when, item["then"], line_of(item, "then"), join(item_path, "then"), item_path)
@@ -137,7 +142,7 @@ def canonical_action(ctx: Context, value: Any, line: int | None, path: str) -> A
         return Action()
     check_keys(ctx, then, ACTION_KEYS, path)
     do = then.get("do", "continue")
-    if do not in ACTION_KINDS:
+    if not one_of(do, ACTION_KINDS):
         ctx.problem(line_of(then, "do"), join(path, "do"), f"unknown action '{do}'{suggest(str(do), ACTION_KINDS)}")
         do = "continue"
     if (do == "jump") != ("to" in then):
@@ -186,7 +191,7 @@ def backoff_kind(ctx: Context, mapping: LDict, path: str) -> BackoffKind | None:
     value = mapping.get("backoff")
     if value is None:
         return None
-    if value not in BACKOFF_KINDS:
+    if not one_of(value, BACKOFF_KINDS):
         hint = suggest(str(value), BACKOFF_KINDS)
         ctx.problem(line_of(mapping, "backoff"), join(path, "backoff"), f"unknown backoff '{value}'{hint}")
         return None
@@ -200,16 +205,18 @@ def backoff_kind(ctx: Context, mapping: LDict, path: str) -> BackoffKind | None:
 def admit_rules(ctx: Context, value: Any, line: int | None, path: str) -> list[Rule]:
     """`admit: {mode?, rules: [{when, then: {allow}}, {else: {then: {allow}}}]}`."""
     admit = expect_mapping(ctx, value, line, path)
-    if admit is None or not check_keys(ctx, admit, {"mode", "rules"}, path):
+    if admit is None:
         return []
+    check_keys(ctx, admit, {"mode", "rules"}, path)
     if admit.get("mode", "exclusive") != "exclusive":
         ctx.problem(line_of(admit, "mode"), join(path, "mode"), "admission is first-match: mode must be exclusive")
     rules = expect_list(ctx, admit.get("rules"), line_of(admit, "rules"), join(path, "rules")) or []
     result: list[Rule] = []
     for part in _rule_parts(ctx, rules, join(path, "rules")):
         then = expect_mapping(ctx, part.then, part.then_line, part.then_path)
-        if then is None or not check_keys(ctx, then, {"allow"}, part.then_path):
+        if then is None:
             continue
+        check_keys(ctx, then, {"allow"}, part.then_path)
         allow = then.get("allow")
         if not isinstance(allow, bool):
             ctx.problem(line_of(then, "allow"), join(part.then_path, "allow"), f"must be true or false, not {allow!r}")
@@ -318,7 +325,7 @@ def collect_of(ctx: Context, mapping: LDict, path: str) -> Collect | None:
             )
         fields["path"] = merge_path
     strategy = fields.get("strategy", "append")
-    if strategy not in COLLECT_STRATEGIES:
+    if not one_of(strategy, COLLECT_STRATEGIES):
         ctx.problem(line, cpath, f"unknown collect strategy '{strategy}'{suggest(str(strategy), COLLECT_STRATEGIES)}")
         fields["strategy"] = "append"
     for key in ("path", "into"):
@@ -363,7 +370,11 @@ def _per_iteration_sink(ctx: Context, on_success: LDict, path: str) -> Sink | No
         return None
     ppath = join(path, "per_iteration")
     per_iteration = expect_mapping(ctx, on_success["per_iteration"], line_of(on_success, "per_iteration"), ppath)
-    if per_iteration is None or not check_keys(ctx, per_iteration, {"sink"}, ppath) or "sink" not in per_iteration:
+    if per_iteration is None:
+        return None
+    check_keys(ctx, per_iteration, {"sink"}, ppath)
+    if "sink" not in per_iteration:
+        ctx.missing(per_iteration, line_of(on_success, "per_iteration"), ppath, "per_iteration needs sink: {...}")
         return None
     return build_sink(ctx, per_iteration["sink"], line_of(per_iteration, "sink"), join(ppath, "sink"))
 
@@ -375,7 +386,11 @@ def _rule_list(ctx: Context, items: list[Any], path: str) -> list[Rule]:
     for index, raw in enumerate(items):
         item_path, item_line = join(path, index), line_of(items, index)
         item = expect_mapping(ctx, raw, item_line, item_path)
-        if item is None or not check_keys(ctx, item, {"when", "then"}, item_path):
+        if item is None:
+            continue
+        check_keys(ctx, item, {"when", "then"}, item_path)
+        if "then" not in item:
+            ctx.missing(item, item_line, item_path, "a retry rule needs then: {...}")
             continue
         tpath = join(item_path, "then")
         then = expect_mapping(ctx, item.get("then"), line_of(item, "then"), tpath)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import yaml
-
+from noetl_celery import limits, settings
 from noetl_celery.dsl import nest_dotted
+from noetl_celery.dsl.yaml_lines import load_yaml, plain
 
 
 def parse_assignments(items: Iterable[str]) -> dict[str, Any]:
@@ -26,10 +26,15 @@ def parse_assignments(items: Iterable[str]) -> dict[str, Any]:
 def scalar(raw: str) -> Any:
     """A value as `--set` reads it: YAML ("3" is 3, "true" is True, "[1, 2]" a list), text when it
     does not parse, and a number with a leading zero ("01234", a code) kept as text."""
-    try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
+    if not raw:
+        return ""
+    value, problems = load_yaml(raw, "--set")
+    if problems:
+        if any(settings.MAX_INPUT_DEPTH_ENV in problem.message for problem in problems):
+            raise ValueError(
+                f"{raw[:40]!r}...: nested more than {limits.max_input_depth()} levels (the input depth limit)"
+            )
         return raw
     if isinstance(value, int) and raw.strip().lstrip("+-").startswith("0") and len(raw.strip()) > 1:
         return raw  # "01234" is a code with a leading zero, not YAML 1.1's octal
-    return value
+    return plain(value)

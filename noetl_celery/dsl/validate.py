@@ -10,7 +10,7 @@ found at validate, not at run time). It collects problems into a `Context`; it n
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,9 +57,28 @@ class Context:
     problems: list[Problem] = field(default_factory=list)
     arc_refs: list[ArcRef] = field(default_factory=list)
     templated_caps: list[TemplatedCap] = field(default_factory=list)
+    # unknown keys, with the id of the mapping that holds each: warnings unless strict, or unless
+    # that mapping lacks a key it needs (the unknown key is then most likely that key misspelt)
+    unknown: list[tuple[int, Problem]] = field(default_factory=list)
 
     def problem(self, line: int | None, path: str, message: str) -> None:
         self.problems.append(Problem(self.file, line, path, message))
+
+    def unknown_key(self, holder: Any, line: int | None, path: str, message: str) -> None:
+        self.unknown.append((id(holder), Problem(self.file, line, path, message)))
+
+    def refuse_unknown(self, holder: Any) -> bool:
+        """Make the unknown keys of `holder` problems; True when it had any."""
+        mine = [problem for owner, problem in self.unknown if owner == id(holder)]
+        self.unknown = [(owner, problem) for owner, problem in self.unknown if owner != id(holder)]
+        self.problems.extend(mine)
+        return bool(mine)
+
+    def missing(self, holder: Any, line: int | None, path: str, message: str) -> None:
+        """`holder` lacks a key it needs: its unknown keys are the problem when it has any (a
+        misspelt `-step:` is named as such), else `message`."""
+        if not self.refuse_unknown(holder):
+            self.problem(line, path, message)
 
 
 def join(path: str, key: str | int) -> str:
@@ -77,16 +96,17 @@ def suggest(word: str, choices: Iterable[str]) -> str:
 
 
 def unknown_key(ctx: Context, mapping: Any, key: str, path: str, choices: Iterable[str]) -> None:
-    ctx.problem(line_of(mapping, key), join(path, key), f"unknown key '{key}'{suggest(key, choices)}")
+    """A key this playbook's reader does not know: a warning with the nearest known key (as NoETL,
+    the run ignores it), a problem where the playbook is strict or `mapping` lacks a key it needs."""
+    ctx.unknown_key(mapping, line_of(mapping, key), join(path, key), f"unknown key '{key}'{suggest(key, choices)}")
 
 
-def check_keys(ctx: Context, mapping: LDict, allowed: Iterable[str], path: str) -> bool:
-    """Report every key of `mapping` not in `allowed`. True when there was none."""
+def check_keys(ctx: Context, mapping: LDict, allowed: Iterable[str], path: str) -> None:
+    """Note every key of `mapping` not in `allowed` (see `unknown_key`)."""
     allowed = frozenset(allowed)
-    unknown = [key for key in mapping if key not in allowed]
-    for key in unknown:
-        unknown_key(ctx, mapping, key, path, allowed)
-    return not unknown
+    for key in mapping:
+        if key not in allowed:
+            unknown_key(ctx, mapping, key, path, allowed)
 
 
 def expect_mapping(ctx: Context, value: Any, line: int | None, path: str) -> LDict | None:
@@ -108,6 +128,12 @@ def expect_str(ctx: Context, value: Any, line: int | None, path: str) -> str | N
         return value
     ctx.problem(line, path, f"must be a non-empty string, not {tool_settings.type_name(value)}")
     return None
+
+
+def one_of(value: Any, choices: Collection[Any]) -> bool:
+    """Whether `value` is one of `choices`; a list or a mapping (written where a name belongs) is
+    none of them, never an error."""
+    return isinstance(value, Hashable) and value in choices
 
 
 def number(ctx: Context, mapping: LDict, key: str, path: str, *, integer: bool = False) -> Any:
@@ -205,13 +231,24 @@ def check_fields(
             message = f"unknown step key '{key}'{hint}"
         else:
             message = f"unknown key '{key}' for the {spec.kind} tool{hint}"
-        ctx.problem(line_of(mapping, key), join(path, key), message)
+        ctx.unknown_key(mapping, line_of(mapping, key), join(path, key), message)
 
 
-def check_required(ctx: Context, spec: ToolSpec, config: dict[str, Any], line: int | None, path: str) -> None:
-    for group in spec.required:
-        if not any(config.get(key) not in (None, "") for key in group):
-            ctx.problem(line, path, f"{spec.kind} tool needs one of: {', '.join(sorted(group))}")
+def missing_required(spec: ToolSpec, config: dict[str, Any]) -> list[frozenset[str]]:
+    """The groups of fields of which the tool needs one and `config` gives none."""
+    return [group for group in spec.required if not any(config.get(key) not in (None, "") for key in group)]
+
+
+def check_required(
+    ctx: Context, spec: ToolSpec, config: dict[str, Any], line: int | None, path: str, holders: Iterable[Any] = ()
+) -> None:
+    """A problem per group of fields the tool needs and lacks; the unknown keys of `holders` (the
+    mappings its fields are written in) are problems then too: most likely the field misspelt."""
+    missing = missing_required(spec, config)
+    for group in missing:
+        ctx.problem(line, path, f"{spec.kind} tool needs one of: {', '.join(sorted(group))}")
+    for holder in holders if missing else ():
+        ctx.refuse_unknown(holder)
 
 
 def check_settings(
@@ -269,8 +306,8 @@ def build_sink(ctx: Context, value: Any, line: int | None, path: str) -> Sink | 
         return None
     config_keys = [key for key in fields if key not in SINK_META_KEYS]
     check_fields(ctx, spec, fields, config_keys, path)
-    config = {key: plain(fields[key]) for key in config_keys}
-    check_required(ctx, spec, config, line, path)
+    config = {key: plain(fields[key]) for key in config_keys if key in spec.fields}
+    check_required(ctx, spec, config, line, path, [fields])
     check_settings(ctx, spec, config, fields, path)
     return Sink(kind=spec.kind, config=config, auth=plain(fields.get("auth")), line=line)
 
@@ -295,6 +332,29 @@ def check_templates(ctx: Context, value: Any, path: str = "", line: int | None =
             ctx.problem(line, path, failed)
 
 
+def _named_values(ctx: Context, items: list[Any], path: str, scope: str | None) -> LDict:
+    """NoETL's `set: [{name: x, value: ...}]` (v2 examples): each item assigns `vars.x` (or x in
+    `scope` where there are no vars), as `set: {vars.x: ...}` does."""
+    values = LDict()
+    values.line = line_of(items, 0)
+    for index, item in enumerate(items):
+        item_path, item_line = join(path, index), line_of(items, index)
+        entry = expect_mapping(ctx, item, item_line, item_path)
+        if entry is None:
+            continue
+        check_keys(ctx, entry, {"name", "value"}, item_path)
+        name = expect_str(ctx, entry.get("name"), line_of(entry, "name"), join(item_path, "name"))
+        if name is None:
+            continue
+        key = f"{scope}.{name}" if scope else name
+        if key in values:
+            ctx.problem(line_of(entry, "name"), join(item_path, "name"), f"'{name}' is assigned twice")
+            continue
+        values[key] = entry.get("value")
+        values.key_lines[key] = item_line or 0
+    return values
+
+
 def assignments(
     ctx: Context, owner: LDict, path: str, scopes: dict[str, str], bare: str | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -308,7 +368,10 @@ def assignments(
             values.update(plain(expect_mapping(ctx, owner[block], line_of(owner, block), join(path, block)) or {}))
     if "set" not in owner:
         return targets
-    values = expect_mapping(ctx, owner["set"], line_of(owner, "set"), join(path, "set")) or LDict()
+    if isinstance(owner["set"], list):
+        values = _named_values(ctx, owner["set"], join(path, "set"), "vars" if "vars" in scopes else bare)
+    else:
+        values = expect_mapping(ctx, owner["set"], line_of(owner, "set"), join(path, "set")) or LDict()
     names = [f"{scope}.x" for scope in scopes]
     shapes = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
     if bare is not None:

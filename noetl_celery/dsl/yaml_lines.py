@@ -18,8 +18,6 @@ from noetl_celery import limits
 from noetl_celery.errors import Problem
 from noetl_celery.jsonable import plain as _plain
 
-MAX_DEPTH = 200  # nesting levels; deeper documents (or alias cycles) are rejected
-
 
 class LDict(dict):  # type: ignore[type-arg]
     """A mapping that knows its own line and the line of each of its keys."""
@@ -59,8 +57,32 @@ def line_of(container: Any, key: str | int) -> int | None:
 plain = partial(_plain, str_keys=True)  # every LDict/LList as a plain dict/list, keys as text
 
 
+class TooDeep(Exception):
+    """A YAML document nests deeper than NOETL_MAX_INPUT_DEPTH (raised while composing)."""
+
+    def __init__(self, node_mark: Any, limit: int):
+        super().__init__(limit)
+        self.mark = node_mark
+        self.limit = limit
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader without the timestamp resolver (dates stay strings)."""
+    """SafeLoader without the timestamp resolver (dates stay strings), that refuses a document
+    nested deeper than NOETL_MAX_INPUT_DEPTH before the recursive composer could overflow."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+        self.max_depth = limits.max_input_depth()
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:  # type: ignore[override]
+        self.depth += 1
+        try:
+            if self.depth > self.max_depth:
+                raise TooDeep(self.peek_event().start_mark, self.max_depth)
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self.depth -= 1
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -87,10 +109,11 @@ class _Builder:
         self.loader = loader
         self.file = file
         self.problems: list[Problem] = []
+        self.max_depth = limits.max_input_depth()  # aliases can nest a document deeper than its text
 
     def build(self, node: Node, path: str, depth: int = 0) -> Any:
-        if depth > MAX_DEPTH:
-            self.problems.append(Problem(self.file, _line(node), path, "document nested too deeply"))
+        if depth > self.max_depth:
+            self.problems.append(too_deep_problem(self.file, _line(node), self.max_depth))
             return None
         if isinstance(node, MappingNode):
             return self._mapping(node, path, depth)
@@ -227,18 +250,47 @@ def oversized_problem(file: str, node: Node) -> Problem:
     )
 
 
+def too_deep_problem(file: str, line: int | None, limit: int) -> Problem:
+    return Problem(
+        file, line, "", f"the document nests more than {limit} levels deep here; refused (NOETL_MAX_INPUT_DEPTH)"
+    )
+
+
+def _unreadable_character(file: str, text: str, exc: yaml.reader.ReaderError) -> Problem:
+    """A character YAML does not allow in a document (NUL, other control characters)."""
+    position = max(0, min(exc.position, len(text)))
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    code = exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "\0")
+    return Problem(
+        file,
+        line,
+        "",
+        f"invalid YAML: character U+{code:04X} at column {column} is not allowed in a YAML document; "
+        f'remove it (inside a double-quoted string write it as "\\x{code:02x}")',
+    )
+
+
 def load_yaml(text: str, file: str) -> tuple[Any, list[Problem]]:
     """Parse one YAML document. Returns (value, problems); value is None when it did not parse."""
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         line, message = explain_yaml_error(exc, text)
         return None, [Problem(file, line, "", message)]
+    except yaml.reader.ReaderError as exc:
+        return None, [_unreadable_character(file, text, exc)]
     except yaml.YAMLError as exc:
         return None, [Problem(file, None, "", f"invalid YAML: {exc}")]
+    except TooDeep as exc:
+        return None, [too_deep_problem(file, _line_of_mark(exc.mark), exc.limit)]
+    except RecursionError:  # a stack already deep when parsing began
+        return None, [too_deep_problem(file, None, limits.max_input_depth())]
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if node is None:
         return None, [Problem(file, None, "", "the document is empty")]
     oversized = _oversized(node, limits.max_yaml_nodes())

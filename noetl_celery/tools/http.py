@@ -1,8 +1,10 @@
 """The `http` tool: one HTTP request with `requests`, its response as the outcome.
 
 Config (already rendered): method (default GET), url (alias endpoint), params, headers,
-payload / json (a JSON body), body / data (a raw body), timeout (seconds, default 30; the
-call's timeout wins), verify (alias verify_ssl: bool or CA bundle path), allow_redirects (default true).
+payload / json (a JSON body), body / data (a raw body), timeout (alias timeout_seconds, NoETL's
+Rust tool name: seconds, default 30; the call's timeout wins), connect_timeout (seconds to connect,
+from a task's `spec.timeout: {connect, read}`), verify (alias verify_ssl: bool or CA bundle path),
+allow_redirects (default true).
 
 Body rules: `json` is always sent as a JSON body. `payload` is a JSON body for POST/PUT/PATCH;
 for other methods (GET, DELETE, ...) `payload` is sent as the query string when `params` is
@@ -207,6 +209,8 @@ class HttpSettings(ToolSettings):
     params: dict[str, Any] | None = None
     headers: dict[str, Any] | None = None
     timeout: float | None = Field(default=None, ge=0)
+    timeout_seconds: float | None = Field(default=None, ge=0)  # NoETL's Rust http tool name for timeout
+    connect_timeout: float | None = Field(default=None, gt=0)  # from spec.timeout: {connect, read}
     verify: bool | str | None = None
     verify_ssl: bool | str | None = None  # NoETL's name for verify
     allow_redirects: bool | None = None
@@ -225,6 +229,8 @@ class HttpSettings(ToolSettings):
         "body",
         "data",
         "timeout",
+        "timeout_seconds",
+        "connect_timeout",
         "verify",
         "verify_ssl",
         "allow_redirects",
@@ -263,8 +269,10 @@ def run_http(call: ToolCall) -> Outcome:
             request["data"] = jsonlib.dumps(raw).encode("utf-8")
             headers.setdefault("Content-Type", "application/json")
 
-    timeout = call.timeout if call.timeout is not None else cfg.get("timeout")
+    timeout = call.timeout if call.timeout is not None else cfg.get("timeout", cfg.get("timeout_seconds"))
     timeout = float(timeout) if timeout is not None else DEFAULT_TIMEOUT
+    connect = cfg.get("connect_timeout")
+    phases = (min(float(connect), timeout), timeout) if isinstance(connect, (int, float)) else timeout
     verify = cfg.get("verify", cfg.get("verify_ssl"))
     allow_redirects = cfg.get("allow_redirects")
 
@@ -275,7 +283,7 @@ def run_http(call: ToolCall) -> Outcome:
             url,
             params=_query_params(params),
             headers=headers,
-            timeout=timeout,
+            timeout=phases,
             verify=True if verify is None else verify,
             allow_redirects=True if allow_redirects is None else bool(allow_redirects),
             stream=True,

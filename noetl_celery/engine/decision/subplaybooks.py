@@ -81,7 +81,11 @@ def start_child(
             f"{path!r}: does a playbook call itself without end?",
         )
         return
-    found = resolve.find(path, decider.plan.source_file, catalog_for(decider.conn))
+    try:
+        found = resolve.find(path, decider.plan.source_file, catalog_for(decider.conn))
+    except PlaybookError as exc:
+        _fail(decider, message, ErrorKind.PLAYBOOK, f"sub-playbook {path!r} cannot be read: {exc}")
+        return
     if found is None:
         _fail(decider, message, ErrorKind.PLAYBOOK, resolve.not_found_message(path, decider.plan.source_file))
         return
