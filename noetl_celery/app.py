@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery, signals
 from celery.exceptions import Reject
+from kombu.asynchronous.timer import to_timestamp as _kombu_to_timestamp
 from sqlalchemy.exc import DataError, DBAPIError
 
 from noetl_celery import limits as noetl_limits
@@ -37,7 +40,7 @@ from noetl_celery.engine.transport import eager, process, task_events, verdict, 
 from noetl_celery.errors import AttemptFailed, ConfigurationError
 from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
-from noetl_celery.store import leases, retention
+from noetl_celery.store import clock, leases, retention
 from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,7 @@ def broker_options(settings: noetl_settings.Settings, *, embedded: bool = False)
 
 
 def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool = False) -> None:
+    clock.warn_after = settings.clock_skew_warn
     options: dict[str, Any] = dict(
         broker_url=noetl_settings.EMBEDDED_BROKER
         if embedded
@@ -171,7 +175,9 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
             key = task_message.outcome_key()
             publish(orchestrator.replay(url, task_message.execution_id, key, ran_by=self.request.id))
             return "redelivered: this attempt was already recorded; its decision was sent again"
-        if _late(self.request) and not task_message.replay and worker.already_done(url, task_message):
+        lease = deadlines.lease(0, _timeout_of(self.request))
+        if _late(self.request) and not task_message.replay and worker.taken_late(url, task_message, lease):
+            # its lease runs from here on (one statement, only for a message that waited in line)
             return "late: this attempt waited in line past its lease; its re-published copy recorded it"
         if _redelivered(self.request) and task_message.is_claim:  # it may have claimed: take its rows back
             task_message = task_message.evolve(replay=True)
@@ -241,14 +247,16 @@ def _redelivered(request: Any) -> bool:
 
 
 def _late(request: Any) -> bool:
-    """Whether this message waited in line long enough that the sweeper may have re-published
-    its attempt (half its lease; the copy goes through the event queue and may run first). Such a
-    message checks the attempt's outcome row before running (one read, only for those). Messages
-    carry their publish time in the `noetl_sent` header (publisher.send_task)."""
+    """Whether this message waited in its broker's queue longer than deadlines.PICKUP_SLACK: its
+    decision's lease, which ran from the decision, would no longer cover the attempt from here.
+    Such a message moves the lease on to run from now (its decision row's key travels with it,
+    TaskMessage.lease) and checks the attempt's outcome row before running (a re-published copy
+    may have run it): one statement, only for those. Messages carry their publish time in the
+    `noetl_sent` header (publisher.send_task)."""
     sent = getattr(request, publisher.SENT_HEADER, None)
     if not isinstance(sent, int | float):
         return False
-    return time.time() - sent > deadlines.lease(0, _timeout_of(request)) / 2
+    return clock.epoch() - sent > deadlines.PICKUP_SLACK
 
 
 def _timeout_of(request: Any) -> float:
@@ -371,16 +379,38 @@ def refused_value(exc: DataError) -> str:
     return f"the event store refused a value of this event (not an outage, not retried): {said}"
 
 
+def due_at(countdown: float) -> datetime:
+    """When a message sent with this countdown is due, by the store's clock (store/clock.py):
+    workers hold it until then by the store's clock too (`_store_eta`), whatever their own says."""
+    return clock.now() + timedelta(seconds=countdown)
+
+
+def _store_eta(moment: Any, *args: Any, **kwargs: Any) -> Any:
+    """Celery's worker turns a message's ETA into a time of its own timer through this process's
+    wall clock (kombu's to_timestamp); an ETA is a time on the store's clock, so the timer fires
+    when the store's clock reaches it (later by this process's skew when its clock runs ahead)."""
+    stamp = _kombu_to_timestamp(moment, *args, **kwargs)
+    return stamp + clock.skew() if isinstance(moment, datetime) else stamp
+
+
+def install_store_eta() -> None:
+    """Make this worker's Celery hold ETA messages by the store's clock (idempotent)."""
+    from celery.worker import strategy
+
+    strategy.to_timestamp = _store_eta  # type: ignore[attr-defined]
+
+
 def send_event(payload: dict[str, Any], countdown: float = 0.0, retry_policy: dict[str, Any] | None = None) -> None:
     options: dict[str, Any] = {"retry_policy": retry_policy} if retry_policy else {}
     on_event.apply_async(
         kwargs={"execution_id": payload["execution_id"], "event": stamp(payload)},
         queue=current_settings().event_queue,
-        countdown=countdown or None,
+        eta=due_at(countdown) if countdown else None,
         shadow=event_shadow(payload.get("kind")),
         argsrepr=f"{payload.get('kind')} of execution {payload['execution_id']}",
         kwargsrepr=execution_kwargsrepr(payload["execution_id"]),
         producer=publisher.producer(app),
+        headers={publisher.SENT_HEADER: round(clock.epoch(), 3)},
         **options,
     )
 
@@ -399,7 +429,7 @@ def publish(
     the event queue)."""
     settings = current_settings()
     task_queue = queue or settings.task_queue
-    now = time.time()
+    now = clock.epoch()
     options: dict[str, Any] = {"retry_policy": retry_policy} if retry_policy else {}
     for dispatch in dispatches:
         if dispatch.kind == DispatchKind.EVENT:  # an event for on_event (a sub-playbook's start or end)
@@ -438,7 +468,7 @@ def publish(
         run_task.apply_async(
             kwargs=kwargs,
             queue=task_queue,
-            countdown=wait,
+            eta=due_at(wait),
             **shown,
             soft_time_limit=soft,
             time_limit=hard,
@@ -476,10 +506,11 @@ def sweep_once() -> sweeper.SweepResult:
     the coming partitions of a partitioned event table, and a vacuum of the lease table where
     autovacuum has not kept up with it."""
     settings = current_settings()
-    busy = _queues_busy(settings)
+    busy, waiting_since = _queue_view(settings)
     result = sweeper.sweep(
         settings.database_url,
         queue_busy=busy,
+        waiting_since=waiting_since,
         max_republishes=settings.max_republishes,
         interval=settings.sweep_interval,
         timeout=settings.sweep_timeout,
@@ -627,28 +658,73 @@ def _act_on_sweep(result: sweeper.SweepResult, queues_busy: bool = False) -> Non
 
 def _queues_busy(settings: noetl_settings.Settings, celery_app: Celery | None = None) -> bool:
     """True when a queue still holds messages (an overdue attempt, or its outcome, may be waiting
-    in line). Messages a worker has taken (held countdowns included) are not counted, on Redis
-    (LLEN) as on RabbitMQ (a passive declare's message_count: the ready messages).
+    in line)."""
+    return _queue_view(settings, celery_app)[0]
 
-    The connection comes from the app's pool (RabbitMQ would otherwise see a new connection every
-    sweep) and each queue gets a channel of its own: on RabbitMQ a queue that does not exist yet
-    closes the channel that asked."""
+
+def _queue_view(settings: noetl_settings.Settings, celery_app: Celery | None = None) -> tuple[bool, float | None]:
+    """(whether a queue still holds messages, the publish time of the oldest of them when the
+    broker can tell it). Messages a worker has taken (held countdowns included) are not counted,
+    on Redis (LLEN) as on RabbitMQ (a passive declare's message_count: the ready messages). On
+    Redis the oldest message of a queue is its tail (kombu pushes on the left and pops on the
+    right), read with the count in one pipeline; RabbitMQ cannot show a message without taking
+    it, so there the time is unknown (None).
+
+    The connection comes from the app's pool and keeps its default channel between sweeps (on
+    Redis one client over that channel's connection pool: no new connection per sweep). On
+    RabbitMQ each queue gets a channel of its own: a queue that does not exist yet closes the
+    channel that asked."""
+    queues = (settings.task_queue, settings.event_queue)
     try:
         with (celery_app or app).pool.acquire(block=True, timeout=5) as conn:
             conn.ensure_connection(max_retries=1)
-            for queue in (settings.task_queue, settings.event_queue):
+            if conn.transport.driver_type == "redis":
+                return _redis_queue_view(conn.default_channel.client, queues)
+            for queue in queues:
                 channel = conn.channel()
                 try:
                     if channel.queue_declare(queue=queue, passive=True).message_count > 0:
-                        return True
+                        return True, None
                 except Exception:  # the queue does not exist yet: nothing waits in it
                     continue
                 finally:
                     with contextlib.suppress(Exception):
                         channel.close()
-            return False
+            return False, None
     except Exception:  # the broker cannot be reached or cannot tell: not busy
-        return False
+        return False, None
+
+
+def _redis_queue_view(client: Any, queues: tuple[str, ...]) -> tuple[bool, float | None]:
+    """Busy, and the oldest waiting message's `noetl_sent`, of these Redis lists: one round trip.
+    A waiting message without the header (sent by an earlier release) makes the time unknown."""
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.llen(queue)
+        pipe.lindex(queue, -1)
+    answers = pipe.execute()
+    busy, oldest, known = False, None, True
+    for length, tail in zip(answers[0::2], answers[1::2], strict=True):
+        if not length:
+            continue
+        busy = True
+        sent = _sent_of(tail)
+        if sent is None:
+            known = False
+        elif oldest is None or sent < oldest:
+            oldest = sent
+    return busy, (oldest if busy and known else None)
+
+
+def _sent_of(raw: bytes | str | None) -> float | None:
+    """The `noetl_sent` header of a message as kombu's Redis transport keeps it (JSON)."""
+    if raw is None:
+        return None
+    try:
+        sent = json.loads(raw).get("headers", {}).get(publisher.SENT_HEADER)
+    except (ValueError, AttributeError):
+        return None
+    return float(sent) if isinstance(sent, int | float) else None
 
 
 _sweeper: sweeper.SweeperThread | None = None
@@ -692,6 +768,7 @@ def _mask_logs(logger: Any = None, **_: Any) -> None:
 
 @signals.worker_init.connect
 def _require_broker(sender: Any = None, **_: Any) -> None:
+    install_store_eta()
     secret_registry.install_log_filter(log, logging.getLogger("celery"))
     secret_registry.seal_environment()
     if app.conf.noetl_embedded:
