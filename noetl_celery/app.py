@@ -36,7 +36,7 @@ from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
 from noetl_celery.engine.recovery import sweeper
-from noetl_celery.engine.transport import eager, process, task_events, verdict, worker_loss
+from noetl_celery.engine.transport import eager, process, reconnect, task_events, verdict, worker_loss
 from noetl_celery.errors import AttemptFailed, ConfigurationError
 from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
@@ -58,6 +58,10 @@ class PublishFailed(Exception):
     """Decided messages could not be published (broker unreachable); they are in the store."""
 
 
+REDIS_CONNECT_TIMEOUT = 5.0  # seconds a connect to Redis may take before it is tried again
+REDIS_HEALTH_CHECK = 10.0  # seconds a Redis connection may sit idle before it is checked on its next use
+
+
 def broker_options(settings: noetl_settings.Settings, *, embedded: bool = False) -> dict[str, Any]:
     """The Celery settings that depend on the kind of broker.
 
@@ -77,6 +81,12 @@ def broker_options(settings: noetl_settings.Settings, *, embedded: bool = False)
             # every `restore_interval` seconds, instead of kombu's default of about 100 s.
             "unacked_restore_interval": settings.restore_interval,
             "unacked_restore_throttle": 1,
+            # a dead link is noticed (keepalive, a health check before a command on a connection
+            # idle that long) and a connect to an unreachable Redis gives up, in seconds
+            "socket_keepalive": True,
+            "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+            "health_check_interval": REDIS_HEALTH_CHECK,
+            "retry_on_timeout": True,
         },
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout},
         "visibility_timeout": settings.visibility_timeout,
@@ -101,6 +111,8 @@ def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool 
         broker_transport_options={},
         result_backend_transport_options={},
         broker_connection_retry_on_startup=True,
+        # a lost broker link is tried again every 2 s at most: back within 2 s of healing
+        worker_consumer=reconnect.CONSUMER,
         task_default_queue=settings.task_queue,
         task_routes={RUN_TASK: {"queue": settings.task_queue}, ON_EVENT: {"queue": settings.event_queue}},
         task_publish_retry_policy=PUBLISH_RETRY_POLICY,
@@ -514,7 +526,7 @@ def sweep_once() -> sweeper.SweepResult:
         max_republishes=settings.max_republishes,
         interval=settings.sweep_interval,
         timeout=settings.sweep_timeout,
-        committed=functools.partial(_act_on_sweep, queues_busy=busy),
+        committed=functools.partial(_act_on_sweep, queues_busy=busy, waits_known=waiting_since is not None),
     )
     if settings.prune_older_than is not None and not result.skipped:  # the sweeper holding the lock prunes
         _prune_share(settings.database_url, settings.prune_older_than, settings.sweep_interval)
@@ -631,16 +643,16 @@ def _notify_ended() -> None:
     enqueue_notifications(due)
 
 
-def _act_on_sweep(result: sweeper.SweepResult, queues_busy: bool = False) -> None:
+def _act_on_sweep(result: sweeper.SweepResult, queues_busy: bool = False, waits_known: bool = False) -> None:
     """Publish and decide what one transaction of a sweep recorded. Re-published attempts go to
     the event queue: a backlog in the task queue must not hold back the attempts that were lost.
-    While the queues hold messages, an overdue attempt is most likely waiting in line (a loop with
-    more iterations in flight than pool processes, run with the eager window, keeps some of them
-    waiting longer than half their lease): its re-publish is logged at INFO, and whichever copy
-    runs first is recorded, the other skipped. With the queues empty it is a WARNING."""
+    Where the broker cannot tell how long its messages waited (`waits_known` false: RabbitMQ) and
+    the queues hold messages, an overdue attempt may only be waiting in line: its re-publish is
+    logged at INFO, and whichever copy runs first is recorded, the other skipped. Otherwise (the
+    sweeper left alone what may still be in the queue) it is a WARNING."""
     settings = current_settings()
     if result.republished:
-        if queues_busy:
+        if queues_busy and not waits_known:
             log.info(
                 "sweeper: re-publishing %d overdue attempt(s) while the queues hold messages (they may be "
                 "waiting in line; the copy that runs first is recorded, the other skipped)",
