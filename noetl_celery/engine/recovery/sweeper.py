@@ -284,13 +284,13 @@ def _overdue(
         return
     counts = range(1, max_republishes + 1)
     decisions: list[tuple[tuple[int, str], int, list[Dispatch], list[tuple[int, str, str, Dispatch]]]] = []
-    postpone_in_line: list[tuple[int, str]] = []
+    postpone_in_line: dict[float, list[tuple[int, str]]] = {}
     wanted: set[tuple[int, str]] = set()
     parents: set[int] = set()
     in_line = _in_line(waiting_since)
     for execution_id, event_id, dispatch_list, status, decided_at in rows:
         if in_line(decided_at):  # its messages may still wait in the queue: not overdue yet
-            postpone_in_line.append((execution_id, event_id))
+            postpone_in_line.setdefault(_wait_in_line(dispatch_list, interval), []).append((execution_id, event_id))
             continue
         stored = [Dispatch.from_dict(d) for d in dispatch_list]
         ends = []
@@ -312,7 +312,7 @@ def _overdue(
     seen = leases.existing_keys(conn, wanted)
     running = leases.running(conn, parents)
     clear: list[tuple[int, str]] = []
-    postpone: dict[float, list[tuple[int, str]]] = {interval: postpone_in_line} if postpone_in_line else {}
+    postpone: dict[float, list[tuple[int, str]]] = postpone_in_line
     records: list[dict[str, Any]] = []
     for lease, execution_id, runs, ends in decisions:
         if ends and _resend_ends(ends, seen, running, result, records, max_republishes=max_republishes):
@@ -345,6 +345,15 @@ def _overdue(
     result.cleared += leases.settle(conn, clear)
     for seconds, keys in postpone.items():
         leases.postpone(conn, keys, now + timedelta(seconds=seconds))
+
+
+def _wait_in_line(dispatch_list: list[dict[str, Any]], interval: float) -> float:
+    """How long a lease whose messages may still wait in the queue is left alone: a lease of its
+    messages. Each sweep then reads only what newly came due, not every message still waiting, and
+    recovery is not later for it: a worker that takes one of them late moves the lease on to a
+    lease from then anyway (store/leases.py `taken`, which never moves a deadline back)."""
+    timeouts = [float(d.get("timeout", deadlines.DEFAULT_TIMEOUT)) for d in dispatch_list if isinstance(d, dict)]
+    return deadlines.lease(0, max(timeouts)) if timeouts else interval
 
 
 def _in_line(waiting_since: float | None) -> Callable[[datetime | None], bool]:
