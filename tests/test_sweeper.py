@@ -272,7 +272,7 @@ def test_an_overdue_lease_whose_messages_may_still_wait_in_line_is_left_alone(tm
     with transaction(url) as conn:  # left alone for a lease of its message, not one interval
         deadline = leases.deadline(conn, execution_id, "execution.started")
     assert deadline is not None
-    left = (sweeper._epoch(deadline) - sweeper._epoch(repo.utcnow()))
+    left = sweeper._epoch(deadline) - sweeper._epoch(repo.utcnow())
     assert deadlines.lease(0, 7.0) - 2 < left <= deadlines.lease(0, 7.0) + 1
     overdue(url, execution_id)  # the queue moved on past it: taken by a worker, and overdue
     later = decided_epoch + deadlines.PICKUP_SLACK + 1.0
