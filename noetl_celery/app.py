@@ -46,8 +46,11 @@ from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 log = logging.getLogger(__name__)
 
 EMBEDDED_POLLING_INTERVAL = 0.001  # seconds; memory:// polls at 1 s by default (33 msgs/s)
-EVENT_DB_RETRIES = 20  # times an event is delayed while the event store is unreachable
-EVENT_DB_MAX_WAIT = 60.0  # seconds; the longest such delay
+# an event (or an attempt) is delayed while the event store is unreachable: 0.2 s doubling up to
+# EVENT_DB_MAX_WAIT, EVENT_DB_RETRIES times (about 13 minutes in all), so that work goes on within
+# EVENT_DB_MAX_WAIT seconds of the store coming back, however long it was away
+EVENT_DB_RETRIES = 156
+EVENT_DB_MAX_WAIT = 5.0
 # publishing decided messages: about 16 s of retries ride out a broker restart; after that the
 # sweeper re-publishes them from the stored dispatch list
 PUBLISH_RETRY_POLICY = {"max_retries": 10, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
@@ -158,8 +161,10 @@ def current_settings() -> noetl_settings.Settings:
     ignore_result=True,
     Request="noetl_celery.engine.transport.worker_loss:AttemptRequest",
     # a failed attempt (the playbook's own doing, recorded) is logged as one INFO line, without the
-    # engine's traceback; any other exception is an engine fault and keeps ERROR and its traceback
-    throws=(AttemptFailed,),
+    # engine's traceback, and so is a publish that failed in a broker outage (the decision is
+    # recorded, its messages are in the store for the sweeper; `decide` logged it at ERROR, in one
+    # line); any other exception is an engine fault and keeps ERROR and its traceback
+    throws=(AttemptFailed, PublishFailed),
 )
 def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: ignore[no-untyped-def]
     """Run one attempt and report it. `execution_id` is duplicated here for Flower's kwargs column.

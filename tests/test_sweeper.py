@@ -266,16 +266,19 @@ def test_an_overdue_lease_whose_messages_may_still_wait_in_line_is_left_alone(tm
     decided = events(url, execution_id, "execution.started")[0]["created_at"]
     decided_epoch = sweeper._epoch(decided)
     overdue(url, execution_id)
-    result = sweeper.sweep(url, queue_busy=True, waiting_since=decided_epoch - 1.0)
-    assert result.republished == [] and result.lost == []
+    for ahead, left_alone in ((1.0, sweeper.SWEEP_INTERVAL), (15.0, 15.0), (500.0, deadlines.lease(0, 7.0))):
+        # left alone about as long as the queue needs to reach it: a sweep at least, a lease at most
+        overdue(url, execution_id)
+        result = sweeper.sweep(url, queue_busy=True, waiting_since=decided_epoch - ahead)
+        assert result.republished == [] and result.lost == []
+        with transaction(url) as conn:
+            deadline = leases.deadline(conn, execution_id, "execution.started")
+        assert deadline is not None
+        left = sweeper._epoch(deadline) - sweeper._epoch(repo.utcnow())
+        assert left_alone - 2 < left <= left_alone + 1, (ahead, left)
     assert events(url, execution_id, sweeper.REPUBLISHED) == []
-    with transaction(url) as conn:  # left alone for a lease of its message, not one interval
-        deadline = leases.deadline(conn, execution_id, "execution.started")
-    assert deadline is not None
-    left = sweeper._epoch(deadline) - sweeper._epoch(repo.utcnow())
-    assert deadlines.lease(0, 7.0) - 2 < left <= deadlines.lease(0, 7.0) + 1
     overdue(url, execution_id)  # the queue moved on past it: taken by a worker, and overdue
-    later = decided_epoch + deadlines.PICKUP_SLACK + 1.0
+    later = decided_epoch + sweeper.IN_LINE_SLACK + 0.5
     assert len(sweeper.sweep(url, queue_busy=True, waiting_since=later).republished) == 1
 
 

@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
 SWEEP_INTERVAL = 5.0  # seconds between sweeps (NOETL_SWEEP_INTERVAL)
 MAX_REPUBLISHES = 3  # times an overdue attempt is published again before it is `lost`
 START_GRACE = 30.0  # seconds an execution may wait for its start to be recorded
+# seconds between a decision's row (its created_at) and the publish of its messages, at most, for
+# the sweeper's reading of how long the broker's oldest waiting message has waited
+IN_LINE_SLACK = 1.0
 BATCH = 500  # overdue decision rows examined per transaction
 # a sweep goes on with batches while they come full, for at most its interval (at least
 # SWEEP_BUDGET_MIN seconds): a backlog is worked off at the store's pace, not a fixed share per sweep
@@ -287,10 +290,12 @@ def _overdue(
     postpone_in_line: dict[float, list[tuple[int, str]]] = {}
     wanted: set[tuple[int, str]] = set()
     parents: set[int] = set()
-    in_line = _in_line(waiting_since)
+    behind = _behind(waiting_since)
     for execution_id, event_id, dispatch_list, status, decided_at in rows:
-        if in_line(decided_at):  # its messages may still wait in the queue: not overdue yet
-            postpone_in_line.setdefault(_wait_in_line(dispatch_list, interval), []).append((execution_id, event_id))
+        ahead = behind(decided_at)
+        if ahead is not None:  # its messages may still wait in the queue: not overdue yet
+            wait = _wait_in_line(ahead, dispatch_list, interval)
+            postpone_in_line.setdefault(wait, []).append((execution_id, event_id))
             continue
         stored = [Dispatch.from_dict(d) for d in dispatch_list]
         ends = []
@@ -347,29 +352,35 @@ def _overdue(
         leases.postpone(conn, keys, now + timedelta(seconds=seconds))
 
 
-def _wait_in_line(dispatch_list: list[dict[str, Any]], interval: float) -> float:
-    """How long a lease whose messages may still wait in the queue is left alone: a lease of its
-    messages. Each sweep then reads only what newly came due, not every message still waiting, and
-    recovery is not later for it: a worker that takes one of them late moves the lease on to a
-    lease from then anyway (store/leases.py `taken`, which never moves a deadline back)."""
+def _wait_in_line(ahead: float, dispatch_list: list[dict[str, Any]], interval: float) -> float:
+    """How long a lease whose messages may still wait in the queue is left alone: about as long as
+    the queue needs to reach them (`ahead`: the seconds of publishing between the oldest waiting
+    message and its decision; the queue moves on by about that much in as many seconds, at least
+    one sweep interval and at most a lease of its messages). Each sweep then reads mostly what
+    newly came due, not every message still waiting; a worker that takes one of them late moves
+    the lease on to a lease from then anyway (store/leases.py `taken`, never backwards)."""
     timeouts = [float(d.get("timeout", deadlines.DEFAULT_TIMEOUT)) for d in dispatch_list if isinstance(d, dict)]
-    return deadlines.lease(0, max(timeouts)) if timeouts else interval
+    longest = deadlines.lease(0, max(timeouts)) if timeouts else interval
+    return float(round(max(interval, min(longest, ahead))))
 
 
-def _in_line(waiting_since: float | None) -> Callable[[datetime | None], bool]:
-    """Whether a decision recorded at a given time may have messages still waiting in the queues,
-    whose oldest message was published at `waiting_since` (None: the queues are empty, or the
-    broker cannot tell). Queues are first in, first out: what was sent before the oldest message
-    still there has been taken by a worker. deadlines.PICKUP_SLACK absorbs the gap between a
-    decision's commit and its publish."""
+def _behind(waiting_since: float | None) -> Callable[[datetime | None], float | None]:
+    """For a decision recorded at a given time: None when its messages have all left the queues
+    (a worker took them), else how many seconds of publishing lie between the oldest message still
+    waiting (published at `waiting_since`) and it. Queues are first in, first out: what was sent
+    before the oldest message still there has been taken by a worker. IN_LINE_SLACK absorbs the
+    gap between a decision's row and its publish (milliseconds, after the commit). No
+    `waiting_since` (the queues are empty, or the broker cannot tell): nothing is in line."""
     if waiting_since is None:
-        return lambda _decided_at: False
-    since = waiting_since - deadlines.PICKUP_SLACK
+        return lambda _decided_at: None
+    since = waiting_since - IN_LINE_SLACK
 
-    def in_line(decided_at: datetime | None) -> bool:
-        return decided_at is not None and _epoch(decided_at) >= since
+    def behind(decided_at: datetime | None) -> float | None:
+        if decided_at is None or _epoch(decided_at) < since:
+            return None
+        return max(_epoch(decided_at) - waiting_since, 0.0)
 
-    return in_line
+    return behind
 
 
 def _epoch(moment: datetime) -> float:
