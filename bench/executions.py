@@ -1,7 +1,7 @@
 """Many small executions against as many raw Celery chains, on Redis or RabbitMQ + PostgreSQL.
 
     python -m bench.executions [--broker redis|amqp] [--n 2000] [--pairs 2] [--workers 1]
-                               [--concurrency 2] [--eager-window S] [--json-out FILE]
+                               [--concurrency 2] [--eager-window S] [--shared-redis] [--json-out FILE]
 
 Against the same worker processes (`celery -A bench.app worker`), each pair runs, in alternating
 order:
@@ -13,7 +13,12 @@ order:
 
 Reported per side: wall time from the first submit to the last end (executions/s), the time the
 submitting calls took, CPU seconds of the worker processes, the database, the broker and this
-process (bench.loops.CpuMeter), and rows written per execution. The ratio is noetl's rate over
+process (bench.loops.CpuMeter), and rows written per execution. Beside the rates, CPU per unit
+(per execution or chain) of what serves this run alone: the worker's main process, its pool,
+the PostgreSQL backends of the run's own database and the run's own redis-server (started for
+it unless --shared-redis): on a loaded machine wall time is distorted, CPU per unit much less.
+The end of the noetl side is polled by the executions still running (the status index: a poll
+costs what is left, not what has ended), every POLL seconds. The ratio is noetl's rate over
 raw's in the same pair. A benchmark, not a test: it never asserts.
 """
 
@@ -44,7 +49,7 @@ from bench.loops import (
     wait_count,
 )
 
-POLL = 0.05
+POLL = 0.2  # seconds between two looks at how many executions (or chains) have ended
 CONFIG_ARGS = ("broker", "n", "pairs", "workers", "concurrency", "eager_window", "pg_prepare", "timeout")
 
 
@@ -57,7 +62,19 @@ class Runs:
         self.settings = settings
         self.workers = workers
         self.reader = StoreReader(database_url)
+        self.redis_pid: int | None = None  # the run's own redis-server
         self.plan = compile_playbook(CHAIN_PLAYBOOK)
+
+    def own(self) -> dict[str, list[int]]:
+        """The processes serving this run alone: the run database's backends (but this reader's),
+        and its own redis-server."""
+        rows = self.reader.all(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        found = {"own_postgresql": [int(r[0]) for r in rows]}
+        if self.redis_pid is not None:
+            found["own_redis"] = [self.redis_pid]
+        return found
 
     def close(self) -> None:
         self.reader.close()
@@ -70,19 +87,18 @@ class Runs:
         from noetl_celery import runner
 
         first_id = None
-        with CpuMeter(self.workers) as cpu:
+        with CpuMeter(self.workers, self.own) as cpu:
             t0 = time.perf_counter()
             ids = [runner.submit(self.plan, self.settings) for _ in range(n)]
             t_sent = time.perf_counter()
             first_id = min(ids)
 
-            def ended() -> int:
+            def ended() -> int:  # by the (status, created_at) index: only running rows are read
                 row = self.reader.one(
-                    "SELECT count(*) FROM noetl_event WHERE execution_id >= %s AND event_type IN "
-                    "('execution.completed', 'execution.failed', 'execution.cancelled')",
+                    "SELECT count(*) FROM noetl_execution WHERE status = 'running' AND execution_id >= %s",
                     (first_id,),
                 )
-                return int(row[0]) if row else 0
+                return n - (int(row[0]) if row else n)
 
             t_end = self._wait("noetl", ended, n, t0)
         failed = self.reader.one(
@@ -109,7 +125,7 @@ class Runs:
         from bench.app import bench_chain_step
 
         key = f"bench:executions:{uuid.uuid4().hex}"
-        with CpuMeter(self.workers) as cpu:
+        with CpuMeter(self.workers, self.own) as cpu:
             t0 = time.perf_counter()
             for _ in range(n):
                 chain(bench_chain_step.s(1), bench_chain_step.s(), bench_chain_step.s(counter_key=key)).apply_async()
@@ -133,12 +149,13 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def table(results: dict[str, Any]) -> str:
     lines = [
         "| pair | noetl executions/s | raw chains/s | rate noetl/raw | submit noetl/raw "
-        "| worker CPU ms per execution, noetl / raw | rows per execution |",
-        "|---|---|---|---|---|---|---|",
+        "| worker CPU ms per execution, noetl / raw | CPU ms per unit, noetl / raw: main, pool, own PG, own Redis "
+        "| rows per execution |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for i, pair in enumerate(results["pairs"], 1):
         if "error" in pair:
-            lines.append(f"| {i} | {pair['error']} | | | | | |")
+            lines.append(f"| {i} | {pair['error']} | | | | | | |")
             continue
         no, raw = pair["noetl"], pair["raw"]
 
@@ -146,10 +163,15 @@ def table(results: dict[str, Any]) -> str:
             per = side["cpu"]["cpu_ms_per_item"]
             return round(per["worker_main"] + per["worker_children"], 2)
 
+        def units(side: dict[str, Any]) -> str:
+            per = side["cpu"]["cpu_ms_per_item"]
+            keys = ("worker_main", "worker_children", "own_postgresql", "own_redis")
+            return ", ".join(f"{per[k]:g}" if k in per else "-" for k in keys)
+
         lines.append(
             f"| {i} ({pair['order']}) | {no['per_s']} | {raw['per_s']} | {pair['rate_ratio']} | "
             f"{_ratio(no['submit_s'], raw['submit_s'])} | {worker_ms(no)} / {worker_ms(raw)} | "
-            f"{no['rows_per_execution']} |"
+            f"{units(no)} / {units(raw)} | {no['rows_per_execution']} |"
         )
     return "\n".join(lines)
 
@@ -164,6 +186,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=2, help="prefork processes per worker (default 2)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one side may take (default 900)")
     p.add_argument("--redis-db", type=int, default=14, help="Redis database index to claim (default 14)")
+    p.add_argument(
+        "--shared-redis", action="store_true", help="use the shared Redis (default: a redis-server of the run's own)"
+    )
     p.add_argument("--json-out", help="also write the JSON results to this file")
     p.add_argument("--keep-logs", action="store_true", help="keep the worker logs (path printed)")
     add_engine_options(p)
@@ -177,7 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support import services as svc
 
     with contextlib.ExitStack() as stack:
-        services = open_services(stack, args.broker, args.redis_db, engine_env(args))
+        own_redis = None
+        if not args.shared_redis:
+            own_redis = svc.OwnRedis(aof=False)
+            own_redis.start()
+            stack.callback(own_redis.cleanup)
+        services = open_services(
+            stack, args.broker, args.redis_db, engine_env(args), redis_server=own_redis and own_redis.url
+        )
         results["machine"] = services.machine
         results["config"] = {k: getattr(args, k) for k in CONFIG_ARGS}
         client = svc.redis_client(services.redis_url)
@@ -192,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"== {args.workers} worker(s) -c {args.concurrency} prefork, broker {args.broker}, N={args.n}")
             run.workers.extend(start_workers(args.workers, args.concurrency, env, log_dir, "executions"))
             runs = Runs(args, client, services.settings, services.database_url, run.workers)
+            if own_redis is not None and own_redis.proc is not None:
+                runs.redis_pid = own_redis.proc.pid
             run.closing.append(runs.close)
             if args.warmup:
                 runs.noetl(args.warmup)

@@ -245,11 +245,18 @@ class CpuMeter:
     PostgreSQL, Redis and RabbitMQ server processes (server-wide: other clients count too), this process,
     and the machine's overall utilisation."""
 
-    def __init__(self, workers: list[Any]):
+    def __init__(self, workers: list[Any], own: Callable[[], dict[str, list[int]]] | None = None):
         self.workers = workers
+        # the processes that serve this run alone, by kind (`own_postgresql`: the backends of the
+        # run's database; `own_redis`: a redis-server started for it), asked at each snapshot
+        self.own = own
 
     def _snapshot(self) -> dict[str, Any]:
-        snap: dict[str, Any] = {"main": {}, "children": {}, "servers": {}}
+        snap: dict[str, Any] = {"main": {}, "children": {}, "servers": {}, "own": {}}
+        for kind, pids in (self.own() if self.own else {}).items():
+            for pid in pids:
+                with contextlib.suppress(psutil.Error):
+                    snap["own"][pid] = (kind, _cpu(psutil.Process(pid)))
         for w in self.workers:
             try:
                 root = psutil.Process(w.pid)
@@ -286,6 +293,9 @@ class CpuMeter:
         servers: dict[str, float] = {}
         for pid, (kind, v) in a["servers"].items():
             servers[kind] = servers.get(kind, 0.0) + v - b["servers"].get(pid, (kind, 0.0))[1]
+        own: dict[str, float] = {}
+        for pid, (kind, v) in a["own"].items():  # a process gone before the end counts nothing
+            own[kind] = own.get(kind, 0.0) + v - b["own"].get(pid, (kind, 0.0))[1]
         wall = a["wall"] - b["wall"]
         cpu_s = {
             "worker_main": delta("main"),
@@ -296,13 +306,15 @@ class CpuMeter:
             "bench_process": a["self"] - b["self"],
         }
         machine = a["machine_busy"] - b["machine_busy"]
+        server_wide = sum(cpu_s.values())
+        cpu_s.update(own)  # a share of the server-wide figures above: not added to the machine's rest
         return {
             "wall_s": round(wall, 3),
             "cpu_s": {k: round(v, 2) for k, v in cpu_s.items()},
             "cpu_ms_per_item": {k: round(1000 * v / items, 3) for k, v in cpu_s.items()},
             "machine_cpu_s": round(machine, 2),
             "machine_utilisation_pct": round(100 * machine / (wall * (os.cpu_count() or 1)), 1) if wall else None,
-            "other_cpu_s": round(machine - sum(cpu_s.values()), 2),
+            "other_cpu_s": round(machine - server_wide, 2),
         }
 
 
@@ -1527,16 +1539,22 @@ class Services:
 
 
 def open_services(
-    stack: contextlib.ExitStack, broker: str, redis_db: int, engine: Mapping[str, str] | None = None
+    stack: contextlib.ExitStack,
+    broker: str,
+    redis_db: int,
+    engine: Mapping[str, str] | None = None,
+    redis_server: str | None = None,
 ) -> Services:
     """Claim Redis database `redis_db` (flushed), create a fresh PostgreSQL database (and, for
     amqp, a RabbitMQ virtual host), migrate it, print the machine and the services, and point this
     process's environment and Celery app at them; `stack` undoes all of it. `engine`: this
     process's engine settings (`engine_env`: what it submits carries the eager window's time
-    limits, and its statements are prepared or not as the workers' are)."""
+    limits, and its statements are prepared or not as the workers' are). `redis_server`: a Redis
+    of the run's own instead of the shared one."""
     from tests.support import services as svc
 
-    redis_server, pg_server, amqp_server = find_servers(broker)
+    shared_redis, pg_server, amqp_server = find_servers(broker)
+    redis_server = redis_server or shared_redis
     claim = svc.claim_redis_db(redis_server, dbs=[redis_db])  # FLUSHDB + claim key
     stack.callback(claim.release)  # FLUSHDB at the end
     db = svc.fresh_database(pg_server, prefix="noetl_bench")

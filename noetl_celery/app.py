@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery, signals
 from celery.exceptions import Reject
+from kombu.asynchronous.timer import to_timestamp as _kombu_to_timestamp
 from sqlalchemy.exc import DataError, DBAPIError
 
 from noetl_celery import limits as noetl_limits
@@ -33,18 +36,21 @@ from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
 from noetl_celery.engine.recovery import sweeper
-from noetl_celery.engine.transport import eager, process, task_events, verdict, worker_loss
+from noetl_celery.engine.transport import eager, process, reconnect, task_events, verdict, worker_loss
 from noetl_celery.errors import AttemptFailed, ConfigurationError
 from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
-from noetl_celery.store import leases, retention
+from noetl_celery.store import clock, leases, retention
 from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_POLLING_INTERVAL = 0.001  # seconds; memory:// polls at 1 s by default (33 msgs/s)
-EVENT_DB_RETRIES = 20  # times an event is delayed while the event store is unreachable
-EVENT_DB_MAX_WAIT = 60.0  # seconds; the longest such delay
+# an event (or an attempt) is delayed while the event store is unreachable: 0.2 s doubling up to
+# EVENT_DB_MAX_WAIT, EVENT_DB_RETRIES times (about 13 minutes in all), so that work goes on within
+# EVENT_DB_MAX_WAIT seconds of the store coming back, however long it was away
+EVENT_DB_RETRIES = 156
+EVENT_DB_MAX_WAIT = 5.0
 # publishing decided messages: about 16 s of retries ride out a broker restart; after that the
 # sweeper re-publishes them from the stored dispatch list
 PUBLISH_RETRY_POLICY = {"max_retries": 10, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
@@ -53,6 +59,10 @@ SUBMIT_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.2, "interval_step":
 
 class PublishFailed(Exception):
     """Decided messages could not be published (broker unreachable); they are in the store."""
+
+
+REDIS_CONNECT_TIMEOUT = 5.0  # seconds a connect to Redis may take before it is tried again
+REDIS_HEALTH_CHECK = 10.0  # seconds a Redis connection may sit idle before it is checked on its next use
 
 
 def broker_options(settings: noetl_settings.Settings, *, embedded: bool = False) -> dict[str, Any]:
@@ -74,6 +84,12 @@ def broker_options(settings: noetl_settings.Settings, *, embedded: bool = False)
             # every `restore_interval` seconds, instead of kombu's default of about 100 s.
             "unacked_restore_interval": settings.restore_interval,
             "unacked_restore_throttle": 1,
+            # a dead link is noticed (keepalive, a health check before a command on a connection
+            # idle that long) and a connect to an unreachable Redis gives up, in seconds
+            "socket_keepalive": True,
+            "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
+            "health_check_interval": REDIS_HEALTH_CHECK,
+            "retry_on_timeout": True,
         },
         "result_backend_transport_options": {"visibility_timeout": settings.visibility_timeout},
         "visibility_timeout": settings.visibility_timeout,
@@ -81,6 +97,7 @@ def broker_options(settings: noetl_settings.Settings, *, embedded: bool = False)
 
 
 def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool = False) -> None:
+    clock.warn_after = settings.clock_skew_warn
     options: dict[str, Any] = dict(
         broker_url=noetl_settings.EMBEDDED_BROKER
         if embedded
@@ -97,6 +114,8 @@ def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool 
         broker_transport_options={},
         result_backend_transport_options={},
         broker_connection_retry_on_startup=True,
+        # a lost broker link is tried again every 2 s at most: back within 2 s of healing
+        worker_consumer=reconnect.CONSUMER,
         task_default_queue=settings.task_queue,
         task_routes={RUN_TASK: {"queue": settings.task_queue}, ON_EVENT: {"queue": settings.event_queue}},
         task_publish_retry_policy=PUBLISH_RETRY_POLICY,
@@ -142,8 +161,10 @@ def current_settings() -> noetl_settings.Settings:
     ignore_result=True,
     Request="noetl_celery.engine.transport.worker_loss:AttemptRequest",
     # a failed attempt (the playbook's own doing, recorded) is logged as one INFO line, without the
-    # engine's traceback; any other exception is an engine fault and keeps ERROR and its traceback
-    throws=(AttemptFailed,),
+    # engine's traceback, and so is a publish that failed in a broker outage (the decision is
+    # recorded, its messages are in the store for the sweeper; `decide` logged it at ERROR, in one
+    # line); any other exception is an engine fault and keeps ERROR and its traceback
+    throws=(AttemptFailed, PublishFailed),
 )
 def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: ignore[no-untyped-def]
     """Run one attempt and report it. `execution_id` is duplicated here for Flower's kwargs column.
@@ -171,7 +192,9 @@ def run_task(self, execution_id: int, message: dict[str, Any]) -> str:  # type: 
             key = task_message.outcome_key()
             publish(orchestrator.replay(url, task_message.execution_id, key, ran_by=self.request.id))
             return "redelivered: this attempt was already recorded; its decision was sent again"
-        if _late(self.request) and not task_message.replay and worker.already_done(url, task_message):
+        lease = deadlines.lease(0, _timeout_of(self.request))
+        if _late(self.request) and not task_message.replay and worker.taken_late(url, task_message, lease):
+            # its lease runs from here on (one statement, only for a message that waited in line)
             return "late: this attempt waited in line past its lease; its re-published copy recorded it"
         if _redelivered(self.request) and task_message.is_claim:  # it may have claimed: take its rows back
             task_message = task_message.evolve(replay=True)
@@ -241,14 +264,16 @@ def _redelivered(request: Any) -> bool:
 
 
 def _late(request: Any) -> bool:
-    """Whether this message waited in line long enough that the sweeper may have re-published
-    its attempt (half its lease; the copy goes through the event queue and may run first). Such a
-    message checks the attempt's outcome row before running (one read, only for those). Messages
-    carry their publish time in the `noetl_sent` header (publisher.send_task)."""
+    """Whether this message waited in its broker's queue longer than deadlines.PICKUP_SLACK: its
+    decision's lease, which ran from the decision, would no longer cover the attempt from here.
+    Such a message moves the lease on to run from now (its decision row's key travels with it,
+    TaskMessage.lease) and checks the attempt's outcome row before running (a re-published copy
+    may have run it): one statement, only for those. Messages carry their publish time in the
+    `noetl_sent` header (publisher.send_task)."""
     sent = getattr(request, publisher.SENT_HEADER, None)
     if not isinstance(sent, int | float):
         return False
-    return time.time() - sent > deadlines.lease(0, _timeout_of(request)) / 2
+    return clock.epoch() - sent > deadlines.PICKUP_SLACK
 
 
 def _timeout_of(request: Any) -> float:
@@ -371,16 +396,38 @@ def refused_value(exc: DataError) -> str:
     return f"the event store refused a value of this event (not an outage, not retried): {said}"
 
 
+def due_at(countdown: float) -> datetime:
+    """When a message sent with this countdown is due, by the store's clock (store/clock.py):
+    workers hold it until then by the store's clock too (`_store_eta`), whatever their own says."""
+    return clock.now() + timedelta(seconds=countdown)
+
+
+def _store_eta(moment: Any, *args: Any, **kwargs: Any) -> Any:
+    """Celery's worker turns a message's ETA into a time of its own timer through this process's
+    wall clock (kombu's to_timestamp); an ETA is a time on the store's clock, so the timer fires
+    when the store's clock reaches it (later by this process's skew when its clock runs ahead)."""
+    stamp = _kombu_to_timestamp(moment, *args, **kwargs)
+    return stamp + clock.skew() if isinstance(moment, datetime) else stamp
+
+
+def install_store_eta() -> None:
+    """Make this worker's Celery hold ETA messages by the store's clock (idempotent)."""
+    from celery.worker import strategy
+
+    strategy.to_timestamp = _store_eta  # type: ignore[attr-defined]
+
+
 def send_event(payload: dict[str, Any], countdown: float = 0.0, retry_policy: dict[str, Any] | None = None) -> None:
     options: dict[str, Any] = {"retry_policy": retry_policy} if retry_policy else {}
     on_event.apply_async(
         kwargs={"execution_id": payload["execution_id"], "event": stamp(payload)},
         queue=current_settings().event_queue,
-        countdown=countdown or None,
+        eta=due_at(countdown) if countdown else None,
         shadow=event_shadow(payload.get("kind")),
         argsrepr=f"{payload.get('kind')} of execution {payload['execution_id']}",
         kwargsrepr=execution_kwargsrepr(payload["execution_id"]),
         producer=publisher.producer(app),
+        headers={publisher.SENT_HEADER: round(clock.epoch(), 3)},
         **options,
     )
 
@@ -399,7 +446,7 @@ def publish(
     the event queue)."""
     settings = current_settings()
     task_queue = queue or settings.task_queue
-    now = time.time()
+    now = clock.epoch()
     options: dict[str, Any] = {"retry_policy": retry_policy} if retry_policy else {}
     for dispatch in dispatches:
         if dispatch.kind == DispatchKind.EVENT:  # an event for on_event (a sub-playbook's start or end)
@@ -438,7 +485,7 @@ def publish(
         run_task.apply_async(
             kwargs=kwargs,
             queue=task_queue,
-            countdown=wait,
+            eta=due_at(wait),
             **shown,
             soft_time_limit=soft,
             time_limit=hard,
@@ -476,14 +523,15 @@ def sweep_once() -> sweeper.SweepResult:
     the coming partitions of a partitioned event table, and a vacuum of the lease table where
     autovacuum has not kept up with it."""
     settings = current_settings()
-    busy = _queues_busy(settings)
+    busy, waiting_since = _queue_view(settings)
     result = sweeper.sweep(
         settings.database_url,
         queue_busy=busy,
+        waiting_since=waiting_since,
         max_republishes=settings.max_republishes,
         interval=settings.sweep_interval,
         timeout=settings.sweep_timeout,
-        committed=functools.partial(_act_on_sweep, queues_busy=busy),
+        committed=functools.partial(_act_on_sweep, queues_busy=busy, waits_known=waiting_since is not None),
     )
     if settings.prune_older_than is not None and not result.skipped:  # the sweeper holding the lock prunes
         _prune_share(settings.database_url, settings.prune_older_than, settings.sweep_interval)
@@ -600,16 +648,16 @@ def _notify_ended() -> None:
     enqueue_notifications(due)
 
 
-def _act_on_sweep(result: sweeper.SweepResult, queues_busy: bool = False) -> None:
+def _act_on_sweep(result: sweeper.SweepResult, queues_busy: bool = False, waits_known: bool = False) -> None:
     """Publish and decide what one transaction of a sweep recorded. Re-published attempts go to
     the event queue: a backlog in the task queue must not hold back the attempts that were lost.
-    While the queues hold messages, an overdue attempt is most likely waiting in line (a loop with
-    more iterations in flight than pool processes, run with the eager window, keeps some of them
-    waiting longer than half their lease): its re-publish is logged at INFO, and whichever copy
-    runs first is recorded, the other skipped. With the queues empty it is a WARNING."""
+    Where the broker cannot tell how long its messages waited (`waits_known` false: RabbitMQ) and
+    the queues hold messages, an overdue attempt may only be waiting in line: its re-publish is
+    logged at INFO, and whichever copy runs first is recorded, the other skipped. Otherwise (the
+    sweeper left alone what may still be in the queue) it is a WARNING."""
     settings = current_settings()
     if result.republished:
-        if queues_busy:
+        if queues_busy and not waits_known:
             log.info(
                 "sweeper: re-publishing %d overdue attempt(s) while the queues hold messages (they may be "
                 "waiting in line; the copy that runs first is recorded, the other skipped)",
@@ -627,28 +675,73 @@ def _act_on_sweep(result: sweeper.SweepResult, queues_busy: bool = False) -> Non
 
 def _queues_busy(settings: noetl_settings.Settings, celery_app: Celery | None = None) -> bool:
     """True when a queue still holds messages (an overdue attempt, or its outcome, may be waiting
-    in line). Messages a worker has taken (held countdowns included) are not counted, on Redis
-    (LLEN) as on RabbitMQ (a passive declare's message_count: the ready messages).
+    in line)."""
+    return _queue_view(settings, celery_app)[0]
 
-    The connection comes from the app's pool (RabbitMQ would otherwise see a new connection every
-    sweep) and each queue gets a channel of its own: on RabbitMQ a queue that does not exist yet
-    closes the channel that asked."""
+
+def _queue_view(settings: noetl_settings.Settings, celery_app: Celery | None = None) -> tuple[bool, float | None]:
+    """(whether a queue still holds messages, the publish time of the oldest of them when the
+    broker can tell it). Messages a worker has taken (held countdowns included) are not counted,
+    on Redis (LLEN) as on RabbitMQ (a passive declare's message_count: the ready messages). On
+    Redis the oldest message of a queue is its tail (kombu pushes on the left and pops on the
+    right), read with the count in one pipeline; RabbitMQ cannot show a message without taking
+    it, so there the time is unknown (None).
+
+    The connection comes from the app's pool and keeps its default channel between sweeps (on
+    Redis one client over that channel's connection pool: no new connection per sweep). On
+    RabbitMQ each queue gets a channel of its own: a queue that does not exist yet closes the
+    channel that asked."""
+    queues = (settings.task_queue, settings.event_queue)
     try:
         with (celery_app or app).pool.acquire(block=True, timeout=5) as conn:
             conn.ensure_connection(max_retries=1)
-            for queue in (settings.task_queue, settings.event_queue):
+            if conn.transport.driver_type == "redis":
+                return _redis_queue_view(conn.default_channel.client, queues)
+            for queue in queues:
                 channel = conn.channel()
                 try:
                     if channel.queue_declare(queue=queue, passive=True).message_count > 0:
-                        return True
+                        return True, None
                 except Exception:  # the queue does not exist yet: nothing waits in it
                     continue
                 finally:
                     with contextlib.suppress(Exception):
                         channel.close()
-            return False
+            return False, None
     except Exception:  # the broker cannot be reached or cannot tell: not busy
-        return False
+        return False, None
+
+
+def _redis_queue_view(client: Any, queues: tuple[str, ...]) -> tuple[bool, float | None]:
+    """Busy, and the oldest waiting message's `noetl_sent`, of these Redis lists: one round trip.
+    A waiting message without the header (sent by an earlier release) makes the time unknown."""
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.llen(queue)
+        pipe.lindex(queue, -1)
+    answers = pipe.execute()
+    busy, oldest, known = False, None, True
+    for length, tail in zip(answers[0::2], answers[1::2], strict=True):
+        if not length:
+            continue
+        busy = True
+        sent = _sent_of(tail)
+        if sent is None:
+            known = False
+        elif oldest is None or sent < oldest:
+            oldest = sent
+    return busy, (oldest if busy and known else None)
+
+
+def _sent_of(raw: bytes | str | None) -> float | None:
+    """The `noetl_sent` header of a message as kombu's Redis transport keeps it (JSON)."""
+    if raw is None:
+        return None
+    try:
+        sent = json.loads(raw).get("headers", {}).get(publisher.SENT_HEADER)
+    except (ValueError, AttributeError):
+        return None
+    return float(sent) if isinstance(sent, int | float) else None
 
 
 _sweeper: sweeper.SweeperThread | None = None
@@ -692,6 +785,7 @@ def _mask_logs(logger: Any = None, **_: Any) -> None:
 
 @signals.worker_init.connect
 def _require_broker(sender: Any = None, **_: Any) -> None:
+    install_store_eta()
     secret_registry.install_log_filter(log, logging.getLogger("celery"))
     secret_registry.seal_environment()
     if app.conf.noetl_embedded:

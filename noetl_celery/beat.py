@@ -16,13 +16,14 @@ import logging
 import os
 import socket
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from celery.beat import ScheduleEntry, Scheduler
 from celery.schedules import BaseSchedule, schedstate
 
 from noetl_celery import schedules
+from noetl_celery.store import clock
 from noetl_celery.store import schedules as store
 from noetl_celery.store.db import ensure_schema, transaction
 
@@ -36,7 +37,7 @@ ROW_FIELDS = ("playbook", "cron", "interval_s", "timezone", "workload", "missed"
 
 
 def _now() -> datetime:
-    return datetime.now(UTC)
+    return clock.now()  # the store's clock (store/clock.py), not this host's
 
 
 class FireTimes(BaseSchedule):

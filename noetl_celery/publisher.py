@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from noetl_celery.store import clock
 
 SENT_HEADER = "noetl_sent"  # a task message's publish time (epoch seconds): a worker that takes it
 # late checks whether its attempt was recorded meanwhile (app._late)
@@ -153,7 +154,7 @@ def send_task(
         argsrepr=argsrepr,
         kwargsrepr=kwargsrepr,
     )
-    message.headers[SENT_HEADER] = round(time.time(), 3)
+    message.headers[SENT_HEADER] = round(clock.epoch(), 3)
     publisher = _publisher(app)
     sender = publisher.ready()
     options = publisher.publish_options(queue)

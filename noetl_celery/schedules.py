@@ -35,6 +35,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from noetl_celery import settings as noetl_settings
 from noetl_celery.errors import ConfigurationError, NoetlError, PlaybookError
+from noetl_celery.store import clock
 from noetl_celery.store import schedules as store
 from noetl_celery.store.db import ensure_schema, transaction
 
@@ -278,7 +279,7 @@ def _iso(value: datetime | None) -> str | None:
 
 def describe(row: dict[str, Any], last: datetime | None, now: datetime | None = None) -> dict[str, Any]:
     """A schedule as the CLI, the API and the dashboard show it."""
-    now = now or datetime.now(UTC)
+    now = now or clock.now()  # the store's clock
     after = max(now, row["anchor_at"], last or row["anchor_at"])
     return {
         "name": row["name"],
@@ -306,7 +307,7 @@ def fire(
     time this call claimed: {fire_time, outcome, execution_id}. Fire times another beat claimed
     first are left out. A paused or removed schedule starts nothing."""
     url = settings.database_url
-    now = now or datetime.now(UTC)
+    now = now or clock.now()  # the store's clock
     with transaction(url) as conn:
         row = store.get_schedule(conn, name)
         last = store.last_fire(conn, name) if row is not None else None

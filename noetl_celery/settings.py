@@ -44,6 +44,7 @@ AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")  # broker URL schemes 
 DEFAULT_RESTORE_INTERVAL = 10  # seconds between sweeps that hand out messages of dead consumers
 DEFAULT_SWEEP_INTERVAL = 5.0  # seconds between sweeps for overdue attempts (0: no sweeper)
 DEFAULT_SWEEP_TIMEOUT = 10.0  # seconds: PostgreSQL ends a sweep transaction stuck longer (a frozen sweeper)
+DEFAULT_CLOCK_SKEW_WARN = 2.0  # seconds a process's clock may differ from the store's before it warns (once)
 DEFAULT_MAX_REPUBLISHES = 3  # times an overdue attempt is published again before it is `lost`
 DEFAULT_MAX_DELIVERIES = 3  # deliveries of a task that kill its worker process before `worker_lost`
 DEFAULT_SCHEDULE_GRACE = 10.0  # seconds a fire time may be late and still run (older: missed; schedules.py)
@@ -125,6 +126,7 @@ class Settings:
     event_dispatch: str  # inline: run_task calls on_event in its own job; queue: via the on_event queue
     sweep_interval: float = DEFAULT_SWEEP_INTERVAL
     sweep_timeout: float = DEFAULT_SWEEP_TIMEOUT
+    clock_skew_warn: float = DEFAULT_CLOCK_SKEW_WARN
     max_republishes: int = DEFAULT_MAX_REPUBLISHES
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     eager_task_events: bool = False  # a task event per eager attempt, for Flower (engine/transport/task_events.py)
@@ -191,6 +193,7 @@ class Settings:
             "NOETL_EAGER_TASK_EVENTS": "on" if self.eager_task_events else "off",
             "NOETL_SWEEP_INTERVAL": f"{self.sweep_interval} s",
             "NOETL_SWEEP_TIMEOUT": f"{self.sweep_timeout:g} s",
+            "NOETL_CLOCK_SKEW_WARN": f"{self.clock_skew_warn:g} s",
             "NOETL_MAX_REPUBLISHES": str(self.max_republishes),
             "NOETL_MAX_DELIVERIES": str(self.max_deliveries),
             "NOETL_EAGER_WINDOW": f"{self.eager_window:g} s" if self.eager_window else "off",
@@ -268,6 +271,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             event_dispatch=_choice(env, "NOETL_EVENT_DISPATCH", ("inline", "queue"), "inline"),
             sweep_interval=_float(env, "NOETL_SWEEP_INTERVAL", DEFAULT_SWEEP_INTERVAL),
             sweep_timeout=_positive(env, "NOETL_SWEEP_TIMEOUT", DEFAULT_SWEEP_TIMEOUT),
+            clock_skew_warn=_positive(env, "NOETL_CLOCK_SKEW_WARN", DEFAULT_CLOCK_SKEW_WARN),
             max_republishes=_int(env, "NOETL_MAX_REPUBLISHES", DEFAULT_MAX_REPUBLISHES),
             max_deliveries=_int(env, "NOETL_MAX_DELIVERIES", DEFAULT_MAX_DELIVERIES),
             eager_window=_float(env, "NOETL_EAGER_WINDOW", DEFAULT_EAGER_WINDOW),

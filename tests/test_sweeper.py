@@ -256,3 +256,40 @@ def test_a_re_publish_while_the_queues_hold_messages_is_logged_as_routine_and_ot
     assert busy.levelname == "INFO" and "may be waiting in line" in busy.getMessage()
     assert idle.levelname == "WARNING" and idle.getMessage() == "sweeper: re-publishing 1 overdue attempt(s)"
     assert published == [(1, queue), (1, queue)]
+
+
+def test_an_overdue_lease_whose_messages_may_still_wait_in_line_is_left_alone(tmp_path):
+    """Redis tells the publish time of the oldest message still queued (`waiting_since`): a
+    decision recorded after it may have its messages in the queue and is not re-published; one
+    recorded before it had its messages taken by a worker, and is."""
+    url, execution_id, _ = started(tmp_path)
+    decided = events(url, execution_id, "execution.started")[0]["created_at"]
+    decided_epoch = sweeper._epoch(decided)
+    overdue(url, execution_id)
+    for ahead, left_alone in ((1.0, sweeper.SWEEP_INTERVAL), (15.0, 15.0), (500.0, deadlines.lease(0, 7.0))):
+        # left alone about as long as the queue needs to reach it: a sweep at least, a lease at most
+        overdue(url, execution_id)
+        result = sweeper.sweep(url, queue_busy=True, waiting_since=decided_epoch - ahead)
+        assert result.republished == [] and result.lost == []
+        with transaction(url) as conn:
+            deadline = leases.deadline(conn, execution_id, "execution.started")
+        assert deadline is not None
+        left = sweeper._epoch(deadline) - sweeper._epoch(repo.utcnow())
+        assert left_alone - 2 < left <= left_alone + 1, (ahead, left)
+    assert events(url, execution_id, sweeper.REPUBLISHED) == []
+    overdue(url, execution_id)  # the queue moved on past it: taken by a worker, and overdue
+    later = decided_epoch + sweeper.IN_LINE_SLACK + 0.5
+    assert len(sweeper.sweep(url, queue_busy=True, waiting_since=later).republished) == 1
+
+
+def test_a_message_taken_late_moves_its_lease_on_and_finds_no_outcome(tmp_path):
+    url, execution_id, dispatches = started(tmp_path)
+    overdue(url, execution_id)
+    message = dispatches[0].message
+    with transaction(url) as conn:
+        done = leases.taken(conn, execution_id, message["lease"], "no-such-outcome", 30.0)
+        deadline = leases.deadline(conn, execution_id, message["lease"])
+    assert done is False
+    assert deadline is not None
+    assert 28.0 < sweeper._epoch(deadline) - sweeper._epoch(repo.utcnow()) <= 30.5
+    assert sweeper.sweep(url).republished == []  # no longer overdue

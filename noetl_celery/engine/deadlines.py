@@ -20,6 +20,9 @@ KIND_TIMEOUTS = {"http": 30.0, "python": 30.0, "postgres": 30.0, "event_log": 10
 SOFT_LIMIT_GRACE = 1.0  # seconds after the timeout before Celery raises inside the task
 HARD_LIMIT_GRACE = 5.0  # seconds after the soft limit before the pool process is killed
 OUTCOME_MARGIN = 10.0  # seconds after the hard limit for the outcome to be recorded
+# seconds a message may wait in its broker's queue before the worker that takes it moves its
+# decision's lease on to run from then: the rest of OUTCOME_MARGIN still covers the attempt
+PICKUP_SLACK = OUTCOME_MARGIN / 2
 
 
 def timeout_of(kind: str, config: dict[str, Any]) -> float:

@@ -8,6 +8,7 @@ so read-then-write sections never fail with "database is locked".
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import threading
@@ -23,8 +24,10 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError
 
 from noetl_celery import settings as noetl_settings
 from noetl_celery.errors import ConfigurationError
-from noetl_celery.store import prepared
+from noetl_celery.store import clock, prepared
 from noetl_celery.store.check import safe_url
+
+log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT = 60  # seconds a SQLite writer waits for the lock
 POOL_RECYCLE = 1800  # seconds before a pooled server connection is replaced
@@ -92,10 +95,22 @@ def _create_engine(url: str) -> Engine:
         return engine
     engine = create_engine(url, pool_size=5, max_overflow=10, pool_recycle=POOL_RECYCLE)
     _ping_when_idle(engine)
+    if engine.dialect.name == "postgresql":
+        event.listen(engine, "connect", _measure_clock)
     if _folds_begin(engine):
         event.listen(engine, "before_cursor_execute", _begin_with_first_statement, retval=True)
         _prepare_statements(engine, parsed.host, parsed.port)
     return engine
+
+
+def _measure_clock(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+    """Each new PostgreSQL connection measures this process's clock against the server's
+    (store/clock.py); a connection that cannot is used all the same (the last measure stays)."""
+    try:
+        clock.measure(dbapi_connection)
+        dbapi_connection.rollback()
+    except Exception as exc:  # the measure must never stop a connection
+        log.debug("could not measure the store's clock: %s", exc)
 
 
 def _prepare_statements(engine: Engine, host: str | None, port: int | None) -> None:

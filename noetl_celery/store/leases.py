@@ -33,12 +33,14 @@ VACUUM_QUIET = 60.0  # ...when no vacuum has run on it for this many seconds (au
 
 
 class Overdue(NamedTuple):
-    """An overdue lease: its decision row's key, dispatch list, and its execution's status."""
+    """An overdue lease: its decision row's key, dispatch list, its execution's status, and when
+    the decision was recorded (its row's created_at: when its messages were sent)."""
 
     execution_id: int
     event_id: str
     dispatch: list[dict[str, Any]]
     status: str
+    decided_at: datetime | None = None
 
 
 class Batch(NamedTuple):
@@ -69,7 +71,7 @@ _OUTCOME_KEY = (
     " || '.a' || COALESCE(dsp->'message'->>'attempt', '1') || '.done'"
 )
 _OVERDUE_PG = (
-    "WITH due AS (SELECT l.execution_id, l.event_id, e.meta, x.status FROM noetl_lease l"
+    "WITH due AS (SELECT l.execution_id, l.event_id, e.meta, x.status, e.created_at FROM noetl_lease l"
     " LEFT JOIN noetl_event e ON e.execution_id = l.execution_id AND e.event_id = l.event_id"
     " LEFT JOIN noetl_execution x ON x.execution_id = l.execution_id"
     " WHERE l.deadline_at < :now ORDER BY l.deadline_at LIMIT :n),"
@@ -86,9 +88,9 @@ _OVERDUE_PG = (
     " WHERE l.execution_id = d.execution_id AND l.event_id = d.event_id AND NOT EXISTS ("
     " SELECT 1 FROM open u WHERE u.execution_id = d.execution_id AND u.event_id = d.event_id)"
     " RETURNING l.execution_id, l.event_id)"
-    " SELECT d.execution_id, d.event_id, d.meta -> 'dispatch', d.status, NULL FROM due d"
+    " SELECT d.execution_id, d.event_id, d.meta -> 'dispatch', d.status, d.created_at, NULL FROM due d"
     " WHERE (d.execution_id, d.event_id) IN (SELECT execution_id, event_id FROM open)"
-    " UNION ALL SELECT NULL, NULL, NULL, NULL, count(*) FROM settled"
+    " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, count(*) FROM settled"
 )
 
 
@@ -102,14 +104,14 @@ def overdue(conn: Connection, now: datetime, limit: int) -> Batch:
     if conn.dialect.name == "postgresql":
         rows = conn.execute(text(_OVERDUE_PG), {"now": now, "n": limit}).all()
         pending = [
-            Overdue(int(x), event_id, list(dispatch or []), status or "gone")
-            for x, event_id, dispatch, status, _ in rows
+            Overdue(int(x), event_id, list(dispatch or []), status or "gone", decided_at)
+            for x, event_id, dispatch, status, decided_at, _ in rows
             if x is not None
         ]
         return Batch(pending, sum(int(settled) for x, *_, settled in rows if x is None))
     lease, e, x = repo.LEASES.c, repo.EVENTS.c, repo.EXECUTIONS.c
     found = conn.execute(
-        select(lease.execution_id, lease.event_id, e.meta, x.status)
+        select(lease.execution_id, lease.event_id, e.meta, x.status, e.created_at)
         .select_from(repo.LEASES)
         .outerjoin(repo.EVENTS, and_(e.execution_id == lease.execution_id, e.event_id == lease.event_id))
         .outerjoin(repo.EXECUTIONS, x.execution_id == lease.execution_id)
@@ -119,11 +121,41 @@ def overdue(conn: Connection, now: datetime, limit: int) -> Batch:
     ).all()
     return Batch(
         [
-            Overdue(int(execution_id), event_id, list((meta or {}).get("dispatch") or []), status or "gone")
-            for execution_id, event_id, meta, status in found
+            Overdue(int(execution_id), event_id, list((meta or {}).get("dispatch") or []), status or "gone", decided_at)
+            for execution_id, event_id, meta, status, decided_at in found
         ],
         0,
     )
+
+
+_TAKEN_PG = (
+    "WITH held AS (UPDATE noetl_lease SET deadline_at = greatest(deadline_at, now() + make_interval(secs => :s))"
+    " WHERE execution_id = :x AND event_id = :lease RETURNING 1)"
+    " SELECT EXISTS (SELECT 1 FROM noetl_event WHERE execution_id = :x AND event_id = :outcome),"
+    " (SELECT count(*) FROM held)"
+)
+
+
+def taken(conn: Connection, execution_id: int, lease_key: str | None, outcome_key: str, seconds: float) -> bool:
+    """A worker took, late, a message that waited in its broker's queue: the lease of its decision
+    row (`lease_key`, when the message carries it) now runs from this moment (its deadline at least
+    `seconds` from the store's clock), and whether the attempt's outcome row exists already (a
+    re-published copy ran it). One statement on PostgreSQL (run outside a transaction: it is its
+    own); an update and a read elsewhere."""
+    if conn.dialect.name == "postgresql":
+        row = conn.execute(
+            text(_TAKEN_PG), {"s": seconds, "x": execution_id, "lease": lease_key or "", "outcome": outcome_key}
+        ).one()
+        return bool(row[0])
+    if lease_key is not None:
+        until = repo.utcnow() + timedelta(seconds=seconds)
+        lease = repo.LEASES.c
+        conn.execute(
+            update(repo.LEASES)
+            .where(and_(lease.execution_id == execution_id, lease.event_id == lease_key, lease.deadline_at < until))
+            .values(deadline_at=until)
+        )
+    return repo.event_exists(conn, execution_id, outcome_key)
 
 
 def settle(conn: Connection, keys: Sequence[tuple[int, str]]) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, NoReturn, cast
 
 from sqlalchemy import Connection, Table, and_, func, select, update
@@ -26,7 +26,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
 from noetl_celery import limits, secret_registry
-from noetl_celery.store import db, prepared
+from noetl_celery.store import clock, db, prepared
 from noetl_celery.store.models import (
     Blob,
     CatalogEntry,
@@ -51,7 +51,8 @@ HOLDS = cast(Table, CursorHold.__table__)
 
 
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    """The store's time (store/clock.py: this process's clock corrected by its measured skew)."""
+    return clock.now()
 
 
 def _insert(conn: Connection, table):  # type: ignore[no-untyped-def]

@@ -30,8 +30,8 @@ from noetl_celery.engine.context import STATE, message_scope, render_context
 from noetl_celery.engine.messages import BatchEvent, OutcomeEvent, TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import storable, to_jsonable, unstorable
-from noetl_celery.store import blobs, repo, views
-from noetl_celery.store.db import transaction
+from noetl_celery.store import blobs, clock, leases, repo, views
+from noetl_celery.store.db import single_read, transaction
 from noetl_celery.templating import (
     HIDDEN_META,
     as_step_result,
@@ -249,6 +249,14 @@ def already_done(url: str, message: TaskMessage) -> bool:
         return repo.event_exists(conn, message.execution_id, key)
 
 
+def taken_late(url: str, message: TaskMessage, lease_seconds: float) -> bool:
+    """This message waited in its broker's queue: its decision's lease now runs from here
+    (store/leases.py `taken`), and whether its attempt was recorded meanwhile. One statement on
+    PostgreSQL."""
+    with single_read(url) as conn:
+        return leases.taken(conn, message.execution_id, message.lease, message.outcome_key(), lease_seconds)
+
+
 def still_wanted(url: str, message: TaskMessage) -> bool:
     """A delayed message that came due: False once its execution has ended, or when its attempt
     was recorded meanwhile (a replay of its decision ran it first). One transaction."""
@@ -357,7 +365,7 @@ def _run_attempt(url: str, message: TaskMessage, *, queue_id: str | None, node: 
     report = {
         "queue_id": queue_id,
         **process_identity.identity(node),
-        "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
+        "started_at": datetime.fromtimestamp(started - clock.skew(), UTC).isoformat(),  # the store's clock
         "duration_ms": round((time.time() - started) * 1000, 3),
     }
     return OutcomeEvent(message.execution_id, message.to_wire(), body, report).to_dict()

@@ -15,9 +15,16 @@ each of the sweep's transactions; on SQLite the write lock of that transaction s
   MAX_REPUBLISHES; the parent's on_event dedupes a late duplicate). A lost child start is covered
   by the missing-start check.
 Re-published attempts travel on the event queue, so a backlog in the task queue does not delay
-them. While the queues still hold messages an overdue attempt may just be waiting in line: it is
-re-published once (a worker that takes the original late finds its outcome recorded and skips
-it), and its later re-publishes and the `lost` verdict wait until the queues have drained.
+them. A lease counts only the time its attempt is in a worker's hands: a worker that takes a
+message after it waited in the queue moves the lease on to run from then (app._late,
+leases.taken). So an overdue lease whose decision was recorded after the oldest message the
+queues still hold was sent (`waiting_since`, read from the broker: Redis' queues are first in,
+first out) may be waiting in line: it is postponed, never re-published. One recorded before it
+was taken off the queue by a worker, which would have moved it on: its attempt is overdue in a
+worker's hands (a worker killed, a publish lost) and is re-published. Where the broker cannot
+tell how long its oldest message waited (RabbitMQ) and the queues hold messages, an overdue
+attempt is re-published once (a worker that takes the original late finds its outcome recorded
+and skips it), and its later re-publishes and the `lost` verdict wait until the queues drain.
 
 A sweep is short transactions, never one long one: the executions' checks, then the overdue
 leases in batches of BATCH (while they come full, for at most the sweep interval), each batch its
@@ -40,7 +47,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -58,6 +65,9 @@ log = logging.getLogger(__name__)
 SWEEP_INTERVAL = 5.0  # seconds between sweeps (NOETL_SWEEP_INTERVAL)
 MAX_REPUBLISHES = 3  # times an overdue attempt is published again before it is `lost`
 START_GRACE = 30.0  # seconds an execution may wait for its start to be recorded
+# seconds between a decision's row (its created_at) and the publish of its messages, at most, for
+# the sweeper's reading of how long the broker's oldest waiting message has waited
+IN_LINE_SLACK = 1.0
 BATCH = 500  # overdue decision rows examined per transaction
 # a sweep goes on with batches while they come full, for at most its interval (at least
 # SWEEP_BUDGET_MIN seconds): a backlog is worked off at the store's pace, not a fixed share per sweep
@@ -197,13 +207,16 @@ def sweep(
     url: str,
     *,
     queue_busy: bool = False,
+    waiting_since: float | None = None,
     max_republishes: int = MAX_REPUBLISHES,
     interval: float = SWEEP_INTERVAL,
     timeout: float = SWEEP_TIMEOUT,
     committed: Callable[[SweepResult], None] | None = None,
 ) -> SweepResult:
     """One sweep: short transactions, each recording its rows; `committed` is called with what
-    each one decided (to publish and decide) right after its commit. Returns the whole."""
+    each one decided (to publish and decide) right after its commit. Returns the whole.
+    `queue_busy`: the broker's queues hold messages; `waiting_since`: the publish time (epoch
+    seconds) of the oldest of them, when the broker can tell it."""
     result = SweepResult()
     now = repo.utcnow()
     part = SweepResult(transactions=1)
@@ -224,7 +237,15 @@ def sweep(
         with sweep_transaction(url, timeout) as conn:
             if conn is None:  # another sweeper took over between two batches
                 break
-            _overdue(conn, now, part, queue_busy=queue_busy, max_republishes=max_republishes, interval=interval)
+            _overdue(
+                conn,
+                now,
+                part,
+                queue_busy=queue_busy,
+                waiting_since=waiting_since if queue_busy else None,
+                max_republishes=max_republishes,
+                interval=interval,
+            )
         result.add(part)
         if committed is not None:
             committed(part)
@@ -244,7 +265,14 @@ def _missing_starts(conn: Connection, now: Any, result: SweepResult) -> None:
 
 
 def _overdue(
-    conn: Connection, now: datetime, result: SweepResult, *, queue_busy: bool, max_republishes: int, interval: float
+    conn: Connection,
+    now: datetime,
+    result: SweepResult,
+    *,
+    queue_busy: bool,
+    waiting_since: float | None = None,
+    max_republishes: int,
+    interval: float,
 ) -> None:
     """One batch of overdue leases (store/leases.py), in a fixed number of statements: the leases
     (with their decision rows' dispatch lists and executions' status), the existing rows among
@@ -259,9 +287,16 @@ def _overdue(
         return
     counts = range(1, max_republishes + 1)
     decisions: list[tuple[tuple[int, str], int, list[Dispatch], list[tuple[int, str, str, Dispatch]]]] = []
+    postpone_in_line: dict[float, list[tuple[int, str]]] = {}
     wanted: set[tuple[int, str]] = set()
     parents: set[int] = set()
-    for execution_id, event_id, dispatch_list, status in rows:
+    behind = _behind(waiting_since)
+    for execution_id, event_id, dispatch_list, status, decided_at in rows:
+        ahead = behind(decided_at)
+        if ahead is not None:  # its messages may still wait in the queue: not overdue yet
+            wait = _wait_in_line(ahead, dispatch_list, interval)
+            postpone_in_line.setdefault(wait, []).append((execution_id, event_id))
+            continue
         stored = [Dispatch.from_dict(d) for d in dispatch_list]
         ends = []
         for d in stored:
@@ -282,7 +317,7 @@ def _overdue(
     seen = leases.existing_keys(conn, wanted)
     running = leases.running(conn, parents)
     clear: list[tuple[int, str]] = []
-    postpone: dict[float, list[tuple[int, str]]] = {}
+    postpone: dict[float, list[tuple[int, str]]] = postpone_in_line
     records: list[dict[str, Any]] = []
     for lease, execution_id, runs, ends in decisions:
         if ends and _resend_ends(ends, seen, running, result, records, max_republishes=max_republishes):
@@ -315,6 +350,43 @@ def _overdue(
     result.cleared += leases.settle(conn, clear)
     for seconds, keys in postpone.items():
         leases.postpone(conn, keys, now + timedelta(seconds=seconds))
+
+
+def _wait_in_line(ahead: float, dispatch_list: list[dict[str, Any]], interval: float) -> float:
+    """How long a lease whose messages may still wait in the queue is left alone: about as long as
+    the queue needs to reach them (`ahead`: the seconds of publishing between the oldest waiting
+    message and its decision; the queue moves on by about that much in as many seconds, at least
+    one sweep interval and at most a lease of its messages). Each sweep then reads mostly what
+    newly came due, not every message still waiting; a worker that takes one of them late moves
+    the lease on to a lease from then anyway (store/leases.py `taken`, never backwards)."""
+    timeouts = [float(d.get("timeout", deadlines.DEFAULT_TIMEOUT)) for d in dispatch_list if isinstance(d, dict)]
+    longest = deadlines.lease(0, max(timeouts)) if timeouts else interval
+    return float(round(max(interval, min(longest, ahead))))
+
+
+def _behind(waiting_since: float | None) -> Callable[[datetime | None], float | None]:
+    """For a decision recorded at a given time: None when its messages have all left the queues
+    (a worker took them), else how many seconds of publishing lie between the oldest message still
+    waiting (published at `waiting_since`) and it. Queues are first in, first out: what was sent
+    before the oldest message still there has been taken by a worker. IN_LINE_SLACK absorbs the
+    gap between a decision's row and its publish (milliseconds, after the commit). No
+    `waiting_since` (the queues are empty, or the broker cannot tell): nothing is in line."""
+    if waiting_since is None:
+        return lambda _decided_at: None
+    since = waiting_since - IN_LINE_SLACK
+
+    def behind(decided_at: datetime | None) -> float | None:
+        if decided_at is None or _epoch(decided_at) < since:
+            return None
+        return max(_epoch(decided_at) - waiting_since, 0.0)
+
+    return behind
+
+
+def _epoch(moment: datetime) -> float:
+    if moment.tzinfo is None:  # SQLite gives back naive UTC datetimes
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
 
 
 def _resend_ends(
