@@ -95,8 +95,11 @@ def _compile(path: str, sets: tuple[str, ...] = (), strict_names: bool = False) 
 
 
 def echo(text: str, err: bool = False) -> None:
-    """Print one line of output with every configured secret masked."""
-    click.echo(secret_registry.mask_text(text), err=err)
+    """Print one line of output with every configured secret masked. Written through sys.stdout /
+    sys.stderr as they are: click's own text wrapper of the binary stream asks a file for its
+    position, which fails (OSError: Illegal seek) while an embedded attempt has pointed file
+    descriptor 2 at its masking pipe (fd_masking.py) and stderr was redirected to a file."""
+    click.echo(secret_registry.mask_text(text), file=sys.stderr if err else sys.stdout)
 
 
 def _print_json(value: Any) -> None:
@@ -776,6 +779,7 @@ def server(host: str, port: int) -> None:
     command alone is a working service; with a broker, executions go to its workers. Writes need
     `Authorization: Bearer $NOETL_DASHBOARD_TOKEN`."""
     settings = noetl_settings.load()
+    _stop_on_sigterm()  # a service manager's stop: as Ctrl-C (the embedded worker finishes its attempts)
     if settings.broker_url is not None:
         try:
             check_broker_url(settings.broker_url)
@@ -784,7 +788,6 @@ def server(host: str, port: int) -> None:
             sys.exit(EXIT_INVALID)
         _serve(host, port, "server", runs=True)
         return
-    _stop_on_sigterm()  # a service manager's stop lets the embedded worker finish its attempts
     with runner.embedded_worker():
         _serve(host, port, "server (embedded worker)", runs=True)
 
