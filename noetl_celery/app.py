@@ -12,7 +12,6 @@ Every worker main process runs the sweeper (engine/recovery/sweeper.py) on a tim
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
@@ -24,8 +23,8 @@ from celery import Celery, signals
 from celery.exceptions import Reject
 from sqlalchemy.exc import DataError, DBAPIError
 
+from noetl_celery import broker_queues, metrics, publisher, redis_transport, secret_registry
 from noetl_celery import limits as noetl_limits
-from noetl_celery import publisher, redis_transport, secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, attempt_shadow, event_shadow, execution_kwargsrepr
 from noetl_celery.engine import deadlines
@@ -333,8 +332,10 @@ def decide(
     deadline passes. Returns what was decided (None when the event was delayed or failed) and the
     dispatch `take` chose to run in this process (engine/transport/eager.py), which is not published."""
     url = current_settings().database_url
+    clock = time.perf_counter()
     try:
         dispatches = orchestrator.handle_event(url, event)
+        metrics.decision_took(time.perf_counter() - clock)
     except DataError as exc:  # the store refused a value: sending the event again cannot help
         reason = refused_value(exc)
         log.error("execution %s: %s", event.get("execution_id"), reason)
@@ -567,6 +568,7 @@ def notify(self, execution_id: int) -> str:  # type: ignore[no-untyped-def]
     from noetl_celery import webhooks
 
     outcome, delay = webhooks.deliver(current_settings(), int(execution_id))
+    metrics.webhook_delivery(outcome)
     if outcome == "retry" and delay is not None:
         enqueue_notifications([int(execution_id)], countdown=delay)
     return outcome
@@ -618,6 +620,7 @@ def _act_on_sweep(result: sweeper.SweepResult, queues_busy: bool = False) -> Non
         else:
             log.warning("sweeper: re-publishing %d overdue attempt(s)", len(result.republished))
         publish(result.republished, queue=settings.event_queue)
+        metrics.republished(len(result.republished))
     for execution_id in result.starts:
         send_event(orchestrator.start_payload(execution_id))
     for payload in result.lost:
@@ -627,27 +630,12 @@ def _act_on_sweep(result: sweeper.SweepResult, queues_busy: bool = False) -> Non
 
 def _queues_busy(settings: noetl_settings.Settings, celery_app: Celery | None = None) -> bool:
     """True when a queue still holds messages (an overdue attempt, or its outcome, may be waiting
-    in line). Messages a worker has taken (held countdowns included) are not counted, on Redis
-    (LLEN) as on RabbitMQ (a passive declare's message_count: the ready messages).
-
-    The connection comes from the app's pool (RabbitMQ would otherwise see a new connection every
-    sweep) and each queue gets a channel of its own: on RabbitMQ a queue that does not exist yet
-    closes the channel that asked."""
+    in line); see broker_queues.py for what is counted. A broker that cannot be reached or cannot
+    tell: not busy."""
     try:
-        with (celery_app or app).pool.acquire(block=True, timeout=5) as conn:
-            conn.ensure_connection(max_retries=1)
-            for queue in (settings.task_queue, settings.event_queue):
-                channel = conn.channel()
-                try:
-                    if channel.queue_declare(queue=queue, passive=True).message_count > 0:
-                        return True
-                except Exception:  # the queue does not exist yet: nothing waits in it
-                    continue
-                finally:
-                    with contextlib.suppress(Exception):
-                        channel.close()
-            return False
-    except Exception:  # the broker cannot be reached or cannot tell: not busy
+        queues = (settings.task_queue, settings.event_queue)
+        return any(broker_queues.queue_depths(celery_app or app, queues, stop_at_first=True).values())
+    except Exception:
         return False
 
 
@@ -696,6 +684,7 @@ def _require_broker(sender: Any = None, **_: Any) -> None:
     secret_registry.seal_environment()
     if app.conf.noetl_embedded:
         return
+    _serve_metrics()
     from noetl_celery.store.db import ensure_schema
 
     try:
@@ -707,3 +696,15 @@ def _require_broker(sender: Any = None, **_: Any) -> None:
         message = secret_registry.mask_text(str(exc))
         log.error("%s", message)
         raise SystemExit(f"noetl_celery: {message}") from None
+
+
+def _serve_metrics() -> None:
+    """With NOETL_METRICS_PORT: this worker's series on that port (noetl_celery/metrics.py), set up
+    in the main process before the pool forks."""
+    settings = current_settings()
+    if settings.metrics_port is None or metrics.enabled():
+        return
+    try:
+        metrics.start_worker_endpoint(settings.metrics_port, settings.metrics_host)
+    except OSError as exc:  # the port is taken: the worker runs, without its metrics
+        log.error("metrics: cannot listen on %s:%s: %s", settings.metrics_host, settings.metrics_port, exc)

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from sqlalchemy import Connection
 
-from noetl_celery import credentials, limits, secret_registry
+from noetl_celery import credentials, limits, metrics, secret_registry
 from noetl_celery.dsl.plan import Sink, Task
 from noetl_celery.engine import deadlines
 from noetl_celery.engine import identity as process_identity
@@ -354,11 +354,13 @@ def _run_attempt(url: str, message: TaskMessage, *, queue_id: str | None, node: 
     if secrets:  # masked before it is bounded: a value stored by reference is stored masked
         body = credentials.scrub(body, secrets)
     body = bounded(secret_registry.mask(body), url, message.execution_id)
+    took = time.time() - started
+    metrics.attempt_ended(task.kind, str(body.get("status")), took)
     report = {
         "queue_id": queue_id,
         **process_identity.identity(node),
         "started_at": datetime.fromtimestamp(started, UTC).isoformat(),
-        "duration_ms": round((time.time() - started) * 1000, 3),
+        "duration_ms": round(took * 1000, 3),
     }
     return OutcomeEvent(message.execution_id, message.to_wire(), body, report).to_dict()
 
