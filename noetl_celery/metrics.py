@@ -42,6 +42,7 @@ class _Instruments:
 
 
 _on: _Instruments | None = None  # None: recording is off
+_attempt_children: dict[tuple[str, str], tuple[Any, Any]] = {}  # (tool, outcome) -> its counter and histogram
 
 
 def _instruments() -> _Instruments:
@@ -84,20 +85,28 @@ def enable(directory: str) -> None:
     from prometheus_client import values
 
     values.ValueClass = values.MultiProcessValue()  # in case prometheus_client was imported before
+    _attempt_children.clear()
     _on = _instruments()
 
 
 def disable() -> None:
     global _on
     _on = None
+    _attempt_children.clear()
 
 
 def attempt_ended(tool: str, outcome: str, seconds: float) -> None:
     """One attempt's outcome (`ok`, `error`, ...) and its duration."""
     if _on is None:
         return
-    _on.attempts.labels(outcome, tool).inc()
-    _on.tool_seconds.labels(tool).observe(seconds)
+    children = _attempt_children.get((tool, outcome))
+    if children is None:  # labels() takes a lock and builds a key: once per pair
+        children = _attempt_children[(tool, outcome)] = (
+            _on.attempts.labels(outcome, tool),
+            _on.tool_seconds.labels(tool),
+        )
+    children[0].inc()
+    children[1].observe(seconds)
 
 
 def decision_took(seconds: float) -> None:
