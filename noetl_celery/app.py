@@ -23,7 +23,7 @@ from celery import Celery, signals
 from celery.exceptions import Reject
 from sqlalchemy.exc import DataError, DBAPIError
 
-from noetl_celery import broker_queues, metrics, publisher, redis_transport, secret_registry
+from noetl_celery import broker_queues, log_format, metrics, publisher, redis_transport, secret_registry
 from noetl_celery import limits as noetl_limits
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, attempt_shadow, event_shadow, execution_kwargsrepr
@@ -676,6 +676,11 @@ def _stop_sweeper(**_: Any) -> None:
 @signals.after_setup_task_logger.connect
 def _mask_logs(logger: Any = None, **_: Any) -> None:
     secret_registry.install_log_filter(*(logger,) if logger is not None else ())
+    try:
+        style = current_settings().log_format
+    except ConfigurationError:  # the worker refuses to start on it (worker_init): text meanwhile
+        style = "text"
+    log_format.install(logger, style)  # NOETL_LOG_FORMAT, and the attempt's fields on every line
 
 
 @signals.worker_init.connect

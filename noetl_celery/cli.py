@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from noetl_celery import secret_registry
+from noetl_celery import log_format, secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.errors import (
     BrokerUnavailable,
@@ -812,9 +812,21 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def _log_format(level: int) -> None:
+    """NOETL_LOG_FORMAT=json: a command's log lines as JSON (its own output is unchanged); the
+    server's lines (`level` INFO: its access log) with timestamps in either format."""
+    try:
+        style = noetl_settings.log_format()
+    except ConfigurationError:
+        return  # refused with its message where the settings are read
+    if style == "json" or level <= log_format.SERVER_LEVEL:
+        log_format.configure_process(style, level)
+
+
 def _serve(host: str, port: int, what: str, *, runs: bool) -> None:
     from noetl_celery.dashboard.server import serve
 
+    _log_format(log_format.SERVER_LEVEL)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             serve(host, port, on_ready=lambda: echo(f"{what} on http://{host}:{port}/ (Ctrl-C to stop)"), runs=runs)
@@ -1063,6 +1075,7 @@ def schedule_resume(name: str) -> None:
 
 def main() -> None:
     secret_registry.install_log_filter()
+    _log_format(log_format.CLI_LEVEL)
     try:
         cli(prog_name="noetl-celery")
     except ConfigurationError as exc:

@@ -238,6 +238,11 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigurationError(f"{name} must be a whole number, got {raw!r}") from exc
 
 
+def log_format(environ: Mapping[str, str] | None = None) -> str:
+    """NOETL_LOG_FORMAT: `text` or `json` (read alone by the CLI before the other settings)."""
+    return _choice(os.environ if environ is None else environ, "NOETL_LOG_FORMAT", LOG_FORMATS, "text")
+
+
 def _port(env: Mapping[str, str], name: str) -> int | None:
     """A TCP port (1-65535), or None when unset."""
     if not env.get(name):
@@ -299,7 +304,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             webhook_url=(env.get("NOETL_WEBHOOK_URL") or "").strip() or None,
             metrics_port=_port(env, "NOETL_METRICS_PORT"),
             metrics_host=env.get("NOETL_METRICS_HOST") or DEFAULT_METRICS_HOST,
-            log_format=_choice(env, "NOETL_LOG_FORMAT", LOG_FORMATS, "text"),
+            log_format=log_format(env),
             max_result_bytes=int(limit(MAX_RESULT_BYTES_ENV, env)),
             max_playbook_bytes=int(limit(MAX_PLAYBOOK_BYTES_ENV, env)),
             max_yaml_nodes=int(limit(MAX_YAML_NODES_ENV, env)),
