@@ -33,7 +33,7 @@ from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
 from noetl_celery.engine.recovery import sweeper
 from noetl_celery.engine.transport import eager, process, task_events, verdict, worker_loss
-from noetl_celery.errors import AttemptFailed, ConfigurationError
+from noetl_celery.errors import AttemptFailed, ConfigurationError, WebhookNotDelivered
 from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
 from noetl_celery.store import leases, retention
@@ -561,16 +561,20 @@ def _vacuum_leases(url: str) -> threading.Thread | None:
 NOTIFY = "noetl.notify"  # a failed or cancelled execution's webhook (noetl_celery/webhooks.py)
 
 
-@app.task(name=NOTIFY, bind=True, acks_late=True, ignore_result=True)
+@app.task(name=NOTIFY, bind=True, acks_late=True, ignore_result=True, throws=(WebhookNotDelivered,))
 def notify(self, execution_id: int) -> str:  # type: ignore[no-untyped-def]
-    """One delivery attempt of an execution's failure webhook; a failed one is sent again with its
-    backoff as a countdown (the sweep's scan also finds it once due: the lease takes one of them)."""
+    """One delivery attempt of an execution's webhook; a failed one is sent again with its backoff
+    as a countdown (the sweep's scan also finds it once due: the lease takes one of them), and
+    the task ends as a failure (WebhookNotDelivered, logged without a traceback): Flower shows it."""
     from noetl_celery import webhooks
 
     outcome, delay = webhooks.deliver(current_settings(), int(execution_id))
     metrics.webhook_delivery(outcome)
     if outcome == "retry" and delay is not None:
         enqueue_notifications([int(execution_id)], countdown=delay)
+    if outcome in ("retry", "gave_up"):
+        state = f"tried again in {delay:.0f} s" if outcome == "retry" and delay is not None else "given up"
+        raise WebhookNotDelivered(f"webhook of execution {execution_id} not delivered ({state})")
     return outcome
 
 

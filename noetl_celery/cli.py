@@ -102,6 +102,19 @@ def echo(text: str, err: bool = False) -> None:
     click.echo(secret_registry.mask_text(text), file=sys.stderr if err else sys.stdout)
 
 
+def _webhook_line(hook: dict[str, Any]) -> str:
+    """`status`'s line about the execution's webhook delivery."""
+    line = f"  webhook: {hook['state']} ({hook['attempts']} attempt{'s' if hook['attempts'] != 1 else ''}"
+    if hook.get("url"):
+        line += f" to {hook['url']}"
+    line += ")"
+    if hook["state"] == "retrying" and hook.get("next_at"):
+        line += f", next try at {hook['next_at']}"
+    if hook["state"] != "delivered" and hook.get("last_error"):
+        line += f"; last error: {hook['last_error']}"
+    return line
+
+
 def _print_json(value: Any) -> None:
     echo(json.dumps(value, indent=2, default=str))
 
@@ -331,6 +344,8 @@ def status(execution_id: int, as_json: bool) -> None:
     _print_outcome(result, as_json)
     if result.get("scheduled"):
         echo(f"  started by schedule {result['scheduled']['schedule']} (fire time {result['scheduled']['fire_time']})")
+    if result.get("webhook"):
+        echo(_webhook_line(result["webhook"]))
     progress = extras["progress"]
     echo(f"  progress: {progress['done']}/{progress['total']} units")
     from noetl_celery.store.views import loop_count

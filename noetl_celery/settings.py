@@ -140,6 +140,9 @@ class Settings:
     dashboard_token: str | None = field(default=None, repr=False)  # enables the dashboard's cancel/resume
     schedule_grace: float = DEFAULT_SCHEDULE_GRACE  # NOETL_SCHEDULE_GRACE (noetl_celery/schedules.py)
     webhook_url: str | None = field(default=None, repr=False)  # NOETL_WEBHOOK_URL (noetl_celery/webhooks.py)
+    webhook_secret: str | None = (
+        None  # NOETL_WEBHOOK_SECRET: the credential whose value signs NOETL_WEBHOOK_URL's POSTs
+    )
     metrics_port: int | None = None  # NOETL_METRICS_PORT: a worker's own /metrics (noetl_celery/metrics.py)
     metrics_host: str = DEFAULT_METRICS_HOST  # NOETL_METRICS_HOST: the address it listens on
     log_format: str = "text"  # NOETL_LOG_FORMAT: text | json (noetl_celery/log_format.py)
@@ -202,6 +205,7 @@ class Settings:
             "NOETL_DASHBOARD_TOKEN": MASK if self.dashboard_token else "(none)",
             "NOETL_SCHEDULE_GRACE": f"{self.schedule_grace:g} s",
             "NOETL_WEBHOOK_URL": webhook_shown(self.webhook_url),
+            "NOETL_WEBHOOK_SECRET": f"credential {self.webhook_secret}" if self.webhook_secret else "(none: unsigned)",
             "NOETL_METRICS_PORT": str(self.metrics_port) if self.metrics_port is not None else "(off)",
             "NOETL_METRICS_HOST": self.metrics_host,
             "NOETL_LOG_FORMAT": self.log_format,
@@ -302,6 +306,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             dashboard_token=env.get("NOETL_DASHBOARD_TOKEN") or None,
             schedule_grace=_float(env, "NOETL_SCHEDULE_GRACE", DEFAULT_SCHEDULE_GRACE),
             webhook_url=(env.get("NOETL_WEBHOOK_URL") or "").strip() or None,
+            webhook_secret=(env.get("NOETL_WEBHOOK_SECRET") or "").strip() or None,
             metrics_port=_port(env, "NOETL_METRICS_PORT"),
             metrics_host=env.get("NOETL_METRICS_HOST") or DEFAULT_METRICS_HOST,
             log_format=log_format(env),

@@ -8,8 +8,9 @@ Decides what each fact means, as read from the rows:
   lease is past its deadline. A sweep settles an overdue lease or moves its deadline on, so with
   sweeps running the lag stays below a sweep interval or two; a lag that grows means no sweeper
   is sweeping (no worker, a sweep that keeps failing, a lock held by a frozen one);
-- webhook notifications by state (`retrying`: failed at least once, tried again; `gave_up`;
-  `delivered`) and their failed delivery attempts;
+- webhook notifications by state (`pending`: not tried yet, or awaiting a completion;
+  `retrying`: failed at least once, tried again; `gave_up`; `delivered`; `not_chosen`: an event
+  the playbook did not choose) and their failed delivery attempts;
 - schedule fire times by claim outcome (`started`, `skipped`: missed and skipped, `refused`).
 Nothing here writes; each read is bounded by the caller's statement timeout.
 """
@@ -19,11 +20,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, case, func, select
+from sqlalchemy import Connection, and_, case, func, select
 
 from noetl_celery.store import repo
 from noetl_celery.store.schedules import NOTIFICATIONS, RUNS, SCHEDULES, aware
 
+NOT_CHOSEN = "not chosen"  # webhooks.NOT_CHOSEN: an event the playbook did not choose (never sent)
 ENDED_STATUSES = ("completed", "failed", "cancelled")
 
 
@@ -47,6 +49,7 @@ def notifications_by_state(conn: Connection) -> dict[str, tuple[int, int]]:
     n = NOTIFICATIONS.c
     state = case(
         (n.delivered_at.is_not(None), "delivered"),
+        (and_(n.gave_up_at.is_not(None), n.last_error.like(f"{NOT_CHOSEN}%")), "not_chosen"),
         (n.gave_up_at.is_not(None), "gave_up"),
         (n.attempts > 0, "retrying"),
         else_="pending",
