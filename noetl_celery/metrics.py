@@ -9,7 +9,7 @@ one truth for the whole deployment, whichever worker is up.
 Recording is off (each call a no-op: one global read) unless NOETL_METRICS_PORT is set; then
 the worker's main process calls `start_worker_endpoint` before it forks its pool (Celery's
 `worker_init`), which puts prometheus_client in multiprocess mode: every pool process writes its
-values to files of its own in a fresh directory (NOETL_METRICS_DIR, or a temporary one), and the
+values to files of its own in a fresh temporary directory (removed at the worker's exit), and the
 main process's HTTP endpoint sums them on each scrape. So a pool process that is replaced
 (max-tasks-per-child, a crash) keeps its counts; only counters and histograms are recorded here
 (no gauge: a gauge of a dead process would linger). Recording costs about a microsecond or two
@@ -144,7 +144,8 @@ def start_worker_endpoint(port: int, host: str = "0.0.0.0", parent: str | None =
     from prometheus_client import start_http_server
 
     directory = tempfile.mkdtemp(prefix="noetl-metrics-", dir=parent)
-    atexit.register(shutil.rmtree, directory, True)
+    owner = os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(directory, True))  # never a forked child
     enable(directory)
     start_http_server(port, addr=host, registry=worker_registry(directory))
     log.info("metrics: this worker's series on http://%s:%d/metrics", host, port)
