@@ -119,14 +119,15 @@ def _executions(conn: Connection) -> Iterator[Metric]:
     )
     running = GaugeMetricFamily("noetl_executions_running", "Executions running now, by playbook", labels=["playbook"])
     totals: dict[str, int] = {}
+    counts: dict[tuple[str, str], int] = {}
     for playbook, status, count in gauges.executions_by_status(conn):
         totals[playbook] = totals.get(playbook, 0) + count
-        if status in gauges.ENDED_STATUSES:
-            ended.add_metric([playbook, status], count)
-        elif status == "running":
-            running.add_metric([playbook], count)
-    for playbook, count in totals.items():
+        counts[(playbook, status)] = count
+    for playbook, count in sorted(totals.items()):
         started.add_metric([playbook], count)
+        running.add_metric([playbook], counts.get((playbook, "running"), 0))
+        for status in gauges.ENDED_STATUSES:  # 0 from the first start: a first failure is a rise, not a new series
+            ended.add_metric([playbook, status], counts.get((playbook, status), 0))
     yield from (started, ended, running)
 
 

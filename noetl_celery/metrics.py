@@ -145,7 +145,12 @@ def start_worker_endpoint(port: int, host: str = "0.0.0.0", parent: str | None =
 
     directory = tempfile.mkdtemp(prefix="noetl-metrics-", dir=parent)
     owner = os.getpid()
-    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(directory, True))  # never a forked child
+
+    def remove() -> None:  # by the worker that made it, never a forked child
+        if os.getpid() == owner:
+            shutil.rmtree(directory, True)
+
+    atexit.register(remove)
     enable(directory)
     start_http_server(port, addr=host, registry=worker_registry(directory))
     log.info("metrics: this worker's series on http://%s:%d/metrics", host, port)

@@ -25,7 +25,9 @@ FAILING_LOOP = range_loop(
     tool="""      kind: python
       args: {x: "{{ iter.x }}"}
       code: |
+        import time
         if x == 4:
+            time.sleep(3)  # a few scrapes see the execution running before it fails
             raise ValueError("item 4 is bad")
         result = x
 """,
@@ -121,6 +123,9 @@ def test_prometheus_sees_the_failed_executions_counter_rise(tmp_path, env, worke
         assert server.wait_end(int(execution_id))["status"] == "failed"
 
         prometheus.wait(lambda: (prometheus.value(failed) or 0.0) >= before + 1, 30, "the failed counter to rise")
+        # the rise as Prometheus's own functions see it: from 0 (the series exists from the start) to 1
+        assert (prometheus.value(f"max_over_time({failed}[5m])") or 0) >= 1
+        assert prometheus.value(f"min_over_time({failed}[5m])") == before
         # the worker's own series: the failed attempt of item 4, by tool kind
         errors = 'sum(noetl_attempts_total{job="noetl-worker",outcome="error",tool="python"})'
         prometheus.wait(lambda: (prometheus.value(errors) or 0.0) >= 1, 30, "the worker's failed attempts")
