@@ -1,17 +1,23 @@
 """NOETL_LOG_FORMAT=json on a real prefork worker: every line is one JSON object, and each line an
 attempt writes (the engine's, the playbook's own `logging`, what it writes to file descriptor 2)
 names its execution, step, attempt, iteration and worker, with secrets masked. In text format the
-playbook's own logging lines carry the execution too. The server's access log has timestamps."""
+playbook's own logging lines carry the execution too. The server's access log has timestamps;
+beat's lines are JSON too."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 
 import requests
 
 from noetl_celery.runner import wait
 from tests.support.engines import cli
+from tests.support.services import stop_process
 from tests.test_server import Server
 
 SECRET = "json-log-secret-4711"
@@ -90,3 +96,28 @@ def test_the_servers_access_log_has_timestamps_in_both_formats(tmp_path):
         else:
             # the embedded worker's Celery format, or the server's own: a timestamp first
             assert re.match(r"\[?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+[: ]+INFO.* 200 GET /metrics", access[0]), access
+
+
+def test_beat_logs_json_lines(tmp_path, env):
+    log_path = tmp_path / "beat.log"
+    beat_env = {k: v for k, v in os.environ.items() if not k.startswith("NOETL_")}
+    beat_env.update({**env, "NOETL_LOG_FORMAT": "json", "NOETL_HOME": str(tmp_path)})
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "noetl_celery", "beat", "-l", "INFO"],
+            env=beat_env,
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while "beat: Starting" not in log_path.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
+                time.sleep(0.1)
+        finally:
+            stop_process(proc, timeout=15)
+    logged = [line for line in log_path.read_text().splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in logged]
+    assert any(line["logger"] == "celery.beat" and line["message"] == "beat: Starting..." for line in lines), lines
+    assert all({"timestamp", "level", "logger", "message"} <= set(line) for line in lines)
