@@ -27,7 +27,10 @@ def _wait(condition, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def test_refused_deliveries_are_failed_tasks_for_flower(tmp_path, env, store_url, worker_factory):
+def test_refused_deliveries_are_failed_tasks_for_flower(tmp_path, env, migrated_postgres, worker_factory):
+    # a store of its own: the sweep of a worker with NOETL_WEBHOOK_URL notifies every failure it finds
+    store_url = migrated_postgres.url
+    env = {**env, "NOETL_DATABASE_URL": store_url}
     playbook = tmp_path / "flower_hook.yaml"
     playbook.write_text(FAILING)
     with receiver({"/hook": [503, 503]}) as hooks:
