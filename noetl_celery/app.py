@@ -28,7 +28,7 @@ from kombu.asynchronous.timer import to_timestamp as _kombu_to_timestamp
 from sqlalchemy.exc import DataError, DBAPIError
 
 from noetl_celery import limits as noetl_limits
-from noetl_celery import publisher, redis_transport, secret_registry
+from noetl_celery import log_format, metrics, publisher, redis_transport, secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, attempt_shadow, event_shadow, execution_kwargsrepr
 from noetl_celery.engine import deadlines
@@ -37,7 +37,7 @@ from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, MessageError, TaskMessage, check_version, stamp, wire
 from noetl_celery.engine.recovery import sweeper
 from noetl_celery.engine.transport import eager, process, reconnect, task_events, verdict, worker_loss
-from noetl_celery.errors import AttemptFailed, ConfigurationError
+from noetl_celery.errors import AttemptFailed, ConfigurationError, WebhookNotDelivered
 from noetl_celery.jsonable import storable
 from noetl_celery.store import check as store_check
 from noetl_celery.store import clock, leases, retention
@@ -358,8 +358,10 @@ def decide(
     deadline passes. Returns what was decided (None when the event was delayed or failed) and the
     dispatch `take` chose to run in this process (engine/transport/eager.py), which is not published."""
     url = current_settings().database_url
+    clock = time.perf_counter()
     try:
         dispatches = orchestrator.handle_event(url, event)
+        metrics.decision_took(time.perf_counter() - clock)
     except DataError as exc:  # the store refused a value: sending the event again cannot help
         reason = refused_value(exc)
         log.error("execution %s: %s", event.get("execution_id"), reason)
@@ -608,15 +610,20 @@ def _vacuum_leases(url: str) -> threading.Thread | None:
 NOTIFY = "noetl.notify"  # a failed or cancelled execution's webhook (noetl_celery/webhooks.py)
 
 
-@app.task(name=NOTIFY, bind=True, acks_late=True, ignore_result=True)
+@app.task(name=NOTIFY, bind=True, acks_late=True, ignore_result=True, throws=(WebhookNotDelivered,))
 def notify(self, execution_id: int) -> str:  # type: ignore[no-untyped-def]
-    """One delivery attempt of an execution's failure webhook; a failed one is sent again with its
-    backoff as a countdown (the sweep's scan also finds it once due: the lease takes one of them)."""
+    """One delivery attempt of an execution's webhook; a failed one is sent again with its backoff
+    as a countdown (the sweep's scan also finds it once due: the lease takes one of them), and
+    the task ends as a failure (WebhookNotDelivered, logged without a traceback): Flower shows it."""
     from noetl_celery import webhooks
 
     outcome, delay = webhooks.deliver(current_settings(), int(execution_id))
+    metrics.webhook_delivery(outcome)
     if outcome == "retry" and delay is not None:
         enqueue_notifications([int(execution_id)], countdown=delay)
+    if outcome in ("retry", "gave_up"):
+        state = f"tried again in {delay:.0f} s" if outcome == "retry" and delay is not None else "given up"
+        raise WebhookNotDelivered(f"webhook of execution {execution_id} not delivered ({state})")
     return outcome
 
 
@@ -666,6 +673,7 @@ def _act_on_sweep(result: sweeper.SweepResult, queues_busy: bool = False, waits_
         else:
             log.warning("sweeper: re-publishing %d overdue attempt(s)", len(result.republished))
         publish(result.republished, queue=settings.event_queue)
+        metrics.republished(len(result.republished))
     for execution_id in result.starts:
         send_event(orchestrator.start_payload(execution_id))
     for payload in result.lost:
@@ -781,6 +789,11 @@ def _stop_sweeper(**_: Any) -> None:
 @signals.after_setup_task_logger.connect
 def _mask_logs(logger: Any = None, **_: Any) -> None:
     secret_registry.install_log_filter(*(logger,) if logger is not None else ())
+    try:
+        style = current_settings().log_format
+    except ConfigurationError:  # the worker refuses to start on it (worker_init): text meanwhile
+        style = "text"
+    log_format.install(logger, style)  # NOETL_LOG_FORMAT, and the attempt's fields on every line
 
 
 @signals.worker_init.connect
@@ -790,6 +803,7 @@ def _require_broker(sender: Any = None, **_: Any) -> None:
     secret_registry.seal_environment()
     if app.conf.noetl_embedded:
         return
+    _serve_metrics()
     from noetl_celery.store.db import ensure_schema
 
     try:
@@ -801,3 +815,15 @@ def _require_broker(sender: Any = None, **_: Any) -> None:
         message = secret_registry.mask_text(str(exc))
         log.error("%s", message)
         raise SystemExit(f"noetl_celery: {message}") from None
+
+
+def _serve_metrics() -> None:
+    """With NOETL_METRICS_PORT: this worker's series on that port (noetl_celery/metrics.py), set up
+    in the main process before the pool forks."""
+    settings = current_settings()
+    if settings.metrics_port is None or metrics.enabled():
+        return
+    try:
+        metrics.start_worker_endpoint(settings.metrics_port, settings.metrics_host)
+    except OSError as exc:  # the port is taken: the worker runs, without its metrics
+        log.error("metrics: cannot listen on %s:%s: %s", settings.metrics_host, settings.metrics_port, exc)

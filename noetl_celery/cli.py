@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from noetl_celery import secret_registry
+from noetl_celery import log_format, secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.errors import (
     BrokerUnavailable,
@@ -95,8 +95,24 @@ def _compile(path: str, sets: tuple[str, ...] = (), strict_names: bool = False) 
 
 
 def echo(text: str, err: bool = False) -> None:
-    """Print one line of output with every configured secret masked."""
-    click.echo(secret_registry.mask_text(text), err=err)
+    """Print one line of output with every configured secret masked. Written through sys.stdout /
+    sys.stderr as they are: click's own text wrapper of the binary stream asks a file for its
+    position, which fails (OSError: Illegal seek) while an embedded attempt has pointed file
+    descriptor 2 at its masking pipe (fd_masking.py) and stderr was redirected to a file."""
+    click.echo(secret_registry.mask_text(text), file=sys.stderr if err else sys.stdout)
+
+
+def _webhook_line(hook: dict[str, Any]) -> str:
+    """`status`'s line about the execution's webhook delivery."""
+    line = f"  webhook: {hook['state']} ({hook['attempts']} attempt{'s' if hook['attempts'] != 1 else ''}"
+    if hook.get("url"):
+        line += f" to {hook['url']}"
+    line += ")"
+    if hook["state"] == "retrying" and hook.get("next_at"):
+        line += f", next try at {hook['next_at']}"
+    if hook["state"] != "delivered" and hook.get("last_error"):
+        line += f"; last error: {hook['last_error']}"
+    return line
 
 
 def _print_json(value: Any) -> None:
@@ -331,6 +347,8 @@ def status(execution_id: int, as_json: bool) -> None:
     _print_outcome(result, as_json)
     if result.get("scheduled"):
         echo(f"  started by schedule {result['scheduled']['schedule']} (fire time {result['scheduled']['fire_time']})")
+    if result.get("webhook"):
+        echo(_webhook_line(result["webhook"]))
     progress = extras["progress"]
     echo(f"  progress: {progress['done']}/{progress['total']} units")
     from noetl_celery.store.views import loop_count
@@ -779,6 +797,7 @@ def server(host: str, port: int) -> None:
     command alone is a working service; with a broker, executions go to its workers. Writes need
     `Authorization: Bearer $NOETL_DASHBOARD_TOKEN`."""
     settings = noetl_settings.load()
+    _stop_on_sigterm()  # a service manager's stop: as Ctrl-C (the embedded worker finishes its attempts)
     if settings.broker_url is not None:
         try:
             check_broker_url(settings.broker_url)
@@ -787,7 +806,6 @@ def server(host: str, port: int) -> None:
             sys.exit(EXIT_INVALID)
         _serve(host, port, "server", runs=True)
         return
-    _stop_on_sigterm()  # a service manager's stop lets the embedded worker finish its attempts
     with runner.embedded_worker():
         _serve(host, port, "server (embedded worker)", runs=True)
 
@@ -812,9 +830,21 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def _log_format(level: int) -> None:
+    """NOETL_LOG_FORMAT=json: a command's log lines as JSON (its own output is unchanged); the
+    server's lines (`level` INFO: its access log) with timestamps in either format."""
+    try:
+        style = noetl_settings.log_format()
+    except ConfigurationError:
+        return  # refused with its message where the settings are read
+    if style == "json" or level <= log_format.SERVER_LEVEL:
+        log_format.configure_process(style, level)
+
+
 def _serve(host: str, port: int, what: str, *, runs: bool) -> None:
     from noetl_celery.dashboard.server import serve
 
+    _log_format(log_format.SERVER_LEVEL)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             serve(host, port, on_ready=lambda: echo(f"{what} on http://{host}:{port}/ (Ctrl-C to stop)"), runs=runs)
@@ -1063,6 +1093,7 @@ def schedule_resume(name: str) -> None:
 
 def main() -> None:
     secret_registry.install_log_filter()
+    _log_format(log_format.CLI_LEVEL)
     try:
         cli(prog_name="noetl-celery")
     except ConfigurationError as exc:

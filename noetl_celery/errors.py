@@ -71,3 +71,8 @@ class Interrupted(NoetlError):
     def __init__(self, execution_id: int | None):
         super().__init__(f"interrupted; execution {execution_id} cancelled" if execution_id else "interrupted")
         self.execution_id = execution_id
+
+
+class WebhookNotDelivered(NoetlError):
+    """A webhook delivery attempt failed (it is tried again, or was the last): the `noetl.notify`
+    task ends as a failure, so Flower shows it as one."""

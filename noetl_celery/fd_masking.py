@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from noetl_celery import secret_registry
+from noetl_celery import log_format, secret_registry
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,8 @@ def _pipe_for(fd: int) -> tuple[int, int, int, int]:
         raise
     _grow(write_end)
     _state["busy"][read_end] = False
-    pump = threading.Thread(target=_pump, args=(read_end, out), name=f"noetl-mask-fd{fd}", daemon=True)
+    stream = "stdout" if fd == 1 else "stderr"
+    pump = threading.Thread(target=_pump, args=(read_end, out, stream), name=f"noetl-mask-fd{fd}", daemon=True)
     pump.start()
     _state["pumps"].append(pump)
     return fd, out, write_end, read_end
@@ -188,8 +189,9 @@ def _grow(fd: int) -> None:
             fcntl.fcntl(fd, set_size, PIPE_SIZE)
 
 
-def _pump(read_end: int, out: int) -> None:
-    """Copy the pipe to `out`, masked, for the life of the process."""
+def _pump(read_end: int, out: int, stream: str = "stderr") -> None:
+    """Copy the pipe to `out`, masked, for the life of the process (as JSON log lines with
+    NOETL_LOG_FORMAT=json: log_format.json_line)."""
     busy = _state["busy"]
     held = ""
     while True:
@@ -199,7 +201,7 @@ def _pump(read_end: int, out: int) -> None:
         except InterruptedError:
             continue
         if not ready:
-            _write(out, secret_registry.mask_text(held))
+            _emit(out, stream, secret_registry.mask_text(held))
             held = ""
             busy[read_end] = False
             continue
@@ -213,19 +215,29 @@ def _pump(read_end: int, out: int) -> None:
         held += chunk.decode("utf-8", "surrogateescape")
         cut = held.rfind("\n") + 1
         if cut:
-            _write(out, secret_registry.mask_text(held[:cut]))
+            _emit(out, stream, secret_registry.mask_text(held[:cut]))
             held = held[cut:]
         elif len(held) > HOLD_LIMIT:
             masked = secret_registry.mask_text(held)
-            _write(out, masked[:-HOLD_TAIL])
+            _emit(out, stream, masked[:-HOLD_TAIL])
             held = masked[-HOLD_TAIL:]
         if not held:
             busy[read_end] = False
     if held:
-        _write(out, secret_registry.mask_text(held))
+        _emit(out, stream, secret_registry.mask_text(held))
     busy[read_end] = False
     os.close(read_end)
     os.close(out)
+
+
+def _emit(out: int, stream: str, text: str) -> None:
+    """Write masked `text` to `out`: as it is, or each line as a JSON log line (a line that is one
+    already, a handler's record written while fd 2 is the pipe, goes as it is)."""
+    if not text or log_format.format_name() != "json":
+        _write(out, text)
+        return
+    lines = (line if line.startswith('{"') else log_format.json_line(line, stream) for line in text.splitlines())
+    _write(out, "".join(line + "\n" for line in lines if line.strip()))
 
 
 def _write(fd: int, text: str) -> None:

@@ -25,6 +25,7 @@ from noetl_celery.engine.ids import new_execution_id
 from noetl_celery.engine.recovery.lifecycle import end_tree
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
 from noetl_celery.store import repo
+from noetl_celery.store import schedules as notifications
 from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
 from noetl_celery.store.status import execution_events as execution_events
 from noetl_celery.store.status import execution_status as execution_status
@@ -68,6 +69,8 @@ def _insert_execution(
         pending=pending,
         state_version=state_version,
     )
+    if parent_execution_id is None and "completed" in (plan.webhook_events or ()):
+        notifications.expect_completion(conn, execution_id, repo.utcnow())  # webhooks.py: the scan finds it
 
 
 Start = Callable[[Connection, ExecutionState, Callable[[int, int], None]], list[Any]]

@@ -106,6 +106,8 @@ MASK = "***"
 DEFAULT_EAGER_WINDOW = 2.0  # seconds: the fast path is the default (docs/benchmarks.md says what it costs)
 MAX_EAGER_WINDOW = 5.0
 PG_PREPARE_ENV = "NOETL_PG_PREPARE"  # auto | on | off: statements prepared on the store's connections
+DEFAULT_METRICS_HOST = "0.0.0.0"  # a worker's metrics port: reachable by the Prometheus server
+LOG_FORMATS = ("text", "json")
 PG_PREPARE_MODES = ("auto", "on", "off")
 DEFAULT_PG_PREPARE = "auto"
 
@@ -143,6 +145,12 @@ class Settings:
     dashboard_token: str | None = field(default=None, repr=False)  # enables the dashboard's cancel/resume
     schedule_grace: float = DEFAULT_SCHEDULE_GRACE  # NOETL_SCHEDULE_GRACE (noetl_celery/schedules.py)
     webhook_url: str | None = field(default=None, repr=False)  # NOETL_WEBHOOK_URL (noetl_celery/webhooks.py)
+    webhook_secret: str | None = (
+        None  # NOETL_WEBHOOK_SECRET: the credential whose value signs NOETL_WEBHOOK_URL's POSTs
+    )
+    metrics_port: int | None = None  # NOETL_METRICS_PORT: a worker's own /metrics (noetl_celery/metrics.py)
+    metrics_host: str = DEFAULT_METRICS_HOST  # NOETL_METRICS_HOST: the address it listens on
+    log_format: str = "text"  # NOETL_LOG_FORMAT: text | json (noetl_celery/log_format.py)
     # the limits as load() saw them; noetl_celery.limits reads each again (`limit`) when it is used
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
     max_playbook_bytes: int = DEFAULT_MAX_PLAYBOOK_BYTES
@@ -204,6 +212,10 @@ class Settings:
             "NOETL_DASHBOARD_TOKEN": MASK if self.dashboard_token else "(none)",
             "NOETL_SCHEDULE_GRACE": f"{self.schedule_grace:g} s",
             "NOETL_WEBHOOK_URL": webhook_shown(self.webhook_url),
+            "NOETL_WEBHOOK_SECRET": f"credential {self.webhook_secret}" if self.webhook_secret else "(none: unsigned)",
+            "NOETL_METRICS_PORT": str(self.metrics_port) if self.metrics_port is not None else "(off)",
+            "NOETL_METRICS_HOST": self.metrics_host,
+            "NOETL_LOG_FORMAT": self.log_format,
             MAX_RESULT_BYTES_ENV: f"{self.max_result_bytes} bytes",
             MAX_PLAYBOOK_BYTES_ENV: f"{self.max_playbook_bytes} bytes",
             MAX_YAML_NODES_ENV: str(self.max_yaml_nodes),
@@ -236,6 +248,21 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError as exc:
         raise ConfigurationError(f"{name} must be a whole number, got {raw!r}") from exc
+
+
+def log_format(environ: Mapping[str, str] | None = None) -> str:
+    """NOETL_LOG_FORMAT: `text` or `json` (read alone by the CLI before the other settings)."""
+    return _choice(os.environ if environ is None else environ, "NOETL_LOG_FORMAT", LOG_FORMATS, "text")
+
+
+def _port(env: Mapping[str, str], name: str) -> int | None:
+    """A TCP port (1-65535), or None when unset."""
+    if not env.get(name):
+        return None
+    port = _int(env, name, 0)
+    if not 0 < port < 65536:
+        raise ConfigurationError(f"{name} must be a TCP port (1-65535), got {env[name]!r}")
+    return port
 
 
 def defaults() -> Settings:
@@ -288,6 +315,10 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             dashboard_token=env.get("NOETL_DASHBOARD_TOKEN") or None,
             schedule_grace=_float(env, "NOETL_SCHEDULE_GRACE", DEFAULT_SCHEDULE_GRACE),
             webhook_url=(env.get("NOETL_WEBHOOK_URL") or "").strip() or None,
+            webhook_secret=(env.get("NOETL_WEBHOOK_SECRET") or "").strip() or None,
+            metrics_port=_port(env, "NOETL_METRICS_PORT"),
+            metrics_host=env.get("NOETL_METRICS_HOST") or DEFAULT_METRICS_HOST,
+            log_format=log_format(env),
             max_result_bytes=int(limit(MAX_RESULT_BYTES_ENV, env)),
             max_playbook_bytes=int(limit(MAX_PLAYBOOK_BYTES_ENV, env)),
             max_yaml_nodes=int(limit(MAX_YAML_NODES_ENV, env)),

@@ -4,13 +4,18 @@ and masked error; a refused delivery is tried again with backoff, and a delivere
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from noetl_celery import webhooks
 from tests.support.webhook_receiver import receiver
-from tests.test_server import SLOW_LOOP, Server
+from tests.test_server import REPO_ROOT, SLOW_LOOP, Server
 
 SECRET = "s3cr3t-api-token-value"  # Server's NOETL_AUTH_API_TOKEN: a configured secret
 
@@ -130,7 +135,7 @@ def test_the_scan_the_lease_and_the_retries_in_the_store(sqlite_url):
     )
     assert webhooks.deliver(with_url, 2, post=refused) == ("held", None)  # delivered: never again
     assert calls == ["http://127.0.0.1:9/g", "http://127.0.0.1:9/own"]
-    assert webhooks.deliver(with_url, 3, post=refused) == ("gone", None)  # completed: nothing to say
+    assert webhooks.deliver(with_url, 3, post=refused) == ("not_chosen", None)  # completed: not chosen by default
 
 
 def test_a_playbooks_own_webhook_is_a_string_in_executor_spec():
@@ -142,6 +147,26 @@ def test_a_playbooks_own_webhook_is_a_string_in_executor_spec():
     assert compile_playbook("p.yaml", text=FAILING).webhook is None
     with pytest.raises(PlaybookError, match="executor.spec.webhook"):
         compile_playbook("p.yaml", text=text.replace("'https://hooks.example/x'", "5"))
+
+
+def test_a_webhook_mapping_names_its_url_events_and_secret_and_bad_ones_are_refused():
+    from noetl_celery.compiler import compile_playbook
+    from noetl_celery.errors import PlaybookError
+
+    def spec(hook: str) -> str:
+        return FAILING.replace("workflow:", f"executor: {{spec: {{webhook: {hook}}}}}\nworkflow:", 1)
+
+    plan = compile_playbook("p.yaml", text=spec("{url: 'https://h/x', events: [completed, failed], secret: k}"))
+    assert (plan.webhook, plan.webhook_events, plan.webhook_secret) == ("https://h/x", ["completed", "failed"], "k")
+    for bad, said in (
+        ("{url: 'https://h/x', events: [finished]}", "executor.spec.webhook.events"),
+        ("{url: 'https://h/x', events: []}", "executor.spec.webhook.events"),
+        ("{events: [failed]}", "executor.spec.webhook.url"),
+        ("{url: 'https://h/x', secret: 5}", "executor.spec.webhook.secret"),
+        ("{url: 'https://h/x', retries: 3}", "retries"),
+    ):
+        with pytest.raises(PlaybookError, match=said):
+            compile_playbook("p.yaml", text=spec(bad))
 
 
 @pytest.mark.services
@@ -180,9 +205,122 @@ def test_the_scan_reads_the_last_days_ends_not_every_failure_kept(migrated_postg
         assert webhooks.pending(settings) == [20_001]
     finally:
         event.remove(engine, "before_cursor_execute", keep)
-    [(statement, parameters)] = sent
+    assert len(sent) == 2  # the failures and cancels, then the completions a playbook asked for
+    statement, parameters = sent[0]
     with transaction(url) as conn:
         cursor = conn.connection.dbapi_connection.cursor()
         cursor.execute("EXPLAIN " + statement, parameters)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "ix_noetl_execution_ended" in plan, plan
+
+
+HOOK_KEY = "hmac-key-for-the-receiver"  # the credential `hook_key` (NOETL_AUTH_HOOK_KEY): a configured secret
+
+
+def _chosen(name: str, code: str, url: str, events: str) -> str:
+    return f"""apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {{name: {name}, path: tests/{name}}}
+executor: {{spec: {{webhook: {{url: '{url}', events: {events}, secret: hook_key}}}}}}
+workflow:
+  - step: start
+    tool: {{kind: python, code: "{code}"}}
+"""
+
+
+def test_signed_webhooks_of_the_events_a_playbook_chose_and_the_delivery_state_in_status(tmp_path):
+    with receiver({"/global": [503] * 20}) as hooks:
+        server = Server(
+            tmp_path / "home",
+            tmp_path / "server.log",
+            settings={
+                "NOETL_WEBHOOK_URL": f"{hooks.url}/global",
+                "NOETL_SWEEP_INTERVAL": "0.5",
+                "NOETL_AUTH_HOOK_KEY": HOOK_KEY,
+            },
+        )
+        try:
+            done_playbook = _chosen("hook_done", "result = 1", f"{hooks.url}/done", "[completed]")
+            skipped_playbook = _chosen("hook_skip", "raise ValueError('no')", f"{hooks.url}/skip", "[completed]")
+            for text in (done_playbook, skipped_playbook, FAILING):
+                assert server.register(text).status_code == 200
+            done = server.post("/api/execute", {"path": "tests/hook_done"}).json()["execution_id"]
+            skipped = server.post("/api/execute", {"path": "tests/hook_skip"}).json()["execution_id"]
+            refused = server.post("/api/execute", {"path": "tests/hook_fails"}).json()["execution_id"]
+            assert server.wait_end(done)["status"] == "completed"
+            assert server.wait_end(skipped)["status"] == "failed"
+            assert server.wait_end(refused)["status"] == "failed"
+            wait_for(lambda: len(hooks.on("/done")) == 1, 30, "the completion's webhook")
+            wait_for(lambda: len(hooks.on("/global")) >= 2, 30, "two refused deliveries")
+            status = _status(tmp_path / "home", refused)
+            skipped_status = _status(tmp_path / "home", skipped)
+            time.sleep(1.5)  # several sweeps: nothing for the failure its playbook did not choose
+        finally:
+            server.stop()
+
+    assert hooks.on("/skip") == []
+    call = hooks.on("/done")[0]
+    assert call["body"]["event"] == "completed" and call["body"]["execution_id"] == str(done)
+    assert call["headers"]["X-Noetl-Event"] == "completed"
+    stamp, mac = dict(part.split("=", 1) for part in call["headers"]["X-Noetl-Signature"].split(",")).values()
+    expected = hmac.new(HOOK_KEY.encode(), stamp.encode() + b"." + call["raw"], hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(mac, expected)
+    assert webhooks.signature(HOOK_KEY, call["raw"], int(stamp)) == call["headers"]["X-Noetl-Signature"]
+    assert "X-Noetl-Signature" not in hooks.on("/global")[0]["headers"]  # no NOETL_WEBHOOK_SECRET: unsigned
+    assert "webhook: retrying (" in status and "last error: HTTP 503" in status, status
+    assert "webhook: not_chosen" in skipped_status, skipped_status
+    assert HOOK_KEY not in (tmp_path / "server.log").read_text()
+
+
+def _status(home, execution_id) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOETL_")}
+    env.update({"NOETL_HOME": str(home), "PYTHONPATH": str(REPO_ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-m", "noetl_celery.cli", "status", str(execution_id)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=60,
+    )
+    return done.stdout + done.stderr
+
+
+def test_a_failed_delivery_ends_its_task_as_a_failure(sqlite_url, monkeypatch):
+    """What Flower shows: the `noetl.notify` task of a refused delivery fails (its state is FAILURE)."""
+    from noetl_celery import app as app_module
+    from noetl_celery import settings as noetl_settings
+    from noetl_celery.errors import WebhookNotDelivered
+
+    with receiver({"/refuse": [503]}) as hooks:
+        _ended(sqlite_url, 7, "failed", webhook=f"{hooks.url}/refuse")
+        settings = noetl_settings.load({"NOETL_DATABASE_URL": sqlite_url})
+        monkeypatch.setattr(app_module, "current_settings", lambda: settings)
+        monkeypatch.setattr(app_module, "enqueue_notifications", lambda ids, countdown=0.0: None)
+        failed = app_module.notify.apply(kwargs={"execution_id": 7})
+        assert failed.state == "FAILURE" and isinstance(failed.result, WebhookNotDelivered)
+        webhooks_state = _notification(sqlite_url, 7)
+        assert webhooks_state["attempts"] == 1 and webhooks_state["last_error"] == "HTTP 503"
+        monkeypatch.setattr(webhooks, "BACKOFF_BASE", 0.0)
+        _clear_next_try(sqlite_url, 7)
+        delivered = app_module.notify.apply(kwargs={"execution_id": 7})
+        assert delivered.state == "SUCCESS" and delivered.result == "delivered"
+    assert [c["status"] for c in hooks.on("/refuse")] == [503, 200]
+
+
+def _notification(url: str, execution_id: int) -> dict:
+    from noetl_celery.store import schedules as store
+    from noetl_celery.store.db import transaction
+
+    with transaction(url) as conn:
+        return store.notification(conn, execution_id) or {}
+
+
+def _clear_next_try(url: str, execution_id: int) -> None:
+    from sqlalchemy import update
+
+    from noetl_celery.store.db import transaction
+    from noetl_celery.store.schedules import NOTIFICATIONS
+
+    with transaction(url) as conn:
+        conn.execute(update(NOTIFICATIONS).where(NOTIFICATIONS.c.execution_id == execution_id).values(next_at=None))

@@ -306,7 +306,7 @@ class Control(Base):
 def make_app(settings: noetl_settings.Settings | None = None, *, runs: bool = False) -> tornado.web.Application:
     """The dashboard's pages and the REST API (api.py); `runs`: executions started through the API
     run (a broker's workers, or this process's embedded worker)."""
-    from noetl_celery.dashboard import api, launch
+    from noetl_celery.dashboard import api, launch, metrics_page
 
     settings = settings or noetl_settings.load()
     ensure_schema(settings.database_url)
@@ -320,6 +320,7 @@ def make_app(settings: noetl_settings.Settings | None = None, *, runs: bool = Fa
             (r"/api/executions/(\d+)", api.ExecutionJson, {**common, "runs": runs}),
             *api.routes(common, runs),
             *launch.routes(common, runs),
+            *metrics_page.routes(common),
         ],
         # Control checks the token (check_xsrf_cookie). The cookie goes with no other site's POST
         # (SameSite=Lax) and no script can read it (other ports of this host share its cookies).

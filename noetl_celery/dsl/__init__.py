@@ -194,7 +194,7 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
         final_step=final if isinstance(final, str) else None,
         no_next_is_error=bool(executor.get("no_next_is_error")),
         strict_templates=bool(executor.get("strict_templates")),
-        webhook=executor.get("webhook") if isinstance(executor.get("webhook"), str) else None,
+        **_webhook_fields(executor),
         steps=steps,
         source_file=source_path(ctx.file),
         timeout=_playbook_timeout(ctx, top, executor),
@@ -292,12 +292,54 @@ def _executor(ctx: Context, top: LDict) -> dict[str, Any]:
     check_keys(ctx, executor, EXECUTOR_KEYS, "executor")
     spec = expect_mapping(ctx, executor.get("spec") or LDict(), line_of(executor, "spec"), "executor.spec") or LDict()
     check_keys(ctx, spec, EXECUTOR_SPEC_KEYS, "executor.spec")
-    for key in ("entry_step", "final_step", "webhook"):
+    for key in ("entry_step", "final_step"):
         if key in spec:
             expect_str(ctx, spec[key], line_of(spec, key), f"executor.spec.{key}")
+    if "webhook" in spec:
+        _check_webhook(ctx, spec["webhook"], line_of(spec, "webhook"))
     boolean(ctx, spec, "no_next_is_error", "executor.spec")
     boolean(ctx, spec, "strict_templates", "executor.spec")
     return spec
+
+
+WEBHOOK_KEYS = frozenset({"url", "events", "secret"})
+WEBHOOK_EVENTS = ("failed", "cancelled", "completed")
+
+
+def _check_webhook(ctx: Context, value: Any, line: int | None) -> None:
+    """`executor.spec.webhook`: a URL, or {url, events: [failed|cancelled|completed], secret: a
+    credential name} (noetl_celery/webhooks.py)."""
+    path = "executor.spec.webhook"
+    if not isinstance(value, dict):
+        expect_str(ctx, value, line, path)
+        return
+    hook = expect_mapping(ctx, value, line, path) or LDict()
+    check_keys(ctx, hook, WEBHOOK_KEYS, path)
+    expect_str(ctx, hook.get("url"), line_of(hook, "url") or line, f"{path}.url")
+    if "secret" in hook:
+        expect_str(ctx, hook["secret"], line_of(hook, "secret"), f"{path}.secret")
+    events = hook.get("events")
+    if events is not None and (
+        not isinstance(events, list) or not events or any(e not in WEBHOOK_EVENTS for e in events)
+    ):
+        ctx.problem(
+            line_of(hook, "events"), f"{path}.events", f"must be a list of {', '.join(WEBHOOK_EVENTS)}, got {events!r}"
+        )
+
+
+def _webhook_fields(executor: dict[str, Any]) -> dict[str, Any]:
+    """The plan's webhook fields of a checked `executor.spec.webhook`."""
+    hook = executor.get("webhook")
+    if isinstance(hook, str):
+        return {"webhook": hook}
+    if isinstance(hook, dict) and isinstance(hook.get("url"), str):
+        events = hook.get("events")
+        return {
+            "webhook": hook["url"],
+            "webhook_events": [str(e) for e in events] if isinstance(events, list) else None,
+            "webhook_secret": hook.get("secret") if isinstance(hook.get("secret"), str) else None,
+        }
+    return {}
 
 
 def _entry_and_final(ctx: Context, executor: dict[str, Any], steps: dict[str, Step]) -> str:

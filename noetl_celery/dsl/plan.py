@@ -200,9 +200,13 @@ class Plan(_Model):
     # `executor.spec.strict_templates`: an undefined name fails wherever it is rendered (by default
     # tool args, sinks, set/vars and arcs render leniently, as NoETL renders them)
     strict_templates: bool = False
-    # `executor.spec.webhook`: called once when an execution of this playbook fails or is
-    # cancelled (noetl_celery/webhooks.py), instead of NOETL_WEBHOOK_URL
+    # `executor.spec.webhook`: called once when an execution of this playbook ends with one of its
+    # events (noetl_celery/webhooks.py), instead of NOETL_WEBHOOK_URL
     webhook: str | None = None
+    # its `events` (None: failed and cancelled) and `secret` (a credential name: the HMAC key of
+    # the X-Noetl-Signature header), when the webhook is given as a mapping
+    webhook_events: list[str] | None = None
+    webhook_secret: str | None = None
     steps: dict[str, Step]
     source_file: str | None = None
     timeout: float | None = None  # seconds the whole execution may take (None: no limit)

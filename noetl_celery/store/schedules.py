@@ -135,9 +135,11 @@ def started_by(conn: Connection, execution_id: int) -> dict[str, Any] | None:
 def unnotified_ends(
     conn: Connection, since: datetime, now: datetime, limit: int = 100, *, own_url_only: bool = False
 ) -> list[int]:
-    """Top-level executions that ended failed or cancelled after `since` whose webhook is neither
-    delivered nor given up, and not leased or waiting for its next try at `now`. `own_url_only`
-    (no NOETL_WEBHOOK_URL): only those whose plan names its own webhook."""
+    """Top-level executions that ended after `since` with a webhook event, whose webhook is
+    neither delivered nor given up, and not leased or waiting for its next try at `now`: those
+    that failed or were cancelled (`own_url_only`, no NOETL_WEBHOOK_URL: only those whose plan
+    names its own webhook), and those that completed and whose playbook asked for `completed`
+    (their row was made when they started: `expect_completion`)."""
     e, n = EXECUTIONS.c, NOTIFICATIONS.c
     waiting = select(n.execution_id).where(
         or_(
@@ -147,8 +149,8 @@ def unnotified_ends(
             n.next_at > now,
         )
     )
-    query = (
-        select(e.execution_id)
+    failed = (
+        select(e.execution_id, e.finished_at)
         .where(
             and_(
                 e.status.in_(("failed", "cancelled")),
@@ -161,7 +163,32 @@ def unnotified_ends(
         .order_by(e.finished_at)
         .limit(limit)
     )
-    return [int(r[0]) for r in conn.execute(query)]
+    expected = select(n.execution_id).where(
+        and_(
+            n.delivered_at.is_(None),
+            n.gave_up_at.is_(None),
+            or_(n.lease_until.is_(None), n.lease_until <= now),
+            or_(n.next_at.is_(None), n.next_at <= now),
+        )
+    )
+    completed = (
+        select(e.execution_id, e.finished_at)
+        .where(and_(e.execution_id.in_(expected), e.status == "completed", e.finished_at >= since))
+        .order_by(e.finished_at)
+        .limit(limit)
+    )
+    found = sorted([*conn.execute(failed), *conn.execute(completed)], key=lambda r: r[1])
+    return [int(r[0]) for r in found[:limit]]
+
+
+def expect_completion(conn: Connection, execution_id: int, now: datetime) -> None:
+    """The notification row of an execution whose playbook wants a webhook when it completes, made
+    as it starts: the sweep's scan finds completed executions through these rows only."""
+    conn.execute(
+        _insert(conn, NOTIFICATIONS)
+        .values(execution_id=execution_id, attempts=0, created_at=now)
+        .on_conflict_do_nothing(index_elements=["execution_id"])
+    )
 
 
 def lease_notification(conn: Connection, execution_id: int, token: str, until: datetime, now: datetime) -> bool:

@@ -43,6 +43,7 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
         variables = repo.load_variables(conn, execution_id)
         made_from = rerun_origin(conn, execution_id) or {}
         scheduled = schedule_store.started_by(conn, execution_id)
+        webhook = webhook_state(schedule_store.notification(conn, execution_id))
         children = [
             {
                 "execution_id": c["execution_id"],
@@ -69,6 +70,33 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
         "created_at": row["created_at"].isoformat() if row["created_at"] else None,
         "finished_at": row["finished_at"].isoformat() if row["finished_at"] else None,
         "scheduled": scheduled,
+        "webhook": webhook,
+    }
+
+
+def webhook_state(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An execution's webhook delivery (noetl_celery/webhooks.py) as `status` shows it: `state`
+    (pending, retrying, delivered, gave_up, not_chosen), attempts, the last error, the next try."""
+    if row is None:
+        return None
+    if row["delivered_at"] is not None:
+        state = "delivered"
+    elif row["gave_up_at"] is not None:
+        state = "not_chosen" if (row["last_error"] or "").startswith("not chosen") else "gave_up"
+    else:
+        state = "retrying" if row["attempts"] else "pending"
+
+    def stamp(value: Any) -> str | None:
+        return value.isoformat() if value is not None else None
+
+    return {
+        "state": state,
+        "attempts": row["attempts"],
+        "url": row["url"],
+        "last_error": row["last_error"],
+        "next_at": stamp(row["next_at"]),
+        "delivered_at": stamp(row["delivered_at"]),
+        "gave_up_at": stamp(row["gave_up_at"]),
     }
 
 

@@ -47,6 +47,7 @@ def receiver(script: dict[str, list[int]] | None = None) -> Iterator[Receiver]:
                         "path": self.path,
                         "headers": dict(self.headers),
                         "body": json.loads(raw),
+                        "raw": raw,
                         "status": status,
                         "at": time.monotonic(),
                     }

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from sqlalchemy import Connection
 
-from noetl_celery import credentials, limits, secret_registry
+from noetl_celery import credentials, limits, log_format, metrics, secret_registry
 from noetl_celery.dsl.plan import Sink, Task
 from noetl_celery.engine import deadlines
 from noetl_celery.engine import identity as process_identity
@@ -295,7 +295,14 @@ def run_attempt(
     url: str, message: TaskMessage, *, queue_id: str | None = None, node: str | None = None
 ) -> dict[str, Any]:
     """Run one attempt, with no check of whether it should run; its on_event payload."""
-    with reading(blobs.url_reader(url)):  # templates read results stored by reference whole
+    scope = log_format.attempt_scope(
+        execution_id=str(message.execution_id),
+        step=message.step,
+        attempt=message.attempt,
+        iteration=message.iteration,
+        worker=node,
+    )
+    with scope, reading(blobs.url_reader(url)):  # templates read results stored by reference whole
         return _run_attempt(url, message, queue_id=queue_id, node=node)
 
 
@@ -362,11 +369,13 @@ def _run_attempt(url: str, message: TaskMessage, *, queue_id: str | None, node: 
     if secrets:  # masked before it is bounded: a value stored by reference is stored masked
         body = credentials.scrub(body, secrets)
     body = bounded(secret_registry.mask(body), url, message.execution_id)
+    took = time.time() - started
+    metrics.attempt_ended(task.kind, str(body.get("status")), took)
     report = {
         "queue_id": queue_id,
         **process_identity.identity(node),
         "started_at": datetime.fromtimestamp(started - clock.skew(), UTC).isoformat(),  # the store's clock
-        "duration_ms": round((time.time() - started) * 1000, 3),
+        "duration_ms": round(took * 1000, 3),
     }
     return OutcomeEvent(message.execution_id, message.to_wire(), body, report).to_dict()
 
