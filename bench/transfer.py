@@ -27,7 +27,9 @@ import psycopg2
 from noetl_celery.tools.base import ToolCall, run_tool
 from tests.support import services as svc
 
-SOURCE_DDL = "CREATE TABLE bench_src (id bigint PRIMARY KEY, name text, amount numeric(12,2), created timestamptz, note text)"
+SOURCE_DDL = (
+    "CREATE TABLE bench_src (id bigint PRIMARY KEY, name text, amount numeric(12,2), created timestamptz, note text)"
+)
 SOURCE_FILL = (
     "INSERT INTO bench_src SELECT i, 'name ' || i, i * 0.25, now() - i * interval '1 second', "
     "md5(i::text) FROM generate_series(1, %s) i"
@@ -36,7 +38,9 @@ TARGET_DDL = (
     "CREATE TABLE bench_dst (id BIGINT PRIMARY KEY, name VARCHAR(64), amount DECIMAL(12,2), "
     "created DATETIME(6), note VARCHAR(64))"
 )
-BACK_DDL = "CREATE TABLE bench_back (id bigint PRIMARY KEY, name text, amount numeric(12,2), created timestamp, note text)"
+BACK_DDL = (
+    "CREATE TABLE bench_back (id bigint PRIMARY KEY, name text, amount numeric(12,2), created timestamp, note text)"
+)
 
 
 def rss_mib() -> float:
@@ -50,7 +54,12 @@ def copy(config: dict[str, Any]) -> dict[str, Any]:
     if outcome.status != "ok":
         raise SystemExit(f"transfer failed: {outcome.error}")
     rows = outcome.data["rows_transferred"]
-    return {"rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds), "peak_rss_mib": round(rss_mib(), 1)}
+    return {
+        "rows": rows,
+        "seconds": round(seconds, 2),
+        "rows_per_s": round(rows / seconds),
+        "peak_rss_mib": round(rss_mib(), 1),
+    }
 
 
 def main() -> None:
@@ -69,7 +78,8 @@ def main() -> None:
             cur.execute(SOURCE_FILL, [args.rows])
             cur.execute(BACK_DDL)
         svc.mysql_query(mysql_url, TARGET_DDL)
-        report: dict[str, Any] = {"rows": args.rows, "chunk_size": args.chunk_size, "mode": args.mode, "rss_before_mib": round(rss_mib(), 1)}
+        report: dict[str, Any] = {"rows": args.rows, "chunk_size": args.chunk_size, "mode": args.mode}
+        report["rss_before_mib"] = round(rss_mib(), 1)
         common = {"chunk_size": args.chunk_size, "mode": args.mode, "key": "id"}
         if "pg-mysql" in args.directions:
             report["postgres_to_mysql"] = copy(

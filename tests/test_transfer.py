@@ -91,22 +91,35 @@ def test_upsert_twice_writes_each_row_once_and_updates(pg, mysql_url):
 
 
 def test_mariadb_to_postgres_upsert_and_replace(pg, mysql_url):
-    svc.mysql_query(mysql_url, "INSERT INTO dst (id, name, amount) VALUES (1, 'a', 1.25), (2, 'b', 2.50), (3, 'c', NULL)")
+    svc.mysql_query(
+        mysql_url, "INSERT INTO dst (id, name, amount) VALUES (1, 'a', 1.25), (2, 'b', 2.50), (3, 'c', NULL)"
+    )
     pg_rows(pg, "INSERT INTO dst (id, name) VALUES (2, 'old'), (99, 'stays') RETURNING id")
-    base = {"source": {"type": "mysql", "connection": mysql_url, "table": "dst"}, "target": {"type": "postgres", "auth": {"dsn": pg}, "table": "dst"}}
+    base = {
+        "source": {"type": "mysql", "connection": mysql_url, "table": "dst"},
+        "target": {"type": "postgres", "auth": {"dsn": pg}, "table": "dst"},
+    }
     upsert = transfer({**base, "mode": "upsert"})  # key: the first column, as NoETL does
     assert upsert.status == "ok", upsert.error
     assert pg_rows(pg, "SELECT id, name FROM dst ORDER BY id") == [(1, "a"), (2, "b"), (3, "c"), (99, "stays")]
     replace = transfer({**base, "mode": "replace"})
     assert replace.status == "ok", replace.error
-    assert pg_rows(pg, "SELECT id, name, amount::text FROM dst ORDER BY id") == [(1, "a", "1.25"), (2, "b", "2.50"), (3, "c", None)]
+    assert pg_rows(pg, "SELECT id, name, amount::text FROM dst ORDER BY id") == [
+        (1, "a", "1.25"),
+        (2, "b", "2.50"),
+        (3, "c", None),
+    ]
 
 
 def test_replace_is_one_transaction_a_failing_copy_leaves_the_old_rows(pg):
     pg_rows(pg, "INSERT INTO dst (id, name) VALUES (1, 'old') RETURNING id")
     outcome = transfer(
         {
-            "source": {"type": "postgres", "auth": {"dsn": pg}, "query": "SELECT id, name FROM src UNION ALL SELECT 5, 'dup'"},
+            "source": {
+                "type": "postgres",
+                "auth": {"dsn": pg},
+                "query": "SELECT id, name FROM src UNION ALL SELECT 5, 'dup'",
+            },
             "target": {"type": "postgres", "auth": {"dsn": pg}, "table": "dst"},
             "mode": "replace",
             "chunk_size": 100,
@@ -123,8 +136,17 @@ def test_mapping_and_custom_target_query(pg, tmp_path):
         conn.execute("CREATE TABLE people (pid INTEGER PRIMARY KEY, label TEXT, i INTEGER)")
     outcome = transfer(
         {
-            "source": {"type": "postgres", "auth": {"dsn": pg}, "query": "SELECT id, name, meta FROM src WHERE id <= 5"},
-            "target": {"type": "sqlite", "database": str(db), "table": "people", "mapping": {"pid": "id", "label": "name", "i": "meta.i"}},
+            "source": {
+                "type": "postgres",
+                "auth": {"dsn": pg},
+                "query": "SELECT id, name, meta FROM src WHERE id <= 5",
+            },
+            "target": {
+                "type": "sqlite",
+                "database": str(db),
+                "table": "people",
+                "mapping": {"pid": "id", "label": "name", "i": "meta.i"},
+            },
         }
     )
     assert outcome.status == "ok", outcome.error
@@ -132,7 +154,11 @@ def test_mapping_and_custom_target_query(pg, tmp_path):
     custom = transfer(
         {
             "source": {"type": "sqlite", "database": str(db), "query": "SELECT pid, label FROM people"},
-            "target": {"type": "postgres", "auth": {"dsn": pg}, "query": "INSERT INTO dst (id, name) VALUES (%s, upper(%s))"},
+            "target": {
+                "type": "postgres",
+                "auth": {"dsn": pg},
+                "query": "INSERT INTO dst (id, name) VALUES (%s, upper(%s))",
+            },
         }
     )
     assert custom.status == "ok", custom.error and custom.data["mode"] == "append"
@@ -179,7 +205,11 @@ def test_files_round_trip_through_each_format(pg, tmp_path, fmt):
     path = tmp_path / f"out.{fmt}"
     out = transfer(
         {
-            "source": {"type": "postgres", "auth": {"dsn": pg}, "query": "SELECT id, name, amount FROM src ORDER BY id"},
+            "source": {
+                "type": "postgres",
+                "auth": {"dsn": pg},
+                "query": "SELECT id, name, amount FROM src ORDER BY id",
+            },
             "target": {"type": "file", "path": str(path)},
             "chunk_size": 1000,
         }
@@ -203,7 +233,11 @@ def test_a_failed_file_copy_leaves_no_file(tmp_path, pg):
     path = tmp_path / "out.csv"
     outcome = transfer(
         {
-            "source": {"type": "postgres", "auth": {"dsn": pg}, "query": "SELECT id, 1 / (id - 1500) AS x FROM src ORDER BY id"},
+            "source": {
+                "type": "postgres",
+                "auth": {"dsn": pg},
+                "query": "SELECT id, 1 / (id - 1500) AS x FROM src ORDER BY id",
+            },
             "target": {"type": "csv", "path": str(path)},
             "chunk_size": 100,
         }
@@ -251,8 +285,18 @@ def api() -> Iterator[str]:
 def test_http_source_with_data_path_and_mapping_to_postgres_and_back_out_to_http(pg, api):
     outcome = transfer(
         {
-            "source": {"type": "http", "url": f"{api}/users", "data_path": "data.items", "auth": {"token": "tok-s3cret-1"}},
-            "target": {"type": "postgres", "auth": {"dsn": pg}, "table": "dst", "mapping": {"id": "id", "name": "user.name"}},
+            "source": {
+                "type": "http",
+                "url": f"{api}/users",
+                "data_path": "data.items",
+                "auth": {"token": "tok-s3cret-1"},
+            },
+            "target": {
+                "type": "postgres",
+                "auth": {"dsn": pg},
+                "table": "dst",
+                "mapping": {"id": "id", "name": "user.name"},
+            },
             "chunk_size": 10,
         }
     )
@@ -275,7 +319,10 @@ def test_http_source_with_data_path_and_mapping_to_postgres_and_back_out_to_http
 
 def test_http_refusal_fails_naming_the_status(pg, api):
     outcome = transfer(
-        {"source": {"type": "http", "url": f"{api}/users"}, "target": {"type": "postgres", "auth": {"dsn": pg}, "table": "dst"}}
+        {
+            "source": {"type": "http", "url": f"{api}/users"},
+            "target": {"type": "postgres", "auth": {"dsn": pg}, "table": "dst"},
+        }
     )
     assert outcome.status == "error" and outcome.error["kind"] == "client_error" and not outcome.error["retryable"]
     assert "source (http)" in outcome.error["message"] and "HTTP 401" in outcome.error["message"]
@@ -285,7 +332,11 @@ def test_a_wrong_password_is_masked_and_not_retried(mysql_url):
     password = f"pw-{uuid.uuid4().hex}"
     outcome = transfer(
         {
-            "source": {"type": "mysql", "auth": {"host": "127.0.0.1", "user": "nobody_here", "password": password}, "query": "SELECT 1"},
+            "source": {
+                "type": "mysql",
+                "auth": {"host": "127.0.0.1", "user": "nobody_here", "password": password},
+                "query": "SELECT 1",
+            },
             "target": {"type": "jsonl", "path": "/tmp/never.jsonl"},
         }
     )
@@ -296,13 +347,40 @@ def test_a_wrong_password_is_masked_and_not_retried(mysql_url):
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"source": {"type": "oracle", "query": "x"}, "target": {"type": "postgres", "table": "t"}}, "source.type 'oracle' is not an endpoint"),
+        (
+            {"source": {"type": "oracle", "query": "x"}, "target": {"type": "postgres", "table": "t"}},
+            "source.type 'oracle' is not an endpoint",
+        ),
         ({"source": {"type": "postgres"}, "target": {"type": "postgres", "table": "t"}}, "source.query is required"),
         ({"source": {"type": "postgres", "query": "x"}, "target": {"type": "mysql"}}, "target.table (or target.query"),
-        ({"source": {"type": "postgres", "query": "x"}, "target": {"type": "csv", "path": "/tmp/x.csv"}, "mode": "upsert"}, "mode upsert needs a database target"),
-        ({"source": {"type": "postgres", "query": "x"}, "target": {"type": "postgres", "table": "t"}, "mode": "sync"}, "mode must be one of"),
-        ({"source": {"type": "postgres", "query": "x"}, "target": {"type": "postgres", "table": "t"}, "chunk_size": 0}, "chunk_size must be between"),
-        ({"source": {"type": "file", "path": "/tmp/x.bin"}, "target": {"type": "postgres", "table": "t"}}, "source.format: say csv"),
+        (
+            {
+                "source": {"type": "postgres", "query": "x"},
+                "target": {"type": "csv", "path": "/tmp/x.csv"},
+                "mode": "upsert",
+            },
+            "mode upsert needs a database target",
+        ),
+        (
+            {
+                "source": {"type": "postgres", "query": "x"},
+                "target": {"type": "postgres", "table": "t"},
+                "mode": "sync",
+            },
+            "mode must be one of",
+        ),
+        (
+            {
+                "source": {"type": "postgres", "query": "x"},
+                "target": {"type": "postgres", "table": "t"},
+                "chunk_size": 0,
+            },
+            "chunk_size must be between",
+        ),
+        (
+            {"source": {"type": "file", "path": "/tmp/x.bin"}, "target": {"type": "postgres", "table": "t"}},
+            "source.format: say csv",
+        ),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(config, message):

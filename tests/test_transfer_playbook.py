@@ -34,7 +34,9 @@ def credentials_env(fresh_postgres, mysql_url: str) -> dict[str, str]:
 def test_the_transfer_playbook_copies_postgres_to_mariadb(fresh_postgres, tmp_path):
     fill_source(fresh_postgres.dsn, 1234)
     with svc.fresh_mysql_database(svc.mysql_server_url(), prefix="transfer_p_") as mysql_url:
-        svc.mysql_query(mysql_url, "CREATE TABLE transfer_dst (id INT PRIMARY KEY, name VARCHAR(40), amount DECIMAL(10,2))")
+        svc.mysql_query(
+            mysql_url, "CREATE TABLE transfer_dst (id INT PRIMARY KEY, name VARCHAR(40), amount DECIMAL(10,2))"
+        )
         check = tmp_path / "check.jsonl"
         code, status = run_playbook(
             f"sqlite:///{tmp_path / 'noetl.sqlite'}",

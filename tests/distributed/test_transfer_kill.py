@@ -36,7 +36,9 @@ def test_a_worker_killed_mid_transfer_leaves_each_row_once_after_the_retry(
 ):
     fill_source(fresh_postgres.dsn, ROWS)
     with svc.fresh_mysql_database(svc.mysql_server_url(), prefix="transfer_k_") as mysql_url:
-        svc.mysql_query(mysql_url, "CREATE TABLE transfer_dst (id INT PRIMARY KEY, name VARCHAR(40), amount DECIMAL(10,2))")
+        svc.mysql_query(
+            mysql_url, "CREATE TABLE transfer_dst (id INT PRIMARY KEY, name VARCHAR(40), amount DECIMAL(10,2))"
+        )
         worker_env = {**env, **credentials_env(fresh_postgres, mysql_url)}
         victim = worker_factory(env=worker_env, concurrency=1, name="transfer-victim@%h")
         check = tmp_path / "check.jsonl"
@@ -51,7 +53,9 @@ def test_a_worker_killed_mid_transfer_leaves_each_row_once_after_the_retry(
         worker_factory(env=worker_env, concurrency=1, name="transfer-survivor@%h")
         status = wait(store_url, execution_id, timeout=240)
         assert status["status"] == "completed", status
-        got = svc.mysql_query(mysql_url, "SELECT COUNT(*) AS n, COUNT(DISTINCT id) AS ids, SUM(amount) AS s FROM transfer_dst")[0]
+        got = svc.mysql_query(
+            mysql_url, "SELECT COUNT(*) AS n, COUNT(DISTINCT id) AS ids, SUM(amount) AS s FROM transfer_dst"
+        )[0]
         assert (got["n"], got["ids"]) == (ROWS, ROWS)
         assert float(got["s"]) == sum(i / 4 for i in range(1, ROWS + 1))
         assert json.loads(check.read_text()) == {"n": ROWS, "ids": ROWS}

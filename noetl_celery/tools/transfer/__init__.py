@@ -107,9 +107,9 @@ def _missing_library(plan: TransferPlan) -> str | None:
             extra, modules = ENDPOINT_EXTRAS[endpoint.type]
             if found := missing_extra(what, extra, modules):
                 return found
-        if endpoint.type in FILE_TYPES and formats.format_of(endpoint) == "parquet":
-            if found := missing_extra(f"{endpoint.side} format 'parquet'", *PARQUET_EXTRA):
-                return found
+        parquet = endpoint.type in FILE_TYPES and formats.format_of(endpoint) == "parquet"
+        if parquet and (found := missing_extra(f"{endpoint.side} format 'parquet'", *PARQUET_EXTRA)):
+            return found
     return None
 
 
@@ -125,9 +125,7 @@ def _credential(call: ToolCall, endpoint: Endpoint, secrets: set[str]) -> Any:
     return credential
 
 
-def _copy(
-    plan: TransferPlan, call: ToolCall, creds: dict[str, Any], secrets: set[str]
-) -> tuple[int, int, list[str]]:
+def _copy(plan: TransferPlan, call: ToolCall, creds: dict[str, Any], secrets: set[str]) -> tuple[int, int, list[str]]:
     rows = chunks = 0
     columns: list[str] = []
     with contextlib.ExitStack() as stack:

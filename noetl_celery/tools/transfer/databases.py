@@ -59,14 +59,13 @@ def connect(endpoint: Endpoint, where: Where) -> Any:
 
         from noetl_celery.tools.duckdb import database_path
 
-        path = database_path(endpoint.text("database", "path"), where.execution_id, where.store_key)
-        return duckdb.connect(path)
+        return duckdb.connect(database_path(endpoint.text("database", "path"), where.execution_id, where.store_key))
     import sqlite3
 
-    path = endpoint.text("database", "path", "file")
-    if not path:
+    file = endpoint.text("database", "path", "file")
+    if not file:
         raise PlanError(f"{endpoint.side}.database is required for sqlite (a file path, or :memory:)")
-    return sqlite3.connect(path)
+    return sqlite3.connect(file)
 
 
 def _credential(endpoint: Endpoint, where: Where) -> Any:

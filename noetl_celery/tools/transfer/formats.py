@@ -24,7 +24,14 @@ from noetl_celery.tools.transfer.plan import Endpoint, PlanError
 from noetl_celery.tools.transfer.rows import Chunk, chunks_of_objects
 
 FORMATS = ("csv", "jsonl", "parquet")
-_SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+_SUFFIXES = {
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 SPOOL_IN_MEMORY = 64 * 1024 * 1024  # bytes of a non-seekable Parquet source kept in memory before disk
 
 

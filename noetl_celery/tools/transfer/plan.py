@@ -156,5 +156,6 @@ def _check_target(plan: TransferPlan) -> None:
         raise PlanError(f"target.table (or target.query, an INSERT with placeholders) is required for {target.type}")
     if plan.mode == "upsert" and target.type not in SQL_TYPES:
         raise PlanError(f"mode upsert needs a database target; a {target.type} target is written whole")
-    if plan.mode in ("upsert", "replace") and target.type in SQL_TYPES and target.get("query") and not target.get("table"):
+    custom_only = target.get("query") and not target.get("table")
+    if plan.mode in ("upsert", "replace") and target.type in SQL_TYPES and custom_only:
         raise PlanError(f"mode {plan.mode} needs target.table (a custom target.query writes rows as it says)")

@@ -18,13 +18,14 @@ import contextlib
 import importlib
 import os
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import IO, Any, ContextManager
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from noetl_celery.tools.transfer.plan import PlanError
 
-Opener = Callable[[str, str, Any], ContextManager[IO[bytes]]]
+Opener = Callable[[str, str, Any], AbstractContextManager[IO[bytes]]]
 OBJECT_STORE_MODULE = "noetl_celery.tools.object_store"
 _OPENERS: dict[str, Opener] = {}
 
