@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psycopg2
@@ -61,3 +63,43 @@ def test_the_transfer_playbook_copies_postgres_to_mariadb(fresh_postgres, tmp_pa
         with sqlite3.connect(tmp_path / "noetl.sqlite") as store:
             events = store.execute("SELECT * FROM noetl_event").fetchall()
         assert len(events) > 5 and PASSWORD not in json.dumps(events, default=str)
+
+
+NOETL_PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "corpus" / "http_to_postgres_transfer.yaml"
+POSTS = [{"userId": 1 + i // 10, "id": i, "title": f"title {i}", "body": f"body {i}"} for i in range(1, 101)]
+
+
+class _Posts(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        body = json.dumps(POSTS).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_noetls_http_to_postgres_transfer_playbook_runs_unchanged(fresh_postgres, tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Posts)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        code, status = run_playbook(
+            f"sqlite:///{tmp_path / 'noetl.sqlite'}",
+            NOETL_PLAYBOOK,
+            {"api_url": f"http://127.0.0.1:{server.server_address[1]}/posts"},
+            {"NOETL_HOME": str(tmp_path), "NOETL_AUTH_PG_LOCAL": json.dumps({"dsn": fresh_postgres.dsn})},
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 0, status
+    copy = status["results"]["transfer_http_to_pg"]
+    assert (copy["direction"], copy["mode"], copy["rows_transferred"]) == ("http_to_postgres", "insert", 100)
+    assert copy["columns"] == ["post_id", "user_id", "title", "body"]
+    assert status["results"]["show_count"]["rows"] == [{"records": 100}]
+    with psycopg2.connect(fresh_postgres.dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT post_id, user_id, title FROM http_to_postgres_transfer WHERE post_id = 42")
+        assert cur.fetchall() == [(42, 5, "title 42")]
