@@ -398,3 +398,39 @@ def test_a_mapping_naming_a_missing_field_is_refused(pg, tmp_path):
     )
     assert outcome.status == "error" and "source field 'nope'" in outcome.error["message"]
     assert not Path(tmp_path / "x.jsonl").exists()
+
+
+def playbook(source: str, target: str, mode: str = "append") -> str:
+    return (
+        "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: t, path: tests/t}\nworkflow:\n"
+        f"  - step: start\n    tool: {{kind: transfer, source: {source}, target: {target}, mode: {mode}}}\n"
+    )
+
+
+def test_validate_refuses_an_unknown_endpoint_type_and_mode_by_name():
+    from noetl_celery.dsl import load_plan
+    from noetl_celery.errors import PlaybookError
+
+    with pytest.raises(PlaybookError) as raised:
+        load_plan("t.yaml", text=playbook("{type: oracle, query: x}", "{type: postgres, table: t}", "sync"))
+    text = str(raised.value)
+    assert "source.type 'oracle' is not an endpoint this tool has" in text
+    assert "mode must be one of append, insert, replace, upsert, not 'sync'" in text
+    load_plan("t.yaml", text=playbook("{type: '{{ workload.kind }}', query: x}", "{type: postgres, table: t}"))
+
+
+def test_a_missing_parquet_or_mysql_library_fails_validate_and_the_call_naming_the_extra(monkeypatch, tmp_path):
+    from noetl_celery.dsl import load_plan
+    from noetl_celery.errors import PlaybookError
+    from noetl_celery.tools import base
+
+    monkeypatch.setattr(base, "module_installed", lambda name: name not in ("pyarrow", "pymysql"))
+    with pytest.raises(PlaybookError) as raised:
+        load_plan("t.yaml", text=playbook("{type: mysql, query: x}", "{type: file, path: /tmp/out.parquet}"))
+    text = str(raised.value)
+    assert "pip install 'noetl_celery[mysql]'" in text and "pip install 'noetl_celery[parquet]'" in text
+    outcome = transfer(
+        {"source": {"type": "csv", "path": str(tmp_path / "a.csv")}, "target": {"type": "parquet", "path": "x.pq"}}
+    )
+    assert outcome.status == "error" and outcome.error["kind"] == "unknown_tool"
+    assert "target format 'parquet' needs pyarrow" in outcome.error["message"]

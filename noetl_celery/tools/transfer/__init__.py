@@ -27,13 +27,24 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from pydantic import ValidationInfo, field_validator
+
 from noetl_celery import credentials
 from noetl_celery.errors import CredentialError
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, missing_extra, register
-from noetl_celery.tools.settings import ToolSettings
+from noetl_celery.tools.settings import TEMPLATE_MARKERS, ToolSettings
 from noetl_celery.tools.transfer import databases, formats, streams, web
 from noetl_celery.tools.transfer.failures import SideError, classify
-from noetl_celery.tools.transfer.plan import FILE_TYPES, SQL_TYPES, Endpoint, PlanError, TransferPlan, read_plan
+from noetl_celery.tools.transfer.plan import (
+    FILE_TYPES,
+    SQL_TYPES,
+    Endpoint,
+    PlanError,
+    TransferPlan,
+    read_endpoint,
+    read_mode,
+    read_plan,
+)
 from noetl_celery.tools.transfer.rows import Chunk, projection
 from noetl_celery.vocabulary import ToolErrorKind
 
@@ -43,6 +54,10 @@ PARQUET_EXTRA = ("parquet", ("pyarrow",))
 
 
 class TransferSettings(ToolSettings):
+    """Checked at validate on the values a playbook writes (templates are checked once rendered):
+    an endpoint type this tool does not have, or whose library (extra) is not installed, and a
+    mode it does not know are refused by name before the playbook runs."""
+
     source: dict[str, Any] | None = None
     target: dict[str, Any] | None = None
     chunk_size: int | None = None
@@ -50,6 +65,36 @@ class TransferSettings(ToolSettings):
     mode: str | None = None
     key: str | list[str] | None = None
     mapping: dict[str, str] | None = None
+
+    @field_validator("source", "target")
+    @classmethod
+    def _endpoint_can_run(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        refusal = endpoint_refusal(str(info.field_name), value) if value else None
+        if refusal:
+            raise ValueError(refusal)
+        return value
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, value: str | None) -> str | None:
+        if value is not None and not is_template(value):
+            read_mode(value)  # PlanError is a ValueError: its message is the refusal
+        return value
+
+
+def endpoint_refusal(side: str, settings: dict[str, Any]) -> str | None:
+    """Why the endpoint written as `settings` cannot run here (an unknown type, a missing extra),
+    or None; a templated value is left to the run."""
+    if any(is_template(v) for v in settings.values()):
+        literal = {k: v for k, v in settings.items() if not is_template(v)}
+        if not any(k in literal for k in ("type", "kind", "tool")):
+            return None
+        settings = literal
+    try:
+        endpoint = read_endpoint(side, settings, require_fields=False)
+        return _missing_library_of(endpoint)
+    except PlanError as exc:
+        return str(exc)
 
 
 @register(
@@ -73,7 +118,7 @@ def _run(call: ToolCall, secrets: set[str]) -> Outcome:
         plan = read_plan(call.config)
         missing = _missing_library(plan)
         if missing:
-            return Outcome.fail(ToolErrorKind.INVALID_ARGS, f"transfer: {missing}")
+            return Outcome.fail(ToolErrorKind.UNKNOWN_TOOL, missing)
         creds = {side: _credential(call, getattr(plan, side), secrets) for side in ("source", "target")}
         started = time.monotonic()
         rows, chunks, columns = _copy(plan, call, creds, secrets)
@@ -101,16 +146,23 @@ def _run(call: ToolCall, secrets: set[str]) -> Outcome:
 
 
 def _missing_library(plan: TransferPlan) -> str | None:
-    for endpoint in (plan.source, plan.target):
-        what = f"{endpoint.side} type '{endpoint.type}'"
-        if endpoint.type in ENDPOINT_EXTRAS:
-            extra, modules = ENDPOINT_EXTRAS[endpoint.type]
-            if found := missing_extra(what, extra, modules):
-                return found
-        parquet = endpoint.type in FILE_TYPES and formats.format_of(endpoint) == "parquet"
-        if parquet and (found := missing_extra(f"{endpoint.side} format 'parquet'", *PARQUET_EXTRA)):
-            return found
+    return _missing_library_of(plan.source) or _missing_library_of(plan.target)
+
+
+def _missing_library_of(endpoint: Endpoint) -> str | None:
+    """The `pip install` line for the library the endpoint needs, when it is not installed."""
+    if endpoint.type in ENDPOINT_EXTRAS:
+        extra, modules = ENDPOINT_EXTRAS[endpoint.type]
+        return missing_extra(f"transfer {endpoint.side} type '{endpoint.type}'", extra, modules)
+    if endpoint.type in FILE_TYPES and endpoint.get("path", "url", "uri", "file", "format"):
+        with contextlib.suppress(PlanError):  # a format not known yet (a templated path) is the run's to say
+            if formats.format_of(endpoint) == "parquet":
+                return missing_extra(f"transfer {endpoint.side} format 'parquet'", *PARQUET_EXTRA)
     return None
+
+
+def is_template(value: Any) -> bool:
+    return isinstance(value, str) and any(marker in value for marker in TEMPLATE_MARKERS)
 
 
 def _credential(call: ToolCall, endpoint: Endpoint, secrets: set[str]) -> Any:
@@ -178,8 +230,9 @@ def _open_source(
         return databases.read_chunks(conn, source, size)
     if source.type == "http":
         return web.read_chunks(source, web.auth_headers(credential, secrets), size, strict)
+    fmt = formats.format_of(source)
     stream = stack.enter_context(streams.open_stream(formats.location_of(source), "rb", credential))
-    return formats.read_chunks(stream, formats.format_of(source), size, strict, "source")
+    return formats.read_chunks(stream, fmt, size, strict, "source")
 
 
 def _open_target(

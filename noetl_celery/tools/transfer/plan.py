@@ -74,9 +74,9 @@ class TransferPlan:
 
 def read_plan(config: dict[str, Any]) -> TransferPlan:
     """The plan of a rendered `transfer` config, or PlanError."""
-    source = _endpoint("source", config.get("source"))
-    target = _endpoint("target", config.get("target"))
-    mode = _mode(config.get("mode") or target.get("mode") or "append")
+    source = read_endpoint("source", config.get("source"))
+    target = read_endpoint("target", config.get("target"))
+    mode = read_mode(config.get("mode") or target.get("mode") or "append")
     plan = TransferPlan(
         source=source,
         target=target,
@@ -93,7 +93,8 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def _endpoint(side: str, value: Any) -> Endpoint:
+def read_endpoint(side: str, value: Any, require_fields: bool = True) -> Endpoint:
+    """The endpoint `value` describes; require_fields: its query/url/path must be there too."""
     if not isinstance(value, dict) or not value:
         raise PlanError(f"`{side}` must be a mapping with a `type` (one of {', '.join(sorted(ENDPOINT_TYPES))})")
     raw = value.get("type") or value.get("kind") or value.get("tool")
@@ -103,6 +104,8 @@ def _endpoint(side: str, value: Any) -> Endpoint:
     if kind not in ENDPOINT_TYPES:
         raise PlanError(f"{side}.type {raw!r} is not an endpoint this tool has: {', '.join(sorted(ENDPOINT_TYPES))}")
     endpoint = Endpoint(side, kind, dict(value))
+    if not require_fields:
+        return endpoint
     if kind in SQL_TYPES and side == "source" and not endpoint.get("query", "sql", "command", "table"):
         raise PlanError(f"source.query is required for a {kind} source (or source.table to copy a whole table)")
     if kind in HTTP_TYPES and not endpoint.get("url", "endpoint"):
@@ -112,7 +115,7 @@ def _endpoint(side: str, value: Any) -> Endpoint:
     return endpoint
 
 
-def _mode(value: Any) -> str:
+def read_mode(value: Any) -> str:
     text = str(value).lower()
     text = MODE_ALIASES.get(text, text)
     if text not in MODES:
