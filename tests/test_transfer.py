@@ -434,3 +434,24 @@ def test_a_missing_parquet_or_mysql_library_fails_validate_and_the_call_naming_t
     )
     assert outcome.status == "error" and outcome.error["kind"] == "unknown_tool"
     assert "target format 'parquet' needs pyarrow" in outcome.error["message"]
+
+
+def test_the_attempts_timeout_bounds_each_statement_and_rolls_back(pg):
+    outcome = transfer(
+        {
+            "source": {"type": "postgres", "auth": {"dsn": pg}, "query": "SELECT id, name FROM src"},
+            "target": {
+                "type": "postgres",
+                "auth": {"dsn": pg},
+                "query": "INSERT INTO dst (id, name) SELECT %s, %s FROM pg_sleep(0.5)",
+            },
+            "chunk_size": 10,
+        },
+        timeout=0.3,
+    )
+    assert outcome.status == "error" and outcome.error["kind"] == "sql_error", outcome.error
+    assert (
+        "target (postgres): QueryCanceled" in outcome.error["message"]
+        and "statement timeout" in outcome.error["message"]
+    )
+    assert pg_rows(pg, "SELECT count(*) FROM dst") == [(0,)]

@@ -218,7 +218,7 @@ def _tagged(chunks: Iterator[Chunk], kind: str) -> Iterator[Chunk]:
 
 
 def _where(call: ToolCall, credential: Any, secrets: set[str]) -> databases.Where:
-    return databases.Where(credential, call.execution_id, call.store_key, secrets)
+    return databases.Where(credential, call.execution_id, call.store_key, secrets, call.timeout)
 
 
 def _open_source(

@@ -41,6 +41,7 @@ class Where:
     execution_id: int | None
     store_key: str | None
     secrets: set[str]
+    timeout: float | None = None  # the attempt's: each statement (PostgreSQL) and read/write (MySQL) is bounded by it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,6 +86,8 @@ def _connect_postgres(endpoint: Endpoint, where: Where) -> Any:
     dsn, password = build_dsn(_credential(endpoint, where), endpoint.text("database", "dbname"))
     if password:
         where.secrets.add(password)
+    if where.timeout:
+        return psycopg2.connect(dsn, options=f"-c statement_timeout={int(where.timeout * 1000)}")
     return psycopg2.connect(dsn)
 
 
@@ -124,6 +127,8 @@ def _connect_mysql(endpoint: Endpoint, where: Where) -> Any:
     database = endpoint.text("database", "db")
     if database:
         args["database"] = database
+    if where.timeout:
+        args["read_timeout"] = args["write_timeout"] = max(1, int(where.timeout))
     return pymysql.connect(**args, autocommit=False, charset="utf8mb4", ssl_disabled=not endpoint.get("ssl"))
 
 
