@@ -5,6 +5,8 @@ field, credentials masked."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sqlite3
 import threading
@@ -18,6 +20,7 @@ import psycopg2
 import pytest
 
 from noetl_celery.tools.base import SECRET_VALUES_META, ToolCall, run_tool
+from noetl_celery.tools.transfer import streams
 from tests.support import services as svc
 
 ROWS = 2500
@@ -455,3 +458,65 @@ def test_the_attempts_timeout_bounds_each_statement_and_rolls_back(pg):
         and "statement timeout" in outcome.error["message"]
     )
     assert pg_rows(pg, "SELECT count(*) FROM dst") == [(0,)]
+
+
+class _Pipe(io.RawIOBase):
+    """A readable stream that cannot seek (as an object store's download stream)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self.data.readinto(buffer)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_a_registered_opener_serves_its_scheme_through_the_same_formats(pg, fmt, monkeypatch):
+    objects: dict[str, bytes] = {}
+
+    @contextlib.contextmanager
+    def opener(location: str, mode: str, credential: Any) -> Iterator[Any]:
+        assert credential == {"token": "object-store-token"}
+        if mode == "rb":
+            yield io.BufferedReader(_Pipe(objects[location]))
+            return
+        buffer = io.BytesIO()
+        yield buffer
+        objects[location] = buffer.getvalue()  # the object exists once it is whole
+
+    monkeypatch.setattr(streams, "_OPENERS", {})  # registered for this test only
+    streams.register_opener("mem", opener)
+    location = f"mem://bucket/copy.{fmt}"
+    auth = {"token": "object-store-token"}
+    out = transfer(
+        {
+            "source": {"type": "postgres", "auth": {"dsn": pg}, "query": "SELECT id, name FROM src"},
+            "target": {"type": "file", "path": location, "auth": auth},
+            "chunk_size": 1000,
+        }
+    )
+    assert out.status == "ok", out.error
+    assert list(objects) == [location] and out.data["target_table"] == location
+    back = transfer(
+        {
+            "source": {"type": "file", "path": location, "auth": auth},
+            "target": {"type": "postgres", "auth": {"dsn": pg}, "table": "dst"},
+        }
+    )
+    assert back.status == "ok", back.error
+    assert back.data["rows_transferred"] == ROWS
+    assert pg_rows(pg, "SELECT count(*), min(name), max(id) FROM dst") == [(ROWS, "n1", ROWS)]
+
+
+def test_a_scheme_without_storage_is_refused_by_name(pg):
+    outcome = transfer(
+        {
+            "source": {"type": "postgres", "auth": {"dsn": pg}, "query": "SELECT 1 AS x"},
+            "target": {"type": "csv", "path": "nowhere://bucket/x.csv"},
+        }
+    )
+    assert outcome.status == "error" and outcome.error["kind"] == "invalid_args"
+    assert "no storage for nowhere:// locations" in outcome.error["message"]
