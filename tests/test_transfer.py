@@ -520,3 +520,31 @@ def test_a_scheme_without_storage_is_refused_by_name(pg):
     )
     assert outcome.status == "error" and outcome.error["kind"] == "invalid_args"
     assert "no storage for nowhere:// locations" in outcome.error["message"]
+
+
+def test_the_time_limit_inside_a_copy_is_a_timeout_and_rolls_the_chunk_back(pg, monkeypatch):
+    from billiard.exceptions import SoftTimeLimitExceeded
+
+    from noetl_celery.tools.transfer import databases
+
+    real_write = databases.TableWriter._execute
+    calls = []
+
+    def write_then_limit(self: Any, cur: Any, rows: Any) -> None:
+        real_write(self, cur, rows)
+        calls.append(len(rows))
+        if len(calls) == 2:
+            raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(databases.TableWriter, "_execute", write_then_limit)
+    outcome = transfer(
+        {
+            "source": {"type": "postgres", "auth": {"dsn": pg}, "query": "SELECT id, name FROM src ORDER BY id"},
+            "target": {"type": "postgres", "auth": {"dsn": pg}, "table": "dst"},
+            "chunk_size": 1000,
+        },
+        timeout=5.0,
+    )
+    assert outcome.status == "error" and outcome.error["kind"] == "timeout", outcome.error
+    assert outcome.error["retryable"]
+    assert pg_rows(pg, "SELECT count(*) FROM dst") == [(1000,)]  # the first chunk committed, the second not

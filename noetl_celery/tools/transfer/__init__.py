@@ -23,10 +23,12 @@ both sides' credentials are handed to the worker's masking and never appear in t
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from billiard.exceptions import SoftTimeLimitExceeded  # the attempt's time limit: run_tool reports it
 from pydantic import ValidationInfo, field_validator
 
 from noetl_celery import credentials
@@ -48,6 +50,9 @@ from noetl_celery.tools.transfer.plan import (
 from noetl_celery.tools.transfer.rows import Chunk, projection
 from noetl_celery.vocabulary import ToolErrorKind
 
+# raised through as they are: the plan's and the credential's own errors, a side's failure
+# already tagged, and the time limit (run_tool makes it a `timeout` outcome)
+PASS_THROUGH = (PlanError, CredentialError, SideError, SoftTimeLimitExceeded)
 # the endpoint types (and the format) that need a library of an optional extra
 ENDPOINT_EXTRAS = {"mysql": ("mysql", ("pymysql",)), "duckdb": ("duckdb", ("duckdb",))}
 PARQUET_EXTRA = ("parquet", ("pyarrow",))
@@ -188,7 +193,7 @@ def _copy(plan: TransferPlan, call: ToolCall, creds: dict[str, Any], secrets: se
             if not chunks:
                 columns, project = projection(chunk.columns, plan.mapping)
             out = Chunk(columns, [project(r) for r in chunk.rows] if project else chunk.rows)
-            rows += _guarded("target", plan.target.type, lambda out=out: writer.write(out))  # type: ignore[misc]
+            rows += _guarded("target", plan.target.type, functools.partial(writer.write, out))
             chunks += 1
         _guarded("target", plan.target.type, writer.finish)
     return rows, chunks, columns
@@ -198,7 +203,7 @@ def _guarded(side: str, kind: str, action: Any) -> Any:
     """`action()`, a failure of the side's library raised as SideError (a PlanError passes)."""
     try:
         return action()
-    except (PlanError, CredentialError, SideError):
+    except PASS_THROUGH:
         raise
     except Exception as exc:
         raise SideError(side, kind, exc) from exc
@@ -210,7 +215,7 @@ def _tagged(chunks: Iterator[Chunk], kind: str) -> Iterator[Chunk]:
             chunk = next(chunks)
         except StopIteration:
             return
-        except (PlanError, CredentialError, SideError):
+        except PASS_THROUGH:
             raise
         except Exception as exc:
             raise SideError("source", kind, exc) from exc
