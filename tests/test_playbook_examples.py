@@ -43,6 +43,9 @@ EXPECTED = {
             "stats": {"total": 2000, "success": 2000, "failed": 0},
         }
     },
+    "transfer_files.yaml": {
+        "report": {"exported": 1000, "loaded": 1000, "load_chunks": 4, "identical_rows": 1000, "rows_in_copy": 1000}
+    },
     "loop_parallel.yaml": {
         "summary": {
             "order": ["Oslo", "Lisbon", "Cairo", "Reykjavik", "Singapore", "Montreal"],

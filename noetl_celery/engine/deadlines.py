@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 DEFAULT_TIMEOUT = 30.0  # seconds an attempt of a kind not listed below may run
-KIND_TIMEOUTS = {"http": 30.0, "python": 30.0, "postgres": 30.0, "event_log": 10.0, "log": 10.0}  # seconds
+# seconds; a transfer copies a table in chunks: minutes, not the seconds of one statement
+KIND_TIMEOUTS = {"http": 30.0, "python": 30.0, "postgres": 30.0, "event_log": 10.0, "log": 10.0, "transfer": 300.0}
 SOFT_LIMIT_GRACE = 1.0  # seconds after the timeout before Celery raises inside the task
 HARD_LIMIT_GRACE = 5.0  # seconds after the soft limit before the pool process is killed
 OUTCOME_MARGIN = 10.0  # seconds after the hard limit for the outcome to be recorded

@@ -131,6 +131,7 @@ _BUILTIN_MODULES = (
     "noetl_celery.tools.nats",
     "noetl_celery.tools.secrets",
     "noetl_celery.tools.playbook",
+    "noetl_celery.tools.transfer",
 )
 
 _REGISTRY: dict[str, ToolSpec] = {}

@@ -12,7 +12,6 @@ UNAVAILABLE_KINDS: dict[str, str] = {
     "gcs": "Google Cloud Storage needs cloud credentials and a client this engine does not ship",
     "gke": "it drives Google Kubernetes Engine, which this engine does not manage",
     "container": "running containers needs a container runtime, which workers do not control",
-    "transfer": "cross-system transfers run on NoETL's own data movers, not shipped here",
     "artifact": "artifacts live in NoETL's artifact store, which this engine does not have",
     "shell": "running shell commands on workers is not allowed; use the python tool",
 }
