@@ -41,6 +41,12 @@ SECRET_KEYS = frozenset(
         "authorization",
         "nats_password",
         "nats_token",
+        "aws_secret_access_key",  # S3 (tools/object_store.py reads these spellings)
+        "secret_access_key",
+        "secret_key",
+        "aws_session_token",
+        "session_token",
+        "service_account_json",  # GCS: the whole key file, when given as JSON text
     }
 )
 # keys whose value is a URL (or a list of URLs: NATS `servers`) that may carry a password

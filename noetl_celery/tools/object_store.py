@@ -15,7 +15,7 @@ API (every function takes `uri`, an optional `credential` and keyword options; s
     open_read(uri, credential=None, **options) -> BinaryIO
         A readable binary stream (a context manager); S3 and GCS are read in chunks as the
         caller reads, never whole.
-    open_write(uri, credential=None, content_type=None, **options) -> context manager -> BinaryIO
+    open_write(uri, credential=None, content_type=None, metadata=None, **options) -> context manager -> BinaryIO
         A writable binary stream. What is written is spooled (in memory up to SPOOL_BYTES, then
         a temporary file) and the object is created when the `with` block ends without an
         exception: a reader never sees a half-written object, a failed or killed write leaves
@@ -23,7 +23,9 @@ API (every function takes `uri`, an optional `credential` and keyword options; s
         folder and renamed into place.
     get_bytes(uri, credential=None, max_bytes=None, **options) -> bytes
         The whole body; more than `max_bytes` raises ObjectTooLarge (nothing is cut).
-    put_bytes(uri, data, credential=None, content_type=None, **options) -> ObjectInfo
+    put_bytes(uri, data, credential=None, content_type=None, metadata=None, **options) -> ObjectInfo
+    upload_file(path, uri, credential=None, content_type=None, metadata=None, **options) -> ObjectInfo
+    download_file(uri, path, credential=None, **options) -> int   (bytes; the file appears whole)
     stat(uri, credential=None, **options) -> ObjectInfo        (ObjectNotFound when missing)
     list_objects(uri, credential=None, limit=1000, **options) -> (list[ObjectInfo], truncated)
         `uri` is a prefix: s3://bucket/prefix, gs://bucket/prefix, a folder (its files, recursively).
@@ -77,6 +79,7 @@ _S3_SESSION = ("aws_session_token", "session_token")
 _S3_ENDPOINT = ("endpoint_url", "endpoint", "s3_endpoint")
 _GCS_ENDPOINT = ("endpoint_url", "api_endpoint", "endpoint", "emulator_host")
 _REGION = ("region", "region_name")
+Meta = dict[str, Any] | None  # user metadata of an object (S3 x-amz-meta-*, GCS metadata)
 _PROJECT = ("project", "project_id")
 
 
@@ -190,7 +193,7 @@ class _Store:
     def open_read(self, loc: Location) -> IO[bytes]:
         raise NotImplementedError
 
-    def upload(self, loc: Location, stream: IO[bytes], content_type: str | None) -> None:
+    def upload(self, loc: Location, stream: IO[bytes], content_type: str | None, metadata: Meta = None) -> None:
         raise NotImplementedError
 
     def stat(self, loc: Location) -> ObjectInfo:
@@ -235,7 +238,7 @@ class _LocalStore(_Store):
         except OSError as exc:
             raise ObjectStoreError(f"{loc.key}: cannot be read: {exc.strerror or exc}") from None
 
-    def upload(self, loc: Location, stream: IO[bytes], content_type: str | None) -> None:
+    def upload(self, loc: Location, stream: IO[bytes], content_type: str | None, metadata: Meta = None) -> None:
         folder = os.path.dirname(loc.key) or "."
         try:
             os.makedirs(folder, exist_ok=True)
@@ -313,10 +316,12 @@ class _S3Store(_Store):
             body = self.client.get_object(Bucket=loc.bucket, Key=loc.key)["Body"]
         return io.BufferedReader(_ChunkReader(body.read, body.close, loc.uri), READ_CHUNK_BYTES)
 
-    def upload(self, loc: Location, stream: IO[bytes], content_type: str | None) -> None:
-        extra = {"ContentType": content_type} if content_type else None
+    def upload(self, loc: Location, stream: IO[bytes], content_type: str | None, metadata: Meta = None) -> None:
+        extra: dict[str, Any] = {"ContentType": content_type} if content_type else {}
+        if metadata:
+            extra["Metadata"] = {str(k): str(v) for k, v in metadata.items()}
         with _s3_errors(loc):
-            self.client.upload_fileobj(stream, loc.bucket, loc.key, ExtraArgs=extra)
+            self.client.upload_fileobj(stream, loc.bucket, loc.key, ExtraArgs=extra or None)
 
     def stat(self, loc: Location) -> ObjectInfo:
         with _s3_errors(loc):
@@ -373,7 +378,7 @@ def _s3_errors(loc: Location) -> Iterator[None]:
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         text = f"{loc.uri}: {code or status}: {error.get('Message') or 'refused'}"
         if code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound") or status == 404:
-            raise ObjectNotFound(text) from None
+            raise ObjectNotFound(f"{loc.uri}: not found ({code or status})") from None
         if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403") or status in (401, 403):
             raise ObjectStoreError(text, ToolErrorKind.AUTHORIZATION) from None
         raise ObjectStoreError(text, retryable=bool(status and status >= 500)) from None
@@ -416,9 +421,12 @@ class _GcsStore(_Store):
             stream = blob.open("rb", chunk_size=READ_CHUNK_BYTES, timeout=self.timeout)
         return io.BufferedReader(_ChunkReader(_guarded(stream.read, loc), stream.close, loc.uri), READ_CHUNK_BYTES)
 
-    def upload(self, loc: Location, stream: IO[bytes], content_type: str | None) -> None:
+    def upload(self, loc: Location, stream: IO[bytes], content_type: str | None, metadata: Meta = None) -> None:
+        blob = self._blob(loc)
+        if metadata:
+            blob.metadata = {str(k): str(v) for k, v in metadata.items()}
         with _gcs_errors(loc):
-            self._blob(loc).upload_from_file(stream, content_type=content_type, timeout=self.timeout)
+            blob.upload_from_file(stream, content_type=content_type, timeout=self.timeout)
 
     def stat(self, loc: Location) -> ObjectInfo:
         blob = self._blob(loc)
@@ -535,13 +543,54 @@ def open_read(uri: str, credential: Any = None, **options: Any) -> IO[bytes]:
 
 
 @contextlib.contextmanager
-def open_write(uri: str, credential: Any = None, content_type: str | None = None, **options: Any) -> Iterator[IO[bytes]]:
+def open_write(
+    uri: str, credential: Any = None, content_type: str | None = None, metadata: Meta = None, **options: Any
+) -> Iterator[IO[bytes]]:
     loc = _object_location(uri, options)
     store = _store(loc, credential, options)
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool:
         yield spool  # type: ignore[misc]
         spool.seek(0)
-        store.upload(loc, spool, content_type)  # type: ignore[arg-type]
+        store.upload(loc, spool, content_type, metadata)  # type: ignore[arg-type]
+
+
+def upload_file(
+    path: str, uri: str, credential: Any = None, content_type: str | None = None, metadata: Meta = None, **options: Any
+) -> ObjectInfo:
+    """Copy the local file `path` to the object `uri` (streamed; the object appears whole or not at all)."""
+    loc = _object_location(uri, options)
+    store = _store(loc, credential, options)
+    try:
+        stream = open(path, "rb")
+    except OSError as exc:
+        kind = ToolErrorKind.NOT_FOUND if isinstance(exc, FileNotFoundError) else "object_store"
+        raise ObjectStoreError(f"{path}: cannot be read: {exc.strerror or exc}", kind) from None
+    with stream:
+        size = os.fstat(stream.fileno()).st_size
+        store.upload(loc, stream, content_type, metadata)
+    return ObjectInfo(loc.uri, loc.key, size, content_type)
+
+
+def download_file(uri: str, path: str, credential: Any = None, **options: Any) -> int:
+    """Copy the object `uri` to the local file `path` (streamed; the file appears whole or not at
+    all: written to a temporary file beside it and renamed). Returns the bytes written."""
+    written = 0
+    with open_read(uri, credential, **options) as stream:
+        counted = _Counting(stream)
+        _LocalStore().upload(Location("file", None, path), counted, None)  # type: ignore[arg-type]
+        written = counted.count
+    return written
+
+
+class _Counting:
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.stream = stream
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.count += len(data)
+        return data
 
 
 def get_bytes(uri: str, credential: Any = None, max_bytes: int | None = None, **options: Any) -> bytes:
@@ -553,10 +602,10 @@ def get_bytes(uri: str, credential: Any = None, max_bytes: int | None = None, **
 
 
 def put_bytes(
-    uri: str, data: bytes, credential: Any = None, content_type: str | None = None, **options: Any
+    uri: str, data: bytes, credential: Any = None, content_type: str | None = None, metadata: Meta = None, **options: Any
 ) -> ObjectInfo:
     loc = _object_location(uri, options)
-    _store(loc, credential, options).upload(loc, io.BytesIO(data), content_type)
+    _store(loc, credential, options).upload(loc, io.BytesIO(data), content_type, metadata)
     return ObjectInfo(loc.uri, loc.key, len(data), content_type)
 
 
