@@ -45,7 +45,9 @@ def tool(kind: str, credential: Any = None, **config: Any) -> Outcome:
 
 @pytest.mark.parametrize("scheme", ["s3", "gs"])
 def test_each_action_round_trips(scheme: str, s3: S3Endpoint, gcs: str, tmp_path: Path) -> None:
-    kind, bucket, cred = ("s3", S3_BUCKET, s3.credential()) if scheme == "s3" else ("gcs", GCS_BUCKET, gcs_credential(gcs))
+    kind, bucket, cred = (
+        ("s3", S3_BUCKET, s3.credential()) if scheme == "s3" else ("gcs", GCS_BUCKET, gcs_credential(gcs))
+    )
     name_key = "key" if scheme == "s3" else "blob"
     local = tmp_path / "cities.csv"
     local.write_text(CSV)
@@ -97,7 +99,9 @@ def test_each_action_round_trips(scheme: str, s3: S3Endpoint, gcs: str, tmp_path
 
 @pytest.mark.parametrize("scheme", ["s3", "gs"])
 def test_a_body_above_the_limit_is_refused_never_cut(scheme: str, s3: S3Endpoint, gcs: str) -> None:
-    kind, bucket, cred = ("s3", S3_BUCKET, s3.credential()) if scheme == "s3" else ("gcs", GCS_BUCKET, gcs_credential(gcs))
+    kind, bucket, cred = (
+        ("s3", S3_BUCKET, s3.credential()) if scheme == "s3" else ("gcs", GCS_BUCKET, gcs_credential(gcs))
+    )
     uri = f"{scheme}://{bucket}/big/blob.txt"
     with object_store.open_write(uri, cred) as out:
         for _ in range(64):
@@ -110,7 +114,10 @@ def test_a_body_above_the_limit_is_refused_never_cut(scheme: str, s3: S3Endpoint
 
 
 def test_the_stream_api_reads_in_chunks_and_a_failed_write_leaves_no_object(s3: S3Endpoint, gcs: str) -> None:
-    for uri, cred in ((f"s3://{S3_BUCKET}/stream/x", s3.credential()), (f"gs://{GCS_BUCKET}/stream/x", gcs_credential(gcs))):
+    for uri, cred in (
+        (f"s3://{S3_BUCKET}/stream/x", s3.credential()),
+        (f"gs://{GCS_BUCKET}/stream/x", gcs_credential(gcs)),
+    ):
         with pytest.raises(RuntimeError), object_store.open_write(uri, cred) as out:
             out.write(b"half")
             raise RuntimeError("the writer dies")
@@ -180,7 +187,10 @@ def test_artifacts_on_a_local_folder(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_artifacts_on_s3_and_gcs(s3: S3Endpoint, gcs: str) -> None:
-    for uri, cred in ((f"s3://{S3_BUCKET}/art/a.json", s3.credential()), (f"gs://{GCS_BUCKET}/art/a.json", gcs_credential(gcs))):
+    for uri, cred in (
+        (f"s3://{S3_BUCKET}/art/a.json", s3.credential()),
+        (f"gs://{GCS_BUCKET}/art/a.json", gcs_credential(gcs)),
+    ):
         put = tool("artifact", cred, action="put", uri=uri, data=[1, "two", {"three": 3}])
         assert put.status == "ok" and put.data["uri"] == uri + ".gz", put.error
         got = tool("artifact", cred, action="get", uri=put.data["uri"])
@@ -196,7 +206,10 @@ def test_script_sources_read_objects(s3: S3Endpoint, gcs: str, monkeypatch: pyte
     monkeypatch.setenv("NOETL_AUTH_GCS_TEST", json.dumps(gcs_credential(gcs)))
     by_bucket = {"path": "scripts/greet.py", "source": {"type": "s3", "bucket": S3_BUCKET, "auth": "s3_test"}}
     assert scripts.load(by_bucket, None) == GREET
-    by_uri = {"uri": f"gs://{GCS_BUCKET}/scripts/greet.py", "source": {"type": "gcs", "auth": {"credential": "gcs_test"}}}
+    by_uri = {
+        "uri": f"gs://{GCS_BUCKET}/scripts/greet.py",
+        "source": {"type": "gcs", "auth": {"credential": "gcs_test"}},
+    }
     assert scripts.load(by_uri, None) == GREET
     with pytest.raises(scripts.ScriptError, match="not found"):
         scripts.load({**by_bucket, "path": "scripts/none.py"}, None)
@@ -229,3 +242,38 @@ def test_the_playbook_runs_every_tool_and_no_secret_is_shown(s3: S3Endpoint, gcs
     blob = gcs_client(gcs).bucket(GCS_BUCKET).get_blob("uploads/cities.csv")
     assert blob.metadata == {"origin": "object_stores"} and blob.content_type == "text/csv"
     assert s3.secret_key not in json.dumps(status)
+
+
+NOETL_FORMS = """\
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: forms, path: tests/forms}
+workflow:
+  - step: start
+    tool:
+      - upload:
+          kind: gcs
+          source: /tmp/output.csv
+          destination: gs://my-bucket/data/output.csv
+          credential: gcp_service_account
+      - copy: {kind: s3, action: put, uri: "s3://b/k.json", data: {a: 1}, auth: aws}
+      - load_artifact:
+          kind: artifact
+          action: get
+          input:
+            result_ref: "{{ start._ref }}"
+"""
+
+
+def test_noetl_forms_validate_and_a_missing_client_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from noetl_celery.dsl import load_plan
+    from noetl_celery.errors import PlaybookError
+    from noetl_celery.tools import base
+
+    tasks = load_plan("forms.yaml", text=NOETL_FORMS).steps["start"].tasks
+    assert [t.kind for t in tasks] == ["gcs", "s3", "artifact"]
+    monkeypatch.setattr(base, "module_installed", lambda name: name != "google.cloud.storage")
+    with pytest.raises(PlaybookError) as raised:
+        load_plan("forms.yaml", text=NOETL_FORMS)
+    assert "tool kind 'gcs' needs google.cloud.storage" in str(raised.value)
+    assert "pip install 'noetl_celery[gcs]'" in str(raised.value)

@@ -253,7 +253,9 @@ def decoded(body: bytes, decode: str, source: str) -> dict[str, Any]:
 def run_bucket(scheme: str, call: ToolCall) -> Outcome:
     action = str(call.config.get("action") or "upload").lower()
     if action not in ACTIONS:
-        return Outcome.fail(ToolErrorKind.INVALID_ARGS, f"{call.kind}: action {action!r} is unknown; use one of {', '.join(ACTIONS)}")
+        return Outcome.fail(
+            ToolErrorKind.INVALID_ARGS, f"{call.kind}: action {action!r} is unknown; use one of {', '.join(ACTIONS)}"
+        )
     bucket = _Bucket(scheme, call)
     try:
         return Outcome.ok(getattr(bucket, action)())

@@ -560,15 +560,22 @@ def upload_file(
     """Copy the local file `path` to the object `uri` (streamed; the object appears whole or not at all)."""
     loc = _object_location(uri, options)
     store = _store(loc, credential, options)
+    with _local_file(path) as stream:
+        size = os.fstat(stream.fileno()).st_size
+        store.upload(loc, stream, content_type, metadata)
+    return ObjectInfo(loc.uri, loc.key, size, content_type)
+
+
+@contextlib.contextmanager
+def _local_file(path: str) -> Iterator[IO[bytes]]:
+    """`path` open for reading; a file that cannot be opened is an ObjectStoreError naming it."""
     try:
-        stream = open(path, "rb")
+        stream = open(path, "rb")  # noqa: SIM115 -- closed by the with below, after the error mapping
     except OSError as exc:
         kind = ToolErrorKind.NOT_FOUND if isinstance(exc, FileNotFoundError) else "object_store"
         raise ObjectStoreError(f"{path}: cannot be read: {exc.strerror or exc}", kind) from None
     with stream:
-        size = os.fstat(stream.fileno()).st_size
-        store.upload(loc, stream, content_type, metadata)
-    return ObjectInfo(loc.uri, loc.key, size, content_type)
+        yield stream
 
 
 def download_file(uri: str, path: str, credential: Any = None, **options: Any) -> int:
@@ -602,7 +609,12 @@ def get_bytes(uri: str, credential: Any = None, max_bytes: int | None = None, **
 
 
 def put_bytes(
-    uri: str, data: bytes, credential: Any = None, content_type: str | None = None, metadata: Meta = None, **options: Any
+    uri: str,
+    data: bytes,
+    credential: Any = None,
+    content_type: str | None = None,
+    metadata: Meta = None,
+    **options: Any,
 ) -> ObjectInfo:
     loc = _object_location(uri, options)
     _store(loc, credential, options).upload(loc, io.BytesIO(data), content_type, metadata)
@@ -614,9 +626,7 @@ def stat(uri: str, credential: Any = None, **options: Any) -> ObjectInfo:
     return _store(loc, credential, options).stat(loc)
 
 
-def list_objects(
-    uri: str, credential: Any = None, limit: int = 1000, **options: Any
-) -> tuple[list[ObjectInfo], bool]:
+def list_objects(uri: str, credential: Any = None, limit: int = 1000, **options: Any) -> tuple[list[ObjectInfo], bool]:
     loc = parse(uri, options.get("base"))
     return _store(loc, credential, options).list(loc, limit)
 

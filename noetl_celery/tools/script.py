@@ -80,8 +80,12 @@ class Script(BaseModel):
         if kind in BUCKET_SCHEMES:
             has_key = self.path or self.uri or (self.source and self.source.path)
             if not (self.uri and "://" in self.uri) and not (self.source and self.source.bucket and has_key):
-                raise ValueError(f"a {kind} script needs uri ({BUCKET_SCHEMES[kind]}://bucket/key), or source.bucket and path")
-        elif kind != "inline" and not (self.uri or self.path or (self.source and (self.source.path or self.source.endpoint))):
+                raise ValueError(
+                    f"a {kind} script needs uri ({BUCKET_SCHEMES[kind]}://bucket/key), or source.bucket and path"
+                )
+        elif kind != "inline" and not (
+            self.uri or self.path or (self.source and (self.source.path or self.source.endpoint))
+        ):
             raise ValueError(f"a {kind} script needs uri (or source.path, or source.endpoint for http)")
         return self
 
@@ -117,7 +121,11 @@ def _read_object(script: Script, source: ScriptSource) -> str:
         raise ScriptError(f"script {uri}: {exc}") from None
     if credential is not None:
         secret_registry.register(credential)  # masked in all the attempt writes from now on
-    options = {k: v for k, v in (("region", source.region), ("endpoint_url", source.endpoint_url), ("project", source.project)) if v}
+    options = {
+        k: v
+        for k, v in (("region", source.region), ("endpoint_url", source.endpoint_url), ("project", source.project))
+        if v
+    }
     try:
         body = object_store.get_bytes(uri, credential, max_bytes=SCRIPT_MAX_BYTES, **options)
     except object_store.ObjectTooLarge:
