@@ -28,16 +28,15 @@ import gzip
 import hashlib
 import io
 import json
-import os
 from typing import Any, Literal
 
 from noetl_celery import limits
+from noetl_celery import settings as noetl_settings
 from noetl_celery.tools import object_store
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
 from noetl_celery.vocabulary import ToolErrorKind
 
-ARTIFACT_DIR_ENV = "NOETL_ARTIFACT_DIR"  # the folder a relative artifact location is under
 LOCAL_PREFIX = "artifact://localfs/"
 RESULT_STORE_SCHEMES = ("noetl", "eventlog", "nats-kv", "nats-obj")
 GZIP_MAGIC = b"\x1f\x8b"
@@ -75,7 +74,8 @@ def location(uri: str) -> str:
         uri = uri[len("artifact://") :]
     if "://" in uri:
         return uri
-    return object_store.parse(uri, os.environ.get(ARTIFACT_DIR_ENV) or None).key
+    folder = noetl_settings.load().artifact_dir
+    return object_store.parse(uri, str(folder) if folder else None).key
 
 
 def _result_ref(cfg: dict[str, Any]) -> Any:
