@@ -277,3 +277,45 @@ def test_noetl_forms_validate_and_a_missing_client_is_named(monkeypatch: pytest.
         load_plan("forms.yaml", text=NOETL_FORMS)
     assert "tool kind 'gcs' needs google.cloud.storage" in str(raised.value)
     assert "pip install 'noetl_celery[gcs]'" in str(raised.value)
+
+
+SQL_FROM_S3 = """\
+apiVersion: noetl.io/v2
+kind: Playbook
+metadata: {name: sql_from_s3, path: tests/sql_from_s3}
+workload:
+  sql_uri: s3://noetl-s3/sql/make_table.sql
+  aws: aws_credentials
+workflow:
+  - step: start
+    tool:
+      kind: postgres
+      auth: pg_local
+      script:
+        uri: "{{ workload.sql_uri }}"
+        source: {type: s3, region: us-east-1, auth: "{{ workload.aws }}"}
+    next: [{step: count}]
+  - step: count
+    tool: {kind: postgres, auth: pg_local, command: "SELECT count(*) AS n FROM object_store_probe"}
+"""
+
+
+def test_a_postgres_script_read_from_s3_by_a_templated_uri(s3: S3Endpoint, fresh_postgres: Any, tmp_path: Path) -> None:
+    sql = "CREATE TABLE object_store_probe (id int);\nINSERT INTO object_store_probe VALUES (1), (2), (3);\n"
+    object_store.put_bytes(f"s3://{S3_BUCKET}/sql/make_table.sql", sql.encode(), s3.credential())
+    playbook = tmp_path / "sql_from_s3.yaml"
+    playbook.write_text(SQL_FROM_S3)
+    env = {
+        "NOETL_HOME": str(tmp_path / "home"),
+        "NOETL_AUTH_PG_LOCAL": fresh_postgres.dsn,
+        "NOETL_AUTH_AWS_CREDENTIALS": json.dumps(s3.credential()),
+    }
+    code, status = run_playbook(f"sqlite:///{tmp_path / 'noetl.sqlite'}", playbook, {}, env)
+    assert code == 0, status
+    assert status["results"]["count"]["rows"] == [{"n": 3}]
+    failed = run_playbook(
+        f"sqlite:///{tmp_path / 'noetl2.sqlite'}", playbook, {"sql_uri": "s3://noetl-s3/sql/none.sql"}, env
+    )[1]
+    assert failed["status"] == "failed" and failed["error"]["kind"] == "script", failed
+    assert "s3://noetl-s3/sql/none.sql: not found" in failed["error"]["message"]
+    assert s3.secret_key not in json.dumps([status, failed])

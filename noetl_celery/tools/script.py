@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from noetl_celery import credentials, secret_registry
 from noetl_celery.errors import CredentialError
@@ -79,7 +79,8 @@ class Script(BaseModel):
             raise ValueError("an inline script needs source.code")
         if kind in BUCKET_SCHEMES:
             has_key = self.path or self.uri or (self.source and self.source.path)
-            if not (self.uri and "://" in self.uri) and not (self.source and self.source.bucket and has_key):
+            names_object = self.uri and ("://" in self.uri or "{{" in self.uri)  # a template: checked rendered
+            if not names_object and not (self.source and self.source.bucket and has_key):
                 raise ValueError(
                     f"a {kind} script needs uri ({BUCKET_SCHEMES[kind]}://bucket/key), or source.bucket and path"
                 )
@@ -92,7 +93,10 @@ class Script(BaseModel):
 
 def load(script: dict[str, Any], source_file: str | None) -> str:
     """The text of a rendered `script:` mapping (raises ScriptError)."""
-    parsed = Script.model_validate(script)
+    try:
+        parsed = Script.model_validate(script)
+    except ValidationError as exc:  # a rendered value the literal check could not see
+        raise ScriptError("; ".join(str(e.get("msg")) for e in exc.errors())) from None
     source = parsed.source or ScriptSource()
     if source.type == "inline":
         return source.code or ""
@@ -110,9 +114,11 @@ def _read_object(script: Script, source: ScriptSource) -> str:
     scheme = BUCKET_SCHEMES[source.type]
     if script.uri and "://" in script.uri:
         uri = script.uri
-    else:
+    elif source.bucket:
         key = str(script.path or source.path or script.uri or "").lstrip("/")
         uri = f"{scheme}://{source.bucket}/{key}"
+    else:
+        raise ScriptError(f"a {source.type} script needs uri ({scheme}://bucket/key), or source.bucket and path")
     if not uri.startswith(f"{scheme}://"):
         raise ScriptError(f"script {uri}: a {source.type} source reads {scheme}:// objects")
     try:
