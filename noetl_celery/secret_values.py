@@ -41,7 +41,9 @@ SECRET_KEYS = frozenset(
         "authorization",
         "nats_password",
         "nats_token",
-        "aws_secret_access_key",  # S3 (tools/object_store.py reads these spellings)
+        "aws_access_key_id",  # S3 (tools/object_store.py reads these spellings); the key id too
+        "access_key_id",
+        "aws_secret_access_key",
         "secret_access_key",
         "secret_key",
         "aws_session_token",

@@ -3,8 +3,8 @@ Redis + PostgreSQL, against moto's S3 server and gcp-storage-emulator started by
 
 Proves: tests/playbooks/object_stores.yaml completes on workers; an object body above the result
 cap reaches the next step whole (stored once by reference, not cut), one above the call's
-max_bytes fails the run with kind too_large; the S3 secret key appears in no event row, no worker
-log and no command output.
+max_bytes fails the run with kind too_large; the S3 access key (id and secret) appears in no event
+row, no worker log and no command output.
 """
 
 from __future__ import annotations
@@ -109,3 +109,4 @@ def test_object_store_tools_on_real_workers(tmp_path: Path, fresh_postgres, redi
         ("output", status["_output"] + big["_output"] + refused["_output"]),
     ):
         assert s3.secret_key not in text, f"the S3 secret key is in the {where}"
+        assert s3.access_key not in text, f"the S3 access key id is in the {where}"
