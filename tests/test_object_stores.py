@@ -319,3 +319,42 @@ def test_a_postgres_script_read_from_s3_by_a_templated_uri(s3: S3Endpoint, fresh
     assert failed["status"] == "failed" and failed["error"]["kind"] == "script", failed
     assert "s3://noetl-s3/sql/none.sql: not found" in failed["error"]["message"]
     assert s3.secret_key not in json.dumps([status, failed])
+
+
+def test_an_endpoint_that_never_answers_is_a_retryable_timeout() -> None:
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.support.loopback import serve
+
+    release = threading.Event()
+
+    class Silent(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 -- the handler's protocol name
+            release.wait(30)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with serve(Silent) as url:
+        try:
+            for kind, uri, cred in (
+                (
+                    "s3",
+                    "s3://bucket-x/k",
+                    {"endpoint_url": url, "aws_access_key_id": "a", "aws_secret_access_key": "b"},
+                ),
+                ("gcs", "gs://bucket-x/k", {"endpoint_url": url}),
+            ):
+                started = time.monotonic()
+                outcome = run_tool(
+                    ToolCall(kind=kind, config={"action": "get", "uri": uri}, credential=cred, timeout=1)
+                )
+                assert outcome.status == "error" and outcome.error["kind"] == "timeout", (kind, outcome.error)
+                assert outcome.error["retryable"] is True
+                assert time.monotonic() - started < 20, kind
+        finally:
+            release.set()

@@ -24,7 +24,7 @@ Other actions (the same location keys: `uri`, or `bucket` + `key`/`blob`/`path`)
 Connection: `auth:` (or NoETL's `credential:`) names the credential (object_store.py lists its
 keys); `endpoint_url` (S3 endpoint, or the GCS emulator's), `region` (S3) and `project` (GCS) in
 the task override the credential's. Secrets never reach the result or an error message.
-Errors: kind not_found, authorization, credential, connection (retryable), invalid_args,
+Errors: kind not_found, authorization, credential, connection and timeout (retryable), invalid_args,
 too_large or object_store.
 """
 

@@ -47,9 +47,9 @@ Credentials (a mapping; never logged, never in an error message):
          (`type: service_account`); with an emulator endpoint and no service account the
          client is anonymous; none: Application Default Credentials.
 
-Errors: ObjectStoreError with `kind` (a ToolErrorKind: not_found, authorization, connection
-(retryable), invalid_args, too_large, object_store) and `retryable`; its message names the
-location, never a secret.
+Errors: ObjectStoreError with `kind` (a ToolErrorKind: not_found, authorization, credential,
+connection and timeout (retryable), invalid_args, too_large, object_store) and `retryable`; its
+message names the location, never a secret.
 """
 
 from __future__ import annotations
@@ -368,7 +368,7 @@ class _S3Store(_Store):
 
 @contextlib.contextmanager
 def _s3_errors(loc: Location) -> Iterator[None]:
-    from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, NoCredentialsError
+    from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, NoCredentialsError, ReadTimeoutError
 
     try:
         yield
@@ -386,6 +386,8 @@ def _s3_errors(loc: Location) -> Iterator[None]:
         raise ObjectStoreError(f"{loc.uri}: no S3 credentials (give `auth:`)", ToolErrorKind.CREDENTIAL) from None
     except ConnectionError as exc:
         raise ObjectStoreError(f"{loc.uri}: {type(exc).__name__}: {exc}", ToolErrorKind.CONNECTION, True) from None
+    except ReadTimeoutError as exc:
+        raise ObjectStoreError(f"{loc.uri}: no answer in time: {exc}", ToolErrorKind.TIMEOUT, True) from None
     except BotoCoreError as exc:
         raise ObjectStoreError(f"{loc.uri}: {type(exc).__name__}: {exc}") from None
 
@@ -408,6 +410,8 @@ class _GcsStore(_Store):
         elif endpoint:
             creds = AnonymousCredentials()
         self.timeout = float(options.get("timeout") or CLIENT_TIMEOUT)
+        # the client's retries stop after two timeouts' worth of time, not its default two minutes
+        self.retry = storage.retry.DEFAULT_RETRY.with_timeout(2 * self.timeout)
         with _gcs_errors(Location("gs", "-", "")):
             self.client = storage.Client(project=str(project), credentials=creds, client_options=client_options)
 
@@ -417,8 +421,8 @@ class _GcsStore(_Store):
     def open_read(self, loc: Location) -> IO[bytes]:
         blob = self._blob(loc)
         with _gcs_errors(loc):
-            blob.reload(timeout=self.timeout)  # not found is raised here, not at the first read
-            stream = blob.open("rb", chunk_size=READ_CHUNK_BYTES, timeout=self.timeout)
+            blob.reload(timeout=self.timeout, retry=self.retry)  # not found is raised here, not at the first read
+            stream = blob.open("rb", chunk_size=READ_CHUNK_BYTES, timeout=self.timeout, retry=self.retry)
         return io.BufferedReader(_ChunkReader(_guarded(stream.read, loc), stream.close, loc.uri), READ_CHUNK_BYTES)
 
     def upload(self, loc: Location, stream: IO[bytes], content_type: str | None, metadata: Meta = None) -> None:
@@ -426,18 +430,20 @@ class _GcsStore(_Store):
         if metadata:
             blob.metadata = {str(k): str(v) for k, v in metadata.items()}
         with _gcs_errors(loc):
-            blob.upload_from_file(stream, content_type=content_type, timeout=self.timeout)
+            blob.upload_from_file(stream, content_type=content_type, timeout=self.timeout, retry=self.retry)
 
     def stat(self, loc: Location) -> ObjectInfo:
         blob = self._blob(loc)
         with _gcs_errors(loc):
-            blob.reload(timeout=self.timeout)
+            blob.reload(timeout=self.timeout, retry=self.retry)
         return _blob_info(loc.bucket or "", blob)
 
     def list(self, loc: Location, limit: int) -> tuple[list[ObjectInfo], bool]:
         found: list[ObjectInfo] = []
         with _gcs_errors(loc):
-            for blob in self.client.list_blobs(loc.bucket, prefix=loc.key or None, timeout=self.timeout):
+            for blob in self.client.list_blobs(
+                loc.bucket, prefix=loc.key or None, timeout=self.timeout, retry=self.retry
+            ):
                 if len(found) == limit:
                     return found, True
                 found.append(_blob_info(loc.bucket or "", blob))
@@ -446,7 +452,7 @@ class _GcsStore(_Store):
     def delete(self, loc: Location) -> bool:
         try:
             with _gcs_errors(loc):
-                self._blob(loc).delete(timeout=self.timeout)
+                self._blob(loc).delete(timeout=self.timeout, retry=self.retry)
         except ObjectNotFound:
             return False
         return True
@@ -501,6 +507,10 @@ def _gcs_errors(loc: Location) -> Iterator[None]:
 
     try:
         yield
+    except gexc.RetryError as exc:
+        raise ObjectStoreError(
+            f"{loc.uri}: no answer in time: {exc.cause or exc}", ToolErrorKind.TIMEOUT, True
+        ) from None
     except gexc.NotFound as exc:
         raise ObjectNotFound(f"{loc.uri}: not found ({exc.code})") from None
     except (gexc.Forbidden, gexc.Unauthorized) as exc:
@@ -514,7 +524,9 @@ def _gcs_errors(loc: Location) -> Iterator[None]:
         raise ObjectStoreError(f"{loc.uri}: {exc.code}: {exc.message}", retryable=True) from None
     except gexc.GoogleAPICallError as exc:
         raise ObjectStoreError(f"{loc.uri}: {exc.code}: {exc.message}") from None
-    except (rexc.ConnectionError, rexc.Timeout) as exc:
+    except rexc.Timeout as exc:
+        raise ObjectStoreError(f"{loc.uri}: no answer in time: {exc}", ToolErrorKind.TIMEOUT, True) from None
+    except rexc.ConnectionError as exc:
         raise ObjectStoreError(f"{loc.uri}: {type(exc).__name__}: {exc}", ToolErrorKind.CONNECTION, True) from None
 
 
