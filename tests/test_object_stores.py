@@ -182,6 +182,8 @@ def test_artifacts_on_a_local_folder(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert tool("artifact", uri=plain.data["uri"]).data["data"] == "just text"
     missing = tool("artifact", uri="artifact://nope.json")
     assert missing.error["kind"] == "not_found"
+    empty = tool("artifact", action="get", input={"result_ref": ""})  # NoETL's {{ start._ref }}, rendered
+    assert empty.error["kind"] == "invalid_args" and "read a step's result as {{ step_name }}" in empty.error["message"]
     refused = tool("artifact", input={"result_ref": "noetl://execution/1/result/start/1"})
     assert refused.error["kind"] == "invalid_args" and "NoETL's own result store" in refused.error["message"]
 

@@ -87,6 +87,11 @@ def _result_ref(cfg: dict[str, Any]) -> Any:
     return None
 
 
+def _names_empty_ref(cfg: dict[str, Any]) -> bool:
+    holders = (cfg, cfg.get("input"), cfg.get("args"))
+    return any(isinstance(h, dict) and "result_ref" in h and not h["result_ref"] for h in holders)
+
+
 def _ref_uri(ref: Any) -> str:
     if isinstance(ref, str):
         return ref
@@ -132,6 +137,12 @@ def put(call: ToolCall) -> dict[str, Any]:
 
 def get(call: ToolCall) -> dict[str, Any]:
     ref = _result_ref(call.config)
+    if ref is None and _names_empty_ref(call.config):
+        raise _Refused(
+            "artifact get: result_ref rendered empty (NoETL's {{ step._ref }} names a result in NoETL's own "
+            "result store, which this engine does not have); read a step's result as {{ step_name }}, or give "
+            "the `uri` an artifact put returned"
+        )
     if ref is None:
         raise _Refused("artifact get needs `uri` or `result_ref`")
     uri = _ref_uri(ref)
