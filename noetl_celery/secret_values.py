@@ -41,6 +41,14 @@ SECRET_KEYS = frozenset(
         "authorization",
         "nats_password",
         "nats_token",
+        "aws_access_key_id",  # S3 (tools/object_store.py reads these spellings); the key id too
+        "access_key_id",
+        "aws_secret_access_key",
+        "secret_access_key",
+        "secret_key",
+        "aws_session_token",
+        "session_token",
+        "service_account_json",  # GCS: the whole key file, when given as JSON text
     }
 )
 # keys whose value is a URL (or a list of URLs: NATS `servers`) that may carry a password

@@ -54,6 +54,7 @@ CREDENTIALS_FILE_ENV = "NOETL_CREDENTIALS_FILE"  # JSON/YAML file: credential na
 POSTGRES_DSN_ENV = "NOETL_POSTGRES_DSN"  # the postgres tool's connection when a task names no auth
 DUCKDB_DIR_ENV = "NOETL_DUCKDB_DIR"  # where the duckdb tool keeps its database files
 DEFAULT_DUCKDB_DIR = Path(tempfile.gettempdir()) / "noetl-duckdb"
+ARTIFACT_DIR_ENV = "NOETL_ARTIFACT_DIR"  # the folder a relative artifact location is under (tools/artifact.py)
 PLAYBOOK_PATH_ENV = "NOETL_PLAYBOOK_PATH"  # folders (os.pathsep-separated) searched for sub-playbooks
 CORPUS_DIR_ENV = "NOETL_CORPUS_DIR"  # NoETL playbooks the conformance tests compile and run
 DEFAULT_CORPUS_DIR = "../shared/noetl-corpus"  # relative to the source tree's root
@@ -136,6 +137,7 @@ class Settings:
     consumer_timeout: int = DEFAULT_CONSUMER_TIMEOUT  # RabbitMQ only: the server's consumer_timeout
     corpus_dir: Path = Path(DEFAULT_CORPUS_DIR)
     duckdb_dir: Path = DEFAULT_DUCKDB_DIR
+    artifact_dir: Path | None = None  # None: the worker's current folder
     playbook_path: tuple[Path, ...] = ()
     credentials_file: Path | None = None
     postgres_dsn: str | None = field(default=None, repr=False)
@@ -231,6 +233,7 @@ class Settings:
             STORED_CACHE_BYTES_ENV: f"{self.stored_cache_bytes} bytes",
             STRICT_TEMPLATES_ENV: "on" if self.strict_templates else "off (NoETL's lenient rendering)",
             DUCKDB_DIR_ENV: str(self.duckdb_dir),
+            ARTIFACT_DIR_ENV: str(self.artifact_dir) if self.artifact_dir else "(the current folder)",
             PLAYBOOK_PATH_ENV: os.pathsep.join(str(p) for p in self.playbook_path) or "(none)",
             CORPUS_DIR_ENV: str(self.corpus_dir),
             CREDENTIALS_FILE_ENV: str(self.credentials_file) if self.credentials_file else "(none)",
@@ -306,6 +309,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             consumer_timeout=consumer_timeout,
             corpus_dir=_corpus_dir(env),
             duckdb_dir=Path(env.get(DUCKDB_DIR_ENV) or DEFAULT_DUCKDB_DIR),
+            artifact_dir=Path(env[ARTIFACT_DIR_ENV]).expanduser() if env.get(ARTIFACT_DIR_ENV) else None,
             playbook_path=tuple(Path(e.strip()) for e in env.get(PLAYBOOK_PATH_ENV, "").split(os.pathsep) if e.strip()),
             credentials_file=Path(env[CREDENTIALS_FILE_ENV]).expanduser() if env.get(CREDENTIALS_FILE_ENV) else None,
             postgres_dsn=env.get(POSTGRES_DSN_ENV) or None,

@@ -111,6 +111,8 @@ class ToolErrorKind:
     SCRIPT: Final = "script"  # the script's source could not be read
     EXTENSION: Final = "extension"  # a DuckDB extension could not be loaded
     NATS_ERROR: Final = "nats_error"  # any other refusal by a NATS server
+    OBJECT_STORE: Final = "object_store"  # any other refusal by S3, GCS or the local file system
+    TOO_LARGE: Final = "too_large"  # an object is larger than a result may be (never cut)
     CURSOR: Final = ErrorKind.CURSOR  # a cursor claim failed
     SINK: Final = "sink"  # the task's sink failed after the call succeeded
     REQUEST_ERROR: Final = "request_error"  # an HTTP request failed otherwise

@@ -248,13 +248,23 @@ def test_python_script_over_http(script_server: str) -> None:
     assert missing.error is not None and missing.error["message"].endswith("cannot be fetched: HTTP 404")
 
 
-@pytest.mark.parametrize("source, name", [("gcs", "Google Cloud Storage"), ("s3", "Amazon S3")])
+@pytest.mark.parametrize("source, module, extra", [("gcs", "google.cloud.storage", "gcs"), ("s3", "boto3", "s3")])
 @pytest.mark.parametrize("kind", ["python", "postgres"])
-def test_object_store_script_sources_are_refused_at_validate(kind: str, source: str, name: str) -> None:
-    found = problems(one_step(f"kind: {kind}\nscript:\n  uri: {source}://bucket/x\n  source:\n    type: {source}\n"))
+def test_object_store_script_sources_validate_and_name_their_extra_when_missing(
+    kind: str, source: str, module: str, extra: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from noetl_celery.tools import base
+
+    text = one_step(f"kind: {kind}\nscript:\n  uri: {source}://bucket/x\n  source:\n    type: {source}\n")
+    assert compile_text(text).steps["start"].tasks[0].config["script"]["source"]["type"] == source
+    by_bucket = one_step(f"kind: {kind}\nscript:\n  path: x.sql\n  source:\n    type: {source}\n    bucket: b\n")
+    assert compile_text(by_bucket).steps["start"].tasks[0].config["script"]["path"] == "x.sql"
+    monkeypatch.setattr(base, "module_installed", lambda name: name != module)
+    found = problems(text)
     assert len(found) == 1
     assert (found[0].line, found[0].path) == (9, "workflow[0](start).tool.script.source.type")
-    assert found[0].message.startswith(f"script source type '{source}' ({name}) cannot be read here")
+    assert found[0].message.startswith(f"script source type '{source}': ")
+    assert f"pip install 'noetl_celery[{extra}]'" in found[0].message
 
 
 # ------------------------------------------------------------------ http verify_ssl, tags

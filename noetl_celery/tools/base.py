@@ -132,6 +132,8 @@ _BUILTIN_MODULES = (
     "noetl_celery.tools.secrets",
     "noetl_celery.tools.playbook",
     "noetl_celery.tools.transfer",
+    "noetl_celery.tools.buckets",
+    "noetl_celery.tools.artifact",
 )
 
 _REGISTRY: dict[str, ToolSpec] = {}

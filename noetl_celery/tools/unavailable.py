@@ -9,9 +9,7 @@ from __future__ import annotations
 
 UNAVAILABLE_KINDS: dict[str, str] = {
     "snowflake": "it needs a Snowflake account and its connector, which this engine does not ship",
-    "gcs": "Google Cloud Storage needs cloud credentials and a client this engine does not ship",
     "gke": "it drives Google Kubernetes Engine, which this engine does not manage",
     "container": "running containers needs a container runtime, which workers do not control",
-    "artifact": "artifacts live in NoETL's artifact store, which this engine does not have",
     "shell": "running shell commands on workers is not allowed; use the python tool",
 }
