@@ -111,6 +111,9 @@ class ToolErrorKind:
     SCRIPT: Final = "script"  # the script's source could not be read
     EXTENSION: Final = "extension"  # a DuckDB extension could not be loaded
     NATS_ERROR: Final = "nats_error"  # any other refusal by a NATS server
+    SHELL: Final = "shell"  # a shell command exited non-zero (its output in the error's data)
+    CANCELLED: Final = ErrorKind.CANCELLED  # the execution was cancelled while the call ran (shell)
+    DISABLED: Final = "disabled"  # the task's tool kind is turned off on this deployment
     CURSOR: Final = ErrorKind.CURSOR  # a cursor claim failed
     SINK: Final = "sink"  # the task's sink failed after the call succeeded
     REQUEST_ERROR: Final = "request_error"  # an HTTP request failed otherwise
