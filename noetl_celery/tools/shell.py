@@ -57,11 +57,10 @@ PASSED_VARIABLES = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR"
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CREDENTIAL_PREFIX = "AUTH_"
 # Started as the session leader: puts a guard in the background (it kills the whole group when the
-# pipe on fd $1 reaches its end: the worker died), then becomes the program's shell.
-GUARD_WRAPPER = (
-    'fd=$1; shift; { read -r _ <&"$fd"; kill -9 0; } </dev/null >/dev/null 2>&1 & '
-    'eval "exec $fd<&-"; exec "$@"'
-)
+# pipe on fd $1 reaches its end: the worker died), then becomes the program's shell. (The pipe's
+# read end stays open in the program too: only its write end, held by the worker, decides.)
+GUARD_WRAPPER = 'fd=$1; shift; { read -r _ < "/dev/fd/$fd"; kill -9 0; } </dev/null >/dev/null 2>&1 & exec "$@"'
+
 
 
 class ShellSettings(ToolSettings):
