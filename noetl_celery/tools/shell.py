@@ -159,7 +159,7 @@ def _env_text(value: Any) -> str:
 
 
 def _timeout(call: ToolCall) -> float:
-    for value in (call.config.get("timeout_seconds"), call.timeout):
+    for value in (call.config.get("timeout_seconds"), call.config.get("timeout"), call.timeout):
         try:
             if value is not None and float(value) > 0:
                 return float(value)
