@@ -91,7 +91,7 @@ def test_bad_input_is_named() -> None:
         "shell tool needs one of: cmd, cmds, command, script",
         "unknown key 'shell_name' for the shell tool; did you mean 'shell'?",
     ]
-    found = problems(one_step("kind: shell\ncmd: true\nenv: [A]\n"))
+    found = problems(one_step("kind: shell\ncmd: echo\nenv: [A]\n"))
     assert [p.message for p in found] == ["must be a mapping, not a list"]
 
 
