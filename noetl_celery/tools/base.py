@@ -132,6 +132,7 @@ _BUILTIN_MODULES = (
     "noetl_celery.tools.secrets",
     "noetl_celery.tools.playbook",
     "noetl_celery.tools.shell",
+    "noetl_celery.tools.snowflake",
 )
 
 _REGISTRY: dict[str, ToolSpec] = {}
