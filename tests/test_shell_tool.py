@@ -71,7 +71,10 @@ def test_a_non_zero_exit_fails_with_kind_shell_and_stops_the_rest() -> None:
     outcome = run({"cmds": ["echo partial; echo boom >&2; exit 4", "echo never"]})
     assert outcome.status == "error" and outcome.error is not None
     assert outcome.error["kind"] == "shell" and outcome.error["returncode"] == 4
-    assert outcome.error["message"] == "shell: command exited with returncode=4: echo partial; echo boom >&2; exit 4 (boom)"
+    assert (
+        outcome.error["message"]
+        == "shell: command exited with returncode=4: echo partial; echo boom >&2; exit 4 (boom)"
+    )
     assert outcome.data["returncode"] == 4 and outcome.data["stdout"] == "partial\n"
     assert len(outcome.data["commands"]) == 1
 
@@ -115,7 +118,9 @@ def test_the_program_sees_only_safe_worker_variables_env_and_the_credential(monk
     assert seen["AUTH_USER"] == "svc" and seen["AUTH_PASSWORD"] == "pw-1234" and "AUTH_NESTED" not in seen
     assert "PATH" in seen
     assert not [name for name in seen if name.startswith("NOETL_") or name == "SOME_WORKER_SETTING"]
-    assert run({"cmd": 'echo "$AUTH_DSN"'}, credential="postgresql://a:b@h/d").data["stdout"] == "postgresql://a:b@h/d\n"
+    assert (
+        run({"cmd": 'echo "$AUTH_DSN"'}, credential="postgresql://a:b@h/d").data["stdout"] == "postgresql://a:b@h/d\n"
+    )
 
 
 def test_a_credential_printed_by_the_program_is_masked_in_the_outcome(tmp_path: Path) -> None:
@@ -167,7 +172,9 @@ def test_a_cancelled_execution_stops_the_program_and_its_group(monkeypatch: pyte
     assert group_members(leader_of(outcome)) == []
 
 
-def test_an_interrupted_attempt_kills_the_group_before_it_unwinds(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_an_interrupted_attempt_kills_the_group_before_it_unwinds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Celery's soft time limit (or the pool ending the process) raises inside the tool: the group
     is killed on the way out, and the limit is reported as the attempt's timeout."""
     monkeypatch.setattr(shell, "CANCEL_POLL", 0.1)

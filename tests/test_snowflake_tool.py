@@ -37,7 +37,14 @@ def fakesnow_server(tmp_path_factory) -> Iterator[dict]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "fakesnow", "-s", "--host", "127.0.0.1", "-p", str(port)], stdout=out, stderr=out
         )
-    credential = {"account": "acct", "user": "svc", "password": PASSWORD, "host": "127.0.0.1", "port": port, "protocol": "http"}
+    credential = {
+        "account": "acct",
+        "user": "svc",
+        "password": PASSWORD,
+        "host": "127.0.0.1",
+        "port": port,
+        "protocol": "http",
+    }
     try:
         deadline = time.monotonic() + 30
         while "Uvicorn running" not in log.read_text() and time.monotonic() < deadline:
@@ -62,11 +69,26 @@ def test_statements_run_in_order_with_noetls_result_shape(fakesnow_server) -> No
     assert outcome.status == "ok", outcome.error
     assert sorted(outcome.data) == [f"statement_{i}" for i in range(5)]
     last = outcome.data["statement_4"]
-    assert last == {"status": "success", "row_count": 2, "result": [{"ID": 1}, {"ID": 2}], "columns": ["ID"], "query": "select id from unit.s.t order by id"}
+    assert last == {
+        "status": "success",
+        "row_count": 2,
+        "result": [{"ID": 1}, {"ID": 2}],
+        "columns": ["ID"],
+        "query": "select id from unit.s.t order by id",
+    }
 
 
 def test_a_failed_statement_fails_with_sql_error_and_the_rest_still_run(fakesnow_server) -> None:
-    outcome = run({"commands": ["create database if not exists unit", "select * from unit.public.no_such_table", "select 7 as x"]}, fakesnow_server)
+    outcome = run(
+        {
+            "commands": [
+                "create database if not exists unit",
+                "select * from unit.public.no_such_table",
+                "select 7 as x",
+            ]
+        },
+        fakesnow_server,
+    )
     assert outcome.error is not None and outcome.error["kind"] == "sql_error" and outcome.error["code"] == "42S02"
     assert outcome.error["message"].startswith("snowflake: statement_1 failed: 002003 (42S02)")
     assert outcome.data["statement_1"]["status"] == "error"
@@ -74,8 +96,12 @@ def test_a_failed_statement_fails_with_sql_error_and_the_rest_still_run(fakesnow
 
 
 def test_bad_input_is_named(fakesnow_server) -> None:
-    assert run({"command_b64": "%%%"}, fakesnow_server).error["message"].startswith(  # type: ignore[index]
-        "snowflake: command_b64 is not base64 of UTF-8 text"
+    assert (
+        run({"command_b64": "%%%"}, fakesnow_server)
+        .error["message"]
+        .startswith(  # type: ignore[index]
+            "snowflake: command_b64 is not base64 of UTF-8 text"
+        )
     )
     no_user = {k: v for k, v in fakesnow_server.items() if k != "user"}
     assert run({"command": "select 1"}, no_user).error["message"] == (  # type: ignore[index]

@@ -31,6 +31,7 @@ What it decides:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -60,7 +61,6 @@ CREDENTIAL_PREFIX = "AUTH_"
 # pipe on fd $1 reaches its end: the worker died), then becomes the program's shell. (The pipe's
 # read end stays open in the program too: only its write end, held by the worker, decides.)
 GUARD_WRAPPER = 'fd=$1; shift; { read -r _ < "/dev/fd/$fd"; kill -9 0; } </dev/null >/dev/null 2>&1 & exec "$@"'
-
 
 
 class ShellSettings(ToolSettings):
@@ -172,12 +172,11 @@ def _read(pipe: Any, stream: Stream) -> None:
     """Read `pipe` to its end into `stream` (bounded)."""
     fd = pipe.fileno()
     try:
-        while chunk := os.read(fd, READ_CHUNK):
-            room = OUTPUT_LIMIT - len(stream.kept)
-            stream.kept += chunk[: max(room, 0)]
-            stream.dropped += max(len(chunk) - max(room, 0), 0)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            while chunk := os.read(fd, READ_CHUNK):
+                room = max(OUTPUT_LIMIT - len(stream.kept), 0)
+                stream.kept += chunk[:room]
+                stream.dropped += max(len(chunk) - room, 0)
     finally:
         pipe.close()
 
@@ -280,15 +279,10 @@ def run_program(
 
 
 def _feed(pipe: Any, data: bytes) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the program did not read it all
         pipe.write(data)
-    except OSError:  # the program did not read it all
-        pass
-    finally:
-        try:
-            pipe.close()
-        except OSError:
-            pass
+    with contextlib.suppress(OSError):
+        pipe.close()
 
 
 def _wait(leader: subprocess.Popen[bytes], deadline: float, cancelled: Callable[[], bool] | None) -> None:

@@ -13,10 +13,7 @@ UNAVAILABLE_KINDS: dict[str, str] = {
         "it starts a container image as a Kubernetes job and a worker has no container runtime; "
         "run the program with the shell tool, or call it as a service with the http tool"
     ),
-    "rhai": (
-        "it runs Rhai scripts, for which a Python worker has no runtime; "
-        "write the logic with the python tool"
-    ),
+    "rhai": ("it runs Rhai scripts, for which a Python worker has no runtime; write the logic with the python tool"),
     "agent": (
         "it runs NoETL's AI agent framework executors, which this engine does not ship; "
         "call the model's API with the http tool, or the agent's library from the python tool"
@@ -46,7 +43,6 @@ UNAVAILABLE_KINDS: dict[str, str] = {
         "write the file from the python or shell tool and pass its path"
     ),
     "ducklake": (
-        "DuckLake catalogs need DuckDB's ducklake extension, which this installation does not have; "
-        "use the duckdb tool"
+        "DuckLake catalogs need DuckDB's ducklake extension, which this installation does not have; use the duckdb tool"
     ),
 }

@@ -38,6 +38,9 @@ def test_a_non_zero_exit_fails_the_step_with_kind_shell(engine):
     assert len(failed) == 1, failed
     error = failed[0]["error"]
     assert error["kind"] == "shell" and error["returncode"] == 3
-    assert error["message"] == 'shell: command exited with returncode=3: echo "about to fail"; echo "disk full" >&2; exit 3 (disk full)'
+    assert (
+        error["message"]
+        == 'shell: command exited with returncode=3: echo "about to fail"; echo "disk full" >&2; exit 3 (disk full)'
+    )
     data = failed[0]["result"] if "result" in failed[0] else failed[0].get("data")
     assert data["returncode"] == 3 and data["stdout"] == "about to fail\n" and len(data["commands"]) == 1
