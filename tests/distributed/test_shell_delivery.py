@@ -11,7 +11,7 @@ from pathlib import Path
 from noetl_celery.runner import wait
 from tests.distributed.test_durability import rows
 from tests.support.engines import cli, submit
-from tests.support.workers import group_members
+from tests.support.workers import group_members, process_alive
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"
 
@@ -38,24 +38,25 @@ def test_a_timed_out_shell_step_leaves_no_process(env, store_url, worker_factory
     worker_factory(env=env, concurrency=1, name="shell-timeout@%h")
     pidfile = tmp_path / "pid"
     execution_id = submit(env, PLAYBOOKS / "shell_sleeps.yaml", pidfile=str(pidfile), seconds=2)
-    [pgid] = wait_for_lines(pidfile, 1)
-    assert len(group_members(int(pgid))) >= 2  # the program and its background child
+    pgid, child = wait_for_lines(pidfile, 2)  # written once its background child was started
     status = wait(store_url, execution_id, timeout=60)
     assert status["status"] == "failed" and status["error"]["kind"] == "timeout", status
     assert wait_gone(int(pgid)) == []
+    assert not process_alive(int(child))
 
 
 def test_a_cancelled_execution_stops_its_running_shell_step(env, store_url, worker_factory, tmp_path):
     worker_factory(env=env, concurrency=1, name="shell-cancel@%h")
     pidfile = tmp_path / "pid"
     execution_id = submit(env, PLAYBOOKS / "shell_sleeps.yaml", pidfile=str(pidfile), seconds=120)
-    [pgid] = wait_for_lines(pidfile, 1)
-    assert len(group_members(int(pgid))) >= 2
+    pgid, child = wait_for_lines(pidfile, 2)
+    assert len(group_members(int(pgid))) >= 2  # the program and its background child (it may run 120 s)
     proc = cli(["cancel", str(execution_id), "--reason", "operator stop"], env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cancelled_at = time.monotonic()
     assert wait_gone(int(pgid)) == []  # within a poll of the execution's status and the kill grace
     assert time.monotonic() - cancelled_at < 10
+    assert not process_alive(int(child))
     deadline = time.monotonic() + 20
     while not (failed := rows(store_url, execution_id, "event_type = 'action.failed'")) and time.monotonic() < deadline:
         time.sleep(0.1)
