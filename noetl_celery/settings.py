@@ -84,6 +84,7 @@ DEFAULT_MAX_STEPS = 100_000
 # the newest message format this deployment writes (engine/messages.py): during a rolling upgrade,
 # the newest the release being replaced reads, so that its workers refuse nothing
 MESSAGE_FORMAT_ENV = "NOETL_MESSAGE_FORMAT"
+DISABLED_TOOLS_ENV = "NOETL_DISABLED_TOOLS"  # tool kinds an operator turns off (comma-separated: shell,python)
 NEWEST_MESSAGE_FORMAT = 3  # engine/messages.py READ_VERSION (a test holds them equal)
 LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limit`)
     MAX_RESULT_BYTES_ENV: DEFAULT_MAX_RESULT_BYTES,
@@ -170,6 +171,7 @@ class Settings:
     pg_prepare: str = DEFAULT_PG_PREPARE  # NOETL_PG_PREPARE (store/prepared.py), read when an engine is made
     # the sweeper deletes the history of finished executions older than this (None: never; `prune`)
     prune_older_than: timedelta | None = None
+    disabled_tools: frozenset[str] = frozenset()  # NOETL_DISABLED_TOOLS, read again at each use
 
     @property
     def amqp_broker(self) -> bool:
@@ -238,6 +240,7 @@ class Settings:
             CORPUS_DIR_ENV: str(self.corpus_dir),
             CREDENTIALS_FILE_ENV: str(self.credentials_file) if self.credentials_file else "(none)",
             POSTGRES_DSN_ENV: MASK if self.postgres_dsn else "(none)",
+            DISABLED_TOOLS_ENV: ",".join(sorted(self.disabled_tools)) or "(none)",
         }
         shown.update({name: MASK for name in sorted(self.auth)})
         return shown
@@ -337,6 +340,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             stored_cache_bytes=int(limit(STORED_CACHE_BYTES_ENV, env)),
             strict_templates=strict_templates(env),
             pg_prepare=pg_prepare(env),
+            disabled_tools=disabled_tools(env),
             prune_older_than=parse_age(env["NOETL_PRUNE_OLDER_THAN"], "NOETL_PRUNE_OLDER_THAN")
             if env.get("NOETL_PRUNE_OLDER_THAN")
             else None,
@@ -362,6 +366,18 @@ def strict_templates(environ: Mapping[str, str] | None = None) -> bool:
     renders them. Read at each use, as the limits are."""
     env = os.environ if environ is None else environ
     return (env.get(STRICT_TEMPLATES_ENV) or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def disabled_tools(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """NOETL_DISABLED_TOOLS: the tool kinds an operator turned off (`shell,python`). Read at each
+    use, as the limits are: validate refuses a playbook naming one, a worker refuses its attempts."""
+    env = os.environ if environ is None else environ
+    return frozenset(kind.strip() for kind in (env.get(DISABLED_TOOLS_ENV) or "").split(",") if kind.strip())
+
+
+def disabled_tool_message(kind: str) -> str:
+    """The one sentence validate and a worker give for a task of a turned-off kind."""
+    return f"tool kind '{kind}' is turned off on this deployment ({DISABLED_TOOLS_ENV})"
 
 
 def pg_prepare(environ: Mapping[str, str] | None = None) -> str:

@@ -113,6 +113,9 @@ class ToolErrorKind:
     NATS_ERROR: Final = "nats_error"  # any other refusal by a NATS server
     OBJECT_STORE: Final = "object_store"  # any other refusal by S3, GCS or the local file system
     TOO_LARGE: Final = "too_large"  # an object is larger than a result may be (never cut)
+    SHELL: Final = "shell"  # a shell command exited non-zero (its output in the error's data)
+    CANCELLED: Final = ErrorKind.CANCELLED  # the execution was cancelled while the call ran (shell)
+    DISABLED: Final = "disabled"  # the task's tool kind is turned off on this deployment
     CURSOR: Final = ErrorKind.CURSOR  # a cursor claim failed
     SINK: Final = "sink"  # the task's sink failed after the call succeeded
     REQUEST_ERROR: Final = "request_error"  # an HTTP request failed otherwise

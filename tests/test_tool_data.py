@@ -235,7 +235,9 @@ def test_secrets_tool_names_a_missing_secret_and_refuses_cloud_providers() -> No
     )
     found = problems(one_step("kind: secrets\nkey: x\nprovider: aws\n"))
     assert len(found) == 1 and found[0].path == "workflow[0](start).tool.provider"
-    assert found[0].message.startswith("secrets provider 'aws' cannot be read: cloud secret managers")
+    assert found[0].message.startswith(
+        "secrets provider 'aws' cannot run here: a cloud secret manager needs a cloud identity"
+    )
 
 
 def test_postgres_credential_in_the_legacy_dialect_and_given_twice(pg_credential: str) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from noetl_celery import settings as noetl_settings
 from noetl_celery.dsl.plan import Condition, Sink
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
 from noetl_celery.errors import Problem
@@ -197,6 +198,9 @@ def tool_spec(ctx: Context, kind: Any, line: int | None, path: str) -> ToolSpec 
     """The registered tool of `kind`, or a problem naming the kinds that exist."""
     if not isinstance(kind, str) or not kind:
         ctx.problem(line, path, f"tool kind must be a non-empty string, not {tool_settings.type_name(kind)}")
+        return None
+    if kind in noetl_settings.disabled_tools():
+        ctx.problem(line, path, noetl_settings.disabled_tool_message(kind))
         return None
     spec = get_tool(kind)
     if spec is None and kind in UNAVAILABLE_KINDS:

@@ -16,8 +16,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 DEFAULT_TIMEOUT = 30.0  # seconds an attempt of a kind not listed below may run
-# seconds; a transfer copies a table in chunks: minutes, not the seconds of one statement
-KIND_TIMEOUTS = {"http": 30.0, "python": 30.0, "postgres": 30.0, "event_log": 10.0, "log": 10.0, "transfer": 300.0}
+# seconds; a transfer copies a table in chunks (minutes, not the seconds of one statement);
+# shell: NoETL's default for a shell call
+KIND_TIMEOUTS = {
+    "http": 30.0,
+    "python": 30.0,
+    "postgres": 30.0,
+    "event_log": 10.0,
+    "log": 10.0,
+    "transfer": 300.0,
+    "shell": 600.0,
+}
 SOFT_LIMIT_GRACE = 1.0  # seconds after the timeout before Celery raises inside the task
 HARD_LIMIT_GRACE = 5.0  # seconds after the soft limit before the pool process is killed
 OUTCOME_MARGIN = 10.0  # seconds after the hard limit for the outcome to be recorded
@@ -29,6 +38,8 @@ PICKUP_SLACK = OUTCOME_MARGIN / 2
 def timeout_of(kind: str, config: dict[str, Any]) -> float:
     """The seconds one attempt of a task may run (a templated `timeout` counts as the default)."""
     raw = config.get("timeout")
+    if raw is None and kind == "shell":
+        raw = config.get("timeout_seconds")  # NoETL's name of the shell tool's timeout
     if isinstance(raw, bool):
         raw = None
     if isinstance(raw, str):

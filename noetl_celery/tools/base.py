@@ -21,7 +21,7 @@ from typing import Any, Literal
 from billiard.exceptions import SoftTimeLimitExceeded  # raised by the worker pool's time limit
 from pydantic import BaseModel
 
-from noetl_celery import limits
+from noetl_celery import limits, settings
 from noetl_celery.jsonable import unstorable
 from noetl_celery.vocabulary import ToolErrorKind
 
@@ -44,6 +44,8 @@ class ToolCall:
     task: str | None = None  # the task's label (the secrets tool reads the secret's name from it)
     source_file: str | None = None  # the playbook file (scripts with a relative `file` source)
     store_key: str | None = None  # names the event store: with execution_id, unique to the execution
+    # True once the execution has ended (cancelled): a long-running tool (shell) polls it and stops
+    cancelled: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -134,6 +136,8 @@ _BUILTIN_MODULES = (
     "noetl_celery.tools.transfer",
     "noetl_celery.tools.buckets",
     "noetl_celery.tools.artifact",
+    "noetl_celery.tools.shell",
+    "noetl_celery.tools.snowflake",
 )
 
 _REGISTRY: dict[str, ToolSpec] = {}
@@ -295,6 +299,8 @@ def refuse_unstorable(kind: str, data: Any) -> Outcome | None:
 
 def run_tool(call: ToolCall) -> Outcome:
     """Run one call; an exception escaping the tool becomes an error Outcome."""
+    if call.kind in settings.disabled_tools():
+        return Outcome.fail(ToolErrorKind.DISABLED, settings.disabled_tool_message(call.kind))
     spec = get_tool(call.kind)
     if spec is None:
         return Outcome.fail(

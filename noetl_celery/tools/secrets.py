@@ -36,10 +36,16 @@ class SecretsSettings(ToolSettings):
     def _readable_provider(cls, value: str | None) -> str | None:
         if value is None or "{{" in value or value in PROVIDERS:
             return value
-        reason = "cloud secret managers are not reachable from here; " if value in REFUSED_PROVIDERS else ""
+        sources = "NOETL_AUTH_<NAME> env vars or NOETL_CREDENTIALS_FILE"
+        if value in REFUSED_PROVIDERS:
+            raise ValueError(
+                f"secrets provider '{value}' cannot run here: a cloud secret manager needs a cloud identity "
+                f"a worker does not have; put the secret in {sources} and use provider "
+                f"{' or '.join(PROVIDERS)}"
+            )
         raise ValueError(
-            f"secrets provider '{value}' cannot be read: {reason}the secrets tool reads the credential "
-            f"sources (NOETL_AUTH_<NAME> env vars, NOETL_CREDENTIALS_FILE); use one of {', '.join(PROVIDERS)}"
+            f"secrets provider '{value}' is unknown: the secrets tool reads {sources}; "
+            f"use one of {', '.join(PROVIDERS)}"
         )
 
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -50,6 +52,8 @@ CALL_OVERRIDES = ("params", "body", "payload", "json", "headers", "args", "data"
 STORE_KEY_LENGTH = 12  # hex characters of the store URL's digest in ToolCall.store_key
 INPUT_META = "input"  # Outcome.meta key of a failed attempt's rendered arguments
 INPUT_VALUE_BYTES = 4096  # JSON bytes kept of each rendered argument of a failed attempt
+
+log = logging.getLogger(__name__)
 
 
 def apply_call(config: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
@@ -129,6 +133,7 @@ def _call(
             task=task,
             source_file=source_file,
             store_key=store_key(store),
+            cancelled=cancel_check(store, execution_id),
         )
     )
     found = set(outcome.meta.pop(SECRET_VALUES_META, None) or ())
@@ -140,6 +145,22 @@ def _call(
     if hidden:
         outcome.meta[HIDDEN_META] = hidden
     return outcome
+
+
+def cancel_check(url: str | None, execution_id: int) -> Callable[[], bool] | None:
+    """What a long-running tool polls to learn that its execution has ended (cancelled, or failed
+    by another branch): True once it no longer runs. A store that cannot be read says False."""
+    if url is None:
+        return None
+
+    def cancelled() -> bool:
+        try:
+            return not still_running(url, execution_id)
+        except Exception as exc:  # the store is out of reach: the tool goes on, its outcome waits for it
+            log.warning("execution %s: cannot read whether it still runs: %s", execution_id, exc)
+            return False
+
+    return cancelled
 
 
 def shown_input(rendered: dict[str, Any], raw: frozenset[str], secrets: set[str]) -> dict[str, Any]:
