@@ -24,8 +24,8 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import tornado.web
-from sqlalchemy import text
 
+from noetl_celery.dashboard import probes
 from noetl_celery.dashboard.server import Base
 from noetl_celery.dsl import nest_dotted
 from noetl_celery.errors import BrokerUnavailable, ConfigurationError, ExecutionNotFound, NoetlError, PlaybookError
@@ -82,6 +82,9 @@ class Api(Base):
                 self.set_header(name, value)
         elif isinstance(exc, tornado.web.HTTPError) and exc.reason:
             body = {"detail": exc.reason}
+        elif probes.outage(exc) is not None:
+            body = {"detail": probes.outage(exc)}
+            self.set_header("Retry-After", "5")
         else:
             body = {"detail": _reason(status_code)}
         self.set_header("Content-Type", "application/json")
@@ -139,7 +142,7 @@ class Api(Base):
                 raise ApiError(404, not_found[0].message, "path") from None
             raise ApiError(400, "invalid playbook", "content", problems=[str(p) for p in exc.problems]) from None
         except (BrokerUnavailable, ConfigurationError) as exc:
-            raise ApiError(503, str(exc).splitlines()[0]) from None
+            raise ApiError(503, str(exc).splitlines()[0], headers={"Retry-After": "5"}) from None
         except NoetlError as exc:  # refused by the engine (says why)
             raise ApiError(409, str(exc).splitlines()[0]) from None
 
@@ -186,12 +189,23 @@ def workload(body: dict[str, Any]) -> dict[str, Any]:
 
 
 class Health(Api):
-    async def get(self) -> None:
-        try:
-            await self.db(lambda conn: conn.execute(text("SELECT 1")))
-        except Exception as exc:
-            raise ApiError(503, f"the event store cannot be read: {type(exc).__name__}") from None
+    """Liveness: the process answers (probes.py says why the store is not asked here)."""
+
+    def get(self) -> None:
         self.answer({"status": "ok", "runs_executions": self.runs})
+
+
+class Ready(Api):
+    """Readiness: 200 when the store is reachable at the schema head and the broker reachable,
+    else 503; the body says which (probes.readiness)."""
+
+    async def get(self) -> None:
+        import asyncio
+
+        body = await asyncio.get_running_loop().run_in_executor(None, probes.readiness, self.noetl)
+        if body["status"] != "ready":
+            self.set_header("Retry-After", "5")
+        self.answer({**body, "runs_executions": self.runs}, 200 if body["status"] == "ready" else 503)
 
 
 class CatalogRegister(Api):
@@ -622,6 +636,8 @@ def routes(common: dict[str, Any], runs: bool) -> list[tuple[str, type, dict[str
         *schedule_routes(api),
         (r"/health", Health, api),
         (r"/api/health", Health, api),
+        (r"/ready", Ready, api),
+        (r"/api/ready", Ready, api),
         (r"/api/openapi\.json", OpenApi, api),
         (r"/api/catalog/register", CatalogRegister, api),
         (r"/api/catalog/list", CatalogList, api),

@@ -123,10 +123,11 @@ def document() -> dict[str, Any]:
             },
         },
         "paths": {
-            "/health": {
+            "/health": {"get": {"summary": "Liveness: the process answers", "responses": {"200": _ok("alive")}}},
+            "/ready": {
                 "get": {
-                    "summary": "The server answers and reads its event store",
-                    "responses": {"200": _ok("healthy"), **_errors(503)},
+                    "summary": "Readiness: the event store answers at the schema head and the broker is reachable",
+                    "responses": {"200": _ok("ready"), "503": _ok("unready: the part that is down")},
                 }
             },
             "/api/openapi.json": {"get": {"summary": "This document", "responses": {"200": _ok("OpenAPI 3.1")}}},

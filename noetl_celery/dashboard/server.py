@@ -32,7 +32,7 @@ import tornado.web
 from markupsafe import Markup
 
 from noetl_celery import settings as noetl_settings
-from noetl_celery.dashboard import actions, layout
+from noetl_celery.dashboard import actions, layout, probes
 from noetl_celery.errors import NoetlError
 from noetl_celery.store import repo, views
 from noetl_celery.store.db import ensure_schema, transaction
@@ -73,6 +73,23 @@ class Base(tornado.web.RequestHandler):
                 return fn(conn, *args, **kwargs)
 
         return await asyncio.get_running_loop().run_in_executor(None, call)
+
+    def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
+        """The store or the broker being unreachable answers 503 with what is down, not 500."""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if status_code == 500 and probes.outage(exc) is not None:
+            status_code = 503
+        super().send_error(status_code, **kwargs)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        down = probes.outage(exc)
+        if down is None:
+            super().write_error(status_code, **kwargs)
+            return
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.set_header("Retry-After", "5")
+        self.finish(f"503 Service Unavailable: {down}\n")
 
     def page(self, template: str, **values: Any) -> None:
         self.set_header("Content-Type", "text/html; charset=utf-8")
