@@ -68,21 +68,21 @@ def test_the_api_reruns_from_a_failed_step_with_the_latest_version(server):
     assert made.status_code == 200, made.text
     assert made.json() | {"execution_id": 0} == {
         "execution_id": 0,
-        "rerun_of": old,
+        "rerun_of": str(old),  # ids are strings in every answer
         "from_step": "total",
         "latest": True,
         "status": "running",
     }
     new_id = made.json()["execution_id"]
     status = server.wait_end(new_id)
-    assert status["status"] == "completed" and status["rerun_of"] == old and status["from_step"] == "total"
+    assert status["status"] == "completed" and status["rerun_of"] == str(old) and status["from_step"] == "total"
     assert status["results"]["total"] == {"sum": 28}
     assert trail.read_text().split() == ["total", "report"]  # start and fetch did not run again
     events = events_of(server, new_id)
     assert {e["step"] for e in events if e["event_type"].startswith("action.")} == {"total", "report"}
     assert [e["step"] for e in events if (e["meta"] or {}).get("seeded_from") == old] == ["start", "fetch"]
     page = server.get(f"/api/executions/{new_id}").json()
-    assert page["rerun"]["rerun_of"] == old and page["rerun"]["plan"] == "catalog"
+    assert page["rerun"]["rerun_of"] == str(old) and page["rerun"]["plan"] == "catalog"
     assert page["steps"]["fetch"]["state"] == "completed" and page["steps"]["fetch"]["runs"] == 0
 
     # the whole playbook again, with the old parameters (trail) and one changed
@@ -170,7 +170,7 @@ def test_a_browser_reruns_the_failed_step_with_the_fixed_version(server, tmp_pat
         driver.quit()
         keep_screenshots(tmp_path, "rerun-form.png", "rerun.png")
     status = server.wait_end(new_id)
-    assert status["status"] == "completed" and status["rerun_of"] == old and status["from_step"] == "total"
+    assert status["status"] == "completed" and status["rerun_of"] == str(old) and status["from_step"] == "total"
     assert status["results"]["total"] == {"sum": 29}  # the fixed version's code, with bonus=4
     assert status["results"]["start"] == {"base": 10} and status["results"]["fetch"] == {"value": 20}
     assert trail.read_text().split() == ["total", "report"]

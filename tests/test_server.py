@@ -177,7 +177,9 @@ def test_health_and_the_openapi_document(server):
         if path.endswith("/(pause|resume)"):
             assert {path.replace("(pause|resume)", one) for one in ("pause", "resume")} <= set(described), path
             continue
-        if path in ("/api/health", "/api/ready", "/api/credentials/(.+)") or not path.startswith(("/api/", "/health")):  # pages
+        if path in ("/api/health", "/api/ready", "/api/credentials/(.+)") or not path.startswith(
+            ("/api/", "/health")
+        ):  # pages
             continue
         for one in ("/api/validate", "/api/compile") if "(validate|compile)" in path else (path,):
             assert one in described, one
@@ -367,6 +369,49 @@ def test_register_list_execute_status_page_and_rerun(server):
     # cancelling an execution that ended: 400 with a message, as NoETL answers
     again = server.post(f"/api/executions/{execution_id}/cancel", {"cascade": False})
     assert again.status_code == 400 and "already completed" in again.json()["message"]
+
+
+JS_CLIENT = """
+const [url, id] = process.argv.slice(2);
+(async () => {
+  for (const path of [`/api/executions/${id}/status`, `/api/executions/${id}`, `/api/executions?limit=5`]) {
+    const body = JSON.parse(await (await fetch(url + path)).text());  // JavaScript's own JSON.parse
+    const got = path.endsWith("limit=5") ? body.executions.find((e) => e.execution_id === id) : body;
+    if (!got || got.execution_id !== id || typeof got.execution_id !== "string") {
+      console.log(`${path}: execution_id ${JSON.stringify(got && got.execution_id)}, expected "${id}"`);
+      process.exit(1);
+    }
+    if (path.endsWith("/status") === false && body.events) {
+      for (const e of body.events) if (typeof e.id !== "string") { console.log(`event id ${e.id}`); process.exit(1); }
+    }
+  }
+  console.log(`read ${id} intact`);
+})();
+"""
+
+
+def test_a_javascript_client_reads_ids_above_2_53_intact(server, tmp_path):
+    """Execution ids are 64-bit: as JSON numbers, JavaScript's JSON.parse would round them
+    (384866602633132179 -> ...160); every answer sends them as strings."""
+    from tests.support.services import ci_mode
+
+    node = shutil.which("node")
+    if node is None:
+        if ci_mode():
+            raise AssertionError("node is missing (.ci/run installs Debian's nodejs)")
+        pytest.skip("node is not installed")
+    started = server.post("/api/submit", {"content": b64(HELLO)})
+    assert started.status_code == 200, started.text
+    execution_id = started.json()["execution_id"]
+    assert isinstance(execution_id, str) and int(execution_id) > 2**53, execution_id
+    server.wait_end(execution_id)
+    script = tmp_path / "client.mjs"
+    script.write_text(JS_CLIENT)
+    done = subprocess.run([node, str(script), server.url, execution_id], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == f"read {execution_id} intact"
+    # and the number form of an id is accepted where an id is asked for
+    assert server.get(f"/api/executions?parent={execution_id}").status_code == 200
 
 
 def test_unknown_execution_and_catalog_path_get_404(server):

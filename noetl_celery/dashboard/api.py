@@ -88,13 +88,13 @@ class Api(Base):
         else:
             body = {"detail": _reason(status_code)}
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(views.mask(body), default=str))
+        self.finish(json.dumps(ids_as_strings(views.mask(body)), default=str))
 
     def answer(self, body: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(views.mask(body), default=str))
+        self.finish(json.dumps(ids_as_strings(views.mask(body)), default=str))
 
     def require_token(self) -> None:
         token = self.noetl.dashboard_token
@@ -145,6 +145,44 @@ class Api(Base):
             raise ApiError(503, str(exc).splitlines()[0], headers={"Retry-After": "5"}) from None
         except NoetlError as exc:  # refused by the engine (says why)
             raise ApiError(409, str(exc).splitlines()[0]) from None
+
+
+# Ids are JSON strings in every answer: execution ids are 64-bit (above 2**53, where JavaScript's
+# numbers lose digits), and NoETL's server declares them as strings. A value is an id by its key;
+# the playbook's own data (workload, results, inputs) keeps its numbers whatever its keys.
+ID_KEYS = frozenset(
+    {"id", "children", "cancelled_executions", "next_after", "next_cursor", "rerun_of", "before", "after"}
+)
+USER_DATA = frozenset({"workload", "results", "result", "ctx", "vars", "context", "input", "element", "args", "plan"})
+
+
+def is_id_key(key: str) -> bool:
+    return key in ID_KEYS or key.endswith(("_id", "_ids"))
+
+
+def ids_as_strings(value: Any, key: str | None = None) -> Any:
+    """`value` with every integer under an id key (or in a list under one) as a decimal string."""
+    if isinstance(value, dict):
+        return {k: v if k in USER_DATA else ids_as_strings(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [ids_as_strings(item, key) for item in value]
+    if key is not None and isinstance(value, int) and not isinstance(value, bool) and is_id_key(key):
+        return str(value)
+    return value
+
+
+def id_value(body: dict[str, Any], name: str) -> int | None:
+    """body[name] as an id: a JSON string of digits (as this server answers them) or a number."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ApiError(
+        400, f"{name}: expected an id (a string of digits, or a whole number), got {json.dumps(value)[:80]}", name
+    )
 
 
 def optional(body: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str, default: Any = None) -> Any:
