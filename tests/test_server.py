@@ -304,13 +304,13 @@ def test_the_projects_own_routes_validate_compile_submit_list_events_resume(serv
     failed = server.wait_end(execution_id)
     assert failed["status"] == "failed" and failed["failed_step"] == "check"
 
-    listed = server.get("/api/executions?status=failed&playbook=api_flaky").json()["executions"]
+    listed = server.get("/api/executions?status=failed&playbook=api_flaky").json()
     assert [e["execution_id"] for e in listed] == [execution_id]
     rows = server.get(f"/api/executions/{execution_id}/events?type=step.completed").json()
     assert [e["step"] for e in rows["events"]] == ["start"]
     first = server.get(f"/api/executions/{execution_id}/events?limit=2").json()
     rest = server.get(f"/api/executions/{execution_id}/events?after={first['next_after']}").json()
-    assert len(first["events"]) == 2 and rest["events"][0]["id"] > first["next_after"]
+    assert len(first["events"]) == 2 and int(rest["events"][0]["id"]) > int(first["next_after"])
     assert server.get("/api/executions/12345/events").status_code == 404
 
     marker.write_text("here")
@@ -352,10 +352,10 @@ def test_register_list_execute_status_page_and_rerun(server):
     page = server.get(f"/api/executions/{execution_id}?page=1&page_size=2").json()
     assert page["status"] == "completed" and page["pagination"]["page_size"] == 2
     assert len(page["events"]) == 2 and page["pagination"]["total"] > 2
-    assert page["events"][0]["id"] > page["events"][1]["id"]  # newest first
+    assert int(page["events"][0]["id"]) > int(page["events"][1]["id"])  # newest first
     assert page["events"][0]["event_type"] == "execution.completed"
     second = server.get(f"/api/executions/{execution_id}?page=2&page_size=2").json()["events"]
-    assert second[0]["id"] < page["events"][1]["id"]
+    assert int(second[0]["id"]) < int(page["events"][1]["id"])
     steps = {e["node_name"] for e in server.get(f"/api/executions/{execution_id}?page_size=100").json()["events"]}
     assert "start" in steps
 
@@ -376,7 +376,7 @@ const [url, id] = process.argv.slice(2);
 (async () => {
   for (const path of [`/api/executions/${id}/status`, `/api/executions/${id}`, `/api/executions?limit=5`]) {
     const body = JSON.parse(await (await fetch(url + path)).text());  // JavaScript's own JSON.parse
-    const got = path.endsWith("limit=5") ? body.executions.find((e) => e.execution_id === id) : body;
+    const got = path.endsWith("limit=5") ? body.find((e) => e.execution_id === id) : body;
     if (!got || got.execution_id !== id || typeof got.execution_id !== "string") {
       console.log(`${path}: execution_id ${JSON.stringify(got && got.execution_id)}, expected "${id}"`);
       process.exit(1);
@@ -412,6 +412,91 @@ def test_a_javascript_client_reads_ids_above_2_53_intact(server, tmp_path):
     assert done.stdout.strip() == f"read {execution_id} intact"
     # and the number form of an id is accepted where an id is asked for
     assert server.get(f"/api/executions?parent={execution_id}").status_code == 200
+
+
+def test_noetls_gui_routes_as_its_source_calls_them(server):
+    """The calls of NoETL's GUI (noetl/gui src/services/api.ts, base URL /api): raw YAML register,
+    catalog list and resource, execute by catalog_id, the execution list (an array) and one
+    execution with NoETL's pagination, dashboard stats, playbook content, validate, stop."""
+    gui_hello = HELLO.replace("api_hello", "gui_hello")
+    registered = server.post("/api/catalog/register", {"content": gui_hello, "resource_type": "Playbook"})
+    assert registered.status_code == 200, registered.text  # raw YAML, as the GUI sends it
+    assert registered.json()["path"] == "tests/gui_hello"
+    entries = server.post("/api/catalog/list", {"resource_type": "Playbook"}, auth=False).json()["entries"]
+    entry = next(e for e in entries if e["path"] == "tests/gui_hello")
+    assert entry["catalog_id"] == "tests/gui_hello" and entry["status"] == "active"
+    assert entry["payload"]["metadata"]["name"] == "gui_hello"
+    resource = server.post("/api/catalog/resource", {"path": "tests/gui_hello", "version": "latest"}, auth=False)
+    assert resource.status_code == 200, resource.text
+    assert resource.json()["content"] == gui_hello and resource.json()["payload"]["workload"]["message"] == "hello"
+    missing = server.post("/api/catalog/resource", {"path": "tests/nope"}, auth=False)
+    assert missing.status_code == 404 and missing.json()["detail"]
+    content = server.get("/api/catalog/playbook/content", params={"playbook_id": entry["catalog_id"]})
+    assert content.json()["content"] == gui_hello
+
+    started = server.post(
+        "/api/execute", {"catalog_id": entry["catalog_id"], "workload": {}, "resource_kind": "playbook"}
+    )
+    assert started.status_code == 200, started.text
+    execution_id = started.json()["execution_id"]
+    assert isinstance(execution_id, str)
+    server.wait_end(execution_id)
+    listed = server.get("/api/executions")
+    assert isinstance(listed.json(), list)
+    row = next(e for e in listed.json() if e["execution_id"] == execution_id)
+    assert row["path"] == "tests/gui_hello" and row["status"] == "completed" and row["progress"] == 100
+    assert row["start_time"] and row["duration_human"]
+    one = server.get(f"/api/executions/{execution_id}", params={"page": 1, "page_size": 2}).json()
+    assert one["pagination"]["total_events"] > 2 and one["pagination"]["has_next"] is True
+    assert one["pagination"]["has_prev"] is False and one["pagination"]["total_pages"] >= 2
+    typed = server.get(f"/api/executions/{execution_id}", params={"event_type": "step.completed"}).json()
+    assert [e["event_type"] for e in typed["events"]] == ["step.completed"]
+    since = int(typed["events"][0]["id"])
+    later = server.get(f"/api/executions/{execution_id}", params={"since_event_id": since}).json()["events"]
+    assert later and all(int(e["id"]) > since for e in later)
+
+    stats = server.get("/api/dashboard/stats").json()
+    assert stats["total_playbooks"] >= 1 and stats["total_executions"] >= 1
+    assert 0 <= stats["success_rate"] <= 100 and stats["recent_executions"][0]["execution_id"]
+    health = server.get("/api/health").json()
+    assert health["status"] == "ok" and health["timestamp"] and health["message"]
+    valid = server.post("/api/catalog/playbooks/validate", {"content": gui_hello}).json()
+    assert valid == {"valid": True, "errors": []}
+    invalid = server.post("/api/catalog/playbooks/validate", {"content": gui_hello.replace("python", "nope")}).json()
+    assert invalid["valid"] is False and invalid["errors"]
+    assert server.get("/api/credentials").json()["items"] == []
+    stopped = server.post(f"/api/executions/{execution_id}/stop")
+    assert stopped.status_code == 400 and "already completed" in stopped.json()["detail"]
+
+
+def test_executions_filtered_by_time_status_playbook_parent_with_cursor_paging(server):
+    ids = []
+    for _ in range(3):
+        started = server.post("/api/submit", {"content": b64(HELLO.replace("api_hello", "api_paged"))})
+        ids.append(started.json()["execution_id"])
+    for execution_id in ids:
+        server.wait_end(execution_id)
+    first = server.get("/api/executions", params={"playbook": "api_paged", "limit": 2})
+    assert [e["execution_id"] for e in first.json()] == ids[::-1][:2]  # newest first
+    cursor = first.headers["X-Next-Cursor"]
+    assert 'rel="next"' in first.headers["Link"] and f"cursor={cursor}" in first.headers["Link"]
+    second = server.get("/api/executions", params={"playbook": "api_paged", "limit": 2, "cursor": cursor})
+    assert [e["execution_id"] for e in second.json()] == [ids[0]] and "X-Next-Cursor" not in second.headers
+    follow = requests.get(server.url + first.headers["Link"].split(">")[0].lstrip("<"), timeout=30)
+    assert follow.json() == second.json()
+    starts = [e["start_time"] for e in first.json()]
+    window = server.get(
+        "/api/executions", params={"playbook": "api_paged", "since": starts[1], "until": starts[0]}
+    ).json()
+    assert [e["execution_id"] for e in window] == [ids[1]]  # since <= start < until
+    future = server.get("/api/executions", params={"since": "2999-01-01T00:00:00Z"}).json()
+    assert future == []
+    assert server.get("/api/executions", params={"status": "completed", "playbook": "api_paged"}).json()
+    assert server.get("/api/executions", params={"status": "failed", "playbook": "api_paged"}).json() == []
+    assert server.get("/api/executions", params={"parent": ids[0]}).json() == []
+    for name, value in (("since", "yesterday"), ("parent", "x1"), ("cursor", "-3")):
+        bad = server.get("/api/executions", params={name: value})
+        assert bad.status_code == 400 and bad.json()["field"] == name, bad.text
 
 
 def test_unknown_execution_and_catalog_path_get_404(server):

@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import tornado.web
 
@@ -200,14 +201,16 @@ def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def playbook_text(body: dict[str, Any]) -> str:
-    """body["content"]: a playbook's YAML text, base64-encoded (as NoETL's client sends it)."""
+    """body["content"]: a playbook's YAML text, base64-encoded (as NoETL's client sends it) or as
+    it is (as NoETL's GUI sends it). Text that is valid base64 of UTF-8 is taken as base64: a
+    playbook's YAML always has a ':' or a space, which base64 has not."""
     content = body.get("content")
     if not isinstance(content, str) or not content.strip():
-        raise ApiError(400, "content: expected the playbook's YAML text, base64-encoded", "content")
+        raise ApiError(400, "content: expected the playbook's YAML text (as it is, or base64-encoded)", "content")
     try:
         return base64.b64decode(content, validate=True).decode("utf-8")
     except (binascii.Error, ValueError):
-        raise ApiError(400, "content: not base64 of UTF-8 text", "content") from None
+        return content
 
 
 def resource_kind(body: dict[str, Any]) -> None:
@@ -230,7 +233,14 @@ class Health(Api):
     """Liveness: the process answers (probes.py says why the store is not asked here)."""
 
     def get(self) -> None:
-        self.answer({"status": "ok", "runs_executions": self.runs})
+        self.answer(
+            {
+                "status": "ok",
+                "message": "noetl-celery server is running",
+                "timestamp": datetime.now(UTC).isoformat(),
+                "runs_executions": self.runs,
+            }
+        )
 
 
 class Ready(Api):
@@ -284,17 +294,10 @@ class CatalogList(Api):
                 "(credentials come from NOETL_AUTH_* on the workers)",
                 "resource_type",
             )
+        from noetl_celery.dashboard.gui_api import catalog_entry
+
         rows = await self.call(runner.catalog_entries, self.noetl.database_url)
-        entries = [
-            {
-                "path": r["path"],
-                "name": r["name"],
-                "kind": PLAYBOOK,
-                "resource_type": PLAYBOOK,
-                "registered_at": _iso(r["registered_at"]),
-            }
-            for r in rows
-        ]
+        entries = [catalog_entry(r) for r in rows]
         self.answer({"resource_type": PLAYBOOK, "entries": entries, "count": len(entries)})
 
 
@@ -305,8 +308,10 @@ class Execute(Api):
         self.require_token()
         body = self.json_body()
         path = body.get("path")
+        if path is None and isinstance(body.get("catalog_id"), str):
+            path = body["catalog_id"]  # NoETL's GUI starts an entry by its catalog_id (its path here)
         if not isinstance(path, str) or not path.strip():
-            raise ApiError(400, "path: expected the catalog path of a registered playbook", "path")
+            raise ApiError(400, "path: expected the catalog path (or catalog_id) of a registered playbook", "path")
         resource_kind(body)
         overrides = workload(body)
         version = optional(body, "version", (int, str), "a version number")
@@ -401,15 +406,21 @@ class ExecutionJson(Api):
         if page_size > MAX_PAGE_SIZE:
             raise ApiError(400, f"page_size: at most {MAX_PAGE_SIZE}, got {page_size}", "page_size")
 
+        since_event_id = self.int_arg("since_event_id")
+        event_type = self.arg("event_type")
+
         def read(conn: Any, eid: int) -> dict[str, Any]:
             data = _execution(conn, eid, False)
-            data["events"] = views.events_numbered_page(conn, eid, page, page_size)
-            data["event_total"] = views.event_counts(conn, eid)
+            data["events"] = views.events_numbered_page(
+                conn, eid, page, page_size, after=since_event_id, event_type=event_type
+            )
+            data["event_total"] = views.events_numbered_total(conn, eid, after=since_event_id, event_type=event_type)
             return data
 
         data = await self.db(read, int(execution_id))
         row = data["execution"]
         total = data["event_total"]
+        pages = (total + page_size - 1) // page_size
         self.answer(
             {
                 "execution_id": row["execution_id"],
@@ -431,7 +442,12 @@ class ExecutionJson(Api):
                     "page": page,
                     "page_size": page_size,
                     "total": total,
-                    "pages": (total + page_size - 1) // page_size,
+                    "pages": pages,
+                    # NoETL's names of the same
+                    "total_events": total,
+                    "total_pages": pages,
+                    "has_next": page < pages,
+                    "has_prev": page > 1,
                 },
             }
         )
@@ -548,19 +564,33 @@ MAX_EVENTS = 10000
 
 
 class Executions(Api):
-    """`noetl-celery executions --json`: ?status=&playbook=&limit=."""
+    """GET /api/executions: NoETL's shape, a JSON array of executions, newest first, filtered by
+    ?status=&playbook=(part of the name)&path=(catalog path)&parent=(id)&since=&until=(ISO 8601
+    start times, since <= start < until)&limit=; the next page is ?cursor=<X-Next-Cursor> (also
+    in the `Link: <...>; rel="next"` header), absent on the last page."""
 
     async def get(self) -> None:
-        from noetl_celery.watch import executions
-
         status = self.arg("status")
         if status is not None and status not in STATUSES:
             raise ApiError(400, f"status: one of {', '.join(STATUSES)}, got {status!r}", "status")
         limit = self.bounded("limit", DEFAULT_LIST, MAX_LIST)
-        rows = await self.call(
-            lambda: executions(self.noetl.database_url, status=status, playbook=self.arg("playbook"), limit=limit)
-        )
-        self.answer({"executions": rows})
+        filters = {
+            "status": status,
+            "playbook": self.arg("playbook"),
+            "path": self.arg("path"),
+            "parent": self.id_arg("parent"),
+            "since": self.time_arg("since"),
+            "until": self.time_arg("until"),
+            "before": self.id_arg("cursor") or self.id_arg("before"),
+        }
+        rows = await self.db(views.list_executions, limit=limit + 1, **filters)  # one more: is there a next page?
+        if len(rows) > limit:
+            cursor = str(rows[limit - 1]["execution_id"])
+            query = {k: v for k, v in self.request.query_arguments.items() if k not in ("cursor", "before")}
+            link = self.request.path + "?" + urlencode({**query, "cursor": cursor}, doseq=True)
+            self.set_header("X-Next-Cursor", cursor)
+            self.set_header("Link", f'<{link}>; rel="next"')
+        self.answer([listed_execution(r) for r in rows[:limit]])
 
     def bounded(self, name: str, default: int, most: int) -> int:
         value = self.int_arg(name)
@@ -569,6 +599,44 @@ class Executions(Api):
         if not 1 <= value <= most:
             raise ApiError(400, f"{name}: from 1 to {most}, got {value}", name)
         return value
+
+    def id_arg(self, name: str) -> int | None:
+        value = self.arg(name)
+        if value is None:
+            return None
+        if not value.isdigit() or len(value) > 19:
+            raise ApiError(400, f"{name}: expected an execution id (digits), got {value[:40]!r}", name)
+        return int(value)
+
+    def time_arg(self, name: str) -> datetime | None:
+        value = self.arg(name)
+        if value is None:
+            return None
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace(" ", "+"))
+        except ValueError:
+            raise ApiError(
+                400, f"{name}: expected an ISO 8601 time (2026-01-31T12:00:00Z), got {value[:40]!r}", name
+            ) from None
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def listed_execution(r: dict[str, Any]) -> dict[str, Any]:
+    """One execution of a list: `noetl-celery executions --json`'s fields and NoETL's (path,
+    version, start_time, end_time, duration_seconds, duration_human, progress 0-100)."""
+    from noetl_celery.watch import _listed
+
+    created, finished = _iso(r["created_at"]), _iso(r["finished_at"])
+    done, total = r["done"], r["total"]
+    progress = 100 if r["status"] == "completed" else (100 * done // total if total else 0)
+    return {
+        **_listed(r),
+        "path": r.get("playbook_path") or r["playbook_name"],
+        "version": "1",
+        **{k: v for k, v in noetl_fields(r["status"], created, finished).items() if k not in ("completed", "failed")},
+        "progress": progress,
+        "child_count": r.get("children", 0),
+    }
 
 
 class Events(Executions):
@@ -667,6 +735,7 @@ class OpenApi(Api):
 
 
 def routes(common: dict[str, Any], runs: bool) -> list[tuple[str, type, dict[str, Any]]]:
+    from noetl_celery.dashboard.gui_api import gui_routes
     from noetl_celery.dashboard.schedules_api import schedule_routes
 
     api = {**common, "runs": runs}
@@ -688,7 +757,8 @@ def routes(common: dict[str, Any], runs: bool) -> list[tuple[str, type, dict[str
         (r"/api/executions/cleanup", Cleanup, api),
         (r"/api/executions/(\d+)/status", Status, api),
         (r"/api/executions/(\d+)/cancel", Cancel, api),
+        (r"/api/executions/(\d+)/stop", Cancel, api),  # NoETL's GUI's stop
         (r"/api/executions/(\d+)/rerun", Rerun, api),
-        (r"/api/credentials", Credentials, api),
+        *gui_routes(api),
         (r"/api/credentials/(.+)", Credentials, api),
     ]

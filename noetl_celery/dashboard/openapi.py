@@ -287,9 +287,59 @@ def document() -> dict[str, Any]:
                 }
             },
             "/api/credentials": {
+                "get": {
+                    "summary": "None are kept here: an empty list (credentials come from NOETL_AUTH_* on the workers)",
+                    "responses": {"200": _ok("{items: []}")},
+                },
                 "post": {
                     "summary": "Not offered: credentials come from NOETL_AUTH_* on the workers",
                     "responses": _errors(501),
+                },
+            },
+            "/api/executions/{execution_id}/stop": {
+                "post": {
+                    "summary": "NoETL's GUI's stop: the same as cancel",
+                    "security": BEARER,
+                    "parameters": [EXECUTION_ID],
+                    "responses": {"200": _ok("cancelled"), **_errors(*WRITE, 404)},
+                }
+            },
+            "/api/dashboard/stats": {
+                "get": {
+                    "summary": "Counts for NoETL's GUI: playbooks, executions, running, success rate, recent executions",
+                    "responses": {"200": _ok("the counts")},
+                }
+            },
+            "/api/catalog/resource": {
+                "post": {
+                    "summary": "One catalog entry with its YAML content and payload (the YAML as an object)",
+                    "requestBody": _body(
+                        _object(
+                            {
+                                "path": {"type": "string"},
+                                "catalog_id": {"type": "string"},
+                                "version": {"type": ["string", "integer"]},
+                            }
+                        )
+                    ),
+                    "responses": {"200": _ok("the entry"), **_errors(400, 404)},
+                }
+            },
+            "/api/catalog/playbook/content": {
+                "get": {
+                    "summary": "A catalog entry's YAML by its catalog id (its path)",
+                    "parameters": [
+                        {"name": "playbook_id", "in": "query", "required": True, "schema": {"type": "string"}}
+                    ],
+                    "responses": {"200": _ok("{content}"), **_errors(400, 404)},
+                }
+            },
+            "/api/catalog/playbooks/validate": {
+                "post": {
+                    "summary": "Validate a playbook's YAML (raw or base64): {valid, errors}",
+                    "security": BEARER,
+                    "requestBody": _body(CONTENT),
+                    "responses": {"200": _ok("{valid, errors}"), **_errors(*WRITE)},
                 }
             },
             **schedule_paths(_ok, _errors, _body, _object, BEARER, WRITE),
