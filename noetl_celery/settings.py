@@ -60,6 +60,8 @@ MAX_RESULT_BYTES_ENV = "NOETL_MAX_RESULT_BYTES"  # a result, error or body store
 DEFAULT_MAX_RESULT_BYTES = 1_000_000  # bytes of JSON per stored result / error / body
 MAX_PLAYBOOK_BYTES_ENV = "NOETL_MAX_PLAYBOOK_BYTES"  # a playbook file
 DEFAULT_MAX_PLAYBOOK_BYTES = 4_000_000  # bytes of playbook text
+API_MAX_BODY_ENV = "NOETL_API_MAX_BODY_BYTES"  # a request body the REST API reads; larger ones get 413
+DEFAULT_API_MAX_BODY_BYTES = 8_000_000  # a playbook's text at its limit, base64-encoded (4/3), with room
 MAX_YAML_NODES_ENV = "NOETL_MAX_YAML_NODES"  # YAML nodes built, aliases counted each time they are used
 DEFAULT_MAX_YAML_NODES = 500_000
 TEMPLATE_TIMEOUT_ENV = "NOETL_TEMPLATE_TIMEOUT"  # one template evaluation
@@ -136,6 +138,7 @@ class Settings:
     flower_url: str | None = None  # Flower's base URL: the dashboard links each attempt to its task page
     dashboard_url: str | None = None  # the dashboard's base URL: Flower's args line links each task to its execution
     dashboard_token: str | None = field(default=None, repr=False)  # enables the dashboard's cancel/resume
+    api_max_body_bytes: int = DEFAULT_API_MAX_BODY_BYTES  # NOETL_API_MAX_BODY_BYTES (dashboard/api.py)
     schedule_grace: float = DEFAULT_SCHEDULE_GRACE  # NOETL_SCHEDULE_GRACE (noetl_celery/schedules.py)
     webhook_url: str | None = field(default=None, repr=False)  # NOETL_WEBHOOK_URL (noetl_celery/webhooks.py)
     # the limits as load() saw them; noetl_celery.limits reads each again (`limit`) when it is used
@@ -277,6 +280,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             flower_url=(env.get("NOETL_FLOWER_URL") or "").rstrip("/") or None,
             dashboard_url=(env.get("NOETL_DASHBOARD_URL") or "").rstrip("/") or None,
             dashboard_token=env.get("NOETL_DASHBOARD_TOKEN") or None,
+            api_max_body_bytes=_int(env, API_MAX_BODY_ENV, DEFAULT_API_MAX_BODY_BYTES),
             schedule_grace=_float(env, "NOETL_SCHEDULE_GRACE", DEFAULT_SCHEDULE_GRACE),
             webhook_url=(env.get("NOETL_WEBHOOK_URL") or "").strip() or None,
             max_result_bytes=int(limit(MAX_RESULT_BYTES_ENV, env)),

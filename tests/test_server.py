@@ -499,6 +499,75 @@ def test_executions_filtered_by_time_status_playbook_parent_with_cursor_paging(s
         assert bad.status_code == 400 and bad.json()["field"] == name, bad.text
 
 
+def raw_exchange(server: Server, head: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """Send a request's head (and `body`) over a socket; the answer's status, headers and body,
+    read as soon as the server sends them."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(head.encode() + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+        head_bytes, _, rest = data.partition(b"\r\n\r\n")
+        lines = head_bytes.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        while len(rest) < int(headers.get("content-length", 0)):
+            rest += sock.recv(65536)
+        return int(lines[0].split()[1]), headers, rest
+
+
+def test_the_token_and_the_size_are_checked_before_the_body_is_read(server):
+    big = 60_000_000  # a 60 MB body announced, never sent: the answer comes before it
+    head = (
+        f"POST /api/catalog/register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {big}\r\n"
+    )
+    status, headers, body = raw_exchange(server, head + "\r\n")
+    assert status == 401 and headers["www-authenticate"].startswith("Bearer"), body
+    assert "Bearer" in json.loads(body)["detail"]
+    status, _, body = raw_exchange(server, head + f"Authorization: Bearer {TOKEN}\r\n\r\n")
+    assert status == 413 and json.loads(body)["field"] == "body", body
+    assert "NOETL_API_MAX_BODY_BYTES" in json.loads(body)["detail"]
+    # a chunked body (no Content-Length) is cut at the limit
+    chunk = b"x" * 1_000_000
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(9)) + b"0\r\n\r\n"
+    status, _, body = raw_exchange(
+        server,
+        f"POST /api/submit HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nAuthorization: Bearer {TOKEN}\r\n\r\n",
+        chunked,
+    )
+    assert status == 413, body
+
+
+def test_every_error_is_json_with_allow_on_405(server):
+    for path in (
+        "/api/nope",
+        "/api/executions/abc",
+        "/nope/at/all",
+        f"/api/executions/{2**64}",
+        f"/executions/{2**64}",
+    ):
+        answer = server.get(path)
+        assert answer.status_code == 404, (path, answer.text[:200])
+        if path.startswith("/api/") or path.startswith("/nope"):
+            assert answer.headers["Content-Type"].startswith("application/json"), path
+            assert answer.json()["detail"], path
+    for method, path, allow in (
+        ("GET", "/api/execute", "POST"),
+        ("DELETE", "/api/executions", "GET"),
+        ("PUT", "/api/schedules", "GET, POST"),
+        ("POST", "/api/executions/1/status", "GET"),
+    ):
+        answer = requests.request(method, server.url + path, headers=AUTH, timeout=30)
+        assert answer.status_code == 405, (method, path, answer.text)
+        assert answer.headers["Allow"] == allow, (method, path)
+        assert answer.json()["detail"].startswith(f"{method} is not allowed"), answer.text
+    weird = requests.request("PROPFIND", server.url + "/api/executions", timeout=30)
+    assert weird.status_code == 405 and weird.headers["Allow"] == "GET" and weird.json()["detail"]
+
+
 def test_unknown_execution_and_catalog_path_get_404(server):
     assert server.get("/api/executions/12345/status").status_code == 404
     assert server.get("/api/executions/12345").status_code == 404

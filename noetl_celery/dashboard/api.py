@@ -60,8 +60,21 @@ def _reason(status: int) -> str:
         return "Error"
 
 
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@tornado.web.stream_request_body
 class Api(Base):
-    """JSON in and out; writes behind the Bearer token."""
+    """JSON in and out; writes behind the Bearer token.
+
+    The body is streamed (tornado.web.stream_request_body): prepare() checks the token of a write
+    and the body's declared size before a byte of it is read, so a request without the token, or
+    with a body over NOETL_API_MAX_BODY_BYTES, costs the server nothing; data_received keeps at
+    most that many bytes of a body sent without Content-Length."""
+
+    # the methods other than reads that need no token (e.g. POST /api/catalog/list, a read)
+    open_methods: frozenset[str] = frozenset()
 
     # set by make_app: whether executions started here run (a broker's workers, or the embedded
     # worker of `noetl-celery server`); a `dashboard` on the embedded default has none
@@ -75,8 +88,47 @@ class Api(Base):
         """No cookie or Basic credentials authorise anything here (see require_token), so a write
         a browser could be made to send is refused anyway: no XSRF token to check."""
 
+    def prepare(self) -> None:
+        super().prepare()
+        self._chunks: list[bytes] = []
+        self._received = 0
+        method = self.request.method or "GET"
+        if method not in READS and method not in self.open_methods and self.implements(method):
+            self.require_token()
+        limit = self.noetl.api_max_body_bytes
+        declared = self.request.headers.get("Content-Length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+            raise ApiError(413, f"body: {int(declared)} bytes, more than NOETL_API_MAX_BODY_BYTES ({limit})", "body")
+        if self.request.connection is not None:
+            # past the limit, data_received answers 413; Tornado itself refuses (400) a chunk announced
+            # beyond this margin before reading it
+            self.request.connection.set_max_body_size(limit + 1_048_576)  # type: ignore[attr-defined]
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._finished:
+            return  # answered 413 already: the rest is dropped, and the connection closed after it
+        self._received += len(chunk)
+        limit = self.noetl.api_max_body_bytes
+        if self._received > limit:
+            error = ApiError(413, f"body: more than NOETL_API_MAX_BODY_BYTES ({limit}) bytes", "body")
+            self.send_error(413, exc_info=(ApiError, error, None))
+            return
+        self._chunks.append(chunk)
+
+    @classmethod
+    def implements(cls, method: str) -> bool:
+        """Whether this handler answers `method` (not Tornado's default 405)."""
+        name = method.lower()
+        return getattr(cls, name, None) is not getattr(tornado.web.RequestHandler, name, None)
+
+    def allowed_methods(self) -> list[str]:
+        return [m for m in HTTP_METHODS if self.implements(m)]
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
+            exc = ApiError(405, f"{self.request.method} is not allowed here: {', '.join(self.allowed_methods())}")
         if isinstance(exc, ApiError):
             body = exc.body
             for name, value in exc.headers.items():
@@ -118,7 +170,7 @@ class Api(Base):
             )
 
     def json_body(self) -> dict[str, Any]:
-        raw = self.request.body
+        raw = b"".join(self._chunks)
         if not raw.strip():
             return {}
         try:
@@ -282,6 +334,8 @@ class CatalogRegister(Api):
 
 
 class CatalogList(Api):
+    open_methods = frozenset({"POST"})  # a read, as NoETL's client sends it
+
     async def post(self) -> None:
         from noetl_celery import runner
 
@@ -725,6 +779,13 @@ class Credentials(Api):
 
     def post(self, *_: str) -> None:
         raise ApiError(501, CREDENTIALS_501)
+
+
+class NotFound(Api):
+    """Every path no route matches: a JSON 404 (Application's default_handler_class)."""
+
+    def prepare(self) -> None:
+        raise ApiError(404, f"no route {self.request.path!r}: see /api/openapi.json")
 
 
 class OpenApi(Api):

@@ -91,6 +91,8 @@ class CatalogResource(Api):
     """POST /api/catalog/resource {path | catalog_id, version}: one entry with its YAML `content`
     and `payload` (the YAML as an object)."""
 
+    open_methods = frozenset({"POST"})  # a read
+
     async def post(self) -> None:
         body = self.json_body()
         path = _catalog_path(body)

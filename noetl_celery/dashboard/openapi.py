@@ -306,7 +306,7 @@ def document() -> dict[str, Any]:
             },
             "/api/dashboard/stats": {
                 "get": {
-                    "summary": "Counts for NoETL's GUI: playbooks, executions, running, success rate, recent executions",
+                    "summary": "Counts for NoETL's GUI: playbooks, executions, running, success rate, recent ones",
                     "responses": {"200": _ok("the counts")},
                 }
             },

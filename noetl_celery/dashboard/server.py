@@ -74,6 +74,12 @@ class Base(tornado.web.RequestHandler):
 
         return await asyncio.get_running_loop().run_in_executor(None, call)
 
+    def prepare(self) -> None:
+        """An id in the path beyond the store's 64-bit ids names nothing: 404, not a database error."""
+        for value in self.path_args:
+            if isinstance(value, str) and value.isdigit() and int(value) > LATEST:
+                raise tornado.web.HTTPError(404, reason=f"no execution {value}")
+
     def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
         """The store or the broker being unreachable answers 503 with what is down, not 500."""
         exc = kwargs.get("exc_info", (None, None, None))[1]
@@ -342,6 +348,8 @@ def make_app(settings: noetl_settings.Settings | None = None, *, runs: bool = Fa
         # (SameSite=Lax) and no script can read it (other ports of this host share its cookies).
         xsrf_cookies=True,
         xsrf_cookie_kwargs={"httponly": True, "samesite": "Lax"},
+        default_handler_class=api.NotFound,
+        default_handler_args={**common, "runs": runs},
     )
 
 
