@@ -568,6 +568,49 @@ def test_every_error_is_json_with_allow_on_405(server):
     assert weird.status_code == 405 and weird.headers["Allow"] == "GET" and weird.json()["detail"]
 
 
+CHATTY = """apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: api_chatty}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = 1"}
+    next:
+      arcs: [{step: talk}]
+  - step: talk
+    tool:
+      kind: python
+      code: |
+        import logging, sys
+        print("to stdout")
+        print("to stderr", file=sys.stderr)
+        logging.getLogger("chatty").warning("a logging line")
+        raise RuntimeError("talked enough")
+"""
+
+
+def test_an_attempts_log_route_gives_what_it_wrote(server):
+    started = server.post("/api/submit", {"content": b64(CHATTY)})
+    execution_id = started.json()["execution_id"]
+    assert server.wait_end(execution_id)["status"] == "failed"
+    attempts = server.get(f"/api/executions/{execution_id}/attempts").json()["attempts"]
+    assert [a["step"] for a in attempts] == ["start", "talk"] and [a["n"] for a in attempts] == [1, 2]
+    assert attempts[1]["status"] == "failed" and attempts[1]["has_output"] is True
+    log = server.get(f"/api/executions/{execution_id}/attempts/2/log").json()
+    assert log["stdout"] == "to stdout\n" and log["stderr"] == "to stderr\n", log
+    assert any("a logging line" in str(line) for line in log["log"]), log["log"]
+    assert "talked enough" in log["error"]["message"] and log["retry"] == 1 and log["step"] == "talk"
+    quiet = server.get(f"/api/executions/{execution_id}/attempts/1/log").json()
+    assert quiet["stdout"] == "" and quiet["log"] == [] and quiet["step"] == "start"
+    for path in (
+        f"/api/executions/{execution_id}/attempts/3/log",
+        f"/api/executions/{execution_id}/attempts/0/log",
+        "/api/executions/12345/attempts/1/log",
+        "/api/executions/12345/attempts",
+    ):
+        missing = server.get(path)
+        assert missing.status_code == 404 and missing.json()["detail"], path
+
+
 def test_unknown_execution_and_catalog_path_get_404(server):
     assert server.get("/api/executions/12345/status").status_code == 404
     assert server.get("/api/executions/12345").status_code == 404

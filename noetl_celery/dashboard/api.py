@@ -711,6 +711,74 @@ class Events(Executions):
         self.answer({"execution_id": eid, "events": rows, "next_after": rows[-1]["id"] if rows else after})
 
 
+MAX_ATTEMPTS_LISTED = 1000
+
+
+def attempt_summary(row: dict[str, Any]) -> dict[str, Any]:
+    meta = row.get("meta") or {}
+    return {
+        "n": row["n"],
+        "event_id": row["id"],
+        "step": row["step"],
+        "iteration": row["iteration"],
+        "retry": row["attempt"],  # the attempt's number among the tries of its step (or iteration)
+        "status": row["status"],
+        "event_type": row["event_type"],
+        "worker": row["worker"],
+        "started_at": _iso(row["started_at"]),
+        "ended_at": _iso(row["created_at"]),
+        "duration_ms": row["duration_ms"],
+        "has_output": any(meta.get(k) for k in views.ATTEMPT_OUTPUT),
+    }
+
+
+class Attempts(Executions):
+    """GET /api/executions/{id}/attempts?first=1&limit=100: the attempts in the order they ended,
+    numbered from 1 (`n`, the number of .../attempts/{n}/log)."""
+
+    async def get(self, execution_id: str) -> None:  # type: ignore[override]
+        first = self.bounded("first", 1, 2**31)
+        limit = self.bounded("limit", 100, MAX_ATTEMPTS_LISTED)
+        eid = int(execution_id)
+        rows = await self.db(self.read, eid, first, limit)
+        self.answer({"execution_id": eid, "attempts": [attempt_summary(r) for r in rows]})
+
+    @staticmethod
+    def read(conn: Any, eid: int, first: int, count: int) -> list[dict[str, Any]]:
+        from noetl_celery.store import repo
+
+        if repo.get_execution(conn, eid) is None:
+            raise ApiError(404, f"no execution {eid}")
+        return views.attempt_rows(conn, eid, first, count)
+
+
+class AttemptLog(Api):
+    """GET /api/executions/{id}/attempts/{n}/log: what attempt `n` wrote, as the store keeps it
+    (stdout and stderr of a python task, and its `logging` records), with the attempt's step,
+    iteration, retry, status, worker and error."""
+
+    async def get(self, execution_id: str, n: str) -> None:
+        eid, number = int(execution_id), int(n)
+        if number < 1:
+            raise ApiError(404, f"no attempt {number}: attempts are numbered from 1")
+        rows = await self.db(Attempts.read, eid, number, 1)
+        if not rows:
+            raise ApiError(404, f"execution {eid} has no attempt {number}")
+        row = rows[0]
+        meta = row.get("meta") or {}
+        log = meta.get("log")
+        self.answer(
+            {
+                "execution_id": eid,
+                **attempt_summary(row),
+                "stdout": meta.get("stdout") or "",
+                "stderr": meta.get("stderr") or "",
+                "log": log if isinstance(log, list) else ([] if not log else str(log).splitlines()),
+                "error": row.get("error"),
+            }
+        )
+
+
 class Resume(Api):
     """`noetl-celery resume ID`: the same execution continues from what did not complete."""
 
@@ -814,6 +882,8 @@ def routes(common: dict[str, Any], runs: bool) -> list[tuple[str, type, dict[str
         (r"/api/submit", Submit, api),
         (r"/api/executions", Executions, api),
         (r"/api/executions/(\d+)/events", Events, api),
+        (r"/api/executions/(\d+)/attempts", Attempts, api),
+        (r"/api/executions/(\d+)/attempts/(\d+)/log", AttemptLog, api),
         (r"/api/executions/(\d+)/resume", Resume, api),
         (r"/api/executions/cleanup", Cleanup, api),
         (r"/api/executions/(\d+)/status", Status, api),

@@ -304,6 +304,23 @@ def document() -> dict[str, Any]:
                     "responses": {"200": _ok("cancelled"), **_errors(*WRITE, 404)},
                 }
             },
+            "/api/executions/{execution_id}/attempts": {
+                "get": {
+                    "summary": "The attempts in the order they ended, numbered from 1 (n)",
+                    "parameters": [EXECUTION_ID],
+                    "responses": {"200": _ok("{attempts}"), **_errors(400, 404)},
+                }
+            },
+            "/api/executions/{execution_id}/attempts/{n}/log": {
+                "get": {
+                    "summary": "What attempt n wrote: stdout, stderr, logging lines, and its error",
+                    "parameters": [
+                        EXECUTION_ID,
+                        {"name": "n", "in": "path", "required": True, "schema": {"type": "integer"}},
+                    ],
+                    "responses": {"200": _ok("the attempt's output"), **_errors(404)},
+                }
+            },
             "/api/dashboard/stats": {
                 "get": {
                     "summary": "Counts for NoETL's GUI: playbooks, executions, running, success rate, recent ones",

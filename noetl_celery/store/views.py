@@ -256,6 +256,20 @@ def event_counts(conn: Connection, execution_id: int) -> int:
     return int(conn.execute(select(func.count()).where(e.execution_id == execution_id)).scalar() or 0)
 
 
+def attempt_rows(conn: Connection, execution_id: int, first: int, count: int) -> list[dict[str, Any]]:
+    """Attempts `first`.. (from 1, `count` of them) of an execution in the order they ended (the
+    rows a worker timed, by id), each with `n` its number and what it wrote (ATTEMPT_OUTPUT)."""
+    e = EVENTS.c
+    rows = conn.execute(
+        select(EVENTS)
+        .where(and_(e.execution_id == execution_id, e.started_at.is_not(None)))
+        .order_by(e.id)
+        .offset(first - 1)
+        .limit(count)
+    ).mappings()
+    return [{"n": first + i, **mask(dict(r))} for i, r in enumerate(rows)]
+
+
 def attempts(conn: Connection, execution_id: int, limit: int = GANTT_ATTEMPTS) -> list[dict[str, Any]]:
     """The most recent attempts (oldest first), for the timeline: step, worker, start, duration.
     Attempt rows are the ones a worker timed (`started_at`); filtering on it rather than on the
