@@ -25,7 +25,9 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import tornado.web
+import yaml
 
+from noetl_celery.dashboard import models as m
 from noetl_celery.dashboard import probes
 from noetl_celery.dashboard.server import Base
 from noetl_celery.dsl import nest_dotted
@@ -36,6 +38,7 @@ T = TypeVar("T")
 PLAYBOOK = "Playbook"
 API_CANCEL_REASON = "cancelled through the REST API"
 DEFAULT_CLEANUP_MINUTES = 5  # NoETL's default age of a "stuck" execution
+MAX_CLEANUP_MINUTES = 100 * 366 * 24 * 60  # a century: more is no age an execution has
 MAX_PAGE_SIZE = 1000  # events per page of GET /api/executions/{id}
 
 
@@ -196,6 +199,8 @@ class Api(Base):
             raise ApiError(400, "invalid playbook", "content", problems=[str(p) for p in exc.problems]) from None
         except (BrokerUnavailable, ConfigurationError) as exc:
             raise ApiError(503, str(exc).splitlines()[0], headers={"Retry-After": "5"}) from None
+        except (yaml.YAMLError, UnicodeError) as exc:  # a playbook text the YAML reader refuses
+            raise ApiError(400, f"content: not a YAML text: {str(exc).splitlines()[0][:200]}", "content") from None
         except NoetlError as exc:  # refused by the engine (says why)
             raise ApiError(409, str(exc).splitlines()[0]) from None
 
@@ -284,6 +289,8 @@ def workload(body: dict[str, Any]) -> dict[str, Any]:
 class Health(Api):
     """Liveness: the process answers (probes.py says why the store is not asked here)."""
 
+    doc = {"get": m.Op("Liveness: the process answers", m.Health)}
+
     def get(self) -> None:
         self.answer(
             {
@@ -299,6 +306,14 @@ class Ready(Api):
     """Readiness: 200 when the store is reachable at the schema head and the broker reachable,
     else 503; the body says which (probes.readiness)."""
 
+    doc = {
+        "get": m.Op(
+            "Readiness: the store at the schema head and the broker reachable",
+            m.Ready,
+            extra_answers=((503, m.Ready, "unready: the part that is down"),),
+        )
+    }
+
     async def get(self) -> None:
         import asyncio
 
@@ -309,6 +324,12 @@ class Ready(Api):
 
 
 class CatalogRegister(Api):
+    doc = {
+        "post": m.Op(
+            "Validate a playbook and register it under its metadata.path", m.Registered, m.RegisterBody, errors=(501,)
+        )
+    }
+
     async def post(self) -> None:
         from noetl_celery import runner
 
@@ -334,6 +355,8 @@ class CatalogRegister(Api):
 
 
 class CatalogList(Api):
+    doc = {"post": m.Op("The registered playbooks", m.CatalogList, m.CatalogListBody, body_required=False)}
+
     open_methods = frozenset({"POST"})  # a read, as NoETL's client sends it
 
     async def post(self) -> None:
@@ -356,6 +379,12 @@ class CatalogList(Api):
 
 
 class Execute(Api):
+    doc = {
+        "post": m.Op(
+            "Start the playbook registered at path (or catalog_id)", m.Started, m.ExecuteBody, errors=(404, 409)
+        )
+    }
+
     async def post(self) -> None:
         from noetl_celery import runner
 
@@ -441,6 +470,8 @@ def _iso(value: Any) -> str | None:
 
 
 class Status(Api):
+    doc = {"get": m.Op("`noetl-celery status --json`, with NoETL's completed/failed/current_step", m.StatusAnswer)}
+
     async def get(self, execution_id: str) -> None:
         self.answer(await self.call(_status, self.noetl.database_url, int(execution_id)))
 
@@ -451,6 +482,12 @@ DEFAULT_PAGE_SIZE = 10
 class ExecutionJson(Api):
     """An execution's facts (the dashboard's JSON) and one page of its events, newest first, each
     with NoETL's `node_name` (its step): `?page=1&page_size=10`."""
+
+    doc = {
+        "get": m.Op(
+            "An execution and one page of its events, newest first", m.ExecutionPage, query=m.ExecutionPageQuery
+        )
+    }
 
     async def get(self, execution_id: str) -> None:
         from noetl_celery.dashboard.server import _execution
@@ -516,6 +553,16 @@ class ExecutionJson(Api):
 
 
 class Cancel(Api):
+    doc = {
+        "post": m.Op(
+            "Cancel a running execution and its running children",
+            m.Cancelled,
+            m.CancelBody,
+            body_required=False,
+            errors=(404, 409),
+        )
+    }
+
     async def post(self, execution_id: str) -> None:
         from noetl_celery import runner
 
@@ -553,6 +600,16 @@ class Rerun(Api):
     (`workload`, `resource_kind`), plus `from_step` (start there, the steps before it keep their
     results) and `latest` (the playbook registered at its path now, not the stored plan)."""
 
+    doc = {
+        "post": m.Op(
+            "A new execution made from this one, whole or from a step",
+            m.Rerun,
+            m.RerunBody,
+            body_required=False,
+            errors=(404, 409),
+        )
+    }
+
     async def post(self, execution_id: str) -> None:
         self.require_token()
         body = self.json_body()
@@ -586,14 +643,26 @@ def rerun_or_refusal(settings: Any, execution_id: int, overrides: dict[str, Any]
 
 
 class Cleanup(Api):
+    doc = {
+        "post": m.Op(
+            "Cancel top-level executions running for more than older_than_minutes",
+            m.Cleanup,
+            m.CleanupBody,
+            body_required=False,
+            errors=(409,),
+        )
+    }
+
     async def post(self) -> None:
         from noetl_celery import runner
 
         self.require_token()
         body = self.json_body()
         minutes = optional(body, "older_than_minutes", (int, float), "a number of minutes", DEFAULT_CLEANUP_MINUTES)
-        if minutes < 0:
-            raise ApiError(400, f"older_than_minutes: expected 0 or more, got {minutes}", "older_than_minutes")
+        if not 0 <= minutes <= MAX_CLEANUP_MINUTES:
+            raise ApiError(
+                400, f"older_than_minutes: from 0 to {MAX_CLEANUP_MINUTES}, got {minutes}", "older_than_minutes"
+            )
         dry_run = optional(body, "dry_run", bool, "true or false", False)
         ids = await self.call(runner.cleanup, self.noetl.database_url, minutes, dry_run)
         verb = "would cancel" if dry_run else "cancelled"
@@ -622,6 +691,14 @@ class Executions(Api):
     ?status=&playbook=(part of the name)&path=(catalog path)&parent=(id)&since=&until=(ISO 8601
     start times, since <= start < until)&limit=; the next page is ?cursor=<X-Next-Cursor> (also
     in the `Link: <...>; rel="next"` header), absent on the last page."""
+
+    doc = {
+        "get": m.Op(
+            "Executions, newest first, filtered; the next page is ?cursor=<X-Next-Cursor>",
+            list[m.ListedExecution],
+            query=m.ExecutionsQuery,
+        )
+    }
 
     async def get(self) -> None:
         status = self.arg("status")
@@ -658,7 +735,7 @@ class Executions(Api):
         value = self.arg(name)
         if value is None:
             return None
-        if not value.isdigit() or len(value) > 19:
+        if not value.isdigit() or int(value) > 2**63 - 1:
             raise ApiError(400, f"{name}: expected an execution id (digits), got {value[:40]!r}", name)
         return int(value)
 
@@ -696,6 +773,8 @@ def listed_execution(r: dict[str, Any]) -> dict[str, Any]:
 class Events(Executions):
     """`noetl-celery events ID --json`: the rows in id order, ?after=<event id>&type=&step=&limit=
     (repeat type and step for several); the next page starts after the last id."""
+
+    doc = {"get": m.Op("`noetl-celery events --json`: rows in id order after `after`", m.Events, query=m.EventsQuery)}
 
     async def get(self, execution_id: str) -> None:  # type: ignore[override]
         from noetl_celery.watch import stream_events
@@ -736,6 +815,8 @@ class Attempts(Executions):
     """GET /api/executions/{id}/attempts?first=1&limit=100: the attempts in the order they ended,
     numbered from 1 (`n`, the number of .../attempts/{n}/log)."""
 
+    doc = {"get": m.Op("The attempts in the order they ended, numbered from 1", m.Attempts, query=m.AttemptsQuery)}
+
     async def get(self, execution_id: str) -> None:  # type: ignore[override]
         first = self.bounded("first", 1, 2**31)
         limit = self.bounded("limit", 100, MAX_ATTEMPTS_LISTED)
@@ -756,6 +837,8 @@ class AttemptLog(Api):
     """GET /api/executions/{id}/attempts/{n}/log: what attempt `n` wrote, as the store keeps it
     (stdout and stderr of a python task, and its `logging` records), with the attempt's step,
     iteration, retry, status, worker and error."""
+
+    doc = {"get": m.Op("What attempt n wrote: stdout, stderr, logging lines, its error", m.AttemptLog)}
 
     async def get(self, execution_id: str, n: str) -> None:
         eid, number = int(execution_id), int(n)
@@ -782,6 +865,16 @@ class AttemptLog(Api):
 class Resume(Api):
     """`noetl-celery resume ID`: the same execution continues from what did not complete."""
 
+    doc = {
+        "post": m.Op(
+            "`resume`: the same execution continues from what did not complete",
+            m.Resumed,
+            m.EmptyBody,
+            body_required=False,
+            errors=(409,),
+        )
+    }
+
     async def post(self, execution_id: str) -> None:
         from noetl_celery import runner
 
@@ -795,6 +888,10 @@ class Resume(Api):
 class Compile(Api):
     """`noetl-celery validate` / `compile --json` of a playbook sent as `content` (base64), with
     `workload` overrides. Behind the token: compiling resolves sub-playbooks on the server."""
+
+    doc = {
+        "post": m.Op("`validate` / `compile --json` of a playbook body", m.AnyObject, m.ContentBody, errors=(404, 409))
+    }
 
     async def post(self, action: str) -> None:
         from noetl_celery import runner
@@ -815,6 +912,8 @@ class Compile(Api):
 
 class Submit(Api):
     """`noetl-celery submit` of a playbook sent as `content` (base64), without registering it."""
+
+    doc = {"post": m.Op("`submit` of a playbook body, not registered", m.Started, m.ContentBody, errors=(404, 409))}
 
     async def post(self) -> None:
         from noetl_celery import runner
@@ -842,10 +941,15 @@ CREDENTIALS_501 = (
 
 
 class Credentials(Api):
-    def get(self, *_: str) -> None:
+    doc = {
+        "get": m.Op("Not offered: credentials come from NOETL_AUTH_* on the workers", m.Error, status=501),
+        "post": m.Op("Not offered", m.Error, status=501),
+    }
+
+    def get(self, name: str) -> None:
         raise ApiError(501, CREDENTIALS_501)
 
-    def post(self, *_: str) -> None:
+    def post(self, name: str) -> None:
         raise ApiError(501, CREDENTIALS_501)
 
 
@@ -857,6 +961,8 @@ class NotFound(Api):
 
 
 class OpenApi(Api):
+    doc = {"get": m.Op("This document")}
+
     def get(self) -> None:
         from noetl_celery.dashboard.openapi import document
 
@@ -870,6 +976,7 @@ def routes(common: dict[str, Any], runs: bool) -> list[tuple[str, type, dict[str
     api = {**common, "runs": runs}
     return [
         *schedule_routes(api),
+        (r"/api/executions/(\d+)", ExecutionJson, api),
         (r"/health", Health, api),
         (r"/api/health", Health, api),
         (r"/ready", Ready, api),
@@ -893,3 +1000,8 @@ def routes(common: dict[str, Any], runs: bool) -> list[tuple[str, type, dict[str
         *gui_routes(api),
         (r"/api/credentials/(.+)", Credentials, api),
     ]
+
+
+def api_routes() -> list[tuple[str, type]]:
+    """The API's path patterns and handlers (the dashboard's pages left out): openapi.py's input."""
+    return [(pattern, handler) for pattern, handler, _ in routes({}, True) if issubclass(handler, Api)]

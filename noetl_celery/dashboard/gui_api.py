@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from sqlalchemy import func, select
 
+from noetl_celery.dashboard import models as m
 from noetl_celery.dashboard.api import (
     PLAYBOOK,
     Api,
@@ -76,6 +77,8 @@ def dashboard_stats(conn: Any) -> dict[str, Any]:
 
 
 class DashboardStats(Api):
+    doc = {"get": m.Op("Counts for NoETL's GUI", m.Stats)}
+
     async def get(self) -> None:
         self.answer(await self.db(dashboard_stats))
 
@@ -90,6 +93,12 @@ def _catalog_path(body_or_args: dict[str, Any]) -> str:
 class CatalogResource(Api):
     """POST /api/catalog/resource {path | catalog_id, version}: one entry with its YAML `content`
     and `payload` (the YAML as an object)."""
+
+    doc = {
+        "post": m.Op(
+            "One catalog entry with its YAML content and payload", m.CatalogResource, m.ResourceBody, errors=(404,)
+        )
+    }
 
     open_methods = frozenset({"POST"})  # a read
 
@@ -112,6 +121,12 @@ class CatalogResource(Api):
 class PlaybookContent(Api):
     """GET /api/catalog/playbook/content?playbook_id=<catalog id or path>: {"content": YAML}."""
 
+    doc = {
+        "get": m.Op(
+            "A catalog entry's YAML by its catalog id (its path)", m.AnyObject, query=m.ContentQuery, errors=(404,)
+        )
+    }
+
     async def get(self) -> None:
         path = _catalog_path({"playbook_id": self.arg("playbook_id"), "path": self.arg("path")})
         entry = await self.db(CatalogResource.entry, path)
@@ -121,6 +136,8 @@ class PlaybookContent(Api):
 class ValidateText(Api):
     """POST /api/catalog/playbooks/validate {content: YAML (raw or base64)}: {"valid", "errors"}.
     Behind the token, as /api/validate: compiling resolves sub-playbooks on the server."""
+
+    doc = {"post": m.Op("Validate a playbook's YAML: {valid, errors}", m.ValidateText, m.ContentBody)}
 
     async def post(self) -> None:
         from noetl_celery import runner
@@ -135,6 +152,8 @@ class ValidateText(Api):
                 compile_playbook("content", text=source, catalog=lookup)
             except PlaybookError as exc:
                 return [str(p) for p in exc.problems]
+            except (yaml.YAMLError, UnicodeError) as exc:
+                return [f"content: not a YAML text: {str(exc).splitlines()[0][:200]}"]
             return []
 
         errors = await self.call(check)
@@ -144,6 +163,11 @@ class ValidateText(Api):
 class CredentialList(Api):
     """GET /api/credentials: none are kept here (see api.CREDENTIALS_501); an empty list, so
     that the GUI's credentials page loads."""
+
+    doc = {
+        "get": m.Op("None are kept here: an empty list", m.Credentials),
+        "post": m.Op("Not offered", m.Error, m.EmptyBody, body_required=False, status=501),
+    }
 
     def get(self) -> None:
         from noetl_celery.dashboard.api import CREDENTIALS_501

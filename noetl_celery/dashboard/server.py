@@ -148,9 +148,12 @@ class Base(tornado.web.RequestHandler):
         if value is None:
             return None
         try:
-            return int(value)
+            number = int(value)
         except ValueError:
             raise tornado.web.HTTPError(400, reason=f"{name} must be a whole number, got {value!r}") from None
+        if abs(number) > LATEST:
+            raise tornado.web.HTTPError(400, reason=f"{name} must be at most {LATEST}, got {value!r}")
+        return number
 
 
 class ExecutionsPage(Base):
@@ -340,7 +343,6 @@ def make_app(settings: noetl_settings.Settings | None = None, *, runs: bool = Fa
             (r"/executions/(\d+)", ExecutionPage, {**common, "runs": runs}),
             (r"/executions/(\d+)/live", LivePanel, common),
             (r"/executions/(\d+)/(cancel|resume)", Control, common),
-            (r"/api/executions/(\d+)", api.ExecutionJson, {**common, "runs": runs}),
             *api.routes(common, runs),
             *launch.routes(common, runs),
         ],
