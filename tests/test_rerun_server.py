@@ -101,7 +101,8 @@ def test_the_openapi_document_describes_rerun(server):
     document = server.get("/api/openapi.json").json()
     validate(document)
     rerun = document["paths"]["/api/executions/{execution_id}/rerun"]["post"]
-    body = rerun["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    ref = rerun["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    body = document["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
     assert {"workload", "resource_kind", "from_step", "latest"} <= set(body)
     assert rerun["security"] == [{"bearer": []}]
 
