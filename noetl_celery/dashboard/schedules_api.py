@@ -15,8 +15,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import tornado.web
+
 from noetl_celery.dashboard import models as m
 from noetl_celery.dashboard.api import Api, ApiError, optional, workload
+from noetl_celery.dashboard.launch import Pages
 from noetl_celery.dashboard.server import Base
 from noetl_celery.store import views
 
@@ -115,15 +118,44 @@ class ScheduleOne(_ScheduleApi):
 
 
 class SchedulePause(_ScheduleApi):
-    doc = {"post": m.Op("Pause or resume a schedule", m.AnyObject)}
+    doc = {"post": m.Op("Pause or resume a schedule, or run its playbook now", m.AnyObject, errors=(409,))}
 
     async def post(self, name: str, action: str) -> None:
         from noetl_celery import schedules
 
         self.require_token()
         self.json_body()
+        if action == "run":
+            self.require_runner()
+            execution_id = await self.schedule_call(schedules.run_now, self.noetl, name)
+            self.answer({"name": name, "execution_id": execution_id, "status": "running"})
+            return
         item = await self.schedule_call(schedules.set_paused, self.noetl.database_url, name, action == "pause")
         self.answer(item)
+
+
+class ScheduleAction(Pages):
+    """POST /schedules/<name>/(pause|resume|run) from the schedules page: the dashboard's token
+    (Basic or Bearer), its origin and XSRF checks (server.Control); run needs a server whose
+    executions run."""
+
+    async def post(self, name: str, action: str) -> None:  # type: ignore[override]
+        from noetl_celery import schedules
+
+        if action == "run":
+            if not self.allowed():
+                return
+            await self.start(lambda: schedules.run_now(self.noetl, name))
+            return
+        if not self.admitted():
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, schedules.set_paused, self.noetl.database_url, name, action == "pause"
+            )
+        except schedules.ScheduleNotFound as exc:
+            raise tornado.web.HTTPError(404, reason=str(exc)[:200]) from None
+        self.redirect("/schedules")
 
 
 class SchedulesPage(Base):
@@ -133,14 +165,15 @@ class SchedulesPage(Base):
         from noetl_celery import schedules
 
         items = await asyncio.get_running_loop().run_in_executor(None, schedules.list_all, self.noetl.database_url)
-        self.page("schedules.html", schedules=views.mask(items))
+        self.page("schedules.html", schedules=views.mask(items), can_pause=self.noetl.dashboard_token is not None)
 
 
 def schedule_routes(api: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
     page = {k: v for k, v in api.items() if k != "runs"}
     return [
-        (r"/schedules", SchedulesPage, page),
+        (r"/schedules", SchedulesPage, {**page, "runs": api.get("runs", False)}),
+        (r"/schedules/([A-Za-z0-9][A-Za-z0-9_.:-]*)/(pause|resume|run)", ScheduleAction, api),
         (r"/api/schedules", Schedules, api),
-        (r"/api/schedules/([A-Za-z0-9][A-Za-z0-9_.:-]*)/(pause|resume)", SchedulePause, api),
+        (r"/api/schedules/([A-Za-z0-9][A-Za-z0-9_.:-]*)/(pause|resume|run)", SchedulePause, api),
         (r"/api/schedules/([A-Za-z0-9][A-Za-z0-9_.:-]*)", ScheduleOne, api),
     ]
