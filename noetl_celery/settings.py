@@ -198,6 +198,7 @@ class Settings:
             "NOETL_FLOWER_URL": mask_url(self.flower_url) if self.flower_url else "(none)",
             "NOETL_DASHBOARD_URL": mask_url(self.dashboard_url) if self.dashboard_url else "(none)",
             "NOETL_DASHBOARD_TOKEN": MASK if self.dashboard_token else "(none)",
+            API_MAX_BODY_ENV: f"{self.api_max_body_bytes} bytes",
             "NOETL_SCHEDULE_GRACE": f"{self.schedule_grace:g} s",
             "NOETL_WEBHOOK_URL": webhook_shown(self.webhook_url),
             MAX_RESULT_BYTES_ENV: f"{self.max_result_bytes} bytes",
