@@ -959,6 +959,28 @@ def register_cmd(files: tuple[str, ...]) -> None:
         echo(f"registered {plan.path} ({plan.name}) from {file}")
 
 
+@cli.command(name="catalog")
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object: {entries: [{path, name, source_file, registered_at}]}."
+)
+def catalog_cmd(as_json: bool) -> None:
+    """The registered playbooks (`register`), by catalog path: name, registration time and the
+    file they were registered from."""
+    entries = runner.catalog_entries(noetl_settings.load().database_url)
+    if as_json:
+        shown = [
+            {**e, "registered_at": e["registered_at"].isoformat() if e["registered_at"] else None} for e in entries
+        ]
+        echo(json.dumps({"entries": shown}, default=str))
+        return
+    if not entries:
+        echo("no playbooks registered (noetl-celery register FILE...)")
+        return
+    for e in entries:
+        when = e["registered_at"].strftime("%Y-%m-%d %H:%M:%S") if e["registered_at"] else "-"
+        echo(f"{e['path']:<40} {e['name']:<28} {when}  {e['source_file'] or ''}")
+
+
 # --- schedules (noetl_celery/schedules.py; `celery -A noetl_celery beat` fires them) -------
 
 

@@ -321,6 +321,22 @@ def fire(
     return done
 
 
+def run_now(settings: noetl_settings.Settings, name: str) -> int:
+    """Start schedule `name`'s playbook now, with its workload, outside its fire times (the
+    dashboard's and the API's "run now"): no fire time is claimed, so the next one still runs.
+    A paused schedule runs too (pausing stops only its fire times)."""
+    from noetl_celery import runner
+
+    url = settings.database_url
+    with transaction(url) as conn:
+        row = store.get_schedule(conn, name)
+    if row is None:
+        raise ScheduleNotFound(f"no schedule named {name!r}")
+    execution_id = runner.submit(_plan(row, url), settings)
+    log.info("schedule %s: run now started execution %s", name, execution_id)
+    return execution_id
+
+
 def _fire_one(
     settings: noetl_settings.Settings, row: dict[str, Any], due: Fire, by: str | None
 ) -> dict[str, Any] | None:

@@ -62,6 +62,8 @@ MAX_RESULT_BYTES_ENV = "NOETL_MAX_RESULT_BYTES"  # a result, error or body store
 DEFAULT_MAX_RESULT_BYTES = 1_000_000  # bytes of JSON per stored result / error / body
 MAX_PLAYBOOK_BYTES_ENV = "NOETL_MAX_PLAYBOOK_BYTES"  # a playbook file
 DEFAULT_MAX_PLAYBOOK_BYTES = 4_000_000  # bytes of playbook text
+API_MAX_BODY_ENV = "NOETL_API_MAX_BODY_BYTES"  # a request body the REST API reads; larger ones get 413
+DEFAULT_API_MAX_BODY_BYTES = 8_000_000  # a playbook's text at its limit, base64-encoded (4/3), with room
 MAX_YAML_NODES_ENV = "NOETL_MAX_YAML_NODES"  # YAML nodes built, aliases counted each time they are used
 DEFAULT_MAX_YAML_NODES = 500_000
 MAX_INPUT_DEPTH_ENV = "NOETL_MAX_INPUT_DEPTH"  # nesting levels of a playbook's YAML, a JSON body or a workload
@@ -146,6 +148,7 @@ class Settings:
     flower_url: str | None = None  # Flower's base URL: the dashboard links each attempt to its task page
     dashboard_url: str | None = None  # the dashboard's base URL: Flower's args line links each task to its execution
     dashboard_token: str | None = field(default=None, repr=False)  # enables the dashboard's cancel/resume
+    api_max_body_bytes: int = DEFAULT_API_MAX_BODY_BYTES  # NOETL_API_MAX_BODY_BYTES (dashboard/api.py)
     schedule_grace: float = DEFAULT_SCHEDULE_GRACE  # NOETL_SCHEDULE_GRACE (noetl_celery/schedules.py)
     webhook_url: str | None = field(default=None, repr=False)  # NOETL_WEBHOOK_URL (noetl_celery/webhooks.py)
     webhook_secret: str | None = (
@@ -214,6 +217,7 @@ class Settings:
             "NOETL_FLOWER_URL": mask_url(self.flower_url) if self.flower_url else "(none)",
             "NOETL_DASHBOARD_URL": mask_url(self.dashboard_url) if self.dashboard_url else "(none)",
             "NOETL_DASHBOARD_TOKEN": MASK if self.dashboard_token else "(none)",
+            API_MAX_BODY_ENV: f"{self.api_max_body_bytes} bytes",
             "NOETL_SCHEDULE_GRACE": f"{self.schedule_grace:g} s",
             "NOETL_WEBHOOK_URL": webhook_shown(self.webhook_url),
             "NOETL_WEBHOOK_SECRET": f"credential {self.webhook_secret}" if self.webhook_secret else "(none: unsigned)",
@@ -320,6 +324,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             flower_url=(env.get("NOETL_FLOWER_URL") or "").rstrip("/") or None,
             dashboard_url=(env.get("NOETL_DASHBOARD_URL") or "").rstrip("/") or None,
             dashboard_token=env.get("NOETL_DASHBOARD_TOKEN") or None,
+            api_max_body_bytes=_int(env, API_MAX_BODY_ENV, DEFAULT_API_MAX_BODY_BYTES),
             schedule_grace=_float(env, "NOETL_SCHEDULE_GRACE", DEFAULT_SCHEDULE_GRACE),
             webhook_url=(env.get("NOETL_WEBHOOK_URL") or "").strip() or None,
             webhook_secret=(env.get("NOETL_WEBHOOK_SECRET") or "").strip() or None,

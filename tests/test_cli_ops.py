@@ -348,3 +348,26 @@ def test_the_wheel_carries_the_example_playbooks(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for playbook in PLAYBOOKS.glob("*.yaml"):
         assert f"noetl_celery/examples/{playbook.name}" in names, playbook.name
+
+
+def test_register_and_the_catalog_list(tmp_path):
+    """`register FILE` stores a playbook under its metadata.path; `catalog` lists it (text and JSON)."""
+    from tests.support.engines import cli as run_cli
+    from tests.test_server import HELLO
+
+    env = {"NOETL_HOME": str(tmp_path / "home")}
+    empty = run_cli(["catalog"], env)
+    assert empty.returncode == 0 and "no playbooks registered" in empty.stdout, empty.stderr
+    source = tmp_path / "hello.yaml"
+    source.write_text(HELLO)
+    registered = run_cli(["register", str(source)], env)
+    assert registered.returncode == 0 and "registered tests/api_hello (api_hello)" in registered.stdout, (
+        registered.stderr
+    )
+    listed = run_cli(["catalog"], env)
+    assert listed.stdout.split()[:2] == ["tests/api_hello", "api_hello"] and str(source) in listed.stdout
+    entries = json.loads(run_cli(["catalog", "--json"], env).stdout)["entries"]
+    assert [(e["path"], e["name"], e["source_file"]) for e in entries] == [
+        ("tests/api_hello", "api_hello", str(source))
+    ]
+    assert entries[0]["registered_at"]

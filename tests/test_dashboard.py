@@ -448,3 +448,56 @@ def test_a_browser_debugs_a_failed_step_and_navigates_many_executions(tmp_path):
         for png in ("debugging.png", "failed-step.png"):
             if (tmp_path / png).exists():
                 shutil.copy(tmp_path / png, browser.ARTIFACTS / f"dashboard-{png}")
+
+
+def test_a_browser_reads_the_run_history_grid_a_failed_bar_and_a_traceback_as_lines(tmp_path):
+    """Headless Chromium: the run-history grid of a playbook (runs x steps, newest first, a cell per
+    step coloured by its state, linking to the run); a failed execution's progress bar is red and
+    not full; its traceback is shown as lines, not as an escaped JSON string."""
+    try:
+        driver = browser.chrome(str(tmp_path / "profile"))
+    except browser.BrowserUnavailable as exc:
+        (pytest.fail if ci_mode() else pytest.skip)(str(exc))
+    from selenium.webdriver.common.by import By
+
+    home = tmp_path / "home"
+    env = {"NOETL_HOME": str(home)}
+    completed = run_embedded(home, "debug_failure.yaml")
+    proc = cli(["run", str(PLAYBOOKS / "debug_failure.yaml"), "--json", "--set", "divisor=0"], env)
+    assert proc.returncode == 1, proc.stderr
+    failed = int(json.loads(proc.stdout)["execution_id"])
+    dashboard = Dashboard(env, tmp_path / "dashboard.log")
+    try:
+        driver.get(f"{dashboard.url}/executions/{failed}")
+        driver.find_element(By.CSS_SELECTOR, "#summary h2 a").click()  # the playbook's name: its history
+        wait_for(driver, 'id="history"')
+        rows = driver.find_elements(By.CSS_SELECTOR, "#history tr.run")
+        assert [int(r.get_attribute("data-execution")) for r in rows] == [failed, completed]  # newest first
+        cells = [[c.get_attribute("data-state") for c in r.find_elements(By.CSS_SELECTOR, "td.cell")] for r in rows]
+        assert cells == [["failed"], ["completed"]]
+        colours = [
+            driver.execute_script(
+                "return getComputedStyle(arguments[0]).backgroundColor", r.find_element(By.CSS_SELECTOR, "td.cell")
+            )
+            for r in rows
+        ]
+        assert colours == ["rgb(214, 69, 69)", "rgb(46, 158, 91)"], colours
+        driver.save_screenshot(str(tmp_path / "history.png"))
+        rows[1].find_element(By.CSS_SELECTOR, "td.cell a").click()
+        wait_for(driver, f"execution {completed}")
+        full = driver.find_element(By.CSS_SELECTOR, "#progress-bar > span")
+        assert full.get_attribute("style") == "width: 100%;"
+
+        driver.get(f"{dashboard.url}/executions/{failed}")
+        bar = driver.find_element(By.CSS_SELECTOR, "#progress-bar")
+        inner = bar.find_element(By.CSS_SELECTOR, "span")
+        assert inner.size["width"] < bar.size["width"], (inner.size, bar.size)
+        red = driver.execute_script("return getComputedStyle(arguments[0]).backgroundColor", inner)
+        assert red == "rgb(214, 69, 69)", red
+        traceback = driver.find_element(By.ID, "failure-traceback").text
+        lines = traceback.splitlines()
+        assert lines[0] == "Traceback (most recent call last):" and lines[-1].startswith("ZeroDivisionError"), lines
+        assert "\\n" not in traceback and "traceback" not in driver.find_element(By.ID, "failure-error").text
+    finally:
+        driver.quit()
+        dashboard.stop()

@@ -111,3 +111,72 @@ def test_the_dashboard_lists_the_schedules(server):
         for name in ("every-hour", "held"):
             delete(server, f"/api/schedules/{name}")
     assert "no schedules" in server.get("/schedules").text
+
+
+def test_a_browser_pauses_resumes_and_runs_a_schedule_now_with_the_token(tmp_path):
+    """Headless Chromium with the dashboard's token (Basic credentials, as a browser caches them):
+    the schedules page's pause, resume and run-now buttons; without the token the page offers
+    none and a POST is refused."""
+    import base64 as b64module
+
+    from tests.support import browser
+    from tests.support.services import ci_mode
+    from tests.test_server import HELLO, TOKEN, Server
+
+    try:
+        driver = browser.chrome(str(tmp_path / "profile"))
+    except browser.BrowserUnavailable as exc:
+        (pytest.fail if ci_mode() else pytest.skip)(str(exc))
+    from selenium.webdriver.common.by import By
+
+    server = Server(tmp_path / "home", tmp_path / "server.log")
+    try:
+        assert server.register(HELLO).status_code == 200
+        added = server.post("/api/schedules", {"name": "hourly", "playbook": "tests/api_hello", "every": 3600})
+        assert added.status_code == 201, added.text
+        plain = requests.get(server.url + "/schedules", timeout=30).text
+        assert 'class="pause"' in plain  # the buttons are shown; the token is asked when pressed
+        refused = requests.post(server.url + "/schedules/hourly/pause", timeout=30)
+        assert refused.status_code in (401, 403), refused.text
+        assert server.get("/api/schedules/hourly").json()["paused"] is False
+
+        basic = "Basic " + b64module.b64encode(f"ops:{TOKEN}".encode()).decode()
+        driver.execute_cdp_cmd("Network.enable", {})
+        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": basic}})
+        driver.get(server.url + "/schedules")
+
+        def row():
+            return driver.find_element(By.CSS_SELECTOR, 'tr.schedule[data-name="hourly"]')
+
+        row().find_element(By.CSS_SELECTOR, "button.pause").click()
+        until(lambda: row().get_attribute("data-state") == "paused")
+        assert server.get("/api/schedules/hourly").json()["paused"] is True
+        row().find_element(By.CSS_SELECTOR, "button.resume").click()
+        until(lambda: row().get_attribute("data-state") == "active")
+        assert server.get("/api/schedules/hourly").json()["paused"] is False
+        row().find_element(By.CSS_SELECTOR, "button.run").click()
+        until(lambda: "/executions/" in driver.current_url)
+        execution_id = driver.current_url.rsplit("/", 1)[1]
+        status = server.wait_end(execution_id)
+        assert status["status"] == "completed" and status["playbook"] == "api_hello"
+        driver.save_screenshot(str(tmp_path / "schedules.png"))
+    finally:
+        driver.quit()
+        assert server.stop() == 0
+
+
+def until(check, timeout: float = 15) -> None:
+    """Until `check()` holds, read again while the page reloads (a form's POST and redirect)."""
+    import time
+
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except (NoSuchElementException, StaleElementReferenceException):
+            pass
+        assert time.monotonic() < deadline, "the page did not change"
+        time.sleep(0.1)

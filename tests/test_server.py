@@ -162,6 +162,7 @@ def test_health_and_the_openapi_document(server):
     from openapi_spec_validator import validate
 
     from noetl_celery.dashboard import api
+    from noetl_celery.dashboard.openapi import expand
 
     assert f"server (embedded worker) on {server.url}/" in server.log_path.read_text()
     health = server.get("/health")
@@ -169,18 +170,17 @@ def test_health_and_the_openapi_document(server):
     assert health.json()["runs_executions"] is True  # the embedded worker of `server`
     document = server.get("/api/openapi.json").json()
     validate(document)  # raises on an invalid OpenAPI 3.1 document
-    # every route the server answers is described (the path patterns of api.routes)
+    # every route of the API is described, each of its methods (generated from api.api_routes)
     described = set(document["paths"])
-    for pattern, _, _ in api.routes({}, True):
-        path = pattern.replace(r"(\d+)", "{execution_id}").replace("\\", "")
-        path = re.sub(r"\(\[A-Za-z0-9\]\[A-Za-z0-9_.:-\]\*\)", "{name}", path)
-        if path.endswith("/(pause|resume)"):
-            assert {path.replace("(pause|resume)", one) for one in ("pause", "resume")} <= set(described), path
+    for pattern, handler in api.api_routes():
+        if handler is api.NotFound:
             continue
-        if path in ("/api/health", "/api/credentials/(.+)") or not path.startswith(("/api/", "/health")):  # pages
-            continue
-        for one in ("/api/validate", "/api/compile") if "(validate|compile)" in path else (path,):
-            assert one in described, one
+        names = [n for n in ("get", "post", "delete") if handler.implements(n.upper())]
+        assert names, pattern
+        for path, _ in expand(pattern, ["execution_id", "n"] if "attempts" in pattern else ["name"] * 2):
+            path = path.replace("{name}", "{execution_id}") if "executions" in path else path
+            assert path in described, (pattern, path)
+            assert set(names) == set(document["paths"][path]), (path, names)
     assert "/api/executions/{execution_id}" in described
     for path in WRITES:
         templated = path.replace("/1/", "/{execution_id}/")
@@ -302,13 +302,13 @@ def test_the_projects_own_routes_validate_compile_submit_list_events_resume(serv
     failed = server.wait_end(execution_id)
     assert failed["status"] == "failed" and failed["failed_step"] == "check"
 
-    listed = server.get("/api/executions?status=failed&playbook=api_flaky").json()["executions"]
+    listed = server.get("/api/executions?status=failed&playbook=api_flaky").json()
     assert [e["execution_id"] for e in listed] == [execution_id]
     rows = server.get(f"/api/executions/{execution_id}/events?type=step.completed").json()
     assert [e["step"] for e in rows["events"]] == ["start"]
     first = server.get(f"/api/executions/{execution_id}/events?limit=2").json()
     rest = server.get(f"/api/executions/{execution_id}/events?after={first['next_after']}").json()
-    assert len(first["events"]) == 2 and rest["events"][0]["id"] > first["next_after"]
+    assert len(first["events"]) == 2 and int(rest["events"][0]["id"]) > int(first["next_after"])
     assert server.get("/api/executions/12345/events").status_code == 404
 
     marker.write_text("here")
@@ -350,10 +350,10 @@ def test_register_list_execute_status_page_and_rerun(server):
     page = server.get(f"/api/executions/{execution_id}?page=1&page_size=2").json()
     assert page["status"] == "completed" and page["pagination"]["page_size"] == 2
     assert len(page["events"]) == 2 and page["pagination"]["total"] > 2
-    assert page["events"][0]["id"] > page["events"][1]["id"]  # newest first
+    assert int(page["events"][0]["id"]) > int(page["events"][1]["id"])  # newest first
     assert page["events"][0]["event_type"] == "execution.completed"
     second = server.get(f"/api/executions/{execution_id}?page=2&page_size=2").json()["events"]
-    assert second[0]["id"] < page["events"][1]["id"]
+    assert int(second[0]["id"]) < int(page["events"][1]["id"])
     steps = {e["node_name"] for e in server.get(f"/api/executions/{execution_id}?page_size=100").json()["events"]}
     assert "start" in steps
 
@@ -367,6 +367,246 @@ def test_register_list_execute_status_page_and_rerun(server):
     # cancelling an execution that ended: 400 with a message, as NoETL answers
     again = server.post(f"/api/executions/{execution_id}/cancel", {"cascade": False})
     assert again.status_code == 400 and "already completed" in again.json()["message"]
+
+
+JS_CLIENT = """
+const [url, id] = process.argv.slice(2);
+(async () => {
+  for (const path of [`/api/executions/${id}/status`, `/api/executions/${id}`, `/api/executions?limit=5`]) {
+    const body = JSON.parse(await (await fetch(url + path)).text());  // JavaScript's own JSON.parse
+    const got = path.endsWith("limit=5") ? body.find((e) => e.execution_id === id) : body;
+    if (!got || got.execution_id !== id || typeof got.execution_id !== "string") {
+      console.log(`${path}: execution_id ${JSON.stringify(got && got.execution_id)}, expected "${id}"`);
+      process.exit(1);
+    }
+    if (path.endsWith("/status") === false && body.events) {
+      for (const e of body.events) if (typeof e.id !== "string") { console.log(`event id ${e.id}`); process.exit(1); }
+    }
+  }
+  console.log(`read ${id} intact`);
+})();
+"""
+
+
+def test_a_javascript_client_reads_ids_above_2_53_intact(server, tmp_path):
+    """Execution ids are 64-bit: as JSON numbers, JavaScript's JSON.parse would round them
+    (384866602633132179 -> ...160); every answer sends them as strings."""
+    from tests.support.services import ci_mode
+
+    node = shutil.which("node")
+    if node is None:
+        if ci_mode():
+            raise AssertionError("node is missing (.ci/run installs Debian's nodejs)")
+        pytest.skip("node is not installed")
+    started = server.post("/api/submit", {"content": b64(HELLO)})
+    assert started.status_code == 200, started.text
+    execution_id = started.json()["execution_id"]
+    assert isinstance(execution_id, str) and int(execution_id) > 2**53, execution_id
+    server.wait_end(execution_id)
+    script = tmp_path / "client.mjs"
+    script.write_text(JS_CLIENT)
+    done = subprocess.run([node, str(script), server.url, execution_id], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == f"read {execution_id} intact"
+    # and the number form of an id is accepted where an id is asked for
+    assert server.get(f"/api/executions?parent={execution_id}").status_code == 200
+
+
+def test_noetls_gui_routes_as_its_source_calls_them(server):
+    """The calls of NoETL's GUI (noetl/gui src/services/api.ts, base URL /api): raw YAML register,
+    catalog list and resource, execute by catalog_id, the execution list (an array) and one
+    execution with NoETL's pagination, dashboard stats, playbook content, validate, stop."""
+    gui_hello = HELLO.replace("api_hello", "gui_hello")
+    registered = server.post("/api/catalog/register", {"content": gui_hello, "resource_type": "Playbook"})
+    assert registered.status_code == 200, registered.text  # raw YAML, as the GUI sends it
+    assert registered.json()["path"] == "tests/gui_hello"
+    entries = server.post("/api/catalog/list", {"resource_type": "Playbook"}, auth=False).json()["entries"]
+    entry = next(e for e in entries if e["path"] == "tests/gui_hello")
+    assert entry["catalog_id"] == "tests/gui_hello" and entry["status"] == "active"
+    assert entry["payload"]["metadata"]["name"] == "gui_hello"
+    resource = server.post("/api/catalog/resource", {"path": "tests/gui_hello", "version": "latest"}, auth=False)
+    assert resource.status_code == 200, resource.text
+    assert resource.json()["content"] == gui_hello and resource.json()["payload"]["workload"]["message"] == "hello"
+    missing = server.post("/api/catalog/resource", {"path": "tests/nope"}, auth=False)
+    assert missing.status_code == 404 and missing.json()["detail"]
+    content = server.get("/api/catalog/playbook/content", params={"playbook_id": entry["catalog_id"]})
+    assert content.json()["content"] == gui_hello
+
+    started = server.post(
+        "/api/execute", {"catalog_id": entry["catalog_id"], "workload": {}, "resource_kind": "playbook"}
+    )
+    assert started.status_code == 200, started.text
+    execution_id = started.json()["execution_id"]
+    assert isinstance(execution_id, str)
+    server.wait_end(execution_id)
+    listed = server.get("/api/executions")
+    assert isinstance(listed.json(), list)
+    row = next(e for e in listed.json() if e["execution_id"] == execution_id)
+    assert row["path"] == "tests/gui_hello" and row["status"] == "completed" and row["progress"] == 100
+    assert row["start_time"] and row["duration_human"]
+    one = server.get(f"/api/executions/{execution_id}", params={"page": 1, "page_size": 2}).json()
+    assert one["pagination"]["total_events"] > 2 and one["pagination"]["has_next"] is True
+    assert one["pagination"]["has_prev"] is False and one["pagination"]["total_pages"] >= 2
+    typed = server.get(f"/api/executions/{execution_id}", params={"event_type": "step.completed"}).json()
+    assert [e["event_type"] for e in typed["events"]] == ["step.completed"]
+    since = int(typed["events"][0]["id"])
+    later = server.get(f"/api/executions/{execution_id}", params={"since_event_id": since}).json()["events"]
+    assert later and all(int(e["id"]) > since for e in later)
+
+    stats = server.get("/api/dashboard/stats").json()
+    assert stats["total_playbooks"] >= 1 and stats["total_executions"] >= 1
+    assert 0 <= stats["success_rate"] <= 100 and stats["recent_executions"][0]["execution_id"]
+    health = server.get("/api/health").json()
+    assert health["status"] == "ok" and health["timestamp"] and health["message"]
+    valid = server.post("/api/catalog/playbooks/validate", {"content": gui_hello}).json()
+    assert valid == {"valid": True, "errors": []}
+    invalid = server.post("/api/catalog/playbooks/validate", {"content": gui_hello.replace("python", "nope")}).json()
+    assert invalid["valid"] is False and invalid["errors"]
+    assert server.get("/api/credentials").json()["items"] == []
+    stopped = server.post(f"/api/executions/{execution_id}/stop")
+    assert stopped.status_code == 400 and "already completed" in stopped.json()["detail"]
+
+
+def test_executions_filtered_by_time_status_playbook_parent_with_cursor_paging(server):
+    ids = []
+    for _ in range(3):
+        started = server.post("/api/submit", {"content": b64(HELLO.replace("api_hello", "api_paged"))})
+        ids.append(started.json()["execution_id"])
+    for execution_id in ids:
+        server.wait_end(execution_id)
+    first = server.get("/api/executions", params={"playbook": "api_paged", "limit": 2})
+    assert [e["execution_id"] for e in first.json()] == ids[::-1][:2]  # newest first
+    cursor = first.headers["X-Next-Cursor"]
+    assert 'rel="next"' in first.headers["Link"] and f"cursor={cursor}" in first.headers["Link"]
+    second = server.get("/api/executions", params={"playbook": "api_paged", "limit": 2, "cursor": cursor})
+    assert [e["execution_id"] for e in second.json()] == [ids[0]] and "X-Next-Cursor" not in second.headers
+    follow = requests.get(server.url + first.headers["Link"].split(">")[0].lstrip("<"), timeout=30)
+    assert follow.json() == second.json()
+    starts = [e["start_time"] for e in first.json()]
+    window = server.get(
+        "/api/executions", params={"playbook": "api_paged", "since": starts[1], "until": starts[0]}
+    ).json()
+    assert [e["execution_id"] for e in window] == [ids[1]]  # since <= start < until
+    future = server.get("/api/executions", params={"since": "2999-01-01T00:00:00Z"}).json()
+    assert future == []
+    assert server.get("/api/executions", params={"status": "completed", "playbook": "api_paged"}).json()
+    assert server.get("/api/executions", params={"status": "failed", "playbook": "api_paged"}).json() == []
+    assert server.get("/api/executions", params={"parent": ids[0]}).json() == []
+    for name, value in (("since", "yesterday"), ("parent", "x1"), ("cursor", "-3")):
+        bad = server.get("/api/executions", params={name: value})
+        assert bad.status_code == 400 and bad.json()["field"] == name, bad.text
+
+
+def raw_exchange(server: Server, head: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """Send a request's head (and `body`) over a socket; the answer's status, headers and body,
+    read as soon as the server sends them."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(head.encode() + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+        head_bytes, _, rest = data.partition(b"\r\n\r\n")
+        lines = head_bytes.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        while len(rest) < int(headers.get("content-length", 0)):
+            rest += sock.recv(65536)
+        return int(lines[0].split()[1]), headers, rest
+
+
+def test_the_token_and_the_size_are_checked_before_the_body_is_read(server):
+    big = 60_000_000  # a 60 MB body announced, never sent: the answer comes before it
+    head = (
+        f"POST /api/catalog/register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {big}\r\n"
+    )
+    status, headers, body = raw_exchange(server, head + "\r\n")
+    assert status == 401 and headers["www-authenticate"].startswith("Bearer"), body
+    assert "Bearer" in json.loads(body)["detail"]
+    status, _, body = raw_exchange(server, head + f"Authorization: Bearer {TOKEN}\r\n\r\n")
+    assert status == 413 and json.loads(body)["field"] == "body", body
+    assert "NOETL_API_MAX_BODY_BYTES" in json.loads(body)["detail"]
+    # a chunked body (no Content-Length) is cut at the limit
+    chunk = b"x" * 1_000_000
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(9)) + b"0\r\n\r\n"
+    status, _, body = raw_exchange(
+        server,
+        f"POST /api/submit HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nAuthorization: Bearer {TOKEN}\r\n\r\n",
+        chunked,
+    )
+    assert status == 413, body
+
+
+def test_every_error_is_json_with_allow_on_405(server):
+    for path in (
+        "/api/nope",
+        "/api/executions/abc",
+        "/nope/at/all",
+        f"/api/executions/{2**64}",
+        f"/executions/{2**64}",
+    ):
+        answer = server.get(path)
+        assert answer.status_code == 404, (path, answer.text[:200])
+        if path.startswith("/api/") or path.startswith("/nope"):
+            assert answer.headers["Content-Type"].startswith("application/json"), path
+            assert answer.json()["detail"], path
+    for method, path, allow in (
+        ("GET", "/api/execute", "POST"),
+        ("DELETE", "/api/executions", "GET"),
+        ("PUT", "/api/schedules", "GET, POST"),
+        ("POST", "/api/executions/1/status", "GET"),
+    ):
+        answer = requests.request(method, server.url + path, headers=AUTH, timeout=30)
+        assert answer.status_code == 405, (method, path, answer.text)
+        assert answer.headers["Allow"] == allow, (method, path)
+        assert answer.json()["detail"].startswith(f"{method} is not allowed"), answer.text
+    weird = requests.request("PROPFIND", server.url + "/api/executions", timeout=30)
+    assert weird.status_code == 405 and weird.headers["Allow"] == "GET" and weird.json()["detail"]
+
+
+CHATTY = """apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {name: api_chatty}
+workflow:
+  - step: start
+    tool: {kind: python, code: "result = 1"}
+    next:
+      arcs: [{step: talk}]
+  - step: talk
+    tool:
+      kind: python
+      code: |
+        import logging, sys
+        print("to stdout")
+        print("to stderr", file=sys.stderr)
+        logging.getLogger("chatty").warning("a logging line")
+        raise RuntimeError("talked enough")
+"""
+
+
+def test_an_attempts_log_route_gives_what_it_wrote(server):
+    started = server.post("/api/submit", {"content": b64(CHATTY)})
+    execution_id = started.json()["execution_id"]
+    assert server.wait_end(execution_id)["status"] == "failed"
+    attempts = server.get(f"/api/executions/{execution_id}/attempts").json()["attempts"]
+    assert [a["step"] for a in attempts] == ["start", "talk"] and [a["n"] for a in attempts] == [1, 2]
+    assert attempts[1]["status"] == "failed" and attempts[1]["has_output"] is True
+    log = server.get(f"/api/executions/{execution_id}/attempts/2/log").json()
+    assert log["stdout"] == "to stdout\n" and log["stderr"] == "to stderr\n", log
+    assert any("a logging line" in str(line) for line in log["log"]), log["log"]
+    assert "talked enough" in log["error"]["message"] and log["retry"] == 1 and log["step"] == "talk"
+    quiet = server.get(f"/api/executions/{execution_id}/attempts/1/log").json()
+    assert quiet["stdout"] == "" and quiet["log"] == [] and quiet["step"] == "start"
+    for path in (
+        f"/api/executions/{execution_id}/attempts/3/log",
+        f"/api/executions/{execution_id}/attempts/0/log",
+        "/api/executions/12345/attempts/1/log",
+        "/api/executions/12345/attempts",
+    ):
+        missing = server.get(path)
+        assert missing.status_code == 404 and missing.json()["detail"], path
 
 
 def test_unknown_execution_and_catalog_path_get_404(server):

@@ -22,10 +22,13 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import tornado.web
-from sqlalchemy import text
+import yaml
 
+from noetl_celery.dashboard import models as m
+from noetl_celery.dashboard import probes
 from noetl_celery.dashboard.server import Base
 from noetl_celery.dsl import nest_dotted
 from noetl_celery.dsl.bounded import InputError, parse_json
@@ -36,6 +39,7 @@ T = TypeVar("T")
 PLAYBOOK = "Playbook"
 API_CANCEL_REASON = "cancelled through the REST API"
 DEFAULT_CLEANUP_MINUTES = 5  # NoETL's default age of a "stuck" execution
+MAX_CLEANUP_MINUTES = 100 * 366 * 24 * 60  # a century: more is no age an execution has
 MAX_PAGE_SIZE = 1000  # events per page of GET /api/executions/{id}
 
 
@@ -60,8 +64,21 @@ def _reason(status: int) -> str:
         return "Error"
 
 
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@tornado.web.stream_request_body
 class Api(Base):
-    """JSON in and out; writes behind the Bearer token."""
+    """JSON in and out; writes behind the Bearer token.
+
+    The body is streamed (tornado.web.stream_request_body): prepare() checks the token of a write
+    and the body's declared size before a byte of it is read, so a request without the token, or
+    with a body over NOETL_API_MAX_BODY_BYTES, costs the server nothing; data_received keeps at
+    most that many bytes of a body sent without Content-Length."""
+
+    # the methods other than reads that need no token (e.g. POST /api/catalog/list, a read)
+    open_methods: frozenset[str] = frozenset()
 
     # set by make_app: whether executions started here run (a broker's workers, or the embedded
     # worker of `noetl-celery server`); a `dashboard` on the embedded default has none
@@ -75,24 +92,66 @@ class Api(Base):
         """No cookie or Basic credentials authorise anything here (see require_token), so a write
         a browser could be made to send is refused anyway: no XSRF token to check."""
 
+    def prepare(self) -> None:
+        super().prepare()
+        self._chunks: list[bytes] = []
+        self._received = 0
+        method = self.request.method or "GET"
+        if method not in READS and method not in self.open_methods and self.implements(method):
+            self.require_token()
+        limit = self.noetl.api_max_body_bytes
+        declared = self.request.headers.get("Content-Length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+            raise ApiError(413, f"body: {int(declared)} bytes, more than NOETL_API_MAX_BODY_BYTES ({limit})", "body")
+        if self.request.connection is not None:
+            # past the limit, data_received answers 413; Tornado itself refuses (400) a chunk announced
+            # beyond this margin before reading it
+            self.request.connection.set_max_body_size(limit + 1_048_576)  # type: ignore[attr-defined]
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._finished:
+            return  # answered 413 already: the rest is dropped, and the connection closed after it
+        self._received += len(chunk)
+        limit = self.noetl.api_max_body_bytes
+        if self._received > limit:
+            error = ApiError(413, f"body: more than NOETL_API_MAX_BODY_BYTES ({limit}) bytes", "body")
+            self.send_error(413, exc_info=(ApiError, error, None))
+            return
+        self._chunks.append(chunk)
+
+    @classmethod
+    def implements(cls, method: str) -> bool:
+        """Whether this handler answers `method` (not Tornado's default 405)."""
+        name = method.lower()
+        return getattr(cls, name, None) is not getattr(tornado.web.RequestHandler, name, None)
+
+    def allowed_methods(self) -> list[str]:
+        return [m for m in HTTP_METHODS if self.implements(m)]
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
+            exc = ApiError(405, f"{self.request.method} is not allowed here: {', '.join(self.allowed_methods())}")
         if isinstance(exc, ApiError):
             body = exc.body
             for name, value in exc.headers.items():
                 self.set_header(name, value)
         elif isinstance(exc, tornado.web.HTTPError) and exc.reason:
             body = {"detail": exc.reason}
+        elif probes.outage(exc) is not None:
+            body = {"detail": probes.outage(exc)}
+            self.set_header("Retry-After", "5")
         else:
             body = {"detail": _reason(status_code)}
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(views.mask(body), default=str))
+        self.finish(json.dumps(ids_as_strings(views.mask(body)), default=str))
 
     def answer(self, body: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(views.mask(body), default=str))
+        self.finish(json.dumps(ids_as_strings(views.mask(body)), default=str))
 
     def require_token(self) -> None:
         token = self.noetl.dashboard_token
@@ -115,7 +174,7 @@ class Api(Base):
             )
 
     def json_body(self) -> dict[str, Any]:
-        raw = self.request.body
+        raw = b"".join(self._chunks)
         if not raw.strip():
             return {}
         try:
@@ -140,9 +199,49 @@ class Api(Base):
                 raise ApiError(404, not_found[0].message, "path") from None
             raise ApiError(400, "invalid playbook", "content", problems=[str(p) for p in exc.problems]) from None
         except (BrokerUnavailable, ConfigurationError) as exc:
-            raise ApiError(503, str(exc).splitlines()[0]) from None
+            raise ApiError(503, str(exc).splitlines()[0], headers={"Retry-After": "5"}) from None
+        except (yaml.YAMLError, UnicodeError) as exc:  # a playbook text the YAML reader refuses
+            raise ApiError(400, f"content: not a YAML text: {str(exc).splitlines()[0][:200]}", "content") from None
         except NoetlError as exc:  # refused by the engine (says why)
             raise ApiError(409, str(exc).splitlines()[0]) from None
+
+
+# Ids are JSON strings in every answer: execution ids are 64-bit (above 2**53, where JavaScript's
+# numbers lose digits), and NoETL's server declares them as strings. A value is an id by its key;
+# the playbook's own data (workload, results, inputs) keeps its numbers whatever its keys.
+ID_KEYS = frozenset(
+    {"id", "children", "cancelled_executions", "next_after", "next_cursor", "rerun_of", "before", "after"}
+)
+USER_DATA = frozenset({"workload", "results", "result", "ctx", "vars", "context", "input", "element", "args", "plan"})
+
+
+def is_id_key(key: str) -> bool:
+    return key in ID_KEYS or key.endswith(("_id", "_ids"))
+
+
+def ids_as_strings(value: Any, key: str | None = None) -> Any:
+    """`value` with every integer under an id key (or in a list under one) as a decimal string."""
+    if isinstance(value, dict):
+        return {k: v if k in USER_DATA else ids_as_strings(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [ids_as_strings(item, key) for item in value]
+    if key is not None and isinstance(value, int) and not isinstance(value, bool) and is_id_key(key):
+        return str(value)
+    return value
+
+
+def id_value(body: dict[str, Any], name: str) -> int | None:
+    """body[name] as an id: a JSON string of digits (as this server answers them) or a number."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ApiError(
+        400, f"{name}: expected an id (a string of digits, or a whole number), got {json.dumps(value)[:80]}", name
+    )
 
 
 def optional(body: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str, default: Any = None) -> Any:
@@ -160,14 +259,16 @@ def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def playbook_text(body: dict[str, Any]) -> str:
-    """body["content"]: a playbook's YAML text, base64-encoded (as NoETL's client sends it)."""
+    """body["content"]: a playbook's YAML text, base64-encoded (as NoETL's client sends it) or as
+    it is (as NoETL's GUI sends it). Text that is valid base64 of UTF-8 is taken as base64: a
+    playbook's YAML always has a ':' or a space, which base64 has not."""
     content = body.get("content")
     if not isinstance(content, str) or not content.strip():
-        raise ApiError(400, "content: expected the playbook's YAML text, base64-encoded", "content")
+        raise ApiError(400, "content: expected the playbook's YAML text (as it is, or base64-encoded)", "content")
     try:
         return base64.b64decode(content, validate=True).decode("utf-8")
     except (binascii.Error, ValueError):
-        raise ApiError(400, "content: not base64 of UTF-8 text", "content") from None
+        return content
 
 
 def resource_kind(body: dict[str, Any]) -> None:
@@ -187,15 +288,49 @@ def workload(body: dict[str, Any]) -> dict[str, Any]:
 
 
 class Health(Api):
+    """Liveness: the process answers (probes.py says why the store is not asked here)."""
+
+    doc = {"get": m.Op("Liveness: the process answers", m.Health)}
+
+    def get(self) -> None:
+        self.answer(
+            {
+                "status": "ok",
+                "message": "noetl-celery server is running",
+                "timestamp": datetime.now(UTC).isoformat(),
+                "runs_executions": self.runs,
+            }
+        )
+
+
+class Ready(Api):
+    """Readiness: 200 when the store is reachable at the schema head and the broker reachable,
+    else 503; the body says which (probes.readiness)."""
+
+    doc = {
+        "get": m.Op(
+            "Readiness: the store at the schema head and the broker reachable",
+            m.Ready,
+            extra_answers=((503, m.Ready, "unready: the part that is down"),),
+        )
+    }
+
     async def get(self) -> None:
-        try:
-            await self.db(lambda conn: conn.execute(text("SELECT 1")))
-        except Exception as exc:
-            raise ApiError(503, f"the event store cannot be read: {type(exc).__name__}") from None
-        self.answer({"status": "ok", "runs_executions": self.runs})
+        import asyncio
+
+        body = await asyncio.get_running_loop().run_in_executor(None, probes.readiness, self.noetl)
+        if body["status"] != "ready":
+            self.set_header("Retry-After", "5")
+        self.answer({**body, "runs_executions": self.runs}, 200 if body["status"] == "ready" else 503)
 
 
 class CatalogRegister(Api):
+    doc = {
+        "post": m.Op(
+            "Validate a playbook and register it under its metadata.path", m.Registered, m.RegisterBody, errors=(501,)
+        )
+    }
+
     async def post(self) -> None:
         from noetl_celery import runner
 
@@ -221,6 +356,10 @@ class CatalogRegister(Api):
 
 
 class CatalogList(Api):
+    doc = {"post": m.Op("The registered playbooks", m.CatalogList, m.CatalogListBody, body_required=False)}
+
+    open_methods = frozenset({"POST"})  # a read, as NoETL's client sends it
+
     async def post(self) -> None:
         from noetl_celery import runner
 
@@ -233,29 +372,30 @@ class CatalogList(Api):
                 "(credentials come from NOETL_AUTH_* on the workers)",
                 "resource_type",
             )
+        from noetl_celery.dashboard.gui_api import catalog_entry
+
         rows = await self.call(runner.catalog_entries, self.noetl.database_url)
-        entries = [
-            {
-                "path": r["path"],
-                "name": r["name"],
-                "kind": PLAYBOOK,
-                "resource_type": PLAYBOOK,
-                "registered_at": _iso(r["registered_at"]),
-            }
-            for r in rows
-        ]
+        entries = [catalog_entry(r) for r in rows]
         self.answer({"resource_type": PLAYBOOK, "entries": entries, "count": len(entries)})
 
 
 class Execute(Api):
+    doc = {
+        "post": m.Op(
+            "Start the playbook registered at path (or catalog_id)", m.Started, m.ExecuteBody, errors=(404, 409)
+        )
+    }
+
     async def post(self) -> None:
         from noetl_celery import runner
 
         self.require_token()
         body = self.json_body()
         path = body.get("path")
+        if path is None and isinstance(body.get("catalog_id"), str):
+            path = body["catalog_id"]  # NoETL's GUI starts an entry by its catalog_id (its path here)
         if not isinstance(path, str) or not path.strip():
-            raise ApiError(400, "path: expected the catalog path of a registered playbook", "path")
+            raise ApiError(400, "path: expected the catalog path (or catalog_id) of a registered playbook", "path")
         resource_kind(body)
         overrides = workload(body)
         version = optional(body, "version", (int, str), "a version number")
@@ -331,6 +471,8 @@ def _iso(value: Any) -> str | None:
 
 
 class Status(Api):
+    doc = {"get": m.Op("`noetl-celery status --json`, with NoETL's completed/failed/current_step", m.StatusAnswer)}
+
     async def get(self, execution_id: str) -> None:
         self.answer(await self.call(_status, self.noetl.database_url, int(execution_id)))
 
@@ -342,6 +484,12 @@ class ExecutionJson(Api):
     """An execution's facts (the dashboard's JSON) and one page of its events, newest first, each
     with NoETL's `node_name` (its step): `?page=1&page_size=10`."""
 
+    doc = {
+        "get": m.Op(
+            "An execution and one page of its events, newest first", m.ExecutionPage, query=m.ExecutionPageQuery
+        )
+    }
+
     async def get(self, execution_id: str) -> None:
         from noetl_celery.dashboard.server import _execution
 
@@ -350,15 +498,21 @@ class ExecutionJson(Api):
         if page_size > MAX_PAGE_SIZE:
             raise ApiError(400, f"page_size: at most {MAX_PAGE_SIZE}, got {page_size}", "page_size")
 
+        since_event_id = self.int_arg("since_event_id")
+        event_type = self.arg("event_type")
+
         def read(conn: Any, eid: int) -> dict[str, Any]:
             data = _execution(conn, eid, False)
-            data["events"] = views.events_numbered_page(conn, eid, page, page_size)
-            data["event_total"] = views.event_counts(conn, eid)
+            data["events"] = views.events_numbered_page(
+                conn, eid, page, page_size, after=since_event_id, event_type=event_type
+            )
+            data["event_total"] = views.events_numbered_total(conn, eid, after=since_event_id, event_type=event_type)
             return data
 
         data = await self.db(read, int(execution_id))
         row = data["execution"]
         total = data["event_total"]
+        pages = (total + page_size - 1) // page_size
         self.answer(
             {
                 "execution_id": row["execution_id"],
@@ -380,7 +534,12 @@ class ExecutionJson(Api):
                     "page": page,
                     "page_size": page_size,
                     "total": total,
-                    "pages": (total + page_size - 1) // page_size,
+                    "pages": pages,
+                    # NoETL's names of the same
+                    "total_events": total,
+                    "total_pages": pages,
+                    "has_next": page < pages,
+                    "has_prev": page > 1,
                 },
             }
         )
@@ -395,6 +554,16 @@ class ExecutionJson(Api):
 
 
 class Cancel(Api):
+    doc = {
+        "post": m.Op(
+            "Cancel a running execution and its running children",
+            m.Cancelled,
+            m.CancelBody,
+            body_required=False,
+            errors=(404, 409),
+        )
+    }
+
     async def post(self, execution_id: str) -> None:
         from noetl_celery import runner
 
@@ -432,6 +601,16 @@ class Rerun(Api):
     (`workload`, `resource_kind`), plus `from_step` (start there, the steps before it keep their
     results) and `latest` (the playbook registered at its path now, not the stored plan)."""
 
+    doc = {
+        "post": m.Op(
+            "A new execution made from this one, whole or from a step",
+            m.Rerun,
+            m.RerunBody,
+            body_required=False,
+            errors=(404, 409),
+        )
+    }
+
     async def post(self, execution_id: str) -> None:
         self.require_token()
         body = self.json_body()
@@ -465,14 +644,26 @@ def rerun_or_refusal(settings: Any, execution_id: int, overrides: dict[str, Any]
 
 
 class Cleanup(Api):
+    doc = {
+        "post": m.Op(
+            "Cancel top-level executions running for more than older_than_minutes",
+            m.Cleanup,
+            m.CleanupBody,
+            body_required=False,
+            errors=(409,),
+        )
+    }
+
     async def post(self) -> None:
         from noetl_celery import runner
 
         self.require_token()
         body = self.json_body()
         minutes = optional(body, "older_than_minutes", (int, float), "a number of minutes", DEFAULT_CLEANUP_MINUTES)
-        if minutes < 0:
-            raise ApiError(400, f"older_than_minutes: expected 0 or more, got {minutes}", "older_than_minutes")
+        if not 0 <= minutes <= MAX_CLEANUP_MINUTES:
+            raise ApiError(
+                400, f"older_than_minutes: from 0 to {MAX_CLEANUP_MINUTES}, got {minutes}", "older_than_minutes"
+            )
         dry_run = optional(body, "dry_run", bool, "true or false", False)
         ids = await self.call(runner.cleanup, self.noetl.database_url, minutes, dry_run)
         verb = "would cancel" if dry_run else "cancelled"
@@ -497,19 +688,41 @@ MAX_EVENTS = 10000
 
 
 class Executions(Api):
-    """`noetl-celery executions --json`: ?status=&playbook=&limit=."""
+    """GET /api/executions: NoETL's shape, a JSON array of executions, newest first, filtered by
+    ?status=&playbook=(part of the name)&path=(catalog path)&parent=(id)&since=&until=(ISO 8601
+    start times, since <= start < until)&limit=; the next page is ?cursor=<X-Next-Cursor> (also
+    in the `Link: <...>; rel="next"` header), absent on the last page."""
+
+    doc = {
+        "get": m.Op(
+            "Executions, newest first, filtered; the next page is ?cursor=<X-Next-Cursor>",
+            list[m.ListedExecution],
+            query=m.ExecutionsQuery,
+        )
+    }
 
     async def get(self) -> None:
-        from noetl_celery.watch import executions
-
         status = self.arg("status")
         if status is not None and status not in STATUSES:
             raise ApiError(400, f"status: one of {', '.join(STATUSES)}, got {status!r}", "status")
         limit = self.bounded("limit", DEFAULT_LIST, MAX_LIST)
-        rows = await self.call(
-            lambda: executions(self.noetl.database_url, status=status, playbook=self.arg("playbook"), limit=limit)
-        )
-        self.answer({"executions": rows})
+        filters = {
+            "status": status,
+            "playbook": self.arg("playbook"),
+            "path": self.arg("path"),
+            "parent": self.id_arg("parent"),
+            "since": self.time_arg("since"),
+            "until": self.time_arg("until"),
+            "before": self.id_arg("cursor") or self.id_arg("before"),
+        }
+        rows = await self.db(views.list_executions, limit=limit + 1, **filters)  # one more: is there a next page?
+        if len(rows) > limit:
+            cursor = str(rows[limit - 1]["execution_id"])
+            query = {k: v for k, v in self.request.query_arguments.items() if k not in ("cursor", "before")}
+            link = self.request.path + "?" + urlencode({**query, "cursor": cursor}, doseq=True)
+            self.set_header("X-Next-Cursor", cursor)
+            self.set_header("Link", f'<{link}>; rel="next"')
+        self.answer([listed_execution(r) for r in rows[:limit]])
 
     def bounded(self, name: str, default: int, most: int) -> int:
         value = self.int_arg(name)
@@ -519,10 +732,50 @@ class Executions(Api):
             raise ApiError(400, f"{name}: from 1 to {most}, got {value}", name)
         return value
 
+    def id_arg(self, name: str) -> int | None:
+        value = self.arg(name)
+        if value is None:
+            return None
+        if not value.isdigit() or int(value) > 2**63 - 1:
+            raise ApiError(400, f"{name}: expected an execution id (digits), got {value[:40]!r}", name)
+        return int(value)
+
+    def time_arg(self, name: str) -> datetime | None:
+        value = self.arg(name)
+        if value is None:
+            return None
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00").replace(" ", "+"))
+        except ValueError:
+            raise ApiError(
+                400, f"{name}: expected an ISO 8601 time (2026-01-31T12:00:00Z), got {value[:40]!r}", name
+            ) from None
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def listed_execution(r: dict[str, Any]) -> dict[str, Any]:
+    """One execution of a list: `noetl-celery executions --json`'s fields and NoETL's (path,
+    version, start_time, end_time, duration_seconds, duration_human, progress 0-100)."""
+    from noetl_celery.watch import _listed
+
+    created, finished = _iso(r["created_at"]), _iso(r["finished_at"])
+    done, total = r["done"], r["total"]
+    progress = 100 if r["status"] == "completed" else (100 * done // total if total else 0)
+    return {
+        **_listed(r),
+        "path": r.get("playbook_path") or r["playbook_name"],
+        "version": "1",
+        **{k: v for k, v in noetl_fields(r["status"], created, finished).items() if k not in ("completed", "failed")},
+        "progress": progress,
+        "child_count": r.get("children", 0),
+    }
+
 
 class Events(Executions):
     """`noetl-celery events ID --json`: the rows in id order, ?after=<event id>&type=&step=&limit=
     (repeat type and step for several); the next page starts after the last id."""
+
+    doc = {"get": m.Op("`noetl-celery events --json`: rows in id order after `after`", m.Events, query=m.EventsQuery)}
 
     async def get(self, execution_id: str) -> None:  # type: ignore[override]
         from noetl_celery.watch import stream_events
@@ -538,8 +791,90 @@ class Events(Executions):
         self.answer({"execution_id": eid, "events": rows, "next_after": rows[-1]["id"] if rows else after})
 
 
+MAX_ATTEMPTS_LISTED = 1000
+
+
+def attempt_summary(row: dict[str, Any]) -> dict[str, Any]:
+    meta = row.get("meta") or {}
+    return {
+        "n": row["n"],
+        "event_id": row["id"],
+        "step": row["step"],
+        "iteration": row["iteration"],
+        "retry": row["attempt"],  # the attempt's number among the tries of its step (or iteration)
+        "status": row["status"],
+        "event_type": row["event_type"],
+        "worker": row["worker"],
+        "started_at": _iso(row["started_at"]),
+        "ended_at": _iso(row["created_at"]),
+        "duration_ms": row["duration_ms"],
+        "has_output": any(meta.get(k) for k in views.ATTEMPT_OUTPUT),
+    }
+
+
+class Attempts(Executions):
+    """GET /api/executions/{id}/attempts?first=1&limit=100: the attempts in the order they ended,
+    numbered from 1 (`n`, the number of .../attempts/{n}/log)."""
+
+    doc = {"get": m.Op("The attempts in the order they ended, numbered from 1", m.Attempts, query=m.AttemptsQuery)}
+
+    async def get(self, execution_id: str) -> None:  # type: ignore[override]
+        first = self.bounded("first", 1, 2**31)
+        limit = self.bounded("limit", 100, MAX_ATTEMPTS_LISTED)
+        eid = int(execution_id)
+        rows = await self.db(self.read, eid, first, limit)
+        self.answer({"execution_id": eid, "attempts": [attempt_summary(r) for r in rows]})
+
+    @staticmethod
+    def read(conn: Any, eid: int, first: int, count: int) -> list[dict[str, Any]]:
+        from noetl_celery.store import repo
+
+        if repo.get_execution(conn, eid) is None:
+            raise ApiError(404, f"no execution {eid}")
+        return views.attempt_rows(conn, eid, first, count)
+
+
+class AttemptLog(Api):
+    """GET /api/executions/{id}/attempts/{n}/log: what attempt `n` wrote, as the store keeps it
+    (stdout and stderr of a python task, and its `logging` records), with the attempt's step,
+    iteration, retry, status, worker and error."""
+
+    doc = {"get": m.Op("What attempt n wrote: stdout, stderr, logging lines, its error", m.AttemptLog)}
+
+    async def get(self, execution_id: str, n: str) -> None:
+        eid, number = int(execution_id), int(n)
+        if number < 1:
+            raise ApiError(404, f"no attempt {number}: attempts are numbered from 1")
+        rows = await self.db(Attempts.read, eid, number, 1)
+        if not rows:
+            raise ApiError(404, f"execution {eid} has no attempt {number}")
+        row = rows[0]
+        meta = row.get("meta") or {}
+        log = meta.get("log")
+        self.answer(
+            {
+                "execution_id": eid,
+                **attempt_summary(row),
+                "stdout": meta.get("stdout") or "",
+                "stderr": meta.get("stderr") or "",
+                "log": log if isinstance(log, list) else ([] if not log else str(log).splitlines()),
+                "error": row.get("error"),
+            }
+        )
+
+
 class Resume(Api):
     """`noetl-celery resume ID`: the same execution continues from what did not complete."""
+
+    doc = {
+        "post": m.Op(
+            "`resume`: the same execution continues from what did not complete",
+            m.Resumed,
+            m.EmptyBody,
+            body_required=False,
+            errors=(409,),
+        )
+    }
 
     async def post(self, execution_id: str) -> None:
         from noetl_celery import runner
@@ -554,6 +889,10 @@ class Resume(Api):
 class Compile(Api):
     """`noetl-celery validate` / `compile --json` of a playbook sent as `content` (base64), with
     `workload` overrides. Behind the token: compiling resolves sub-playbooks on the server."""
+
+    doc = {
+        "post": m.Op("`validate` / `compile --json` of a playbook body", m.AnyObject, m.ContentBody, errors=(404, 409))
+    }
 
     async def post(self, action: str) -> None:
         from noetl_celery import runner
@@ -574,6 +913,8 @@ class Compile(Api):
 
 class Submit(Api):
     """`noetl-celery submit` of a playbook sent as `content` (base64), without registering it."""
+
+    doc = {"post": m.Op("`submit` of a playbook body, not registered", m.Started, m.ContentBody, errors=(404, 409))}
 
     async def post(self) -> None:
         from noetl_celery import runner
@@ -601,14 +942,28 @@ CREDENTIALS_501 = (
 
 
 class Credentials(Api):
-    def get(self, *_: str) -> None:
+    doc = {
+        "get": m.Op("Not offered: credentials come from NOETL_AUTH_* on the workers", m.Error, status=501),
+        "post": m.Op("Not offered", m.Error, status=501),
+    }
+
+    def get(self, name: str) -> None:
         raise ApiError(501, CREDENTIALS_501)
 
-    def post(self, *_: str) -> None:
+    def post(self, name: str) -> None:
         raise ApiError(501, CREDENTIALS_501)
+
+
+class NotFound(Api):
+    """Every path no route matches: a JSON 404 (Application's default_handler_class)."""
+
+    def prepare(self) -> None:
+        raise ApiError(404, f"no route {self.request.path!r}: see /api/openapi.json")
 
 
 class OpenApi(Api):
+    doc = {"get": m.Op("This document")}
+
     def get(self) -> None:
         from noetl_celery.dashboard.openapi import document
 
@@ -616,13 +971,17 @@ class OpenApi(Api):
 
 
 def routes(common: dict[str, Any], runs: bool) -> list[tuple[str, type, dict[str, Any]]]:
+    from noetl_celery.dashboard.gui_api import gui_routes
     from noetl_celery.dashboard.schedules_api import schedule_routes
 
     api = {**common, "runs": runs}
     return [
         *schedule_routes(api),
+        (r"/api/executions/(\d+)", ExecutionJson, api),
         (r"/health", Health, api),
         (r"/api/health", Health, api),
+        (r"/ready", Ready, api),
+        (r"/api/ready", Ready, api),
         (r"/api/openapi\.json", OpenApi, api),
         (r"/api/catalog/register", CatalogRegister, api),
         (r"/api/catalog/list", CatalogList, api),
@@ -631,11 +990,19 @@ def routes(common: dict[str, Any], runs: bool) -> list[tuple[str, type, dict[str
         (r"/api/submit", Submit, api),
         (r"/api/executions", Executions, api),
         (r"/api/executions/(\d+)/events", Events, api),
+        (r"/api/executions/(\d+)/attempts", Attempts, api),
+        (r"/api/executions/(\d+)/attempts/(\d+)/log", AttemptLog, api),
         (r"/api/executions/(\d+)/resume", Resume, api),
         (r"/api/executions/cleanup", Cleanup, api),
         (r"/api/executions/(\d+)/status", Status, api),
         (r"/api/executions/(\d+)/cancel", Cancel, api),
+        (r"/api/executions/(\d+)/stop", Cancel, api),  # NoETL's GUI's stop
         (r"/api/executions/(\d+)/rerun", Rerun, api),
-        (r"/api/credentials", Credentials, api),
+        *gui_routes(api),
         (r"/api/credentials/(.+)", Credentials, api),
     ]
+
+
+def api_routes() -> list[tuple[str, type]]:
+    """The API's path patterns and handlers (the dashboard's pages left out): openapi.py's input."""
+    return [(pattern, handler) for pattern, handler, _ in routes({}, True) if issubclass(handler, Api)]

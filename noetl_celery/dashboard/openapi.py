@@ -1,296 +1,184 @@
-"""The OpenAPI 3.1 document of the REST API (api.py), served at /api/openapi.json."""
+"""The OpenAPI 3.1 document of the REST API, served at /api/openapi.json, built from the routes
+(api.api_routes: each path pattern and its handler) and the pydantic models of models.py that each
+handler names in its `doc` (method -> models.Op): nothing is written here by hand but the errors'
+descriptions.
+
+A route's path parameters are named after its handler method's parameters and constrained by
+the route's own pattern (an id: 1 to 19 digits); alternatives in a pattern, `(pause|resume)`,
+become one path each. Responses every route can give are added: 400 for a bad body or query,
+401/403 for a write (a Bearer token), 404 for a path naming something, 413 for a body, 503 when
+the store or the broker cannot be reached.
+"""
 
 from __future__ import annotations
 
+import inspect
+import re
+from collections.abc import Iterator
 from typing import Any
 
+from pydantic import BaseModel, TypeAdapter
+
 from noetl_celery import __version__
-from noetl_celery.dashboard.api import STATUSES
-from noetl_celery.dashboard.schedules_api import schedule_paths
+from noetl_celery.dashboard import models
 
 JSON = "application/json"
-BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
-
-
-def _object(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "object", "properties": properties}
-    if required:
-        schema["required"] = required
-    return schema
-
-
-def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
-    return {"required": required, "content": {JSON: {"schema": schema}}}
-
-
-def _ok(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"description": description, "content": {JSON: {"schema": schema or {"type": "object"}}}}
-
-
-ERROR = {"$ref": "#/components/schemas/Error"}
-
-
-def _errors(*codes: int) -> dict[str, Any]:
-    text = {
-        400: "a bad body or parameter; `field` names it",
-        401: "no or a wrong Bearer token",
-        403: "writes are disabled (no NOETL_DASHBOARD_TOKEN on the server)",
-        404: "no such execution, catalog path or schedule",
-        409: "refused by the engine",
-        501: "not offered by this server",
-        503: "no worker, or the broker or the event store cannot be reached",
-    }
-    return {str(c): {"description": text[c], "content": {JSON: {"schema": ERROR}}} for c in codes}
-
-
-WRITE = (400, 401, 403)
-EXECUTION_ID = {"name": "execution_id", "in": "path", "required": True, "schema": {"type": "integer"}}
-WORKLOAD = {
-    "type": "object",
-    "description": "deep-merged over the playbook's workload, as `--set` does (a dotted key names a nested value)",
+REF = "#/components/schemas/{model}"
+ERRORS = {
+    400: "a bad body or parameter; `field` names it",
+    401: "no or a wrong Bearer token",
+    403: "writes are disabled (no NOETL_DASHBOARD_TOKEN on the server)",
+    404: "no such route, execution, attempt, catalog path or schedule",
+    409: "refused by the engine (it says why)",
+    413: "the body is larger than NOETL_API_MAX_BODY_BYTES",
+    501: "not offered by this server",
+    503: "no worker runs executions here, or the broker or the event store cannot be reached",
 }
+READS = ("get", "head", "options")
+METHODS = ("get", "post", "put", "patch", "delete")
+ID_PATTERN = r"^[0-9]{1,19}$"
 
 
-CONTENT = {
-    "type": "object",
-    "properties": {"content": {"type": "string", "contentEncoding": "base64"}, "workload": WORKLOAD},
-    "required": ["content"],
-}
+def split_pattern(pattern: str) -> list[tuple[bool, str]]:
+    """A route's regex as (is_group, text) parts: literal text and its top-level groups."""
+    parts: list[tuple[bool, str]] = []
+    depth, start = 0, 0
+    literal: list[str] = []
+    for i, ch in enumerate(pattern):
+        if ch == "(" and (i == 0 or pattern[i - 1] != "\\"):
+            if depth == 0:
+                parts.append((False, "".join(literal)))
+                literal, start = [], i + 1
+            depth += 1
+        elif ch == ")" and pattern[i - 1] != "\\":
+            depth -= 1
+            if depth == 0:
+                parts.append((True, pattern[start:i]))
+        elif depth == 0:
+            literal.append(ch)
+    parts.append((False, "".join(literal)))
+    return [(g, re.sub(r"\\(.)", r"\1", t) if not g else t) for g, t in parts if g or t]
 
 
-def _rerun(started: dict[str, Any]) -> dict[str, Any]:
-    """POST /api/executions/{id}/rerun: NoETL's body, and the project's from_step and latest."""
-    body = _object(
-        {
-            "workload": {**WORKLOAD, "description": "deep-merged over the OLD execution's workload"},
-            "resource_kind": {"type": "string", "enum": ["playbook"]},
-            "from_step": {
-                "type": "string",
-                "description": "start at this step; the steps that completed before its last run keep their "
-                "results (copied, not run). Absent: the whole playbook runs again",
-            },
-            "latest": {
-                "type": "boolean",
-                "description": "the playbook registered at the execution's catalog path now, not its stored plan",
-            },
-        }
-    )
-    answer = {
-        **started,
-        "properties": {
-            **started["properties"],
-            "rerun_of": {"type": "integer"},
-            "from_step": {"type": ["string", "null"]},
-            "latest": {"type": "boolean"},
-        },
+def _alternatives(group: str) -> list[str] | None:
+    """`pause|resume` -> ["pause", "resume"]; None for a group that is not a list of words."""
+    words = group.split("|")
+    return words if len(words) > 1 and all(re.fullmatch(r"[A-Za-z_-]+", w) for w in words) else None
+
+
+def expand(pattern: str, names: list[str]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """(OpenAPI path, path parameters) of a route pattern; `names` are its handler's parameters."""
+    paths: list[tuple[str, list[dict[str, Any]]]] = [("", [])]
+    names = list(names)
+    for is_group, text in split_pattern(pattern):
+        if not is_group:
+            paths = [(p + text, params) for p, params in paths]
+            continue
+        name = names.pop(0) if names else "value"
+        words = _alternatives(text)
+        if words is not None:
+            paths = [(p + w, params) for p, params in paths for w in words]
+            continue
+        regex = ID_PATTERN if text == r"\d+" else f"^{text}$"
+        param = {"name": name, "in": "path", "required": True, "schema": {"type": "string", "pattern": regex}}
+        paths = [(p + "{" + name + "}", [*params, param]) for p, params in paths]
+    yield from paths
+
+
+class Schemas:
+    """The components/schemas of the document, filled as models are referred to."""
+
+    def __init__(self) -> None:
+        self.components: dict[str, Any] = {}
+
+    def of(self, kind: Any) -> dict[str, Any]:
+        schema = TypeAdapter(kind).json_schema(ref_template=REF)
+        self.components.update(schema.pop("$defs", {}))
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            self.components[kind.__name__] = schema
+            return {"$ref": REF.format(model=kind.__name__)}
+        return schema
+
+
+def _non_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A query parameter's schema without the `null` branch of an optional field."""
+    branches = [s for s in schema.get("anyOf", []) if s.get("type") != "null"]
+    if len(branches) == 1:
+        extra = {k: v for k, v in schema.items() if k not in ("anyOf", "default", "title")}
+        return {**branches[0], **extra}
+    return {k: v for k, v in schema.items() if k not in ("default", "title")}
+
+
+def query_parameters(query: type[BaseModel]) -> list[dict[str, Any]]:
+    schema = query.model_json_schema()
+    required = set(schema.get("required", ()))
+    return [
+        {"name": name, "in": "query", "required": name in required, "schema": _non_null(prop)}
+        for name, prop in schema["properties"].items()
+    ]
+
+
+def _answer(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def operation(
+    schemas: Schemas, handler: type, method: str, op: models.Op, path: str, params: list[dict[str, Any]]
+) -> dict[str, Any]:
+    write = method not in READS and method.upper() not in getattr(handler, "open_methods", frozenset())
+    codes = set(op.errors)
+    if op.body is not None or op.query is not None:
+        codes.add(400)
+    if op.body is not None:
+        codes.add(413)
+    if write:
+        codes |= {401, 403, 413}
+    if params:
+        codes.add(404)
+    if path not in ("/health", "/api/health"):
+        codes.add(503)
+    responses: dict[str, Any] = {str(op.status): _answer("success", schemas.of(op.answer))}
+    for status, model, description in op.extra_answers:
+        responses[str(status)] = _answer(description, schemas.of(model))
+    error = schemas.of(models.Error)
+    for code in sorted(codes):
+        responses.setdefault(str(code), _answer(ERRORS[code], error))
+    result: dict[str, Any] = {
+        "summary": op.summary,
+        "operationId": f"{method}_{re.sub(r'[^A-Za-z0-9]+', '_', path).strip('_')}",
+        "parameters": params + (query_parameters(op.query) if op.query is not None else []),
+        "responses": responses,
     }
-    return {
-        "post": {
-            "summary": "A new execution made from this one (noetl-celery rerun): whole, or from a step; "
-            "with changed parameters, or the latest registered version",
-            "security": BEARER,
-            "parameters": [EXECUTION_ID],
-            "requestBody": _body(body, required=False),
-            "responses": {"200": _ok("started", answer), **_errors(*WRITE, 404, 409, 503)},
-        }
-    }
+    if op.body is not None:
+        result["requestBody"] = {"required": op.body_required, "content": {JSON: {"schema": schemas.of(op.body)}}}
+    if write:
+        result["security"] = [{"bearer": []}]
+    return result
 
 
 def document() -> dict[str, Any]:
-    started = _object(
-        {
-            "execution_id": {"type": "integer"},
-            "status": {"type": "string"},
-            "path": {"type": "string"},
-            "playbook": {"type": "string"},
-        },
-        ["execution_id", "status"],
-    )
+    from noetl_celery.dashboard.api import api_routes
+
+    schemas = Schemas()
+    paths: dict[str, dict[str, Any]] = {}
+    for pattern, handler in api_routes():
+        for method, op in getattr(handler, "doc", {}).items():
+            names = list(inspect.signature(getattr(handler, method)).parameters)[1:]
+            for path, params in expand(pattern, names):
+                paths.setdefault(path, {})[method] = operation(schemas, handler, method, op, path, params)
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "noetl-celery REST API",
             "version": __version__,
             "description": (
-                "NoETL's routes with NoETL's shapes, so that NoETL's client drives this engine. Reads "
-                "are open; writes need `Authorization: Bearer <NOETL_DASHBOARD_TOKEN>`."
+                "NoETL's routes with NoETL's shapes, so that NoETL's client and GUI drive this engine. "
+                "Reads are open; writes need `Authorization: Bearer <NOETL_DASHBOARD_TOKEN>`. Ids are strings."
             ),
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Error": _object({"detail": {"type": "string"}, "field": {"type": "string"}}, ["detail"]),
-            },
+            "schemas": schemas.components,
         },
-        "paths": {
-            "/health": {
-                "get": {
-                    "summary": "The server answers and reads its event store",
-                    "responses": {"200": _ok("healthy"), **_errors(503)},
-                }
-            },
-            "/api/openapi.json": {"get": {"summary": "This document", "responses": {"200": _ok("OpenAPI 3.1")}}},
-            "/api/catalog/register": {
-                "post": {
-                    "summary": "Validate a playbook and register it under its metadata.path",
-                    "security": BEARER,
-                    "requestBody": _body(
-                        _object(
-                            {
-                                "content": {"type": "string", "contentEncoding": "base64"},
-                                "resource_type": {"type": "string", "enum": ["Playbook", "Credential"]},
-                            },
-                            ["content"],
-                        )
-                    ),
-                    "responses": {"200": _ok("registered"), **_errors(*WRITE, 501)},
-                }
-            },
-            "/api/catalog/list": {
-                "post": {
-                    "summary": "The registered playbooks",
-                    "requestBody": _body(_object({"resource_type": {"type": "string"}}), required=False),
-                    "responses": {
-                        "200": _ok(
-                            "entries by path",
-                            _object({"entries": {"type": "array", "items": {"type": "object"}}}, ["entries"]),
-                        ),
-                        **_errors(400),
-                    },
-                }
-            },
-            "/api/execute": {
-                "post": {
-                    "summary": "Start a registered playbook by its catalog path",
-                    "security": BEARER,
-                    "requestBody": _body(
-                        _object(
-                            {
-                                "path": {"type": "string"},
-                                "workload": WORKLOAD,
-                                "payload": {**WORKLOAD, "description": "older clients' name of workload"},
-                                "resource_kind": {"type": "string", "enum": ["playbook"]},
-                                "version": {"type": ["integer", "string"]},
-                            },
-                            ["path"],
-                        )
-                    ),
-                    "responses": {"200": _ok("started", started), **_errors(*WRITE, 404, 503)},
-                }
-            },
-            "/api/executions/{execution_id}": {
-                "get": {
-                    "summary": "An execution and one page of its events, newest first",
-                    "parameters": [
-                        EXECUTION_ID,
-                        {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1}},
-                        {
-                            "name": "page_size",
-                            "in": "query",
-                            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
-                        },
-                    ],
-                    "responses": {"200": _ok("the execution"), **_errors(400, 404)},
-                }
-            },
-            "/api/executions/{execution_id}/status": {
-                "get": {
-                    "summary": "`noetl-celery status --json`, with NoETL's completed/failed/current_step fields",
-                    "parameters": [EXECUTION_ID],
-                    "responses": {"200": _ok("the status"), **_errors(404)},
-                }
-            },
-            "/api/executions/{execution_id}/cancel": {
-                "post": {
-                    "summary": "Cancel a running execution and its running children",
-                    "security": BEARER,
-                    "parameters": [EXECUTION_ID],
-                    "requestBody": _body(
-                        _object({"cascade": {"type": "boolean"}, "reason": {"type": "string"}}), required=False
-                    ),
-                    "responses": {
-                        "200": _ok(
-                            "cancelled",
-                            _object({"cancelled_executions": {"type": "array", "items": {"type": "string"}}}),
-                        ),
-                        **_errors(*WRITE, 404),
-                    },
-                }
-            },
-            "/api/executions/{execution_id}/rerun": _rerun(started),
-            "/api/executions/cleanup": {
-                "post": {
-                    "summary": "Cancel top-level executions running for longer than older_than_minutes",
-                    "security": BEARER,
-                    "requestBody": _body(
-                        _object({"older_than_minutes": {"type": "number"}, "dry_run": {"type": "boolean"}}),
-                        required=False,
-                    ),
-                    "responses": {"200": _ok("the executions found"), **_errors(*WRITE)},
-                }
-            },
-            "/api/validate": {
-                "post": {
-                    "summary": "`noetl-celery validate` of a playbook body",
-                    "security": BEARER,
-                    "requestBody": _body(CONTENT),
-                    "responses": {"200": _ok("valid"), **_errors(*WRITE)},
-                }
-            },
-            "/api/compile": {
-                "post": {
-                    "summary": "`noetl-celery compile --json` of a playbook body: its steps as task signatures",
-                    "security": BEARER,
-                    "requestBody": _body(CONTENT),
-                    "responses": {"200": _ok("the plan described"), **_errors(*WRITE)},
-                }
-            },
-            "/api/submit": {
-                "post": {
-                    "summary": "`noetl-celery submit` of a playbook body, without registering it",
-                    "security": BEARER,
-                    "requestBody": _body(CONTENT),
-                    "responses": {"200": _ok("started", started), **_errors(*WRITE, 503)},
-                }
-            },
-            "/api/executions": {
-                "get": {
-                    "summary": "`noetl-celery executions --json`: the most recent executions, newest first",
-                    "parameters": [
-                        {"name": "status", "in": "query", "schema": {"type": "string", "enum": list(STATUSES)}},
-                        {"name": "playbook", "in": "query", "schema": {"type": "string"}},
-                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
-                    ],
-                    "responses": {"200": _ok("executions"), **_errors(400)},
-                }
-            },
-            "/api/executions/{execution_id}/events": {
-                "get": {
-                    "summary": "`noetl-celery events ID --json`: event rows in id order, filtered",
-                    "parameters": [
-                        EXECUTION_ID,
-                        {"name": "after", "in": "query", "schema": {"type": "integer"}},
-                        {"name": "type", "in": "query", "schema": {"type": "array", "items": {"type": "string"}}},
-                        {"name": "step", "in": "query", "schema": {"type": "array", "items": {"type": "string"}}},
-                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10000}},
-                    ],
-                    "responses": {"200": _ok("events and next_after"), **_errors(400, 404)},
-                }
-            },
-            "/api/executions/{execution_id}/resume": {
-                "post": {
-                    "summary": "`noetl-celery resume ID`: continue a failed or cancelled execution",
-                    "security": BEARER,
-                    "parameters": [EXECUTION_ID],
-                    "responses": {"200": _ok("resumed"), **_errors(*WRITE, 404, 409, 503)},
-                }
-            },
-            "/api/credentials": {
-                "post": {
-                    "summary": "Not offered: credentials come from NOETL_AUTH_* on the workers",
-                    "responses": _errors(501),
-                }
-            },
-            **schedule_paths(_ok, _errors, _body, _object, BEARER, WRITE),
-        },
+        "paths": dict(sorted(paths.items())),
     }

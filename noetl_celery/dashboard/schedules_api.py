@@ -15,7 +15,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import tornado.web
+
+from noetl_celery.dashboard import models as m
 from noetl_celery.dashboard.api import Api, ApiError, optional, workload
+from noetl_celery.dashboard.launch import Pages
 from noetl_celery.dashboard.server import Base
 from noetl_celery.store import views
 
@@ -38,6 +42,17 @@ class _ScheduleApi(Api):
 
 
 class Schedules(_ScheduleApi):
+    doc = {
+        "get": m.Op("The schedules beat fires, with last and next fire times", m.Schedules),
+        "post": m.Op(
+            "Add a schedule (cron or every); replace: true overwrites one",
+            m.AnyObject,
+            m.ScheduleBody,
+            status=201,
+            errors=(404,),
+        ),
+    }
+
     async def get(self) -> None:
         from noetl_celery import schedules
 
@@ -81,6 +96,11 @@ class Schedules(_ScheduleApi):
 
 
 class ScheduleOne(_ScheduleApi):
+    doc = {
+        "get": m.Op("A schedule and its latest fire times", m.AnyObject, query=m.ScheduleQuery),
+        "delete": m.Op("Remove a schedule (the record of its runs stays)"),
+    }
+
     async def get(self, name: str) -> None:
         from noetl_celery import schedules
 
@@ -98,13 +118,44 @@ class ScheduleOne(_ScheduleApi):
 
 
 class SchedulePause(_ScheduleApi):
+    doc = {"post": m.Op("Pause or resume a schedule, or run its playbook now", m.AnyObject, errors=(409,))}
+
     async def post(self, name: str, action: str) -> None:
         from noetl_celery import schedules
 
         self.require_token()
         self.json_body()
+        if action == "run":
+            self.require_runner()
+            execution_id = await self.schedule_call(schedules.run_now, self.noetl, name)
+            self.answer({"name": name, "execution_id": execution_id, "status": "running"})
+            return
         item = await self.schedule_call(schedules.set_paused, self.noetl.database_url, name, action == "pause")
         self.answer(item)
+
+
+class ScheduleAction(Pages):
+    """POST /schedules/<name>/(pause|resume|run) from the schedules page: the dashboard's token
+    (Basic or Bearer), its origin and XSRF checks (server.Control); run needs a server whose
+    executions run."""
+
+    async def post(self, name: str, action: str) -> None:  # type: ignore[override]
+        from noetl_celery import schedules
+
+        if action == "run":
+            if not self.allowed():
+                return
+            await self.start(lambda: schedules.run_now(self.noetl, name))
+            return
+        if not self.admitted():
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, schedules.set_paused, self.noetl.database_url, name, action == "pause"
+            )
+        except schedules.ScheduleNotFound as exc:
+            raise tornado.web.HTTPError(404, reason=str(exc)[:200]) from None
+        self.redirect("/schedules")
 
 
 class SchedulesPage(Base):
@@ -114,82 +165,15 @@ class SchedulesPage(Base):
         from noetl_celery import schedules
 
         items = await asyncio.get_running_loop().run_in_executor(None, schedules.list_all, self.noetl.database_url)
-        self.page("schedules.html", schedules=views.mask(items))
+        self.page("schedules.html", schedules=views.mask(items), can_pause=self.noetl.dashboard_token is not None)
 
 
 def schedule_routes(api: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
     page = {k: v for k, v in api.items() if k != "runs"}
     return [
-        (r"/schedules", SchedulesPage, page),
+        (r"/schedules", SchedulesPage, {**page, "runs": api.get("runs", False)}),
+        (r"/schedules/([A-Za-z0-9][A-Za-z0-9_.:-]*)/(pause|resume|run)", ScheduleAction, api),
         (r"/api/schedules", Schedules, api),
-        (r"/api/schedules/([A-Za-z0-9][A-Za-z0-9_.:-]*)/(pause|resume)", SchedulePause, api),
+        (r"/api/schedules/([A-Za-z0-9][A-Za-z0-9_.:-]*)/(pause|resume|run)", SchedulePause, api),
         (r"/api/schedules/([A-Za-z0-9][A-Za-z0-9_.:-]*)", ScheduleOne, api),
     ]
-
-
-SCHEDULE_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
-
-
-def schedule_paths(ok: Any, errors: Any, body: Any, obj: Any, bearer: Any, write: tuple[int, ...]) -> dict[str, Any]:
-    """The OpenAPI paths of these routes (openapi.py's helpers passed in)."""
-    schedule = obj(
-        {
-            "name": {"type": "string"},
-            "playbook": {"type": "string", "description": "a catalog path, or a playbook file on the server"},
-            "cron": {"type": ["string", "null"], "description": "5 fields, or 6 with seconds first"},
-            "every": {"type": ["integer", "null"], "minimum": 1, "description": "interval in seconds"},
-            "timezone": {"type": "string", "description": "IANA name of the cron's time zone (default UTC)"},
-            "workload": {"type": "object", "description": "overrides merged as `--set` does"},
-            "missed": {"type": "string", "enum": ["latest", "skip"]},
-            "paused": {"type": "boolean"},
-        },
-        ["name", "playbook"],
-    )
-    return {
-        "/api/schedules": {
-            "get": {
-                "summary": "The schedules `celery -A noetl_celery beat` fires, with last and next fire times",
-                "responses": {"200": ok("schedules")},
-            },
-            "post": {
-                "summary": "Add a schedule (cron or every); replace: true overwrites one of that name",
-                "security": bearer,
-                "requestBody": body(
-                    {**schedule, "properties": {**schedule["properties"], "replace": {"type": "boolean"}}}
-                ),
-                "responses": {"201": ok("the schedule"), **errors(*write, 404)},
-            },
-        },
-        "/api/schedules/{name}": {
-            "get": {
-                "summary": "A schedule and its latest fire times, each with the execution it started",
-                "parameters": [
-                    SCHEDULE_NAME,
-                    {"name": "runs", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_RUNS}},
-                ],
-                "responses": {"200": ok("the schedule and its runs"), **errors(400, 404)},
-            },
-            "delete": {
-                "summary": "Remove a schedule (the record of what it started stays)",
-                "security": bearer,
-                "parameters": [SCHEDULE_NAME],
-                "responses": {"200": ok("removed"), **errors(401, 403, 404)},
-            },
-        },
-        "/api/schedules/{name}/pause": {
-            "post": {
-                "summary": "Pause a schedule: no fire time starts until it is resumed",
-                "security": bearer,
-                "parameters": [SCHEDULE_NAME],
-                "responses": {"200": ok("the schedule"), **errors(*write, 404)},
-            }
-        },
-        "/api/schedules/{name}/resume": {
-            "post": {
-                "summary": "Resume a schedule from now on (fire times while paused do not run)",
-                "security": bearer,
-                "parameters": [SCHEDULE_NAME],
-                "responses": {"200": ok("the schedule"), **errors(*write, 404)},
-            }
-        },
-    }

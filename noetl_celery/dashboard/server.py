@@ -32,7 +32,7 @@ import tornado.web
 from markupsafe import Markup
 
 from noetl_celery import settings as noetl_settings
-from noetl_celery.dashboard import actions, layout
+from noetl_celery.dashboard import actions, layout, probes
 from noetl_celery.errors import NoetlError
 from noetl_celery.store import repo, views
 from noetl_celery.store.db import ensure_schema, transaction
@@ -51,6 +51,7 @@ def _environment() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.ChainableUndefined
     )
     env.filters["json"] = views.to_json
+    env.filters["without_traceback"] = without_traceback
     env.filters["seconds"] = lambda s: "" if s is None else (f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min")
     env.filters["loop_count"] = views.loop_count  # done/total, or "N rows so far" for a cursor loop
     env.filters["stamp"] = lambda d: "" if d is None else d.strftime("%Y-%m-%d %H:%M:%S")
@@ -73,6 +74,29 @@ class Base(tornado.web.RequestHandler):
                 return fn(conn, *args, **kwargs)
 
         return await asyncio.get_running_loop().run_in_executor(None, call)
+
+    def prepare(self) -> None:
+        """An id in the path beyond the store's 64-bit ids names nothing: 404, not a database error."""
+        for value in self.path_args:
+            if isinstance(value, str) and value.isdigit() and int(value) > LATEST:
+                raise tornado.web.HTTPError(404, reason=f"no execution {value}")
+
+    def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
+        """The store or the broker being unreachable answers 503 with what is down, not 500."""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if status_code == 500 and probes.outage(exc) is not None:
+            status_code = 503
+        super().send_error(status_code, **kwargs)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        down = probes.outage(exc)
+        if down is None:
+            super().write_error(status_code, **kwargs)
+            return
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.set_header("Retry-After", "5")
+        self.finish(f"503 Service Unavailable: {down}\n")
 
     def page(self, template: str, **values: Any) -> None:
         self.set_header("Content-Type", "text/html; charset=utf-8")
@@ -125,9 +149,12 @@ class Base(tornado.web.RequestHandler):
         if value is None:
             return None
         try:
-            return int(value)
+            number = int(value)
         except ValueError:
             raise tornado.web.HTTPError(400, reason=f"{name} must be a whole number, got {value!r}") from None
+        if abs(number) > LATEST:
+            raise tornado.web.HTTPError(400, reason=f"{name} must be at most {LATEST}, got {value!r}")
+        return number
 
 
 class ExecutionsPage(Base):
@@ -179,6 +206,7 @@ def _execution(conn: Any, execution_id: int, timeline: bool = True) -> dict[str,
         "joins": joins,
         "done": done,
         "total": total,
+        "progress_pct": progress_percent(row["status"], done, total, states, loops),
         "graph": layout.graph(row["plan"], states, loops, joins),
         "timeline": layout.timeline(views.attempts(conn, execution_id)) if timeline else None,
         "children": views.list_executions(conn, parent=execution_id),
@@ -186,6 +214,23 @@ def _execution(conn: Any, execution_id: int, timeline: bool = True) -> dict[str,
         "rerun": rerun_origin(conn, execution_id),
         "duration_s": views.duration_s(row["created_at"], row["finished_at"], views._now(row["created_at"])),
     }
+
+
+def progress_percent(status: str, done: int, total: int, states: dict[str, Any], loops: list[dict[str, Any]]) -> float:
+    """The width of an execution's progress bar: the units that succeeded, over the units known.
+    A failed unit is finished but no progress, so a failed execution's bar is never full."""
+    if status == "completed":
+        return 100.0
+    failed = sum(int(s.get("failed") or 0) for s in states.values()) + sum(int(lp.get("failed") or 0) for lp in loops)
+    succeeded = max(0, done - failed)
+    if not total:
+        return 0.0
+    return min(100.0 * succeeded / total, 99.0)  # only a completed execution's bar is full
+
+
+def without_traceback(error: Any) -> Any:
+    """An error dict without its traceback (shown apart, as lines)."""
+    return {k: v for k, v in error.items() if k != "traceback"} if isinstance(error, dict) else error
 
 
 def _full(conn: Any, execution_id: int, filters: dict[str, Any]) -> dict[str, Any]:
@@ -216,6 +261,49 @@ class ExecutionPage(Base):
         older = urlencode({**kept, "before": events[0]["id"]}) if events else None
         latest = urlencode({**kept, "latest": 1})
         self.page("execution.html", filters=kept, newer=newer, older=older, latest=latest, **data)
+
+
+HISTORY_RUNS = 25  # executions in the run-history grid
+
+
+def run_history(conn: Any, playbook: str, before: int | None) -> dict[str, Any]:
+    """The last HISTORY_RUNS executions of `playbook` (its exact name), newest first, and the state
+    of each step in each: the rows of the grid; its columns are the steps of the newest plan, then
+    the steps only older runs had."""
+    rows = [
+        r
+        for r in views.list_executions(conn, playbook=playbook, before=before, limit=4 * HISTORY_RUNS)
+        if r["playbook_name"] == playbook
+    ][:HISTORY_RUNS]
+    steps: list[str] = []
+    runs = []
+    for r in rows:
+        plan = (repo.get_execution(conn, r["execution_id"]) or {}).get("plan") or {}
+        for step in plan.get("steps") or {}:
+            if step not in steps:
+                steps.append(step)
+        runs.append({**r, "states": views.step_states(conn, r["execution_id"])})
+    for run in runs:
+        for step in run["states"]:
+            if step not in steps:
+                steps.append(step)
+    return {"runs": runs, "steps": steps}
+
+
+class HistoryPage(Base):
+    """GET /history?playbook=NAME: runs x steps of one playbook (Airflow's grid), coloured by state."""
+
+    async def get(self) -> None:
+        playbook = self.arg("playbook")
+        if playbook is None:
+            raise tornado.web.HTTPError(400, reason="history: ?playbook=<its name> is needed")
+        before = self.int_arg("before")
+        data = await self.db(run_history, playbook, before)
+        runs = data["runs"]
+        older = (
+            urlencode({"playbook": playbook, "before": runs[-1]["execution_id"]}) if len(runs) == HISTORY_RUNS else None
+        )
+        self.page("history.html", playbook=playbook, older=older, **data)
 
 
 class LivePanel(Base):
@@ -316,8 +404,8 @@ def make_app(settings: noetl_settings.Settings | None = None, *, runs: bool = Fa
             (r"/", ExecutionsPage, common),
             (r"/executions/(\d+)", ExecutionPage, {**common, "runs": runs}),
             (r"/executions/(\d+)/live", LivePanel, common),
+            (r"/history", HistoryPage, common),
             (r"/executions/(\d+)/(cancel|resume)", Control, common),
-            (r"/api/executions/(\d+)", api.ExecutionJson, {**common, "runs": runs}),
             *api.routes(common, runs),
             *launch.routes(common, runs),
             *metrics_page.routes(common),
@@ -326,6 +414,8 @@ def make_app(settings: noetl_settings.Settings | None = None, *, runs: bool = Fa
         # (SameSite=Lax) and no script can read it (other ports of this host share its cookies).
         xsrf_cookies=True,
         xsrf_cookie_kwargs={"httponly": True, "samesite": "Lax"},
+        default_handler_class=api.NotFound,
+        default_handler_args={**common, "runs": runs},
     )
 
 

@@ -9,7 +9,7 @@ events), so an execution with 100,000 events reads as fast as one with ten.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, and_, func, or_, select
@@ -56,15 +56,20 @@ def list_executions(
     execution_id: int | None = None,
     before: int | None = None,
     limit: int = EXECUTION_PAGE_SIZE,
+    path: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """Newest first, with progress, duration and the parent/children links. `playbook` matches a
-    part of the name (case-insensitive); `execution_id` finds one execution; `before` (an
-    execution id, the last one of a page) gives the next, older page."""
+    part of the name (case-insensitive), `path` is the catalog path; `execution_id` finds one
+    execution; `before` (an execution id, the last one of a page) gives the next, older page;
+    `since` and `until` bound the start time (since <= created_at < until)."""
     c = EXECUTIONS.c
     query = select(
         c.execution_id,
         c.parent_execution_id,
         c.playbook_name,
+        c.playbook_path,
         c.status,
         c.created_at,
         c.finished_at,
@@ -77,6 +82,12 @@ def list_executions(
         query = query.where(func.lower(c.playbook_name).contains(playbook.lower(), autoescape=True))
     if parent is not None:
         query = query.where(c.parent_execution_id == parent)
+    if path is not None:
+        query = query.where(c.playbook_path == path)
+    if since is not None:
+        query = query.where(c.created_at >= _stored_time(conn, since))
+    if until is not None:
+        query = query.where(c.created_at < _stored_time(conn, until))
     if execution_id is not None:
         query = query.where(c.execution_id == execution_id)
     if before is not None:
@@ -103,6 +114,13 @@ def list_executions(
         row["children"] = int(children.get(row["execution_id"], 0))
         row["duration_s"] = duration_s(row["created_at"], row["finished_at"], _now(row["created_at"]))
     return rows
+
+
+def _stored_time(conn: Connection, moment: datetime) -> datetime:
+    """`moment` as the store compares it: SQLite keeps naive UTC, a naive moment is UTC."""
+    if conn.dialect.name == "sqlite":
+        return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo is not None else moment
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _now(like: datetime | None) -> datetime:
@@ -238,6 +256,20 @@ def event_counts(conn: Connection, execution_id: int) -> int:
     return int(conn.execute(select(func.count()).where(e.execution_id == execution_id)).scalar() or 0)
 
 
+def attempt_rows(conn: Connection, execution_id: int, first: int, count: int) -> list[dict[str, Any]]:
+    """Attempts `first`.. (from 1, `count` of them) of an execution in the order they ended (the
+    rows a worker timed, by id), each with `n` its number and what it wrote (ATTEMPT_OUTPUT)."""
+    e = EVENTS.c
+    rows = conn.execute(
+        select(EVENTS)
+        .where(and_(e.execution_id == execution_id, e.started_at.is_not(None)))
+        .order_by(e.id)
+        .offset(first - 1)
+        .limit(count)
+    ).mappings()
+    return [{"n": first + i, **mask(dict(r))} for i, r in enumerate(rows)]
+
+
 def attempts(conn: Connection, execution_id: int, limit: int = GANTT_ATTEMPTS) -> list[dict[str, Any]]:
     """The most recent attempts (oldest first), for the timeline: step, worker, start, duration.
     Attempt rows are the ones a worker timed (`started_at`); filtering on it rather than on the
@@ -297,13 +329,41 @@ def events_page(
     return [mask(dict(r)) for r in conn.execute(query.order_by(e.id).limit(limit)).mappings()]
 
 
-def events_numbered_page(conn: Connection, execution_id: int, page: int, page_size: int) -> list[dict[str, Any]]:
+def events_numbered_page(
+    conn: Connection,
+    execution_id: int,
+    page: int,
+    page_size: int,
+    *,
+    after: int | None = None,
+    event_type: str | None = None,
+) -> list[dict[str, Any]]:
     """Page `page` (from 1) of the event log, newest first, `page_size` rows a page (NoETL's
-    paging of an execution's events)."""
+    paging of an execution's events); only rows after event id `after`, of `event_type`."""
     e = EVENTS.c
-    query = select(EVENTS).where(e.execution_id == execution_id).order_by(e.id.desc())
+    query = select(EVENTS).where(_numbered_filter(execution_id, after, event_type)).order_by(e.id.desc())
     rows = conn.execute(query.offset((page - 1) * page_size).limit(page_size)).mappings()
     return [mask(dict(r)) for r in rows]
+
+
+def events_numbered_total(
+    conn: Connection, execution_id: int, *, after: int | None = None, event_type: str | None = None
+) -> int:
+    """The rows events_numbered_page pages through."""
+    if after is None and event_type is None:
+        return event_counts(conn, execution_id)
+    query = select(func.count()).select_from(EVENTS).where(_numbered_filter(execution_id, after, event_type))
+    return int(conn.execute(query).scalar() or 0)
+
+
+def _numbered_filter(execution_id: int, after: int | None, event_type: str | None) -> Any:
+    e = EVENTS.c
+    clauses = [e.execution_id == execution_id]
+    if after is not None:
+        clauses.append(e.id > after)
+    if event_type is not None:
+        clauses.append(e.event_type == event_type)
+    return and_(*clauses)
 
 
 def failure(conn: Connection, execution: dict[str, Any]) -> dict[str, Any] | None:
