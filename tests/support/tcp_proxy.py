@@ -86,7 +86,6 @@ class TcpProxy:
         self.cut()
         _close(self.listener)
 
-
     def __enter__(self) -> TcpProxy:
         return self
 
