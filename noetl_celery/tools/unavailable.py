@@ -12,4 +12,9 @@ UNAVAILABLE_KINDS: dict[str, str] = {
     "gke": "it drives Google Kubernetes Engine, which this engine does not manage",
     "container": "running containers needs a container runtime, which workers do not control",
     "shell": "running shell commands on workers is not allowed; use the python tool",
+    "rhai": "workers have no Rhai runtime; write the script for the python tool",
+    "agent": "it runs an agent loop hosted by NoETL's own runtime; call the agent's service with the http or mcp tool",
+    "ollama_bridge": "it needs NoETL's in-cluster Ollama bridge; call Ollama's API with the http tool",
+    "ibkr": "it drives an Interactive Brokers gateway session that workers do not host; "
+    "call the gateway's REST API with the http tool",
 }
