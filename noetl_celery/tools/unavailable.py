@@ -9,8 +9,9 @@ from __future__ import annotations
 
 UNAVAILABLE_KINDS: dict[str, str] = {
     "snowflake": "it needs a Snowflake account and its connector, which this engine does not ship",
-    "gke": "it drives Google Kubernetes Engine, which this engine does not manage",
-    "container": "running containers needs a container runtime, which workers do not control",
+    "gke": "it drives Google Kubernetes Engine, which this engine does not manage; call the GKE API with the http tool",
+    "container": "running containers needs a container runtime, which workers do not control; "
+    "ask the platform that runs them (a Kubernetes Job, Cloud Run) with the http tool",
     "shell": "running shell commands on workers is not allowed; use the python tool",
     "rhai": "workers have no Rhai runtime; write the script for the python tool",
     "agent": "it runs an agent loop hosted by NoETL's own runtime; call the agent's service with the http or mcp tool",
