@@ -88,7 +88,8 @@ def problems(spec: ToolSpec, config: dict[str, Any], *, literal_only: bool) -> l
 
     literal_only: leave out top-level values that are template strings (validate time); the
     worker calls this with the rendered values and literal_only=False; a required setting written
-    as a template counts as present. The errors of a union's members are joined ("must be a mapping or a list, not a number").
+    as a template counts as present. The errors of a union's members are joined ("must be a
+    mapping or a list, not a number").
     """
     if spec.settings is None:
         return []
