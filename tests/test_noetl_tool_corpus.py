@@ -8,7 +8,7 @@ INDEX.tsv says, for each file, the tool kinds it uses and what validate must ans
   for exactly that kind's "cannot run here" line and nothing else, and a file that validates
   fails this test, so the mark is removed when the kind lands;
 - `refused:<kinds>`: a kind that cannot run on a worker of ours by design (container, rhai,
-  agent, ollama_bridge, ibkr, gke); refused with the one-line "cannot run here: <why>; <what
+  agent, ollama_bridge, ibkr, gke, and `kind: script`, a Kubernetes Job); refused with the one-line "cannot run here: <why>; <what
   to use instead>" sentence and nothing else;
 - `broken:<reason>`: the file is wrong in NoETL too (the reason says how); it must be refused.
 The figure (as-is, and once the pending kinds land) is printed with `-s`.
@@ -28,7 +28,7 @@ from noetl_celery.errors import PlaybookError, Problem
 
 TOOLS = Path(__file__).parent / "corpus" / "noetl-public" / "tools"
 PENDING_KINDS = {"shell", "snowflake"}  # they land with another branch
-REFUSED_KINDS = {"container", "rhai", "agent", "ollama_bridge", "ibkr", "gke"}
+REFUSED_KINDS = {"container", "rhai", "agent", "ollama_bridge", "ibkr", "gke", "script"}  # script: a Kubernetes Job
 ONE_LINE_REFUSAL = re.compile(r"^tool kind '(?P<kind>[a-z_]+)' cannot run here: [^;\n]+; [^\n]+$")
 HEADER = re.compile(r"^# source: (?P<repo>\S+) (?P<path>\S+) @ (?P<commit>[0-9a-f]{40})$")
 

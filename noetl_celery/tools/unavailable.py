@@ -13,6 +13,8 @@ UNAVAILABLE_KINDS: dict[str, str] = {
     "container": "running containers needs a container runtime, which workers do not control; "
     "ask the platform that runs them (a Kubernetes Job, Cloud Run) with the http tool",
     "shell": "running shell commands on workers is not allowed; use the python tool",
+    "script": "it runs the script as a Kubernetes Job, which workers do not start; "
+    "run it with the python tool and its script: source",
     "rhai": "workers have no Rhai runtime; write the script for the python tool",
     "agent": "it runs an agent loop hosted by NoETL's own runtime; call the agent's service with the http or mcp tool",
     "ollama_bridge": "it needs NoETL's in-cluster Ollama bridge; call Ollama's API with the http tool",
