@@ -29,7 +29,10 @@ from noetl_celery.errors import PlaybookError, Problem
 TOOLS = Path(__file__).parent / "corpus" / "noetl-public" / "tools"
 PENDING_KINDS = {"shell", "snowflake"}  # they land with another branch
 REFUSED_KINDS = {"container", "rhai", "agent", "ollama_bridge", "ibkr", "gke", "script"}  # script: a Kubernetes Job
-ONE_LINE_REFUSAL = re.compile(r"^tool kind '(?P<kind>[a-z_]+)' cannot run here: [^;\n]+; [^\n]+$")
+CANNOT_RUN_HERE = re.compile(r"^tool kind '(?P<kind>[a-z_]+)' cannot run here: (?P<why>[^\n]+)$")
+WHY_AND_INSTEAD = re.compile(r"^[^;]+; [^;]+$")  # "<why>; <what to use instead>"
+# a transfer endpoint of a pending kind (snowflake) is refused as an endpoint the tool lacks
+PENDING_ENDPOINT = re.compile(r"^(source|target)\.type '(?P<kind>[a-z_]+)' is not an endpoint this tool has")
 HEADER = re.compile(r"^# source: (?P<repo>\S+) (?P<path>\S+) @ (?P<commit>[0-9a-f]{40})$")
 
 
@@ -102,8 +105,13 @@ def test_a_real_playbook_validates_or_is_refused_for_its_marked_reason(name: str
 
 
 def _refused_kind(problem: Problem) -> str | None:
-    match = ONE_LINE_REFUSAL.match(problem.message)
-    return match["kind"] if match else None
+    """The kind a problem refuses: "cannot run here" (for a kind refused by design, with what
+    to use instead), or a pending kind's transfer endpoint; None for any other problem."""
+    match = CANNOT_RUN_HERE.match(problem.message)
+    if match and (match["kind"] not in REFUSED_KINDS or WHY_AND_INSTEAD.match(match["why"])):
+        return match["kind"]
+    endpoint = PENDING_ENDPOINT.match(problem.message)
+    return endpoint["kind"] if endpoint and endpoint["kind"] in PENDING_KINDS else None
 
 
 def test_report_how_many_tool_playbooks_validate() -> None:
