@@ -16,7 +16,8 @@ UNAVAILABLE_KINDS: dict[str, str] = {
     "script": "it runs the script as a Kubernetes Job, which workers do not start; "
     "run it with the python tool and its script: source",
     "rhai": "workers have no Rhai runtime; write the script for the python tool",
-    "agent": "it runs an agent loop hosted by NoETL's own runtime; call the agent's service with the http or mcp tool",
+    "agent": "it runs an agent framework hosted by NoETL's own runtime; "
+    "call a NoETL agent playbook with kind: playbook, another agent's service with the http or mcp tool",
     "ollama_bridge": "it needs NoETL's in-cluster Ollama bridge; call Ollama's API with the http tool",
     "ibkr": "it drives an Interactive Brokers gateway session that workers do not host; "
     "call the gateway's REST API with the http tool",
