@@ -83,6 +83,10 @@ BUILTIN_NAMES = frozenset(
     }
 )
 _SINGLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
+# a Go template action ({{.ID}}, {{ .Repository }}:{{.Tag}}, as docker, podman and kubectl take
+# in --format) is no Jinja expression: it stays in the text as written, as NoETL's runtime leaves
+# what it does not substitute
+_GO_TEMPLATE_ACTION = re.compile(r"\{\{-?\s*\.[A-Za-z_][^{}]*\}\}")
 _ENDS_IN_JSON = re.compile(r"\|\s*(tojson|to_json)\s*(\(\s*\))?\s*$")
 LEGACY_ALIASES = ("result", "data")
 # Filters that take a width or a count, and the positions of those arguments (the value is 0;
@@ -646,10 +650,19 @@ def _compile_expression(expression: str):  # type: ignore[no-untyped-def]
 
 @lru_cache(maxsize=4096)
 def _compile_template(text: str):  # type: ignore[no-untyped-def]
-    return ENV.from_string(text)
+    return ENV.from_string(jinja_source(text))
+
+
+def jinja_source(text: str) -> str:
+    """`text` as Jinja parses it: each Go template action kept verbatim (a raw block)."""
+    if "{{" not in text or not _GO_TEMPLATE_ACTION.search(text):
+        return text
+    return _GO_TEMPLATE_ACTION.sub(lambda m: "{% raw %}" + m.group(0) + "{% endraw %}", text)
 
 
 def _single_expression(text: str) -> str | None:
+    if _GO_TEMPLATE_ACTION.search(text):
+        return None
     match = _SINGLE_EXPRESSION.match(text)
     if not match:
         return None
@@ -752,7 +765,7 @@ def check_syntax(text: str) -> str | None:
     """None when `text` compiles in the runtime's environment (so its filters and tests exist),
     else what is wrong, with the line inside the template."""
     try:
-        ENV.compile(text)
+        ENV.compile(jinja_source(text))
     except TemplateAssertionError as exc:  # parsed, but names a filter or test that does not exist
         return f"template uses what does not exist (its line {exc.lineno}): {exc.message}"
     except TemplateSyntaxError as exc:

@@ -10,6 +10,7 @@ from noetl_celery.errors import TemplateError
 from noetl_celery.templating import (
     LoopResult,
     as_step_result,
+    check_syntax,
     evaluate_condition,
     render_string,
     render_value,
@@ -162,3 +163,14 @@ def test_a_truncated_result_cannot_be_iterated_but_its_marker_fields_read():
     assert render_string("{{ http.data.size }}", context) == big["size"]
     assert render_string("{{ http.data }}", context) == dict(big)  # passed on whole, as the marker
     assert json.loads(json.dumps(big)) == dict(big)  # stored and sent as the marker it is
+
+
+def test_a_go_template_action_stays_in_the_text_as_written():
+    """docker/podman/kubectl --format strings in a shell command: NoETL leaves them as written."""
+    ctx = {"workload": {"repo": "local/noetl"}}
+    command = 'podman images --format "{{.Repository}}:{{.Tag}}" | grep {{ workload.repo }}'
+    assert render_string(command, ctx) == 'podman images --format "{{.Repository}}:{{.Tag}}" | grep local/noetl'
+    assert render_string("{{.ID}}", ctx) == "{{.ID}}"
+    assert render_string("{{ .Names }} {{- workload.repo }}", ctx) == "{{ .Names }}local/noetl"
+    assert check_syntax('docker ps --format "{{ .ID }}" {{ workload.repo | upper }}') is None
+    assert check_syntax("{{ . }}") is not None  # a lone dot is no Go field: still a Jinja error

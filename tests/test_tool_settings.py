@@ -321,3 +321,12 @@ def test_sink_settings_are_checked_at_validate_too() -> None:
     assert [(p.path, p.message) for p in found] == [
         ("workflow[0](start).sink.pool", "must be a mapping or true or false, not a string")
     ]
+
+
+def test_a_required_setting_written_as_a_template_is_present_and_a_missing_one_is_named() -> None:
+    templated = "kind: ducklake\ncatalog_name: '{{ workload.catalog }}'\ncommand: SELECT 1\n"
+    compile_text(one_step(templated))  # no PlaybookError
+    found = problems(one_step("kind: ducklake\ncommand: SELECT 1\n"))
+    assert [(p.path, p.message) for p in found] == [
+        ("workflow[0](start).tool", "ducklake tool needs one of: catalog_name")
+    ]

@@ -19,7 +19,7 @@ from jinja2.exceptions import TemplateError as JinjaError
 
 from noetl_celery.dsl.validate import NON_TEMPLATE_KEYS, Context, join, step_path, suggest
 from noetl_celery.dsl.yaml_lines import line_of
-from noetl_celery.templating import BUILTIN_NAMES, ENV
+from noetl_celery.templating import BUILTIN_NAMES, ENV, jinja_source
 
 # Names the engine or NoETL's renderer gives beside BUILTIN_NAMES and Jinja's globals.
 ENGINE_NAMES = frozenset(
@@ -104,7 +104,7 @@ def known_names(document: Any) -> set[str]:
 
 def _used(text: str) -> set[str]:
     try:
-        return set(meta.find_undeclared_variables(ENV.parse(text)))
+        return set(meta.find_undeclared_variables(ENV.parse(jinja_source(text))))
     except JinjaError:
         return set()  # a template that does not parse is reported by check_templates
 

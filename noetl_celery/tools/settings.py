@@ -87,8 +87,9 @@ def problems(spec: ToolSpec, config: dict[str, Any], *, literal_only: bool) -> l
     """(dotted field path, message) for each setting of `config` that the tool's model refuses.
 
     literal_only: leave out top-level values that are template strings (validate time); the
-    worker calls this with the rendered values and literal_only=False. The errors of a union's
-    members are joined ("must be a mapping or a list, not a number").
+    worker calls this with the rendered values and literal_only=False; a required setting written
+    as a template counts as present. The errors of a union's members are joined ("must be a
+    mapping or a list, not a number").
     """
     if spec.settings is None:
         return []
@@ -98,7 +99,11 @@ def problems(spec: ToolSpec, config: dict[str, Any], *, literal_only: bool) -> l
     except ValidationError as exc:
         grouped: dict[str, list[dict[str, Any]]] = {}
         for error in exc.errors():
-            grouped.setdefault(_where(tuple(error["loc"]), values), []).append(dict(error))
+            loc = tuple(error["loc"])
+            if error["type"] == "missing" and len(loc) == 1 and _said_elsewhere(spec, config, str(loc[0])):
+                continue
+            where = _where(loc, values) if error["type"] != "missing" else ".".join(map(str, loc))
+            grouped.setdefault(where, []).append(dict(error))
         found = []
         for where, errors in grouped.items():
             typed = [e for e in errors if e["type"] in _EXPECTED]
@@ -109,6 +114,12 @@ def problems(spec: ToolSpec, config: dict[str, Any], *, literal_only: bool) -> l
                 found.append((where, _message(next((e for e in errors if e["type"] not in _EXPECTED), errors[0]))))
         return found
     return []
+
+
+def _said_elsewhere(spec: ToolSpec, config: dict[str, Any], name: str) -> bool:
+    """A missing required setting that is no problem here: written as a template (it is there,
+    and checked once rendered), or one of the tool's `required` groups (which names it)."""
+    return _is_template(config.get(name)) or any(name in group for group in spec.required)
 
 
 def check_rendered(spec: ToolSpec, config: dict[str, Any]) -> str | None:

@@ -30,4 +30,8 @@ UNAVAILABLE_KINDS: dict[str, str] = {
         "it manages Google Kubernetes Engine with a cloud identity a worker does not have; "
         "run gcloud or kubectl from the shell tool with the credential in its env"
     ),
+    "script": (
+        "it runs the script as a Kubernetes Job, which workers do not start; "
+        "run it with the python tool and its script: source"
+    ),
 }

@@ -196,6 +196,8 @@ def _copy(plan: TransferPlan, call: ToolCall, creds: dict[str, Any], secrets: se
             rows += _guarded("target", plan.target.type, functools.partial(writer.write, out))
             chunks += 1
         _guarded("target", plan.target.type, writer.finish)
+        # a file target's object is stored as its stream closes: a failure there is the target's
+        _guarded("target", plan.target.type, stack.close)
     return rows, chunks, columns
 
 

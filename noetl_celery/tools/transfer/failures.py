@@ -49,6 +49,8 @@ def classify(exc: SideError, secrets: set[str]) -> tuple[str, bool, str]:
         if status >= 500 or status == 429:
             return ToolErrorKind.SERVER_ERROR, True, message
         return ToolErrorKind.CLIENT_ERROR, False, message
+    if library == "noetl_celery" and name in ("ObjectStoreError", "ObjectNotFound", "ObjectTooLarge"):
+        return str(getattr(error, "kind", ToolErrorKind.EXCEPTION)), bool(getattr(error, "retryable", False)), message
     if isinstance(error, OSError):
         return ToolErrorKind.CONNECTION, True, message
     return ToolErrorKind.EXCEPTION, False, message

@@ -142,11 +142,9 @@ class FileWriter:
 
         data = {name: [row[i] for row in chunk.rows] for i, name in enumerate(chunk.columns)}
         if self.parquet is None:
-            table = pa.table(data)
-            self.schema = table.schema
-            self.parquet = pq.ParquetWriter(self.stream, table.schema)
-        else:
-            table = pa.Table.from_pydict(data, schema=self.schema)
+            self.schema = _widened(pa.table(data).schema)
+            self.parquet = pq.ParquetWriter(self.stream, self.schema)
+        table = pa.Table.from_pydict(data, schema=self.schema)
         self.parquet.write_table(table)
 
     def finish(self) -> None:
@@ -155,6 +153,19 @@ class FileWriter:
         if self.text is not None:
             self.text.flush()
             self.text.detach()  # the stream is the caller's to close
+
+
+def _widened(schema: Any) -> Any:
+    """The first chunk's schema with each decimal column at the widest precision of its scale: a
+    later chunk's larger numbers (1000.00 after 999.99) must fit the file's one schema."""
+    import pyarrow as pa
+
+    def widen(field: Any) -> Any:
+        if pa.types.is_decimal(field.type) and field.type.precision < 38:
+            return field.with_type(pa.decimal128(38, min(field.type.scale, 38)))
+        return field
+
+    return pa.schema([widen(field) for field in schema], metadata=schema.metadata)
 
 
 def _csv_cell(value: Any) -> Any:

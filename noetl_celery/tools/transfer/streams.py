@@ -6,10 +6,12 @@ binary stream to read ("rb") or write ("wb"). Local paths are served here; a wri
 put at `<path>.part-<pid>` and renamed over the path only when the copy ends well, so a reader
 (or a retry) never meets half a file. A location with a scheme (`s3://`, `gs://`, ...) goes to
 the opener registered for that scheme (`register_opener`); when none is registered the module
-`noetl_celery.tools.object_store` is asked for its `open_stream(location, mode, credential=...)`
-(the object-storage tools provide it), and without one the location is refused by name.
-An opener must give a whole-object write (nothing visible before a clean close) for the same
-guarantee.
+`noetl_celery.tools.object_store` serves it: `open_read(location, credential)` to read, and
+`open_write(location, credential)` to write (the object is created only when the copy ends
+well); its ObjectStoreError becomes a PlanError for a location it cannot name (a bucket without
+an object, a missing extra) and is raised through otherwise, with its error kind. Without that
+module the location is refused by name. An opener must give a whole-object write (nothing
+visible before a clean close) for the same guarantee.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from noetl_celery.tools.transfer.plan import PlanError
+from noetl_celery.vocabulary import ToolErrorKind
 
 Opener = Callable[[str, str, Any], AbstractContextManager[IO[bytes]]]
 OBJECT_STORE_MODULE = "noetl_celery.tools.object_store"
@@ -56,13 +59,24 @@ def open_stream(location: str, mode: str, credential: Any = None) -> Iterator[IO
 
 def _object_store_opener(scheme: str) -> Opener:
     try:
-        module = importlib.import_module(OBJECT_STORE_MODULE)
+        store = importlib.import_module(OBJECT_STORE_MODULE)
     except ImportError:
-        module = None
-    opener = getattr(module, "open_stream", None)
-    if opener is None:
-        raise PlanError(f"no storage for {scheme}:// locations in this installation (a local path works)")
-    return lambda location, mode, credential: opener(location, mode, credential=credential)
+        raise PlanError(f"no storage for {scheme}:// locations in this installation (a local path works)") from None
+    if scheme not in store.SCHEMES:
+        raise PlanError(f"no storage for {scheme}:// locations (known: s3://, gs://, a local path)")
+
+    @contextlib.contextmanager
+    def opener(location: str, mode: str, credential: Any) -> Iterator[IO[bytes]]:
+        try:
+            opened = store.open_read(location, credential) if mode == "rb" else store.open_write(location, credential)
+        except store.ObjectStoreError as exc:
+            if exc.kind in (ToolErrorKind.INVALID_ARGS, ToolErrorKind.UNKNOWN_TOOL):
+                raise PlanError(str(exc)) from None
+            raise
+        with opened as stream:
+            yield stream
+
+    return opener
 
 
 @contextlib.contextmanager
