@@ -248,7 +248,8 @@ def running(conn: Connection, execution_ids: Iterable[int]) -> set[int]:
 
 
 def timed_out(conn: Connection, now: datetime) -> list[int]:
-    """Running executions past their playbook `timeout`."""
+    """Running executions past their playbook `timeout`: a range of the partial index
+    `ix_noetl_execution_due` (revision 0011_sweep_due), only those that are due."""
     c = repo.EXECUTIONS.c
     rows = conn.execute(
         select(c.execution_id).where(and_(c.status == "running", c.deadline_at.is_not(None), c.deadline_at < now))
@@ -256,13 +257,15 @@ def timed_out(conn: Connection, now: datetime) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
-def missing_starts(conn: Connection, now: datetime, grace: float) -> list[int]:
-    """Running executions created more than `grace` seconds ago without an `execution.started` row."""
+def missing_starts(conn: Connection, now: datetime, grace: float, since: datetime | None = None) -> list[int]:
+    """Running executions created more than `grace` seconds ago (and at or after `since`, when
+    given: a range of the `(status, created_at)` index) without an `execution.started` row."""
     c, e = repo.EXECUTIONS.c, repo.EVENTS.c
     started = select(e.id).where(and_(e.execution_id == c.execution_id, e.event_id == "execution.started"))
+    window = [c.created_at >= since] if since is not None else []
     rows = conn.execute(
         select(c.execution_id).where(
-            and_(c.status == "running", c.created_at < now - timedelta(seconds=grace), ~started.exists())
+            and_(c.status == "running", c.created_at < now - timedelta(seconds=grace), *window, ~started.exists())
         )
     ).all()
     return [int(r[0]) for r in rows]
