@@ -10,9 +10,9 @@ one per distinct postponement): no statement per lease, whatever the batch holds
 
 A decision's only message carries the decision row's key (TaskMessage.lease): the decision that
 records that message's outcome deletes the lease in its own write (repo.record_decision's
-`settles`), and the sweeper never reads it. Each message of a decision that sent several carries the key as
-the lease it shares (TaskMessage.shares): a worker that takes one late moves that lease on
-(`taken`), and the sweeper settles it. So the table holds the leases of attempts in flight,
+`settles`), and the sweeper never reads it. Each message of a decision that sent several carries
+the key as the lease it shares (TaskMessage.shares): a worker that takes one late moves that
+lease on (`taken`), and the sweeper settles it. So the table holds the leases of attempts in flight,
 those of decisions that sent several messages for about a lease period, and whatever is overdue:
 small, so the churn of its rows (an insert per dispatching decision, a delete by the outcome's
 decision or by the sweeper) costs a fraction of rewriting event rows.

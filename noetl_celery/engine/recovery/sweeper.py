@@ -230,7 +230,7 @@ def sweep(
             _watch.skipped(url)
             return result
         _timeouts(conn, now, part)
-        _missing_starts(conn, now, part)
+        _missing_starts(conn, now, part, url)
     _watch.taken()
     result.add(part)
     if committed is not None:
@@ -288,11 +288,12 @@ class _StartWindow:
         return previous - timedelta(seconds=START_GRACE + START_WINDOW_MARGIN)
 
 
-_starts = _StartWindow()
+_starts: dict[str, _StartWindow] = {}  # per store URL
 
 
-def _missing_starts(conn: Connection, now: Any, result: SweepResult) -> None:
-    result.starts += leases.missing_starts(conn, now, START_GRACE, _starts.since(now))
+def _missing_starts(conn: Connection, now: Any, result: SweepResult, url: str) -> None:
+    window = _starts.setdefault(url, _StartWindow())
+    result.starts += leases.missing_starts(conn, now, START_GRACE, window.since(now))
 
 
 def _overdue(
