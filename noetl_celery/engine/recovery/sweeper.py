@@ -125,10 +125,13 @@ def sweep_transaction(url: str, timeout: float = SWEEP_TIMEOUT) -> Iterator[Conn
     `timeout` (statement_timeout), waits longer for a row lock (lock_timeout), and the session
     idle inside the transaction longer is ended by PostgreSQL (idle_in_transaction_session_timeout),
     which rolls back and releases the lock. A frozen sweeper then blocks the others for `timeout`
-    at most. JIT compilation is off for the transaction: the sweep's statements read a few index
-    entries, but where the planner's statistics lag behind a burst of new rows (a fresh store,
-    autovacuum not yet past) their estimated cost passes `jit_above_cost` and PostgreSQL would
-    compile each of them, every sweep, for about 200 ms of CPU. On SQLite the transaction's write lock serialises sweeps."""
+    at most. The sweep's statements read a few index entries each (what is due); where the
+    planner's statistics lag behind a burst of new rows (a fresh store, autoanalyze not yet past)
+    it took tables for small and read them whole (a hash join over every event row), and their
+    estimated cost passed `jit_above_cost`, so that PostgreSQL compiled each of them, every
+    sweep: about 500 ms of CPU a sweep at 10,000 running executions. So the transaction runs
+    with JIT off and sequential scans discouraged (`enable_seqscan` off: a table without a
+    usable index is still read, at its price). On SQLite the transaction's write lock serialises sweeps."""
     with transaction(url) as conn:
         if conn.dialect.name != "postgresql":
             yield conn
@@ -138,10 +141,10 @@ def sweep_transaction(url: str, timeout: float = SWEEP_TIMEOUT) -> Iterator[Conn
             text(
                 "SELECT set_config('statement_timeout', :t, true), set_config('lock_timeout', :t, true),"
                 " set_config('idle_in_transaction_session_timeout', :t, true), set_config('jit', 'off', true),"
-                " pg_try_advisory_xact_lock(:k)"
+                " set_config('enable_seqscan', 'off', true), pg_try_advisory_xact_lock(:k)"
             ),
             {"t": limit, "k": ADVISORY_LOCK_KEY},
-        ).one()[4]
+        ).one()[5]
         yield conn if locked else None
 
 

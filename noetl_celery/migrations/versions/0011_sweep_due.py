@@ -5,7 +5,9 @@
   past) read every running execution through `(status, created_at)`, each sweep (10,000 running
   executions: every one of them, every 5 s); through this partial index it reads those whose
   deadline has passed. An execution's row enters it when it starts with a deadline and leaves it
-  when it ends; the counters' updates (`pending`, `state_version`) do not touch it.
+  when it ends; the counters' updates (`pending`, `state_version`) do not touch it. On
+  PostgreSQL it is built with `CREATE INDEX CONCURRENTLY` (submits and ends go on meanwhile; an
+  index left invalid by an interrupted build is dropped and built again by the next `migrate`).
 
 Revision ID: 0011_sweep_due
 Revises: 0010_event_key
@@ -23,15 +25,17 @@ depends_on = None
 DUE = "status = 'running' AND deadline_at IS NOT NULL"
 
 
+INDEX = "ix_noetl_execution_due"
+
+
 def upgrade() -> None:
-    op.create_index(
-        "ix_noetl_execution_due",
-        "noetl_execution",
-        ["deadline_at"],
-        postgresql_where=sa.text(DUE),
-        sqlite_where=sa.text(DUE),
-    )
+    if op.get_bind().dialect.name != "postgresql":
+        op.create_index(INDEX, "noetl_execution", ["deadline_at"], sqlite_where=sa.text(DUE))
+        return
+    with op.get_context().autocommit_block():  # submits and ends go on while it is built
+        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")  # left invalid by an interrupted build
+        op.execute(f"CREATE INDEX CONCURRENTLY {INDEX} ON noetl_execution (deadline_at) WHERE {DUE}")
 
 
 def downgrade() -> None:
-    op.drop_index("ix_noetl_execution_due", table_name="noetl_execution")
+    op.drop_index(INDEX, table_name="noetl_execution")
