@@ -7,6 +7,7 @@ kill and redeliver, run with it too)."""
 
 from __future__ import annotations
 
+from datetime import UTC, timedelta
 from pathlib import Path
 
 from sqlalchemy import select
@@ -85,6 +86,42 @@ def test_a_decision_of_several_messages_keeps_its_lease_for_the_sweeper(either_s
     result = sweeper.sweep(url)
     assert result.republished == [] and result.lost == [] and result.cleared == len(left)
     assert lease_keys(url) == set() and unanswered  # the loop's start sent several messages
+
+
+def test_each_message_of_a_decision_of_several_carries_the_lease_it_shares(either_store):
+    url = either_store
+    plan = compile_playbook(LOOP, overrides={"n": 12})
+    harness = Harness(url)
+    execution_id = harness.start(plan)
+    harness.step()  # the first step's outcome: the loop sends its twelve iterations at once
+    firsts = [dispatch for _, _, dispatch in harness._queue]
+    harness._queue.clear()
+    assert len(firsts) == 12
+    messages = [TaskMessage.from_dict(d.message) for d in firsts]
+    (key,) = {m.shares for m in messages}
+    assert key is not None and all(m.lease is None for m in messages)  # shared: no outcome settles it
+    with transaction(url) as conn:
+        cause = [r for r in repo.list_events(conn, execution_id) if r["event_id"] == key]
+        assert cause and all("shares" not in d["message"] for d in cause[0]["meta"]["dispatch"])  # never stored
+        before = leases.deadline(conn, execution_id, key)
+        assert before is not None
+        leases.expire(conn, repo.utcnow(), execution_id)
+    # a worker takes one of them late: the shared lease runs from now, one lease long
+    with transaction(url) as conn:
+        assert not leases.taken(conn, execution_id, messages[2].shares, messages[2].outcome_key(), 30.0)
+    with transaction(url) as conn:
+        moved = leases.deadline(conn, execution_id, key)
+        assert moved is not None
+        assert (moved if moved.tzinfo else moved.replace(tzinfo=UTC)) > repo.utcnow() + timedelta(seconds=25)
+        # taken again within TAKEN_STEP: the lease is not rewritten
+        assert not leases.taken(conn, execution_id, key, messages[3].outcome_key(), 30.0)
+        assert leases.deadline(conn, execution_id, key) == moved
+    harness.send(firsts[:1])
+    harness.step()  # one outcome of the twelve: the shared lease stays for the others
+    assert (execution_id, key) in lease_keys(url)
+    harness.send(firsts[1:])
+    harness.drain()
+    assert runner_status(url, execution_id) == "completed"
 
 
 def test_a_message_sent_again_from_the_store_leaves_its_lease_to_the_sweeper(either_store):

@@ -196,3 +196,14 @@ def test_a_sweep_transaction_is_bounded_by_the_server(url):
     assert tuple(values) == ("2500ms", "2500ms", "2500ms")
     with get_engine(url).connect() as conn:  # SET LOCAL: the pooled session is left as it was
         assert conn.execute(text("SELECT current_setting('statement_timeout')")).scalar() == "0"
+
+
+def test_a_sweep_transaction_compiles_nothing_and_holds_its_bounds(url):
+    # stale statistics would make a sweep's statements read whole tables, and JIT compile them
+    with sweeper.sweep_transaction(url, timeout=7.0) as conn:
+        assert conn is not None
+        assert conn.execute(text("SELECT current_setting('jit')")).scalar() == "off"
+        assert conn.execute(text("SELECT current_setting('enable_seqscan')")).scalar() == "off"
+        assert conn.execute(text("SELECT current_setting('statement_timeout')")).scalar() == "7s"
+    with get_engine(url).connect() as conn:  # set locally: nothing outlives the transaction
+        assert conn.execute(text("SELECT current_setting('statement_timeout')")).scalar() != "7s"

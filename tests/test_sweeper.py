@@ -293,3 +293,18 @@ def test_a_message_taken_late_moves_its_lease_on_and_finds_no_outcome(tmp_path):
     assert deadline is not None
     assert 28.0 < sweeper._epoch(deadline) - sweeper._epoch(repo.utcnow()) <= 30.5
     assert sweeper.sweep(url).republished == []  # no longer overdue
+
+
+def test_the_lost_start_check_reads_what_is_new_and_everything_once_per_full_check(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    path = tmp_path / "sweep.yaml"
+    path.write_text(PLAYBOOK)
+    execution_id = create_execution(compile_playbook(str(path)), url)
+    assert sweeper.sweep(url).starts == []  # the first check reads every running execution
+    old = repo.utcnow() - timedelta(seconds=sweeper.START_GRACE + sweeper.START_WINDOW_MARGIN + 60)
+    with transaction(url) as conn:
+        conn.execute(update(repo.EXECUTIONS).values(created_at=old))
+    # created (as its row now says) long before the previous check: past the window
+    assert sweeper.sweep(url).starts == []
+    monkeypatch.setattr(sweeper, "START_FULL_CHECK", 0.0)  # the next check reads every running one
+    assert sweeper.sweep(url).starts == [execution_id]

@@ -250,6 +250,11 @@ class TaskMessage:
     # only message): the decision that records its outcome deletes that lease in the same write,
     # and the sweeper never reads it (store/leases.py). Never stored; an older worker ignores it.
     lease: str | None = None
+    # the key of the decision row whose lease this message shares with that decision's other
+    # messages (a loop's first iterations, a fan-out): a worker that takes it late moves that lease
+    # on (store/leases.py `taken`); its outcome never settles it. Never stored; an older worker
+    # ignores it.
+    shares: str | None = None
 
     def members(self) -> list[TaskMessage]:
         """The iterations this message runs: itself, or the messages of its batch, in order."""
@@ -364,6 +369,10 @@ class Dispatch:
         """This dispatch with its task message carrying the lease it alone answers (TaskMessage.lease)."""
         return replace(self, message={**self.message, "lease": lease})
 
+    def sharing(self, lease: str) -> Dispatch:
+        """This dispatch with its task message carrying the lease it shares (TaskMessage.shares)."""
+        return replace(self, message={**self.message, "shares": lease})
+
     def as_replay(self, countdown: float = 0.0) -> Dispatch:
         """This dispatch sent again, flagged `replay` (its receiver skips an attempt that is
         recorded), due in `countdown` seconds (what is left of its own wait; 0: now)."""
@@ -381,7 +390,7 @@ class Dispatch:
 
     def stored(self) -> dict[str, Any]:
         """The dispatch as a decision row keeps it (`meta.dispatch`): a task message in its wire
-        form, its fields at their default and its `seed` and `lease` left out, and so are the dispatch's own
+        form, its fields at their default and its `seed`, `lease` and `shares` left out, and so are the dispatch's own
         (`countdown` 0, `label` "", `timeout` the default) and the format version 1, the
         message's and the dispatch's (an absent version is read as the oldest). `from_dict`, of
         this version or an earlier one, fills them back in."""
@@ -396,6 +405,7 @@ class Dispatch:
             message = wire(self.message)
             message.pop("seed", None)  # the store is read where it is wanted again
             message.pop("lease", None)  # a message sent again from the store leaves its lease to the sweeper
+            message.pop("shares", None)
             if message[VERSION_FIELD] == MESSAGE_VERSION:  # a batch's 2, a frame's 3 stay: older readers refuse them
                 del message[VERSION_FIELD]
             data["message"] = message

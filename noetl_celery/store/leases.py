@@ -10,7 +10,9 @@ one per distinct postponement): no statement per lease, whatever the batch holds
 
 A decision's only message carries the decision row's key (TaskMessage.lease): the decision that
 records that message's outcome deletes the lease in its own write (repo.record_decision's
-`settles`), and the sweeper never reads it. So the table holds the leases of attempts in flight,
+`settles`), and the sweeper never reads it. Each message of a decision that sent several carries
+the key as the lease it shares (TaskMessage.shares): a worker that takes one late moves that
+lease on (`taken`), and the sweeper settles it. So the table holds the leases of attempts in flight,
 those of decisions that sent several messages for about a lease period, and whatever is overdue:
 small, so the churn of its rows (an insert per dispatching decision, a delete by the outcome's
 decision or by the sweeper) costs a fraction of rewriting event rows.
@@ -128,9 +130,11 @@ def overdue(conn: Connection, now: datetime, limit: int) -> Batch:
     )
 
 
+TAKEN_STEP = 1.0  # seconds: a late pickup moves a lease on only when it moves it by more than this
 _TAKEN_PG = (
-    "WITH held AS (UPDATE noetl_lease SET deadline_at = greatest(deadline_at, now() + make_interval(secs => :s))"
-    " WHERE execution_id = :x AND event_id = :lease RETURNING 1)"
+    "WITH held AS (UPDATE noetl_lease SET deadline_at = now() + make_interval(secs => :s)"
+    " WHERE execution_id = :x AND event_id = :lease AND deadline_at < now() + make_interval(secs => :s - :step)"
+    " RETURNING 1)"
     " SELECT EXISTS (SELECT 1 FROM noetl_event WHERE execution_id = :x AND event_id = :outcome),"
     " (SELECT count(*) FROM held)"
 )
@@ -140,11 +144,15 @@ def taken(conn: Connection, execution_id: int, lease_key: str | None, outcome_ke
     """A worker took, late, a message that waited in its broker's queue: the lease of its decision
     row (`lease_key`, when the message carries it) now runs from this moment (its deadline at least
     `seconds` from the store's clock), and whether the attempt's outcome row exists already (a
-    re-published copy ran it). One statement on PostgreSQL (run outside a transaction: it is its
-    own); an update and a read elsewhere."""
+    re-published copy ran it). The lease may be one its decision's other messages share (a loop's
+    first iterations, a fan-out): it is rewritten only when that moves it by more than TAKEN_STEP,
+    so a backlog of such messages taken late rewrites it about once a second, not once each.
+    One statement on PostgreSQL (run outside a transaction: it is its own); an update and a read
+    elsewhere."""
     if conn.dialect.name == "postgresql":
         row = conn.execute(
-            text(_TAKEN_PG), {"s": seconds, "x": execution_id, "lease": lease_key or "", "outcome": outcome_key}
+            text(_TAKEN_PG),
+            {"s": seconds, "step": TAKEN_STEP, "x": execution_id, "lease": lease_key or "", "outcome": outcome_key},
         ).one()
         return bool(row[0])
     if lease_key is not None:
@@ -152,7 +160,13 @@ def taken(conn: Connection, execution_id: int, lease_key: str | None, outcome_ke
         lease = repo.LEASES.c
         conn.execute(
             update(repo.LEASES)
-            .where(and_(lease.execution_id == execution_id, lease.event_id == lease_key, lease.deadline_at < until))
+            .where(
+                and_(
+                    lease.execution_id == execution_id,
+                    lease.event_id == lease_key,
+                    lease.deadline_at < until - timedelta(seconds=TAKEN_STEP),
+                )
+            )
             .values(deadline_at=until)
         )
     return repo.event_exists(conn, execution_id, outcome_key)
@@ -234,7 +248,8 @@ def running(conn: Connection, execution_ids: Iterable[int]) -> set[int]:
 
 
 def timed_out(conn: Connection, now: datetime) -> list[int]:
-    """Running executions past their playbook `timeout`."""
+    """Running executions past their playbook `timeout`: a range of the partial index
+    `ix_noetl_execution_due` (revision 0011_sweep_due), only those that are due."""
     c = repo.EXECUTIONS.c
     rows = conn.execute(
         select(c.execution_id).where(and_(c.status == "running", c.deadline_at.is_not(None), c.deadline_at < now))
@@ -242,13 +257,15 @@ def timed_out(conn: Connection, now: datetime) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
-def missing_starts(conn: Connection, now: datetime, grace: float) -> list[int]:
-    """Running executions created more than `grace` seconds ago without an `execution.started` row."""
+def missing_starts(conn: Connection, now: datetime, grace: float, since: datetime | None = None) -> list[int]:
+    """Running executions created more than `grace` seconds ago (and at or after `since`, when
+    given: a range of the `(status, created_at)` index) without an `execution.started` row."""
     c, e = repo.EXECUTIONS.c, repo.EVENTS.c
     started = select(e.id).where(and_(e.execution_id == c.execution_id, e.event_id == "execution.started"))
+    window = [c.created_at >= since] if since is not None else []
     rows = conn.execute(
         select(c.execution_id).where(
-            and_(c.status == "running", c.created_at < now - timedelta(seconds=grace), ~started.exists())
+            and_(c.status == "running", c.created_at < now - timedelta(seconds=grace), *window, ~started.exists())
         )
     ).all()
     return [int(r[0]) for r in rows]

@@ -25,6 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # SQLite only autoincrements an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 Json = JSON().with_variant(JSONB(), "postgresql")
+DUE = "status = 'running' AND deadline_at IS NOT NULL"  # an execution with a playbook timeout, running
 ENDED = "status IN ('failed', 'cancelled') AND parent_execution_id IS NULL"  # a top-level failure or cancel
 
 
@@ -42,6 +43,8 @@ class Execution(Base):
         Index("ix_noetl_execution_status_created", "status", "created_at"),
         # the webhook scan's (store/schedules.py unnotified_ends): recent failed top-level ends
         Index("ix_noetl_execution_ended", "finished_at", postgresql_where=text(ENDED), sqlite_where=text(ENDED)),
+        # the sweep's playbook-timeout check (store/leases.py timed_out): running executions by deadline
+        Index("ix_noetl_execution_due", "deadline_at", postgresql_where=text(DUE), sqlite_where=text(DUE)),
     )
 
     execution_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)

@@ -179,3 +179,98 @@ def test_a_worker_killed_mid_attempt_under_a_backlog_is_recovered_within_60_s(en
                 cli(["cancel", str(run)], env)
         client.delete("noetl.tasks")
         client.close()
+
+
+LOOP = PLAYBOOKS / "backlog_loop.yaml"  # N iterations sent at once, a 3 s timeout: a 19 s lease they share
+LOOP_TIMEOUT = 3.0
+
+
+@pytest.mark.slow
+def test_a_loops_iterations_behind_a_backlog_are_never_republished(env, store_url, worker_factory):
+    # the loop's start sends its 2,000 iterations at once, under one lease of 19 s; one worker takes
+    # them far longer than that, and its last iterations run 1.5 s each once the queue has drained:
+    # without the lease they share moving on at each late pickup, the sweeper (every second) would
+    # re-publish those still running
+    worker_factory(env={**env, "NOETL_SWEEP_INTERVAL": "1"}, concurrency=2, name="loop-backlog@%h")
+    run = submit(env, LOOP, n=BACKLOG)
+    try:
+        status = wait(store_url, run, timeout=900)
+        assert status["status"] == "completed", status
+        span = scalar(
+            store_url,
+            "SELECT extract(epoch FROM finished_at - created_at) FROM noetl_execution WHERE execution_id = :x",
+            x=run,
+        )
+        lease = deadlines.lease(0, LOOP_TIMEOUT)
+        print(f"a loop of {BACKLOG} iterations sent at once drained in {float(span):.1f} s (lease {lease:g} s)")
+        assert float(span) > 2 * lease, f"the loop drained in {float(span):.1f} s: no wait past the lease"
+        republished = scalar(
+            store_url,
+            "SELECT count(*) FROM noetl_event WHERE execution_id = :x AND event_type = 'attempt.republished'",
+            x=run,
+        )
+        assert republished == 0
+        iterations = scalar(
+            store_url,
+            "SELECT count(DISTINCT iteration) FROM noetl_event WHERE execution_id = :x"
+            " AND event_type = 'iteration.completed'",
+            x=run,
+        )
+        assert iterations == BACKLOG
+    finally:
+        with contextlib.suppress(Exception):
+            cli(["cancel", str(run)], env)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_iteration_of_a_shared_lease_under_a_backlog_is_recovered_within_60_s(
+    env, store_url, worker_factory, tmp_path
+):
+    marks = tmp_path / "marks.txt"
+    client = redis.Redis.from_url(env["NOETL_BROKER_URL"])
+    # a loop of two slow iterations (the default 30 s timeout: a 46 s lease they share) goes first
+    # into the queue and waits there past PICKUP_SLACK, then 2,000 sleeping iterations queue behind
+    victim_run = submit(env, PLAYBOOKS / "slow_loop.yaml", marks=str(marks), pause=20)
+    time.sleep(deadlines.PICKUP_SLACK + 2)
+    backlog = submit(env, PLAYBOOKS / "backlog.yaml", n=2000, sleep=0.1)
+    try:
+        assert client.llen("noetl.tasks") >= 2000
+        victim = worker_factory(env=env, concurrency=1, name="victim@%h")
+        deadline = time.monotonic() + 60
+        while not marks.exists():
+            assert time.monotonic() < deadline, "the slow iteration never started"
+            time.sleep(0.05)
+        victim.kill()
+        killed_at = time.monotonic()
+        worker_factory(env=env, concurrency=2, name="survivor@%h")
+        while not scalar(
+            store_url,
+            "SELECT count(*) FROM noetl_event WHERE execution_id = :x AND event_type = 'attempt.republished'",
+            x=victim_run,
+        ):
+            assert time.monotonic() - killed_at < 90, "the killed worker's iteration was never re-published"
+            time.sleep(0.2)
+        took = time.monotonic() - killed_at
+        queued = client.llen("noetl.tasks")
+        print(f"the killed worker's iteration was re-published {took:.1f} s after the kill, {queued} messages queued")
+        assert took < 60
+        assert queued > 0, "the task queue had drained: no backlog"
+        status = wait(store_url, victim_run, timeout=120)
+        assert status["status"] == "completed", status
+        ran = marks.read_text().splitlines()
+        assert ran.count("ran 0") + ran.count("ran 1") == len(ran) and len(ran) >= 3  # the killed run and its copy
+        assert (
+            scalar(
+                store_url,
+                "SELECT count(DISTINCT iteration) FROM noetl_event WHERE execution_id = :x"
+                " AND event_type = 'iteration.completed'",
+                x=victim_run,
+            )
+            == 2
+        )
+    finally:
+        for run in (victim_run, backlog):
+            with contextlib.suppress(Exception):
+                cli(["cancel", str(run)], env)
+        client.delete("noetl.tasks")
+        client.close()

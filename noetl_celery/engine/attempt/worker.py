@@ -271,11 +271,13 @@ def already_done(url: str, message: TaskMessage) -> bool:
 
 
 def taken_late(url: str, message: TaskMessage, lease_seconds: float) -> bool:
-    """This message waited in its broker's queue: its decision's lease now runs from here
-    (store/leases.py `taken`), and whether its attempt was recorded meanwhile. One statement on
-    PostgreSQL."""
+    """This message waited in its broker's queue: its decision's lease (the one it answers or the
+    one it shares) now runs from here (store/leases.py `taken`), and whether its attempt was
+    recorded meanwhile. One statement on PostgreSQL."""
     with single_read(url) as conn:
-        return leases.taken(conn, message.execution_id, message.lease, message.outcome_key(), lease_seconds)
+        return leases.taken(
+            conn, message.execution_id, message.lease or message.shares, message.outcome_key(), lease_seconds
+        )
 
 
 def still_wanted(url: str, message: TaskMessage) -> bool:

@@ -102,13 +102,16 @@ def flush(d: Decided, *, last: bool = False) -> list[Dispatch]:
 def _answering(d: Decided, dispatches: list[Dispatch]) -> list[Dispatch]:
     """A decision's only message, a plain attempt (not a batch, not another execution's), carries
     the decision row's key: its outcome's decision deletes the lease it answers (TaskMessage.lease),
-    which the sweeper then never reads. Any other lease waits for the sweeper."""
-    if len(dispatches) != 1 or dispatches[0].kind != DispatchKind.RUN:
+    which the sweeper then never reads. Any other lease waits for the sweeper, and each of its
+    attempts' messages carries the key as the lease it shares (TaskMessage.shares), so that a
+    worker that takes one late moves it on."""
+    ours = [x.kind == DispatchKind.RUN and x.message.get("execution_id") == d.execution_id for x in dispatches]
+    if not any(ours):
         return dispatches
-    message = dispatches[0].message
-    if message.get("batch") or message.get("execution_id") != d.execution_id:
-        return dispatches
-    return [dispatches[0].answering(d.decision.rows[0]["event_id"])]
+    key = d.decision.rows[0]["event_id"]
+    if len(dispatches) == 1 and not dispatches[0].message.get("batch"):
+        return [dispatches[0].answering(key)]
+    return [x.sharing(key) if mine else x for x, mine in zip(dispatches, ours, strict=True)]
 
 
 def _counters(d: Decided, last: bool) -> tuple[int, bool, repo.Bump | None]:

@@ -3,7 +3,9 @@
 Decides, on each sweep (one sweeper at a time per deployment: a PostgreSQL advisory lock held for
 each of the sweep's transactions; on SQLite the write lock of that transaction serialises sweeps):
 - an execution past its playbook `timeout` fails (kind `timeout`), with its children;
-- an execution that never recorded its start (the start message was lost) gets its start again;
+- an execution that never recorded its start (the start message was lost) gets its start again
+  (each sweep reads those that came past the grace since the previous one; every running
+  execution once per START_FULL_CHECK);
 - a decision row whose lease (store/leases.py: a noetl_lease row written with it) is past its
   deadline (engine/deadlines.py) and whose dispatched attempts have no outcome row: each such
   attempt is published again from the stored dispatch list (flagged `replay`: a receiver that
@@ -65,6 +67,8 @@ log = logging.getLogger(__name__)
 SWEEP_INTERVAL = 5.0  # seconds between sweeps (NOETL_SWEEP_INTERVAL)
 MAX_REPUBLISHES = 3  # times an overdue attempt is published again before it is `lost`
 START_GRACE = 30.0  # seconds an execution may wait for its start to be recorded
+START_FULL_CHECK = 300.0  # seconds between two checks of every running execution for a lost start
+START_WINDOW_MARGIN = 5.0  # seconds the lost-start check's window reaches back past the previous check
 # seconds between a decision's row (its created_at) and the publish of its messages, at most, for
 # the sweeper's reading of how long the broker's oldest waiting message has waited
 IN_LINE_SLACK = 1.0
@@ -121,7 +125,13 @@ def sweep_transaction(url: str, timeout: float = SWEEP_TIMEOUT) -> Iterator[Conn
     `timeout` (statement_timeout), waits longer for a row lock (lock_timeout), and the session
     idle inside the transaction longer is ended by PostgreSQL (idle_in_transaction_session_timeout),
     which rolls back and releases the lock. A frozen sweeper then blocks the others for `timeout`
-    at most. On SQLite the transaction's write lock serialises sweeps."""
+    at most. The sweep's statements read a few index entries each (what is due); where the
+    planner's statistics lag behind a burst of new rows (a fresh store, autoanalyze not yet past)
+    it took tables for small and read them whole (a hash join over every event row), and their
+    estimated cost passed `jit_above_cost`, so that PostgreSQL compiled each of them, every
+    sweep: about 500 ms of CPU a sweep at 10,000 running executions. So the transaction runs
+    with JIT off and sequential scans discouraged (`enable_seqscan` off: a table without a
+    usable index is still read, at its price). On SQLite the transaction's write lock serialises sweeps."""
     with transaction(url) as conn:
         if conn.dialect.name != "postgresql":
             yield conn
@@ -130,10 +140,11 @@ def sweep_transaction(url: str, timeout: float = SWEEP_TIMEOUT) -> Iterator[Conn
         locked = conn.execute(
             text(
                 "SELECT set_config('statement_timeout', :t, true), set_config('lock_timeout', :t, true),"
-                " set_config('idle_in_transaction_session_timeout', :t, true), pg_try_advisory_xact_lock(:k)"
+                " set_config('idle_in_transaction_session_timeout', :t, true), set_config('jit', 'off', true),"
+                " set_config('enable_seqscan', 'off', true), pg_try_advisory_xact_lock(:k)"
             ),
             {"t": limit, "k": ADVISORY_LOCK_KEY},
-        ).one()[3]
+        ).one()[5]
         yield conn if locked else None
 
 
@@ -226,7 +237,7 @@ def sweep(
             _watch.skipped(url)
             return result
         _timeouts(conn, now, part)
-        _missing_starts(conn, now, part)
+        _missing_starts(conn, now, part, url)
     _watch.taken()
     result.add(part)
     if committed is not None:
@@ -260,8 +271,36 @@ def _timeouts(conn: Connection, now: Any, result: SweepResult) -> None:
         result.timed_out += end_tree(conn, execution_id, "failed", ev.EXECUTION_FAILED, error)
 
 
-def _missing_starts(conn: Connection, now: Any, result: SweepResult) -> None:
-    result.starts += leases.missing_starts(conn, now, START_GRACE)
+class _StartWindow:
+    """Which executions a sweep checks for a lost start: those that came past START_GRACE since
+    this process's previous check (created at or after that check's time less the grace and a
+    margin: a range of the `(status, created_at)` index, what is new, not every running
+    execution), and every running one at the first check and once per START_FULL_CHECK (a start
+    sent again and lost again, a gap in this process's sweeps while another process swept)."""
+
+    def __init__(self) -> None:
+        self.checked_at: datetime | None = None  # the store's time of this process's previous check
+        self.full_at: float | None = None  # monotonic time of the previous full check
+        self.lock = threading.Lock()
+
+    def since(self, now: datetime) -> datetime | None:
+        with self.lock:
+            previous, full = self.checked_at, self.full_at
+            if previous is None or full is None or time.monotonic() - full > START_FULL_CHECK:
+                self.full_at = time.monotonic()
+                previous = None
+            self.checked_at = now
+        if previous is None:
+            return None
+        return previous - timedelta(seconds=START_GRACE + START_WINDOW_MARGIN)
+
+
+_starts: dict[str, _StartWindow] = {}  # per store URL
+
+
+def _missing_starts(conn: Connection, now: Any, result: SweepResult, url: str) -> None:
+    window = _starts.setdefault(url, _StartWindow())
+    result.starts += leases.missing_starts(conn, now, START_GRACE, window.since(now))
 
 
 def _overdue(
