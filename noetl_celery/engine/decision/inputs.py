@@ -14,6 +14,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Protocol
 
 from noetl_celery import limits, settings
@@ -89,13 +90,18 @@ class Bounds:
         )
 
 
-@dataclass(frozen=True)
+@dataclass
 class DecisionInputs:
-    """The clock, the random draws and the bounds one decision uses."""
+    """The clock, the random draws and the bounds one decision uses (`given_bounds`, or the
+    settings' when the decision first needs one)."""
 
     clock: Callable[[], datetime] = store_clock.now
     draws: Draws = field(default_factory=RandomDraws)
-    bounds: Bounds = field(default_factory=Bounds.load)
+    given_bounds: Bounds | None = None
+
+    @cached_property
+    def bounds(self) -> Bounds:
+        return self.given_bounds or Bounds.load()
 
     @classmethod
     def load(cls, draws: Draws | None = None) -> DecisionInputs:
