@@ -28,6 +28,9 @@ Everything here runs inside on_event; workers only run claims and the rows' task
   not run its first row (`cursor.claimed`), plus step and loop start/end.
 - Unit ids: row `index` of slot `s` of `n` slots is iteration `index * n + s` (unique in the run,
   no counter needed).
+- A claim's outcome is decided by the first of the named rules `CLAIM_RULES` that applies: `rows`
+  (the slot's next row runs), `again` (claim again after `again_in`, or after a failed claim's
+  backoff), `slot_ended`, `fail`.
 """
 
 from __future__ import annotations
