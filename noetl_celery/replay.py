@@ -19,7 +19,7 @@ they were: recorded and ignored. A cursor claim's rows are read from the item me
 decision sent (a claim that ran its first row: from that row's record and what it sent next);
 an iteration's outcome from `meta.reported` where its row shows the iteration's
 end. A jittered retry delay is compared as the range the new code draws it from
-(`policy_eval.drawn`).
+(the decision's inputs draw the recorded delays, `inputs.RecordedDraws`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from sqlalchemy import insert, select
 
 from noetl_celery import vocabulary as ev
 from noetl_celery.engine.context import STATE
-from noetl_celery.engine.decision import orchestrator, policy_eval
+from noetl_celery.engine.decision import orchestrator
+from noetl_celery.engine.decision.inputs import RecordedDraws
 from noetl_celery.engine.decision.units import REPORTED_META
 from noetl_celery.engine.messages import BATCH_EVENT, BatchEvent, Dispatch, OutcomeEvent, TaskMessage
 from noetl_celery.errors import ExecutionNotFound, NoetlError
@@ -416,8 +417,7 @@ def _decide_again(scratch: str, execution_id: int, decision: Decision) -> Differ
     delays = [d for r in decision.rows for d in _drawn_delays(r)]
     reason = None
     try:
-        with policy_eval.drawn(delays):
-            orchestrator.handle_event(scratch, decision.payload)
+        orchestrator.handle_event(scratch, decision.payload, draws=RecordedDraws(delays))
     except Exception as exc:  # the code that runs now fails on this event
         reason = f"deciding it raised {type(exc).__name__}: {exc}"
     with db.transaction(scratch) as conn:

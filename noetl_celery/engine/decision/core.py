@@ -16,12 +16,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import limits, settings
 from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import ExecutionState, Scope, message_scope
 from noetl_celery.engine.decision import cursor_loop, loops, write
+from noetl_celery.engine.decision.inputs import DecisionInputs
+from noetl_celery.engine.decision.reads import Reads
 from noetl_celery.engine.decision.rows import OpenRow, Row
+from noetl_celery.engine.decision.store_reads import StoreReads
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.decision.write import Redecide
@@ -55,6 +57,7 @@ class DecisionCore:
     state: ExecutionState
     running: bool
     decision: Decision = field(default_factory=Decision)
+    inputs: DecisionInputs = field(default_factory=DecisionInputs.load)  # clock, draws, bounds
     version: int = 0
     depth: int = 0
     deferred: bool = False
@@ -112,18 +115,23 @@ class DecisionCore:
         once per decision. So an execution fails at the first step start after both its step runs
         and its state version passed the bound (a cycle deciding k steps per turn: at about k
         times the bound)."""
-        bound = limits.max_steps()
+        bound = self.inputs.bounds.max_steps.value
         if self.version + self.depth < bound:
             return None
         if self.steps_run is None:
-            self.steps_run = repo.count_events(self.conn, self.execution_id, ev.STEP_STARTED)
+            self.steps_run = self.reads.count_events(ev.STEP_STARTED)
         started = self.steps_run + sum(1 for row in self.decision.rows if row["event_type"] == ev.STEP_STARTED)
         if started <= bound:
             return None
         return (
-            f"the execution started more than {bound} step runs ({settings.MAX_STEPS_ENV}): an arc cycle "
+            f"the execution started more than {bound} step runs ({self.inputs.bounds.max_steps.env}): an arc cycle "
             "without an end? Give the playbook a `timeout:` or raise the bound"
         )
+
+    @property
+    def reads(self) -> Reads:
+        """The execution's recorded rows, read in this decision's transaction (reads.py)."""
+        return StoreReads(lambda: self.conn, self.execution_id)
 
     @property
     def conn(self) -> Connection:

@@ -28,17 +28,23 @@ Everything here runs inside on_event; workers only run claims and the rows' task
   not run its first row (`cursor.claimed`), plus step and loop start/end.
 - Unit ids: row `index` of slot `s` of `n` slots is iteration `index * n + s` (unique in the run,
   no counter needed).
+- A claim's outcome is decided by the first of the named rules `CLAIM_RULES` that applies: `rows`
+  (the slot's next row runs), `again` (claim again after `again_in`, or after a failed claim's
+  backoff), `slot_ended`, `fail`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from noetl_celery import cursors, limits, settings
+from noetl_celery import cursors
 from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Action, Step
 from noetl_celery.engine import deadlines
+from noetl_celery.engine.decision.inputs import is_reference, is_truncated
 from noetl_celery.engine.decision.loops import fail_loop_start, record_loop_done
 from noetl_celery.engine.decision.policy_eval import next_backoff
 from noetl_celery.engine.decision.rows import OpenRow
@@ -61,7 +67,7 @@ MAX_AGAIN_IN = 3600.0  # seconds: the longest a slot waits to claim again when i
 
 
 def _run_ref(decider: DecisionPort, run_id: str) -> RunRef:
-    context = (repo.get_loop(decider.conn, run_id) or {}).get("context") or {}
+    context = (decider.reads.loop(run_id) or {}).get("context") or {}
     return RunRef(run_id, context.get("frames", []), context.get("args", {}))
 
 
@@ -187,7 +193,7 @@ def _frame(decider: DecisionPort, message: TaskMessage) -> tuple[list[Any], int,
     if len(frame) == 1 or "via" not in slot:
         return frame, len(done), None
     at = claim_key(message.run_id, slot["id"], slot["claim"], slot["via"]) + ".done"
-    if message.ran_with_claim or "frame" in repo.event_meta(decider.conn, decider.execution_id, at):
+    if message.ran_with_claim or "frame" in decider.reads.event_meta(at):
         return frame, len(done), at  # recorded by this decision, or kept by the claim's outcome row
     return frame, len(done), None  # that row was decided by an earlier release, which kept no frame
 
@@ -199,7 +205,7 @@ def _read_frame(decider: DecisionPort, at: str, size: int) -> list[Any]:
     kept = _frames.lookup(key)
     if kept is not None:
         return cast(list[Any], kept)
-    frame = repo.event_meta(decider.conn, decider.execution_id, at).get("frame")
+    frame = decider.reads.event_meta(at).get("frame")
     if not isinstance(frame, list) or len(frame) != size:
         raise RuntimeError(
             f"execution {decider.execution_id}: the cursor frame kept by row {at!r} is missing or not "
@@ -336,14 +342,14 @@ def _claimed(decider: DecisionPort, outcome: dict[str, Any], slot: int) -> tuple
     if outcome["status"] != "ok":
         return outcome, []
     data = outcome.get("data")
-    if isinstance(data, dict) and limits.is_reference(data):
-        data = blobs.fetch(decider.conn, data)
+    if isinstance(data, dict) and is_reference(data):
+        data = decider.reads.value(data)
     rows = data.get("rows") if isinstance(data, dict) else None
-    if limits.is_truncated(data) or limits.is_truncated(rows):
+    if is_truncated(data) or is_truncated(rows):
         error = {
             "kind": ErrorKind.LIMIT,
-            "message": f"cursor claim of slot {slot} took rows above {settings.MAX_STORED_BYTES_ENV}, which "
-            "were cut: lower the frame's max_rows",
+            "message": f"cursor claim of slot {slot} took rows above "
+            f"{decider.inputs.bounds.max_stored_bytes_env}, which were cut: lower the frame's max_rows",
         }
         return {**outcome, "status": "error", "error": error}, []
     return outcome, list(rows or [])
@@ -353,84 +359,158 @@ def claim_done(decider: DecisionPort, message: TaskMessage, outcome: dict[str, A
     """A claim's outcome: rows start the slot's next row, none ends the slot (or, with `again_in`,
     claims again then), an error retries."""
     assert message.slot is not None
-    slot = message.slot
     step = decider.plan.steps[message.step]
-    outcome, rows = _claimed(decider, outcome, slot["id"])
-    ok = outcome["status"] == "ok"
-    again = 0.0 if rows else _again_in(outcome)
-    if rows:
-        kind = ev.CURSOR_CLAIMED
-    elif ok:
-        kind = ev.CURSOR_CLAIM_WAITING if again else ev.CURSOR_SLOT_ENDED
-    else:
-        kind = ev.CURSOR_CLAIM_FAILED
-    # a failed claim tried again: its row says when, built once with the rest of it
-    retried = not ok and decider.can_dispatch() and message.attempt < (claim_retry(step).attempts or 1)
-    delay = next_backoff(claim_retry(step), message.attempt) if retried else 0.0
-    key = decider.record(
-        kind,
-        message.outcome_key(),
-        status="completed" if ok else "failed",
-        step=step.name,
+    outcome, rows = _claimed(decider, outcome, message.slot["id"])
+    claim = _Claim.of(step, message, outcome, rows, decider.can_dispatch())
+    key = _record_claim(decider, claim, report)
+    if not decider.can_dispatch():
+        return
+    for rule in CLAIM_RULES:
+        if rule.applies(claim):
+            rule.apply(decider, claim, key)
+            return
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """A claim's outcome as its rules see it: the rows it took, whether it is tried again, when
+    the slot claims again (`again_in`)."""
+
+    step: Step
+    message: TaskMessage
+    outcome: dict[str, Any]
+    rows: list[Any]
+    again: float  # seconds until the slot claims again (0: not waiting)
+    retried: bool  # a failed claim tried again (its row says when, built once with the rest of it)
+    delay: float  # the backoff of a claim tried again (drawn once)
+
+    @classmethod
+    def of(
+        cls, step: Step, message: TaskMessage, outcome: dict[str, Any], rows: list[Any], may_dispatch: bool
+    ) -> _Claim:
+        ok = outcome["status"] == "ok"
+        again = 0.0 if rows else _again_in(outcome)
+        retried = not ok and may_dispatch and message.attempt < (claim_retry(step).attempts or 1)
+        delay = next_backoff(claim_retry(step), message.attempt) if retried else 0.0
+        return cls(step, message, outcome, rows, again, retried, delay)
+
+    @property
+    def slot(self) -> dict[str, Any]:
+        assert self.message.slot is not None
+        return self.message.slot
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.outcome["status"] == "ok")
+
+    @property
+    def kind(self) -> str:
+        if self.rows:
+            return ev.CURSOR_CLAIMED
+        if self.ok:
+            return ev.CURSOR_CLAIM_WAITING if self.again else ev.CURSOR_SLOT_ENDED
+        return ev.CURSOR_CLAIM_FAILED
+
+
+def _record_claim(decider: DecisionPort, claim: _Claim, report: dict[str, Any]) -> str:
+    """The claim's row; returns its key."""
+    rows, again = claim.rows, claim.again
+    return decider.record(
+        claim.kind,
+        claim.message.outcome_key(),
+        status="completed" if claim.ok else "failed",
+        step=claim.step.name,
         task="claim",
-        run_id=message.run_id,
-        attempt=message.attempt,
-        parent_event_id=message.parent_event_id,
+        run_id=claim.message.run_id,
+        attempt=claim.message.attempt,
+        parent_event_id=claim.message.parent_event_id,
         queue_id=report.get("queue_id"),
         worker=report.get("worker"),
         duration_ms=report.get("duration_ms"),
-        error=outcome.get("error"),
+        error=claim.outcome.get("error"),
         meta={
-            "slot": slot["id"],
-            "claim": slot["claim"],
+            "slot": claim.slot["id"],
+            "claim": claim.slot["claim"],
             "rows": len(rows),
             **({"frame": rows} if len(rows) > 1 else {}),  # kept once: its rows' messages name this row
-            **({"retry_in": delay} if retried else {}),
+            **({"retry_in": claim.delay} if claim.retried else {}),
             **({"again_in": again} if again else {}),
         },
     )
-    if not decider.can_dispatch():
+
+
+def _claim_rows(decider: DecisionPort, claim: _Claim, key: str) -> None:
+    """`rows`: the claim took rows: the slot's first row runs (the rest by reference, or inline)."""
+    rows, slot = claim.rows, claim.slot
+    by_reference = len(rows) > 1 and written_formats() >= FRAME_VERSION
+    dispatch_row(
+        decider,
+        claim.step,
+        RunRef(claim.message.run_id, claim.message.frames, claim.message.args),
+        slot=slot["id"],
+        claim=slot["claim"],
+        index=slot["index"],
+        element=rows[0],
+        parent=key,
+        frame={"at": key, "size": len(rows), "pos": 0} if by_reference else None,
+        legacy=None if by_reference or len(rows) == 1 else (rows[1:], []),
+    )
+
+
+def _claim_again(decider: DecisionPort, claim: _Claim, key: str) -> None:
+    """`again`: the slot's next claim after again_in, or this one tried again after its backoff."""
+    slot, again = claim.slot, claim.again
+    dispatch_claim(
+        decider,
+        claim.step,
+        RunRef(claim.message.run_id, claim.message.frames, claim.message.args),
+        slot=slot["id"],
+        claim=slot["claim"] + 1 if again else slot["claim"],
+        index=slot["index"],
+        parent=key,
+        attempt=1 if again else claim.message.attempt + 1,
+        countdown=again or claim.delay,
+        done=None if again else slot.get("done"),  # a claim with again_in acknowledged its frame
+    )
+
+
+def _claim_slot_ended(decider: DecisionPort, claim: _Claim, key: str) -> None:
+    """`slot_ended`: no rows and no `again_in`: the slot is over (and the loop with its last)."""
+    _slot_ended(decider, claim.step, claim.message.run_id, key)
+
+
+def _claim_failed(decider: DecisionPort, claim: _Claim, key: str) -> None:
+    """`fail`: a claim failed past its retries: the loop fails (once, by whoever completes it)."""
+    message, slot = claim.message, claim.slot
+    if not repo.complete_loop(decider.conn, message.run_id):
         return
-    run = RunRef(message.run_id, message.frames, message.args)
-    if rows:
-        by_reference = len(rows) > 1 and written_formats() >= FRAME_VERSION
-        dispatch_row(
-            decider,
-            step,
-            run,
-            slot=slot["id"],
-            claim=slot["claim"],
-            index=slot["index"],
-            element=rows[0],
-            parent=key,
-            frame={"at": key, "size": len(rows), "pos": 0} if by_reference else None,
-            legacy=None if by_reference or len(rows) == 1 else (rows[1:], []),
-        )
-    elif again or retried:  # the slot's next claim after again_in, or this one tried again
-        dispatch_claim(
-            decider,
-            step,
-            run,
-            slot=slot["id"],
-            claim=slot["claim"] + 1 if again else slot["claim"],
-            index=slot["index"],
-            parent=key,
-            attempt=1 if again else message.attempt + 1,
-            countdown=again or delay,
-            done=None if again else slot.get("done"),  # a claim with again_in acknowledged its frame
-        )
-    elif ok:
-        _slot_ended(decider, step, message.run_id, key)
-    elif repo.complete_loop(decider.conn, message.run_id):
-        reason = (outcome.get("error") or {}).get("message") or "claim failed"
-        error = {
-            "kind": ErrorKind.CURSOR,
-            "message": f"cursor claim of slot {slot['id']} failed after {message.attempt} attempts: {reason}",
-            "slot": slot["id"],
-        }
-        decider.step_done(
-            step, _run_ref(decider, message.run_id), UnitEnd(ok=False, parent=key, error=error), via="loop"
-        )
+    reason = (claim.outcome.get("error") or {}).get("message") or "claim failed"
+    error = {
+        "kind": ErrorKind.CURSOR,
+        "message": f"cursor claim of slot {slot['id']} failed after {message.attempt} attempts: {reason}",
+        "slot": slot["id"],
+    }
+    decider.step_done(
+        claim.step, _run_ref(decider, message.run_id), UnitEnd(ok=False, parent=key, error=error), via="loop"
+    )
+
+
+@dataclass(frozen=True)
+class ClaimRule:
+    """A named rule of a claim's outcome: the first that `applies` decides it."""
+
+    name: str
+    applies: Callable[[_Claim], bool]
+    apply: Callable[[DecisionPort, _Claim, str], None]
+
+
+# A claim's outcome as an ordered list of named rules.
+CLAIM_RULES: tuple[ClaimRule, ...] = (
+    ClaimRule("rows", lambda c: bool(c.rows), _claim_rows),
+    ClaimRule("again", lambda c: bool(c.again) or c.retried, _claim_again),
+    ClaimRule("slot_ended", lambda c: c.ok, _claim_slot_ended),
+    ClaimRule("fail", lambda c: True, _claim_failed),
+)
 
 
 def _slot_ended(decider: DecisionPort, step: Step, run_id: str, parent: str) -> None:
@@ -442,7 +522,7 @@ def _slot_ended(decider: DecisionPort, step: Step, run_id: str, parent: str) -> 
     key = record_loop_done(decider, step, run_id, parent, stats, fatal=fatal, tolerated=counters["tolerated"])
     data: dict[str, Any] = {"stats": stats}
     if step.loop is not None and step.loop.aggregate:  # asked for: read back from the item rows
-        data["results"] = repo.run_results(decider.conn, decider.execution_id, run_id, ev.CURSOR_ITEM_DONE)
+        data["results"] = decider.reads.run_results(run_id, ev.CURSOR_ITEM_DONE)
     error = (
         None
         if not fatal

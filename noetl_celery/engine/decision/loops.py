@@ -29,9 +29,9 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from noetl_celery import limits, settings
 from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Step
+from noetl_celery.engine.decision.inputs import Bounds, is_reference, is_truncated
 from noetl_celery.engine.decision.rows import OpenRow, Row
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import attempt_key
@@ -69,31 +69,33 @@ def _collection(decider: DecisionPort, run_id: str) -> list[Any]:
     with _lock:
         items = _collections.get(run_id)
     if items is None:
-        row = repo.get_loop(decider.conn, run_id, with_collection=True)
+        row = decider.reads.loop(run_id, with_collection=True)
         items = (row or {}).get("collection") or []
         _remember(run_id, items)
-    if limits.is_reference(items):  # stored by reference: the bounded cache of such values holds it
-        return cast(list[Any], blobs.fetch(decider.conn, cast(dict[str, Any], items)))
+    if is_reference(items):  # stored by reference: the bounded cache of such values holds it
+        return cast(list[Any], decider.reads.value(cast(dict[str, Any], items)))
     return cast(list[Any], items)
 
 
-def build_items(step: Step, context: dict[str, Any]) -> list[Any]:
-    """Render the collection once and shape it into the per-task elements."""
+def build_items(step: Step, context: dict[str, Any], bounds: Bounds | None = None) -> list[Any]:
+    """Render the collection once and shape it into the per-task elements (within `bounds`: the
+    decision's, or the settings' now)."""
+    bounds = bounds or Bounds.load()
     loop = step.loop
     assert loop is not None
     value = materialise(render_value(loop.collection, context))  # a reference is read whole
-    if limits.is_truncated(value):
+    if is_truncated(value):
         raise TemplateError(
             f"loop collection of step {step.name!r} is a value that was truncated when stored "
-            f"({value.get('size')} bytes, limit {value.get('limit')} bytes, {settings.MAX_RESULT_BYTES_ENV}; "
-            f"above {settings.MAX_STORED_BYTES_ENV} a value is not stored by reference either): "
+            f"({value.get('size')} bytes, limit {value.get('limit')} bytes, {bounds.max_result_bytes_env}; "
+            f"above {bounds.max_stored_bytes_env} a value is not stored by reference either): "
             "it cannot be iterated; move big data through a sink and loop over a reference "
             "(a cursor loop over a table), or raise the limit"
         )
-    if isinstance(value, (dict, list)) and len(value) > limits.max_loop_items():
+    if isinstance(value, (dict, list)) and len(value) > bounds.max_loop_items.value:
         raise TemplateError(
             f"loop collection of step {step.name!r} has {len(value)} elements, more than "
-            f"{settings.MAX_LOOP_ITEMS_ENV} ({limits.max_loop_items()}): iterate over big collections "
+            f"{bounds.max_loop_items.env} ({bounds.max_loop_items.value}): iterate over big collections "
             "with a cursor loop (`loop: {cursor: ...}`, rows claimed from a table), or raise the limit"
         )
     if isinstance(value, dict):
@@ -201,7 +203,7 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
     assert loop is not None
     run_id, frames, args = run.run_id, run.frames, run.args
     try:
-        items = build_items(step, context)
+        items = build_items(step, context, decider.inputs.bounds)
     except TemplateError as exc:
         fail_loop_start(decider, step, run_id, parent, {"kind": ErrorKind.LOOP, "message": str(exc)})
         return
@@ -299,7 +301,7 @@ def dispatch_queued(
 
 
 def _failed_message(decider: DecisionPort, source: str, key: str) -> TaskMessage | None:
-    row = repo.find_event(decider.conn, decider.execution_id, source)
+    row = decider.reads.event(source)
     for raw in ((row or {}).get("meta") or {}).get("dispatch") or []:
         for message in TaskMessage.from_dict(raw.get("message") or {}).members():  # a batch: each iteration
             if message.outcome_key().removesuffix(".done") == key:
@@ -362,7 +364,7 @@ def _final_rows(decider: DecisionPort, run_id: str) -> dict[int, Row]:
     """Each iteration's last end row (a resumed iteration's new end outranks its old failure)."""
     rows: list[dict[str, Any]] = []
     for kind, column in ((ev.ITERATION_COMPLETED, "result"), (ev.ITERATION_FAILED, "error")):
-        found = repo.run_events(decider.conn, decider.execution_id, run_id, kind, columns=("id", "iteration", column))
+        found = decider.reads.run_events(run_id, kind, ("id", "iteration", column))
         rows.extend({**r, "event_type": kind} for r in found)
     final: dict[int, Row] = {}
     for r in sorted(rows, key=lambda r: r["id"]):
@@ -436,7 +438,7 @@ def finish_loop(
 ) -> None:
     """The loop's result and the step's end. Failures a policy tolerated do not fail the step;
     a failed step's error names the first failed iterations (index and message)."""
-    loop_row = repo.get_loop(decider.conn, run_id) or {}
+    loop_row = decider.reads.loop(run_id) or {}
     context = loop_row.get("context") or {}
     total = len(results)
     stats = {"total": total, "success": ok_count, "failed": failed}

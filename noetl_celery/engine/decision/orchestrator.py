@@ -21,7 +21,8 @@ from sqlalchemy import Connection
 
 from noetl_celery import vocabulary as ev
 from noetl_celery.engine.context import STATE, ExecutionState, seed_of
-from noetl_celery.engine.decision import core, write
+from noetl_celery.engine.decision import core, policy_eval, write
+from noetl_celery.engine.decision.inputs import DecisionInputs, Draws
 from noetl_celery.engine.decision.outcomes import OutcomeRules
 from noetl_celery.engine.decision.steps import StepFlow
 from noetl_celery.engine.decision.tasks import TaskFlow
@@ -78,17 +79,20 @@ def outcomes_of(payload: dict[str, Any]) -> list[Outcome]:
     return [(member, event.outcome, event.report) for member in message.members()]
 
 
-def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
-    """Decide on one event; returns what to publish (already recorded)."""
+def handle_event(url: str, payload: dict[str, Any], *, draws: Draws | None = None) -> list[Dispatch]:
+    """Decide on one event; returns what to publish (already recorded). `draws`: the random
+    draws the decision takes (replay: the recorded ones; default new ones)."""
     execution_id = int(payload["execution_id"])
     kind = payload["kind"]
     outcomes = outcomes_of(payload) if kind in (PayloadKind.OUTCOME, PayloadKind.BATCH) else []
     deferred = _deferred_state(url, execution_id, outcomes[0][0]) if outcomes else None
+    inputs = DecisionInputs.load(draws)
     try:
-        decided = write.decide_until_current(
-            lambda first: _decide(url, payload, outcomes, deferred if first else None, strict=first),
-            forget=lambda: STATE.forget(url, execution_id),
-        )
+        with policy_eval.drawing(inputs.draws):
+            decided = write.decide_until_current(
+                lambda first: _decide(url, payload, outcomes, deferred if first else None, inputs, strict=first),
+                forget=lambda: STATE.forget(url, execution_id),
+            )
         if decided is None:
             return []
         decider, dispatches = decided
@@ -104,7 +108,13 @@ def handle_event(url: str, payload: dict[str, Any]) -> list[Dispatch]:
 
 
 def _decide(
-    url: str, payload: dict[str, Any], outcomes: list[Outcome], state: ExecutionState | None, *, strict: bool
+    url: str,
+    payload: dict[str, Any],
+    outcomes: list[Outcome],
+    state: ExecutionState | None,
+    inputs: DecisionInputs,
+    *,
+    strict: bool,
 ) -> tuple[Decider, list[Dispatch]] | None:
     """One transaction deciding one event. With `state`, a deferred decision (see Decider).
     `strict`: its last write may commit it, and refuses rows that exist (Redecide): the first
@@ -119,6 +129,7 @@ def _decide(
                 state=state,
                 running=True,
                 version=state.version,
+                inputs=inputs,
                 deferred=True,
                 strict=strict and len(outcomes) == 1 and commit_suffix(conn) is not None,
             )
@@ -129,7 +140,11 @@ def _decide(
                 return None
             state = STATE.get(url, execution_id, min_version=head["state_version"], conn=conn)
             decider = Decider(
-                connection=conn, state=state, running=head["status"] == "running", version=head["state_version"]
+                connection=conn,
+                state=state,
+                running=head["status"] == "running",
+                version=head["state_version"],
+                inputs=inputs,
             )
         if kind == PayloadKind.START:
             decider.start_execution()

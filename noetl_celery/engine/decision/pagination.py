@@ -10,12 +10,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sqlalchemy import Connection
-
 from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Collect, Task
+from noetl_celery.engine.decision.reads import Reads
 from noetl_celery.engine.messages import TaskMessage
-from noetl_celery.store import repo
 
 _SEQ = re.compile(r"\.s(\d+)\.a\d+\.done$")
 _MISSING = object()
@@ -79,13 +77,11 @@ def combine(pieces: list[Any], strategy: str) -> Any:
     return out
 
 
-def collect_pages(conn: Connection, execution_id: int, message: TaskMessage, task: Task, last: Any) -> Any:
+def collect_pages(reads: Reads, message: TaskMessage, task: Task, last: Any) -> Any:
     """All pages of the sequence ending with `message` (whose data is `last`), collected."""
     first_seq = message.seq - (message.page - 1)
     pages: dict[int, Any] = {}
-    for row in repo.run_events(
-        conn, execution_id, message.run_id, ev.PAGE_COMPLETED, columns=("iteration", "task", "event_id", "result")
-    ):
+    for row in reads.run_events(message.run_id, ev.PAGE_COMPLETED, ("iteration", "task", "event_id", "result")):
         if row["iteration"] != message.iteration or row["task"] != task.label:
             continue
         match = _SEQ.search(row["event_id"])

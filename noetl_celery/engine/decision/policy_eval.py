@@ -12,11 +12,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from noetl_celery.dsl.plan import DEFAULT_PAGINATION_MAX, DEFAULT_RETRY_ATTEMPTS, Action, Policy
 from noetl_celery.errors import TemplateError
 from noetl_celery.templating import Lenient, as_step_result, evaluate_condition, response_view
+
+if TYPE_CHECKING:
+    from noetl_celery.engine.decision.inputs import Draws
 
 
 class EventName(str):
@@ -115,28 +118,22 @@ def next_backoff(action: Action, attempt: int, retry_after: float | None = None)
     return round(delay, 3)
 
 
-# delays drawn before, offered again to the draws of a decision made again (noetl_celery/replay.py)
-_DRAWN: ContextVar[list[float] | None] = ContextVar("noetl_drawn_delays", default=None)
-_DRAW_TOLERANCE = 0.0005  # a recorded delay is rounded to milliseconds
+# the draws of the decision being made (its inputs' `draws`, inputs.py); none: new random ones
+_DRAWS: ContextVar[Draws | None] = ContextVar("noetl_decision_draws", default=None)
 
 
 def _jitter(low: float, high: float) -> float:
-    """A random delay in [low, high]; while `drawn` offers recorded ones, the first that lies in
-    that range (so a decision made again draws what it drew then, unless its range changed)."""
-    offered = _DRAWN.get()
-    if offered:
-        for index, value in enumerate(offered):
-            if low - _DRAW_TOLERANCE <= value <= high + _DRAW_TOLERANCE:
-                return offered.pop(index)
-    return random.uniform(low, high)
+    """A random delay in [low, high], drawn from the decision's inputs (`drawing`)."""
+    draws = _DRAWS.get()
+    return draws.uniform(low, high) if draws is not None else random.uniform(low, high)
 
 
 @contextmanager
-def drawn(delays: list[float]) -> Iterator[None]:
-    """Within: a jittered backoff takes one of `delays` (the ones a recorded decision drew) when
-    one lies in its range, instead of a new random draw."""
-    token = _DRAWN.set(list(delays))
+def drawing(draws: Draws) -> Iterator[None]:
+    """Within: a jittered backoff is drawn from `draws` (a decision's inputs: new random draws,
+    or the ones a recorded decision drew, `inputs.RecordedDraws`)."""
+    token = _DRAWS.set(draws)
     try:
         yield
     finally:
-        _DRAWN.reset(token)
+        _DRAWS.reset(token)

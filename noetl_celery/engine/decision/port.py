@@ -15,6 +15,8 @@ from sqlalchemy import Connection
 
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import ExecutionState, Scope
+from noetl_celery.engine.decision.inputs import DecisionInputs
+from noetl_celery.engine.decision.reads import Reads
 from noetl_celery.engine.decision.rows import Row
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.messages import Dispatch, TaskMessage
@@ -32,6 +34,14 @@ class DecisionPort(Protocol):
 
     @property
     def plan(self) -> Any: ...
+
+    @property
+    def reads(self) -> Reads:
+        """The execution's recorded rows the decision reads (reads.py)."""
+
+    @property
+    def inputs(self) -> DecisionInputs:
+        """The decision's clock, random draws and bounds."""
 
     @property
     def state(self) -> ExecutionState: ...

@@ -43,45 +43,17 @@ class StepFlow(DecisionCore):
         """A step run is over: record it, store its result, apply vars/set_ctx, route.
         `end.routing_response` is the last call's result (the last page), which routing reads."""
         self.decision.pending -= 1
-        run_id, data, parent = run.run_id, end.data, end.parent
+        run_id, parent = run.run_id, end.parent
         done_key = f"{run_id}.step.done"
-        if end.ok and step.result_select is not None:
-            try:
-                data = select_part(
-                    data, step.result_select, render_context(self.state, Scope(args=run.args, step=step.name))
-                )
-            except TemplateError as exc:
-                end = end.evolve(ok=False, error={"kind": ErrorKind.TEMPLATE, "message": str(exc)})
+        end, data = self._step_result(step, run, end)
         if not end.ok:
             self.fail_step(step.name, run_id, end.error, parent)
             return
         self.set_variables("result", {step.name: data})
         if len(step.tasks) > 1 and end.task_results:
             self.set_variables("tasks", {step.name: end.task_results})
-        scope = Scope(args=run.args, step=step.name)
-        # step-level set/vars and arcs read the step's last call as `output`/`outcome`, like policies
-        last_call = policy_eval.outcome_scope({"status": "ok", "data": end.routing_response}, 1)
-        own = dict(
-            output=last_call["output"],
-            outcome=last_call["outcome"],
-            result=as_step_result(data),
-            response=response_view(end.routing_response),
-            event={"name": routing.TERMINAL_EVENT_NAMES[via]},
-        )
-        context = {**render_context(self.state, scope), **own}
         try:
-            # vars, set and arcs render as NoETL renders them: an undefined name is falsy, an arc
-            # whose `when` raises does not fire; what that hid is kept in the row's meta
-            with lenient(self.strict_templates) as hidden:
-                self.set_variables("vars", plain(render_value(step.vars, context)))
-                self.set_variables("ctx", plain(render_value(step.set_ctx, context)))
-                if step.vars or step.set_ctx:  # arcs read the new values (also as bare ctx names)
-                    context = {**render_context(self.state, scope), **own}
-                fired = [] if step.name == self.plan.final_step else routing.fired_arcs(step, context)
-                targets = [(arc.step, routing.arc_args(arc, context)) for arc in fired]
-                for arc in fired:  # v2 case `then: {next, set}`
-                    self.set_variables("ctx", plain(render_value(arc.set_ctx, context)))
-                    self.set_variables("vars", plain(render_value(arc.set_vars, context)))
+            targets, hidden = self._step_arcs(step, run, end, data, via)
         except TemplateError as exc:
             self.fail_step(step.name, run_id, {"kind": ErrorKind.TEMPLATE, "message": str(exc)}, parent)
             return
@@ -101,14 +73,58 @@ class StepFlow(DecisionCore):
             parent_event_id=parent,
             meta=meta or None,
         )
-        no_match_fails = step.next.on_no_match == "error" or (
-            step.next.on_no_match is None and self.plan.no_next_is_error
-        )
-        if not targets and step.next.arcs and no_match_fails and step.name != self.plan.final_step:
+        if not targets and self._no_match_fails(step):
             err = {"kind": ErrorKind.ROUTING, "message": f"no arc of step {step.name!r} matched"}
             self.fail_execution(step.name, err, done_key)
             return
         self.route(step, targets, run.frames, done_key)
+
+    def _step_result(self, step: Step, run: RunRef, end: UnitEnd) -> tuple[UnitEnd, Any]:
+        """The step's result: the part its `result` selects (a template that fails fails the end)."""
+        if not end.ok or step.result_select is None:
+            return end, end.data
+        try:
+            scope = Scope(args=run.args, step=step.name)
+            return end, select_part(end.data, step.result_select, render_context(self.state, scope))
+        except TemplateError as exc:
+            return end.evolve(ok=False, error={"kind": ErrorKind.TEMPLATE, "message": str(exc)}), end.data
+
+    def _step_arcs(
+        self, step: Step, run: RunRef, end: UnitEnd, data: Any, via: str
+    ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+        """Apply the step's `vars`/`set` and its arcs' `set`; the arcs that fire (target, args)
+        and what lenient rendering hid. Raises TemplateError."""
+        scope = Scope(args=run.args, step=step.name)
+        # step-level set/vars and arcs read the step's last call as `output`/`outcome`, like policies
+        last_call = policy_eval.outcome_scope({"status": "ok", "data": end.routing_response}, 1)
+        own = dict(
+            output=last_call["output"],
+            outcome=last_call["outcome"],
+            result=as_step_result(data),
+            response=response_view(end.routing_response),
+            event={"name": routing.TERMINAL_EVENT_NAMES[via]},
+        )
+        context = {**render_context(self.state, scope), **own}
+        # vars, set and arcs render as NoETL renders them: an undefined name is falsy, an arc
+        # whose `when` raises does not fire; what that hid is kept in the row's meta
+        with lenient(self.strict_templates) as hidden:
+            self.set_variables("vars", plain(render_value(step.vars, context)))
+            self.set_variables("ctx", plain(render_value(step.set_ctx, context)))
+            if step.vars or step.set_ctx:  # arcs read the new values (also as bare ctx names)
+                context = {**render_context(self.state, scope), **own}
+            fired = [] if step.name == self.plan.final_step else routing.fired_arcs(step, context)
+            targets = [(arc.step, routing.arc_args(arc, context)) for arc in fired]
+            for arc in fired:  # v2 case `then: {next, set}`
+                self.set_variables("ctx", plain(render_value(arc.set_ctx, context)))
+                self.set_variables("vars", plain(render_value(arc.set_vars, context)))
+        return targets, list(hidden)
+
+    def _no_match_fails(self, step: Step) -> bool:
+        """A step none of whose arcs fired fails the execution (`on_no_match: error`, or the
+        playbook's default), unless it is the final step or has no arcs."""
+        if not step.next.arcs or step.name == self.plan.final_step:
+            return False
+        return step.next.on_no_match == "error" or (step.next.on_no_match is None and self.plan.no_next_is_error)
 
     # --- routing and joins -----------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from noetl_celery import vocabulary as ev
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.context import STATE, ExecutionState
 from noetl_celery.engine.decision import batching, subplaybooks
+from noetl_celery.engine.decision.inputs import DecisionInputs
 from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.messages import Dispatch
 from noetl_celery.store import repo
@@ -50,6 +51,7 @@ class Decided(Protocol):
     create_row: Callable[[int, int], None] | None
     strict: bool
     later_count: repo.IterationCount | None
+    inputs: DecisionInputs
 
     @property
     def conn(self) -> Connection: ...
@@ -93,7 +95,7 @@ def flush(d: Decided, *, last: bool = False) -> list[Dispatch]:
     # the causing row is built last, with the decision's dispatch list (rows.py)
     d.decision.seal_cause(
         [x.stored() for x in dispatches],  # task messages in their wire form
-        deadlines.decision_deadline(repo.utcnow(), dispatches) if dispatches else None,
+        deadlines.decision_deadline(d.inputs.clock(), dispatches) if dispatches else None,
     )
     _record(d, last, bump)
     return _answering(d, dispatches)
@@ -118,40 +120,53 @@ def _counters(d: Decided, last: bool) -> tuple[int, bool, repo.Bump | None]:
     """The execution counters' change (pending units, state version), and the execution's end
     when no unit is pending any more: (the version written, whether it finished, the bump the
     last write makes instead of a statement now)."""
-    version = d.version
-    finished = False
-    bump: repo.Bump | None = None
-    if d.create_row is None and not d.decision.pending and not d.decision.variables and d.decision.failure is None:
-        return version, finished, bump
-    step = 1 if d.decision.variables else 0
-    deferred, d.deferred = d.deferred, False
-    if d.create_row is not None:
-        pending, version = d.decision.pending, d.version + step
-        d.create_row(pending, version)
-    elif deferred and (bump := _bump_for_write(d, last, step)) is not None:
-        d.deferred = True  # the write checks the head
-        pending = 1 if bump.expected is None else bump.expected + bump.pending
-        version = d.version + step
-    else:
-        pending, version, status = repo.bump_execution(
-            d.connection if deferred else d.conn, d.execution_id, pending=d.decision.pending, version=step
-        )
-        if deferred and (status != "running" or version != d.version + step):
-            raise Redecide()  # the update read the head: it moved on since the cached state
+    if not _changes_counters(d):
+        return d.version, False, None
+    pending, version, bump = _bump_counters(d, last, 1 if d.decision.variables else 0)
     d.written_version = version
     d.written_pending = None if bump is not None and bump.expected is None else pending
+    finished = False
     if d.running and d.decision.failure is None and pending <= 0:
-        d.record(
-            ev.EXECUTION_COMPLETED,
-            ev.EXECUTION_COMPLETED,
-            status="completed",
-            parent_event_id=d.decision.rows[-1]["event_id"] if d.decision.rows else None,
-        )
-        if bump is not None:
-            finished = bump.finish  # the write completes it
-        else:
-            finished = repo.finish_execution(d.conn, d.execution_id, "completed")
+        finished = _complete(d, bump)
     return version, finished, bump
+
+
+def _changes_counters(d: Decided) -> bool:
+    """The decision changes the execution's row: a new one, pending units, variables, a failure."""
+    decision = d.decision
+    return d.create_row is not None or bool(decision.pending or decision.variables) or decision.failure is not None
+
+
+def _bump_counters(d: Decided, last: bool, step: int) -> tuple[int, int, repo.Bump | None]:
+    """Move the counters by the decision (a new row's insert, the last write's bump, or an update
+    now that reads the head): (pending, version, the bump left to the last write)."""
+    deferred, d.deferred = d.deferred, False
+    if d.create_row is not None:
+        d.create_row(d.decision.pending, d.version + step)
+        return d.decision.pending, d.version + step, None
+    if deferred and (bump := _bump_for_write(d, last, step)) is not None:
+        d.deferred = True  # the write checks the head
+        pending = 1 if bump.expected is None else bump.expected + bump.pending
+        return pending, d.version + step, bump
+    pending, version, status = repo.bump_execution(
+        d.connection if deferred else d.conn, d.execution_id, pending=d.decision.pending, version=step
+    )
+    if deferred and (status != "running" or version != d.version + step):
+        raise Redecide()  # the update read the head: it moved on since the cached state
+    return pending, version, None
+
+
+def _complete(d: Decided, bump: repo.Bump | None) -> bool:
+    """No unit is pending any more: the execution's end row; whether this write finished it."""
+    d.record(
+        ev.EXECUTION_COMPLETED,
+        ev.EXECUTION_COMPLETED,
+        status="completed",
+        parent_event_id=d.decision.rows[-1]["event_id"] if d.decision.rows else None,
+    )
+    if bump is not None:
+        return bump.finish  # the write completes it
+    return bool(repo.finish_execution(d.conn, d.execution_id, "completed"))
 
 
 def _dispatches(d: Decided, version: int, finished: bool) -> list[Dispatch]:

@@ -1,0 +1,36 @@
+"""What a decision reads of the recorded execution, beside its state: the `Reads` protocol.
+
+The strategies (loops, cursor loops, pages, step bounds) read rows of the execution through
+`DecisionPort.reads`, not the store: the orchestrator hands them `store_reads.StoreReads`, bound
+to the decision's transaction; a test or a replay may hand them rows held in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+
+class Reads(Protocol):
+    """The reads of one execution's recorded rows a decision makes."""
+
+    def count_events(self, event_type: str) -> int:
+        """How many rows of `event_type` the execution has."""
+
+    def event(self, event_id: str) -> dict[str, Any] | None:
+        """The row with key `event_id` (None: there is none)."""
+
+    def event_meta(self, event_id: str) -> dict[str, Any]:
+        """The `meta` of the row with key `event_id` ({} when there is no such row or it has none)."""
+
+    def run_events(self, run_id: str, event_type: str, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """The `columns` of a run's rows of one type, in recorded order."""
+
+    def run_results(self, run_id: str, event_type: str) -> list[Any]:
+        """The results of a run's rows of one type, in recorded order."""
+
+    def loop(self, run_id: str, *, with_collection: bool = False) -> dict[str, Any] | None:
+        """A loop run's row (its counters and context; its collection if asked)."""
+
+    def value(self, reference: Mapping[str, Any]) -> Any:
+        """The whole value a stored reference names."""
