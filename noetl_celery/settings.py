@@ -54,6 +54,10 @@ CREDENTIALS_FILE_ENV = "NOETL_CREDENTIALS_FILE"  # JSON/YAML file: credential na
 POSTGRES_DSN_ENV = "NOETL_POSTGRES_DSN"  # the postgres tool's connection when a task names no auth
 DUCKDB_DIR_ENV = "NOETL_DUCKDB_DIR"  # where the duckdb tool keeps its database files
 DEFAULT_DUCKDB_DIR = Path(tempfile.gettempdir()) / "noetl-duckdb"
+MCP_URL_ENV = "NOETL_MCP_URL"  # the mcp tool's server when a step names none (tools/mcp.py)
+MCP_SERVER_PREFIX = "NOETL_MCP_"  # NOETL_MCP_<SERVER>_URL / _ENDPOINT: the URL of the mcp server <server>
+MCP_TIMEOUT_ENV = "NOETL_MCP_REQUEST_TIMEOUT_SECONDS"  # seconds per MCP request (default 60, as NoETL's)
+DEFAULT_MCP_TIMEOUT = 60.0
 ARTIFACT_DIR_ENV = "NOETL_ARTIFACT_DIR"  # the folder a relative artifact location is under (tools/artifact.py)
 PLAYBOOK_PATH_ENV = "NOETL_PLAYBOOK_PATH"  # folders (os.pathsep-separated) searched for sub-playbooks
 CORPUS_DIR_ENV = "NOETL_CORPUS_DIR"  # NoETL playbooks the conformance tests compile and run
@@ -141,6 +145,9 @@ class Settings:
     corpus_dir: Path = Path(DEFAULT_CORPUS_DIR)
     duckdb_dir: Path = DEFAULT_DUCKDB_DIR
     artifact_dir: Path | None = None  # None: the worker's current folder
+    mcp_url: str | None = None
+    mcp_servers: Mapping[str, str] = field(default_factory=dict)  # NOETL_MCP_<SERVER>_URL/_ENDPOINT -> URL
+    mcp_request_timeout: float = DEFAULT_MCP_TIMEOUT
     playbook_path: tuple[Path, ...] = ()
     credentials_file: Path | None = None
     postgres_dsn: str | None = field(default=None, repr=False)
@@ -240,6 +247,9 @@ class Settings:
             STRICT_TEMPLATES_ENV: "on" if self.strict_templates else "off (NoETL's lenient rendering)",
             DUCKDB_DIR_ENV: str(self.duckdb_dir),
             ARTIFACT_DIR_ENV: str(self.artifact_dir) if self.artifact_dir else "(the current folder)",
+            MCP_URL_ENV: mask_url(self.mcp_url) if self.mcp_url else "(none)",
+            MCP_TIMEOUT_ENV: f"{self.mcp_request_timeout:g} s",
+            **{name: mask_url(url) for name, url in sorted(self.mcp_servers.items())},
             PLAYBOOK_PATH_ENV: os.pathsep.join(str(p) for p in self.playbook_path) or "(none)",
             CORPUS_DIR_ENV: str(self.corpus_dir),
             CREDENTIALS_FILE_ENV: str(self.credentials_file) if self.credentials_file else "(none)",
@@ -317,6 +327,13 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             corpus_dir=_corpus_dir(env),
             duckdb_dir=Path(env.get(DUCKDB_DIR_ENV) or DEFAULT_DUCKDB_DIR),
             artifact_dir=Path(env[ARTIFACT_DIR_ENV]).expanduser() if env.get(ARTIFACT_DIR_ENV) else None,
+            mcp_url=env.get(MCP_URL_ENV) or None,
+            mcp_servers={
+                k: v
+                for k, v in env.items()
+                if k.startswith(MCP_SERVER_PREFIX) and k.endswith(("_URL", "_ENDPOINT")) and k != MCP_URL_ENV and v
+            },
+            mcp_request_timeout=_positive(env, MCP_TIMEOUT_ENV, DEFAULT_MCP_TIMEOUT),
             playbook_path=tuple(Path(e.strip()) for e in env.get(PLAYBOOK_PATH_ENV, "").split(os.pathsep) if e.strip()),
             credentials_file=Path(env[CREDENTIALS_FILE_ENV]).expanduser() if env.get(CREDENTIALS_FILE_ENV) else None,
             postgres_dsn=env.get(POSTGRES_DSN_ENV) or None,

@@ -233,10 +233,10 @@ def test_the_config_listing_shows_every_variable_this_module_reads():
     read = variables_named(SETTINGS_MODULE.read_text(encoding="utf-8"))
     read |= variables_named(ENVIRONMENT_LAYER.read_text(encoding="utf-8"))
     prefixes = {name for name in read if name.endswith("_")}
-    assert prefixes == {settings.AUTH_PREFIX}
-    shown = set(settings.load({"NOETL_AUTH_X": "v"}).masked())
+    assert prefixes == {settings.AUTH_PREFIX, settings.MCP_SERVER_PREFIX}  # credentials, mcp servers by name
+    shown = set(settings.load({"NOETL_AUTH_X": "v", "NOETL_MCP_BOX_URL": "http://127.0.0.1:1/mcp"}).masked())
     assert read - prefixes - shown == set()
-    assert "NOETL_AUTH_X" in shown
+    assert "NOETL_AUTH_X" in shown and "NOETL_MCP_BOX_URL" in shown
     assert set(settings.LIMIT_DEFAULTS) <= read
 
 

@@ -36,14 +36,13 @@ from typing import IO, Any, TextIO, cast
 
 import requests
 
+from noetl_celery import settings as noetl_settings
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.http import CredentialShapeError, auth_headers
 from noetl_celery.tools.settings import ToolSettings
 from noetl_celery.vocabulary import ToolErrorKind
 
 DEFAULT_SERVER = "kubernetes"  # NoETL's default `server` name
-DEFAULT_TIMEOUT = 60.0  # seconds per request, as NoETL's
-TIMEOUT_ENV = "NOETL_MCP_REQUEST_TIMEOUT_SECONDS"
 MCP_ERROR = "mcp"
 STDERR_TAIL = 2000  # characters of a stdio server's stderr quoted in an error
 _ENDPOINT_KEYS = ("endpoint", "url", "server_url", "base_url")
@@ -92,14 +91,16 @@ def resolve_endpoint(cfg: dict[str, Any], context: dict[str, Any]) -> str | None
         entry = servers.get(server) if isinstance(servers, dict) else None
         endpoint = entry.get("endpoint") or entry.get("url") if isinstance(entry, dict) else entry
     if not endpoint:
+        configured = noetl_settings.load()
         slug = "".join(ch if ch.isalnum() else "_" for ch in server.upper())
-        endpoint = os.environ.get(f"NOETL_MCP_{slug}_URL") or os.environ.get(f"NOETL_MCP_{slug}_ENDPOINT")
-        endpoint = endpoint or os.environ.get("NOETL_MCP_URL")
+        named = configured.mcp_servers
+        prefix = noetl_settings.MCP_SERVER_PREFIX
+        endpoint = named.get(f"{prefix}{slug}_URL") or named.get(f"{prefix}{slug}_ENDPOINT") or configured.mcp_url
     return str(endpoint).rstrip("/") if endpoint else None
 
 
 def request_timeout(cfg: dict[str, Any]) -> float:
-    value = cfg.get("timeout_seconds") or os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT
+    value = cfg.get("timeout_seconds") or noetl_settings.load().mcp_request_timeout
     try:
         return max(0.1, float(value))
     except (TypeError, ValueError):

@@ -66,10 +66,13 @@ def test_pft_page_continuation_on_two_workers_fetches_every_page_once(pg_env, st
         hits = dict(api.state.patient_hits)
     assert status["status"] == "completed", status.get("error")
     # the playbook's own verification step passed
-    assert status["results"]["verify_pages"]["rows"][0]["status"] == "passed"
+    # its DO block and its SELECT: stored as NoETL numbers statements, the SELECT's rows last
+    verified = status["results"]["verify_pages"]
+    verdict = verified[f"command_{verified['statement_count'] - 1}"]["rows"][0]
+    assert verdict["status"] == "passed"
     expected = expected_pages(10)
     assert hits == expected  # every (data type, patient, page) requested exactly once
-    assert status["results"]["verify_pages"]["rows"][0]["records_fetched"] == len(expected)
+    assert verdict["records_fetched"] == len(expected)
     assert status["results"]["fetch_pages"] == {"stats": {"processed": len(expected), "failed": 0, "slots": 1}}
     kinds = Counter(e["event_type"] for e in events(store_url, execution_id, "fetch_pages"))
     assert kinds["cursor.item.done"] == len(expected) and kinds["iterator.completed"] == 1
