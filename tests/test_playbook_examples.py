@@ -18,6 +18,7 @@ NEEDS_A_SERVER = {
     "http_mock.yaml": "the mock API",
     "postgres_example.yaml": "PostgreSQL (pg_local)",
     "cursor_redis_stream.yaml": "Redis",
+    "ducklake_time_travel.yaml": "PostgreSQL (pg_local; or --set catalog=sqlite:FILE)",
 }
 STANDALONE = [name for name in ALL if name not in NEEDS_A_SERVER]
 RUN_TIMEOUT = 120  # seconds
