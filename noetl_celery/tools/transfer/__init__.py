@@ -54,7 +54,11 @@ from noetl_celery.vocabulary import ToolErrorKind
 # already tagged, and the time limit (run_tool makes it a `timeout` outcome)
 PASS_THROUGH = (PlanError, CredentialError, SideError, SoftTimeLimitExceeded)
 # the endpoint types (and the format) that need a library of an optional extra
-ENDPOINT_EXTRAS = {"mysql": ("mysql", ("pymysql",)), "duckdb": ("duckdb", ("duckdb",))}
+ENDPOINT_EXTRAS = {
+    "mysql": ("mysql", ("pymysql",)),
+    "duckdb": ("duckdb", ("duckdb",)),
+    "snowflake": ("snowflake", ("snowflake.connector",)),
+}
 PARQUET_EXTRA = ("parquet", ("pyarrow",))
 
 
