@@ -38,7 +38,7 @@ def pg_rows(dsn: str, sql: str) -> list[tuple]:
 
 
 @pytest.fixture
-def sf(fakesnow_server) -> Iterator[dict]:
+def sf(fakesnow_server) -> Iterator[dict]:  # noqa: F811
     """A Snowflake database of this test's own with SRC (ROWS rows) and an empty DST; the
     credential pointing at it."""
     database = f"T_{uuid.uuid4().hex[:8]}".upper()

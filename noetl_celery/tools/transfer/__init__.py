@@ -1,6 +1,6 @@
 """The `transfer` tool: copy rows from a source to a target in chunks, NoETL's source -> target
-form, between PostgreSQL, MySQL/MariaDB, DuckDB, SQLite, HTTP (JSON) and files (CSV, JSONL,
-Parquet) on a local path or object storage.
+form, between PostgreSQL, MySQL/MariaDB, DuckDB, SQLite, Snowflake, HTTP (JSON) and files (CSV,
+JSONL, Parquet) on a local path or object storage.
 
 Config (rendered): `source: {type, auth, query | table | url | path, ...}`, `target: {type, auth,
 table | query | url | path, mapping, ...}`, `mode` (append, the default; insert; replace;

@@ -1,12 +1,13 @@
-"""Database endpoints of `transfer`: PostgreSQL (psycopg2), MySQL/MariaDB (PyMySQL), DuckDB and
-SQLite, as a source read in chunks through a streaming cursor and as a target written a chunk
-per statement batch.
+"""Database endpoints of `transfer`: PostgreSQL (psycopg2), MySQL/MariaDB (PyMySQL), DuckDB,
+SQLite and Snowflake (snowflake-connector-python, the snowflake tool's connection), as a source
+read in chunks through a streaming cursor and as a target written a chunk per statement batch.
 
 Decides: how each database is connected to (the side's `connection`/`dsn`, else its resolved
 `auth`, else the task's), how rows are read without holding the result (PostgreSQL: a named,
-server-side cursor; MySQL: an unbuffered SSCursor; DuckDB/SQLite: fetchmany), and the SQL each
-mode writes: append/insert a plain INSERT, upsert INSERT ... ON CONFLICT (key) DO UPDATE
-(PostgreSQL, SQLite, DuckDB) or ON DUPLICATE KEY UPDATE (MySQL), replace the table emptied
+server-side cursor; MySQL: an unbuffered SSCursor; DuckDB/SQLite/Snowflake: fetchmany), and the
+SQL each mode writes: append/insert a plain INSERT, upsert INSERT ... ON CONFLICT (key) DO UPDATE
+(PostgreSQL, SQLite, DuckDB), ON DUPLICATE KEY UPDATE (MySQL) or one MERGE per chunk
+(Snowflake, where plain names stay unquoted: quoting would make them case-sensitive), replace the table emptied
 first (TRUNCATE on PostgreSQL, DELETE elsewhere). append/insert/upsert commit each chunk;
 replace is one transaction (the table shows the old rows or all the new ones). A custom
 `target.query` runs once per row with the row's values in column order.
