@@ -5,8 +5,10 @@ NoETL's custom MERGE target query, and the credential's secrets handed to the ma
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -161,3 +163,26 @@ def test_a_snowflake_endpoint_without_a_user_is_named(sf, pg) -> None:
     )
     assert outcome.error["kind"] == "invalid_args"  # type: ignore[index]
     assert "source: snowflake: the connection needs user" in outcome.error["message"]  # type: ignore[index]
+
+
+def test_noetls_snowflake_postgres_playbook_runs_both_ways(sf, fresh_postgres, tmp_path) -> None:
+    """NoETL's own fixture, whole: Snowflake -> PostgreSQL through a custom ON CONFLICT upsert
+    (VARIANT and TIMESTAMP_TZ values included), PostgreSQL -> Snowflake through a custom MERGE."""
+    from tests.support.harness import run_playbook
+
+    playbook = Path(__file__).parent / "corpus" / "noetl-public" / "tools" / "snowflake_postgres.yaml"
+    env = {
+        "NOETL_AUTH_SF_TEST": json.dumps({**sf, "database": "TEST_DB", "schema": "PUBLIC"}),
+        "NOETL_AUTH_PG_LOCAL": fresh_postgres.dsn,
+    }
+    code, status = run_playbook(f"sqlite:///{tmp_path / 'h.sqlite'}", playbook, None, env)
+    assert code == 0, status.get("error")
+    results = status["results"]
+    assert results["transfer_sf_to_pg"]["rows_transferred"] == 5
+    assert results["transfer_pg_to_sf"]["rows_transferred"] == 5
+    assert pg_rows(
+        fresh_postgres.dsn, "SELECT count(*), sum(value)::text, min(metadata->>'type') FROM test_data_transfer"
+    ) == [(5, "1502.49", "test")]
+    verified = results["verify_sf_data"]["statement_0"]["result"]
+    assert verified == [{"ROW_COUNT": 5, "MIN_ID": 101, "MAX_ID": 105, "TOTAL_AMOUNT": pytest.approx(15002.49)}]
+    assert PASSWORD not in json.dumps(status, default=str)
