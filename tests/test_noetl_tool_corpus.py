@@ -4,14 +4,14 @@ commit in its first line and in INDEX.tsv).
 
 INDEX.tsv says, for each file, the tool kinds it uses and what validate must answer:
 - `validates`: no problem at all;
-- `pending:<kinds>`: a kind another branch brings (shell, snowflake); the file must be refused
+- `pending:<kinds>`: a kind not run here yet (none is now: shell and snowflake landed); the file must be refused
   for exactly that kind's "cannot run here" line and nothing else, and a file that validates
   fails this test, so the mark is removed when the kind lands;
 - `refused:<kinds>`: a kind that cannot run on a worker of ours by design (container, rhai,
   agent, ollama_bridge, ibkr, gke, and `kind: script`, a Kubernetes Job); refused with the one-line "cannot run here: <why>; <what
   to use instead>" sentence and nothing else;
 - `broken:<reason>`: the file is wrong in NoETL too (the reason says how); it must be refused.
-The figure (as-is, and once the pending kinds land) is printed with `-s`.
+The figure (as-is, and with any pending kind landed) is printed with `-s`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from noetl_celery.dsl import load_plan
 from noetl_celery.errors import PlaybookError, Problem
 
 TOOLS = Path(__file__).parent / "corpus" / "noetl-public" / "tools"
-PENDING_KINDS = {"shell", "snowflake"}  # they land with another branch
+PENDING_KINDS: set[str] = set()  # a kind still to land; shell and snowflake have
 REFUSED_KINDS = {"container", "rhai", "agent", "ollama_bridge", "ibkr", "gke", "script"}  # script: a Kubernetes Job
 CANNOT_RUN_HERE = re.compile(r"^tool kind '(?P<kind>[a-z_]+)' cannot run here: (?P<why>[^\n]+)$")
 WHY_AND_INSTEAD = re.compile(r"^[^;]+; [^;]+$")  # "<why>; <what to use instead>"
-# a transfer endpoint of a pending kind (snowflake) is refused as an endpoint the tool lacks
+# a transfer endpoint of a pending kind is refused as an endpoint the tool lacks
 PENDING_ENDPOINT = re.compile(r"^(source|target)\.type '(?P<kind>[a-z_]+)' is not an endpoint this tool has")
 HEADER = re.compile(r"^# source: (?P<repo>\S+) (?P<path>\S+) @ (?P<commit>[0-9a-f]{40})$")
 
@@ -124,7 +124,7 @@ def test_report_how_many_tool_playbooks_validate() -> None:
     once_landed = len(valid) + len(pending)
     print(
         f"\nreal NoETL tool playbooks: {len(valid)} of {len(index)} validate as-is; "
-        f"{once_landed} of {runnable} runnable here once shell/snowflake land "
+        f"{once_landed} of {runnable} runnable here "
         f"({100 * once_landed / max(runnable, 1):.0f}%); refused by design {len(refused)}; "
         f"broken in NoETL too {len(broken)}: {', '.join(broken) or '-'}"
     )

@@ -1,6 +1,6 @@
 """The `transfer` tool: copy rows from a source to a target in chunks, NoETL's source -> target
-form, between PostgreSQL, MySQL/MariaDB, DuckDB, SQLite, HTTP (JSON) and files (CSV, JSONL,
-Parquet) on a local path or object storage.
+form, between PostgreSQL, MySQL/MariaDB, DuckDB, SQLite, Snowflake, HTTP (JSON) and files (CSV,
+JSONL, Parquet) on a local path or object storage.
 
 Config (rendered): `source: {type, auth, query | table | url | path, ...}`, `target: {type, auth,
 table | query | url | path, mapping, ...}`, `mode` (append, the default; insert; replace;
@@ -54,7 +54,11 @@ from noetl_celery.vocabulary import ToolErrorKind
 # already tagged, and the time limit (run_tool makes it a `timeout` outcome)
 PASS_THROUGH = (PlanError, CredentialError, SideError, SoftTimeLimitExceeded)
 # the endpoint types (and the format) that need a library of an optional extra
-ENDPOINT_EXTRAS = {"mysql": ("mysql", ("pymysql",)), "duckdb": ("duckdb", ("duckdb",))}
+ENDPOINT_EXTRAS = {
+    "mysql": ("mysql", ("pymysql",)),
+    "duckdb": ("duckdb", ("duckdb",)),
+    "snowflake": ("snowflake", ("snowflake.connector",)),
+}
 PARQUET_EXTRA = ("parquet", ("pyarrow",))
 
 

@@ -1,12 +1,13 @@
-"""Database endpoints of `transfer`: PostgreSQL (psycopg2), MySQL/MariaDB (PyMySQL), DuckDB and
-SQLite, as a source read in chunks through a streaming cursor and as a target written a chunk
-per statement batch.
+"""Database endpoints of `transfer`: PostgreSQL (psycopg2), MySQL/MariaDB (PyMySQL), DuckDB,
+SQLite and Snowflake (snowflake-connector-python, the snowflake tool's connection), as a source
+read in chunks through a streaming cursor and as a target written a chunk per statement batch.
 
 Decides: how each database is connected to (the side's `connection`/`dsn`, else its resolved
 `auth`, else the task's), how rows are read without holding the result (PostgreSQL: a named,
-server-side cursor; MySQL: an unbuffered SSCursor; DuckDB/SQLite: fetchmany), and the SQL each
-mode writes: append/insert a plain INSERT, upsert INSERT ... ON CONFLICT (key) DO UPDATE
-(PostgreSQL, SQLite, DuckDB) or ON DUPLICATE KEY UPDATE (MySQL), replace the table emptied
+server-side cursor; MySQL: an unbuffered SSCursor; DuckDB/SQLite/Snowflake: fetchmany), and the
+SQL each mode writes: append/insert a plain INSERT, upsert INSERT ... ON CONFLICT (key) DO UPDATE
+(PostgreSQL, SQLite, DuckDB), ON DUPLICATE KEY UPDATE (MySQL) or one MERGE per chunk
+(Snowflake, where plain names stay unquoted: quoting would make them case-sensitive), replace the table emptied
 first (TRUNCATE on PostgreSQL, DELETE elsewhere). append/insert/upsert commit each chunk;
 replace is one transaction (the table shows the old rows or all the new ones). A custom
 `target.query` runs once per row with the row's values in column order.
@@ -19,6 +20,7 @@ import contextlib
 import datetime as dt
 import decimal
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +57,8 @@ def connect(endpoint: Endpoint, where: Where) -> Any:
         return _connect_postgres(endpoint, where)
     if kind == "mysql":
         return _connect_mysql(endpoint, where)
+    if kind == "snowflake":
+        return _connect_snowflake(endpoint, where)
     if kind == "duckdb":
         import duckdb
 
@@ -132,6 +136,33 @@ def _connect_mysql(endpoint: Endpoint, where: Where) -> Any:
     return pymysql.connect(**args, autocommit=False, charset="utf8mb4", ssl_disabled=not endpoint.get("ssl"))
 
 
+SNOWFLAKE_PREFIX = "sf_"  # NoETL's snowflake credentials may spell their keys sf_account, sf_user, ...
+
+
+def _connect_snowflake(endpoint: Endpoint, where: Where) -> Any:
+    """The snowflake tool's connection parameters: the credential's keys (NoETL's `sf_` prefix
+    accepted), then the endpoint's own `account`, `warehouse`, `database`, `schema`, `role`."""
+    import snowflake.connector
+
+    from noetl_celery.tools.snowflake import connection_parameters
+
+    credential = _credential(endpoint, where)
+    if isinstance(credential, dict):
+        credential = {k.removeprefix(SNOWFLAKE_PREFIX): v for k, v in credential.items()}
+    try:
+        parameters = connection_parameters(endpoint.settings, credential)
+    except ValueError as exc:
+        raise PlanError(f"{endpoint.side}: {exc}") from None
+    for key in ("password", "private_key_passphrase"):
+        if parameters.get(key):
+            where.secrets.add(str(parameters[key]))
+    if isinstance(credential, dict) and credential.get("private_key"):
+        where.secrets.add(str(credential["private_key"]))
+    if where.timeout:
+        parameters["network_timeout"] = max(1, int(where.timeout))
+    return snowflake.connector.connect(**parameters, autocommit=False)
+
+
 # ---------------------------------------------------------------------------------------------
 # reading
 
@@ -153,6 +184,8 @@ def read_chunks(conn: Any, endpoint: Endpoint, size: int) -> Iterator[Chunk]:
             if not rows:
                 return
             columns = [d[0] for d in cursor.description]
+            if endpoint.type == "snowflake":  # Snowflake's upper-case names, lowered as NoETL does
+                columns = [c.lower() for c in columns]
             yield Chunk(columns, [tuple(r) for r in rows])
     finally:
         with contextlib.suppress(Exception):
@@ -232,6 +265,8 @@ class TableWriter:
             )
         self.key_positions = [columns.index(k) for k in key]
         others = [quote(kind, c) for c in columns if c not in key]
+        if kind == "snowflake":
+            return _merge(self.table or "", columns, key)
         if kind == "mysql":
             updates = ", ".join(f"{c} = VALUES({c})" for c in others) or f"{names[0]} = {names[0]}"
             return f"{text} ON DUPLICATE KEY UPDATE {updates}"
@@ -247,6 +282,9 @@ class TableWriter:
                 psycopg2.extras.execute_batch(cur, self.statement, rows, page_size=200)
             else:
                 psycopg2.extras.execute_values(cur, self.statement, rows, page_size=len(rows) or 1)
+        elif self.kind == "snowflake" and self.plan.mode == "upsert" and not self.custom:
+            if rows:  # one MERGE per chunk, its rows in the USING (VALUES ...) list
+                cur.execute(_merge_rows(str(self.statement), len(rows), len(rows[0])), [v for row in rows for v in row])
         elif self.kind == "duckdb" and not self.custom:
             for start in range(0, len(rows), DUCKDB_ROWS_PER_STATEMENT):
                 part = rows[start : start + DUCKDB_ROWS_PER_STATEMENT]
@@ -270,6 +308,28 @@ def _multi_row(statement: str, count: int) -> str:
     return f"{head} VALUES {', '.join([group + ')'] * count)}{tail}"
 
 
+MERGE_ROWS_MARK = "{rows}"
+
+
+def _merge(table: str, columns: list[str], key: list[str]) -> str:
+    """Snowflake's upsert: MERGE INTO the table USING the chunk's rows (a VALUES list whose
+    row groups _merge_rows fills in) ON the key, updating the other columns of a matched row."""
+    names = [quote("snowflake", c) for c in columns]
+    on = " AND ".join(f"t.{quote('snowflake', k)} = s.{quote('snowflake', k)}" for k in key)
+    others = [quote("snowflake", c) for c in columns if c not in key]
+    update = f" WHEN MATCHED THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in others)}" if others else ""
+    return (
+        f"MERGE INTO {quote_table('snowflake', table)} AS t USING (SELECT * FROM VALUES {MERGE_ROWS_MARK}) "
+        f"AS s ({', '.join(names)}) ON {on}{update} WHEN NOT MATCHED THEN INSERT ({', '.join(names)}) "
+        f"VALUES ({', '.join('s.' + n for n in names)})"
+    )
+
+
+def _merge_rows(statement: str, count: int, width: int) -> str:
+    group = "(" + ", ".join(["%s"] * width) + ")"
+    return statement.replace(MERGE_ROWS_MARK, ", ".join([group] * count), 1)
+
+
 def adapt(kind: str, value: Any) -> Any:
     """A value the target's driver can bind: JSON text for objects and lists (psycopg2's Json),
     text for UUIDs, and for SQLite, text for decimals and dates."""
@@ -287,10 +347,17 @@ def adapt(kind: str, value: Any) -> Any:
 
 
 def _placeholder(kind: str) -> str:
-    return "%s" if kind in ("postgres", "mysql") else "?"
+    return "%s" if kind in ("postgres", "mysql", "snowflake") else "?"
+
+
+SNOWFLAKE_PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 
 
 def quote(kind: str, name: str) -> str:
+    """The identifier quoted for the database; on Snowflake a plain name stays unquoted (quoting
+    would make it case-sensitive, and Snowflake stores unquoted names upper-case)."""
+    if kind == "snowflake" and SNOWFLAKE_PLAIN_NAME.match(name):
+        return name
     mark = "`" if kind == "mysql" else '"'
     return mark + name.replace(mark, mark * 2) + mark
 

@@ -40,6 +40,8 @@ def classify(exc: SideError, secrets: set[str]) -> tuple[str, bool, str]:
         if code in MYSQL_REFUSED_LOGIN:
             return ToolErrorKind.CONNECTION, False, message
         return ToolErrorKind.SQL_ERROR, code in MYSQL_RETRYABLE_CODES, message
+    if library == "snowflake":
+        return _snowflake(error, name, message)
     if library in ("sqlite3", "_duckdb", "duckdb"):
         return ToolErrorKind.SQL_ERROR, "locked" in str(error).lower(), message
     if library == "noetl_celery" and name == "HttpError":
@@ -54,3 +56,15 @@ def classify(exc: SideError, secrets: set[str]) -> tuple[str, bool, str]:
     if isinstance(error, OSError):
         return ToolErrorKind.CONNECTION, True, message
     return ToolErrorKind.EXCEPTION, False, message
+
+
+def _snowflake(error: Exception, name: str, message: str) -> tuple[str, bool, str]:
+    """A refused login is the credential's fault (authorization); a server not reached, or a
+    lost connection, may pass (connection, retryable); anything else the SQL's (sql_error)."""
+    from noetl_celery.tools.snowflake import AUTH_ERRNOS
+
+    if getattr(error, "errno", None) in AUTH_ERRNOS:
+        return ToolErrorKind.AUTHORIZATION, False, message
+    if name in ("OperationalError", "InterfaceError"):
+        return ToolErrorKind.CONNECTION, True, message
+    return ToolErrorKind.SQL_ERROR, False, message

@@ -16,7 +16,7 @@ from typing import Any
 DEFAULT_CHUNK_SIZE = 1000  # rows per chunk, NoETL's default
 MAX_CHUNK_SIZE = 100_000  # rows held in memory at once, at most
 
-SQL_TYPES = frozenset({"postgres", "mysql", "duckdb", "sqlite"})
+SQL_TYPES = frozenset({"postgres", "mysql", "duckdb", "sqlite", "snowflake"})
 FILE_TYPES = frozenset({"file", "csv", "jsonl", "parquet", "s3", "gcs"})
 HTTP_TYPES = frozenset({"http"})
 TYPE_ALIASES = {
