@@ -4,7 +4,7 @@ PostgreSQL backends, on Redis + PostgreSQL.
     python -m bench.sweeper [--n 2000] [--seconds 30] [--interval 5] [--json-out FILE]
 
 Against a fresh database and a claimed Redis database, with no worker running (nothing moves but
-the sweeps), this process runs `app.sweep_once` every `interval` seconds for `seconds` in each of
+the sweeps), this process runs `sweeping.sweep_once` every `interval` seconds for `seconds` in each of
 three states:
 - idle: no execution;
 - waiting: N executions submitted (`runner.submit`), their first messages in the task queue and
@@ -54,7 +54,7 @@ def backends_cpu(database_url: str) -> float:
 
 
 def measure(database_url: str, seconds: float, interval: float) -> dict[str, Any]:
-    from noetl_celery import app as noetl_app
+    from noetl_celery.engine.transport import sweeping as noetl_app
 
     sweeps, thread_s = 0, 0.0
     pg_before = backends_cpu(database_url)

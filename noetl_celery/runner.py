@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 
 EMBEDDED_CONCURRENCY = 4  # worker threads of `noetl-celery run`
 POLL_INTERVAL = 0.05  # seconds between status reads while waiting
-SHUTDOWN_WAKE_MESSAGES = 2  # control messages that wake the embedded worker's two waits
 
 
 def create_execution(plan: Plan, database_url: str, *, parent_execution_id: int | None = None) -> int:
@@ -128,7 +127,7 @@ def _publish_start(
     """Publish a new execution's first messages; when the broker cannot be reached, remove it
     again with every row its start wrote and raise BrokerUnavailable (`keep`: leave a claimed
     start to the sweeper, which publishes its stored first messages once their deadline passes)."""
-    from noetl_celery.app import SUBMIT_RETRY_POLICY, publish
+    from noetl_celery.engine.transport.publish import SUBMIT_RETRY_POLICY, publish
 
     try:
         publish(dispatches, retry_policy=SUBMIT_RETRY_POLICY)
@@ -162,7 +161,8 @@ def _notify_now(database_url: str, execution_id: int) -> None:
     """Enqueue the failure webhook of an execution this process ended (the sweep's scan would
     find it too, a sweep later)."""
     from noetl_celery import webhooks
-    from noetl_celery.app import app, current_settings, enqueue_notifications
+    from noetl_celery.app import app, current_settings
+    from noetl_celery.engine.transport.sweeping import enqueue_notifications
 
     if not (app.conf.noetl_embedded or app.conf.noetl_settings.broker_url):
         return  # no worker would take it: the sweep of the deployment's workers sends it
@@ -176,8 +176,8 @@ def _notify_now(database_url: str, execution_id: int) -> None:
 def resume(settings: noetl_settings.Settings, execution_id: int) -> int:
     """Resume a failed or cancelled execution (same execution, next epoch: engine/recovery/resume.py);
     returns the new epoch. Raises ResumeRefused with the reason when it cannot resume."""
-    from noetl_celery.app import publish
     from noetl_celery.engine.recovery.resume import resume as resume_execution
+    from noetl_celery.engine.transport.publish import publish
 
     ensure_schema(settings.database_url)
     epoch, dispatches = resume_execution(settings.database_url, execution_id)
@@ -219,42 +219,14 @@ def wait(
 
 @contextmanager
 def embedded_worker(concurrency: int = EMBEDDED_CONCURRENCY) -> Iterator[Any]:
-    """A worker thread pool inside this process, on the in-memory broker."""
-    from celery.contrib.testing.worker import start_worker
-
+    """A worker thread pool inside this process, on the in-memory broker (engine/transport/embedded.py)."""
     from noetl_celery.app import app, configure
+    from noetl_celery.engine.transport import embedded
 
     settings = noetl_settings.load()
     configure(app, settings, embedded=True)
-    from noetl_celery.app import start_sweeper, stop_sweeper
-
-    with start_worker(
-        app,
-        pool="threads",
-        concurrency=concurrency,
-        perform_ping_check=False,
-        loglevel="WARNING",
-        shutdown_timeout=10.0,
-        queues=[settings.task_queue, settings.event_queue],
-    ) as worker:
-        start_sweeper()  # the embedded process is the deployment's only sweeper
-        try:
-            yield worker
-        finally:
-            stop_sweeper()
-            _wake_for_shutdown(app, worker)
-
-
-def _wake_for_shutdown(app: Any, worker: Any) -> None:
-    """Ask the embedded worker to stop, and wake its consumer loop at once. Between shutdown
-    checks the loop waits up to 2 s for a message, and after the check that stops it, it waits
-    once more (Celery's synloop drains in a `finally`). Two control pings to this worker alone (no
-    reply wanted, nothing run) end both waits at once."""
-    from celery.worker import state
-
-    state.should_terminate = 0
-    for _ in range(SHUTDOWN_WAKE_MESSAGES):
-        app.control.broadcast("ping", destination=[worker.hostname], reply=False)
+    with embedded.worker_thread_pool(app, settings, concurrency) as worker:
+        yield worker
 
 
 INTERRUPTED_REASON = "interrupted: Ctrl-C on the command that ran it"

@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 from noetl_celery import secret_registry
-from noetl_celery.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 
@@ -135,21 +134,8 @@ def describe_infrastructure_error(exc: BaseException, database_url: str | None, 
         return alembic_line
     if _is_broker_error(exc):
         where = safe_url(broker_url) if broker_url else "(no NOETL_BROKER_URL)"
-        return secret_registry.mask_text(f"broker at {where} cannot be used: {_one_line(exc)}")
+        return secret_registry.mask_text(f"broker at {where} cannot be used: {one_line(exc)}")
     return None
-
-
-def check_broker_url(url: str) -> None:
-    """Refuse a broker URL that does not parse (a password with '#', '/' or '@' not percent-encoded)."""
-    from kombu.utils.url import parse_url
-
-    try:
-        parse_url(url)
-    except ValueError as exc:
-        raise ConfigurationError(
-            f"NOETL_BROKER_URL {safe_url(url)} is not a valid URL ({_one_line(exc)}); percent-encode "
-            "special characters of the user and password (# -> %23, / -> %2F, @ -> %40)"
-        ) from None
 
 
 def _alembic_error(exc: BaseException, store: str) -> str | None:
@@ -160,26 +146,24 @@ def _alembic_error(exc: BaseException, store: str) -> str | None:
     if isinstance(exc, CommandError) and "Can't locate revision" in str(exc):
         return secret_registry.mask_text(
             f"event store at {store} is at a schema revision this release does not know "
-            f"({_one_line(exc)}): it was migrated by another release; run that release, or this "
+            f"({one_line(exc)}): it was migrated by another release; run that release, or this "
             "release's `noetl-celery migrate` on a store of its own"
         )
     if isinstance(exc, CommandError):
         return secret_registry.mask_text(
-            f"event store at {store}: schema migration failed: {_one_line(exc)} "
+            f"event store at {store}: schema migration failed: {one_line(exc)} "
             "(is this release's `noetl-celery migrate` applied?)"
         )
     return None
 
 
 def _is_broker_error(exc: BaseException) -> bool:
-    from kombu.exceptions import OperationalError as KombuOperationalError
-
+    """A broker's error: by its class's package (kombu's OperationalError among them), or a
+    ConnectionError; by name, so that the store needs no import of the broker's libraries."""
     names = {cls.__module__.split(".")[0] for cls in type(exc).__mro__}
-    return isinstance(exc, (KombuOperationalError, ConnectionError)) or bool(
-        names & {"redis", "amqp", "kombu", "librabbitmq"}
-    )
+    return isinstance(exc, ConnectionError) or bool(names & {"redis", "amqp", "kombu", "librabbitmq"})
 
 
-def _one_line(exc: Any) -> str:
+def one_line(exc: Any) -> str:
     text = str(exc).strip().splitlines()
     return secret_registry.mask_text(text[0] if text else type(exc).__name__)
