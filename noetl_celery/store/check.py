@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from noetl_celery import secret_registry
+from noetl_celery.store.urls import safe_url as safe_url
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +46,6 @@ class StoreUnusable(Exception):
     def __init__(self, message: str, *, transient: bool = False):
         super().__init__(secret_registry.mask_text(message))
         self.transient = transient
-
-
-def safe_url(url: str) -> str:
-    """`url` with its password replaced by ***, also when the URL does not parse (the whole
-    user-info part when a password holds an unencoded '@')."""
-    from noetl_celery.settings import mask_url, unencoded_at
-
-    if unencoded_at(url):
-        return mask_url(url)
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return secret_registry.mask_text(re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url))
 
 
 def first_line(exc: BaseException) -> str:
