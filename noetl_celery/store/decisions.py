@@ -180,38 +180,92 @@ def _strict_insert(
     read back after the commit when the state version is still the one the statement set."""
     dialect = conn.dialect
     ((row_count, params),) = event_chunks(dialect, rows)
-    execution_id = rows[0]["execution_id"]
     names = [(scope, name) for scope, values in (variables or {}).items() for name in values]
-    read_back: list[Any] = []
     if bump is not None:
         assert head_version is not None and count is None, "a bump is made on an unread head, alone"
-        now = kernel.bound(dialect, EXECUTIONS, "updated_at", utcnow())
-        variable_count, upsert = variable_rows(dialect, execution_id, variables or {})
-        assert variable_count == len(names)
-        finish = [kernel.bound(dialect, EXECUTIONS, "error", None), now] if bump.finish else []
-        pending = bump.pending if bump.expected is None else bump.expected
-        head = [bump.pending, bump.version, now, *finish, execution_id, head_version, pending]
-        read_back = [part for pair in names for part in pair] + [execution_id] if names else []
-        params = [*head, *upsert, *params, *read_back]
-    elif count is not None:
+        params, read_back = _bumped_params(dialect, rows, params, head_version, bump, variables or {}, names)
+    else:
+        params, read_back = _checked_params(dialect, rows, params, head_version, count), []
+    sql = _strict_insert_sql(dialect, row_count, _strict_check(head_version, count, bump), len(names), commit)
+    sql, params = _with_strict_leases(dialect, rows, settles, sql, params, len(read_back), commit)
+    cursor = _run_strict(conn, sql, params)
+    if not names:
+        return Recorded(True, {})
+    assert bump is not None and head_version is not None
+    return _read_back(cursor, head_version + bump.version, variables or {})
+
+
+def _bumped_params(
+    dialect: Dialect,
+    rows: list[dict[str, Any]],
+    params: list[Any],
+    head_version: int,
+    bump: Bump,
+    variables: dict[str, dict[str, Any]],
+    names: list[tuple[str, str]],
+) -> tuple[list[Any], list[Any]]:
+    """The parameters of a strict insert that updates the head's counters (and upserts the
+    variables, read back after the commit): all of them, and the read-back ones at their end."""
+    execution_id = rows[0]["execution_id"]
+    now = kernel.bound(dialect, EXECUTIONS, "updated_at", utcnow())
+    variable_count, upsert = variable_rows(dialect, execution_id, variables)
+    assert variable_count == len(names)
+    finish = [kernel.bound(dialect, EXECUTIONS, "error", None), now] if bump.finish else []
+    pending = bump.pending if bump.expected is None else bump.expected
+    head = [bump.pending, bump.version, now, *finish, execution_id, head_version, pending]
+    read_back = [part for pair in names for part in pair] + [execution_id] if names else []
+    return [*head, *upsert, *params, *read_back], read_back
+
+
+def _checked_params(
+    dialect: Dialect,
+    rows: list[dict[str, Any]],
+    params: list[Any],
+    head_version: int | None,
+    count: IterationCount | None,
+) -> list[Any]:
+    """The parameters of a strict insert checked against the head, or the iteration's count."""
+    execution_id = rows[0]["execution_id"]
+    if count is not None:
         assert head_version is not None, "an iteration counted late is decided on an unread head"
         counted = loop_done_params(dialect, count.run_id, count.ok, count.tolerated)
-        params = [execution_id, *counted, count.cap, count.total, head_version, *params]
-    elif head_version is not None:
-        params = [execution_id, *params[:_EVENT_KEY_AT], head_version, *params[_EVENT_KEY_AT:]]
+        return [execution_id, *counted, count.cap, count.total, head_version, *params]
+    if head_version is not None:
+        return [execution_id, *params[:_EVENT_KEY_AT], head_version, *params[_EVENT_KEY_AT:]]
+    return params
+
+
+def _strict_check(head_version: int | None, count: IterationCount | None, bump: Bump | None) -> str | None:
+    """What the statement checks before its rows count: the bump's, the count, the head, or nothing."""
     if bump is not None:
-        check: str | None = bump.check
-    else:
-        check = "counted" if count is not None else "head" if head_version is not None else None
-    sql = _strict_insert_sql(dialect, row_count, check, len(names), commit)
+        return bump.check
+    return "counted" if count is not None else "head" if head_version is not None else None
+
+
+def _with_strict_leases(
+    dialect: Dialect,
+    rows: list[dict[str, Any]],
+    settles: str | None,
+    sql: str,
+    params: list[Any],
+    read_back: int,
+    commit: str,
+) -> tuple[str, list[Any]]:
+    """The lease statements of the rows, between the insert and the commit (a refused insert
+    never reaches them), their parameters before the `read_back` last ones."""
     leases = lease_statements(dialect, rows, settles, strict=True)
-    if leases:  # between the insert and the commit: a refused insert never reaches them
-        before, _, after = sql.partition(commit)
-        sql = "; ".join([before, *(lease_sql for lease_sql, _ in leases)]) + commit + after
-        kept = len(params) - len(read_back)
-        params = [*params[:kept], *(p for _, lease_params in leases for p in lease_params), *params[kept:]]
+    if not leases:
+        return sql, params
+    before, _, after = sql.partition(commit)
+    sql = "; ".join([before, *(lease_sql for lease_sql, _ in leases)]) + commit + after
+    kept = len(params) - read_back
+    return sql, [*params[:kept], *(p for _, lease_params in leases for p in lease_params), *params[kept:]]
+
+
+def _run_strict(conn: Connection, sql: str, params: list[Any]) -> Any:
+    """Send the strict statement; a taken key or a failed check is a Conflict."""
     try:
-        cursor = kernel.run(conn, sql, params)
+        return kernel.run(conn, sql, params)
     except DBAPIError as exc:
         diag = getattr(exc.orig, "diag", None)
         if diag is None:
@@ -221,13 +275,15 @@ def _strict_insert(
         if key_exists or check_failed:
             raise Conflict(str(diag.message_primary)) from exc
         raise
-    if not names:
+
+
+def _read_back(cursor: Any, version: int, variables: dict[str, dict[str, Any]]) -> Recorded:
+    """The variables as stored and the pending count, when the state version is still `version`
+    (else another decision came after this one: nothing is read back)."""
+    stored_version, pending, triples = cursor.fetchone()
+    if stored_version != version:  # another decision came after this one
         return Recorded(True, {})
-    assert bump is not None and head_version is not None
-    version, pending, triples = cursor.fetchone()
-    if version != head_version + bump.version:  # another decision came after this one
-        return Recorded(True, {})
-    stored: dict[str, dict[str, Any]] = {scope: {} for scope in variables or {}}
+    stored: dict[str, dict[str, Any]] = {scope: {} for scope in variables}
     for scope, name, value in triples or ():
         stored[scope][name] = value
     return Recorded(True, stored, pending)

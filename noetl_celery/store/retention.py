@@ -103,9 +103,7 @@ def prune(
 ) -> Pruned:
     """Delete (or count, `dry_run`) the trees of finished executions older than `older_than`.
     `budget`: seconds after which it stops between two transactions (`done` False)."""
-    bad = [s for s in statuses if s not in FINISHED]
-    if bad or not statuses:
-        raise ConfigurationError(f"prune: a status is one of {', '.join(FINISHED)}: got {', '.join(bad) or 'none'}")
+    _check_statuses(statuses)
     cutoff = (now or utcnow()) - older_than
     began = time.monotonic()
     result = Pruned()
@@ -116,37 +114,77 @@ def prune(
     if not dry_run and not _delete_marked(url, result, over):
         result.done = False
         return result
-    claimed: set[int] = set()  # dry run: the trees the partitions would take
-    if _partitioned(url):
-        if not dry_run:
-            keep_partitions_ahead(url)
-        claimed = _drop_partitions(url, cutoff, statuses, result, dry_run=dry_run, over=over)
-        if over() or (not dry_run and not _delete_marked(url, result, over)):
-            result.done = False
-            return result
+    claimed = _prune_partitions(url, cutoff, statuses, result, dry_run=dry_run, over=over)
+    if claimed is None:
+        result.done = False
+        return result
+    result.done = _prune_rows(url, cutoff, statuses, result, claimed, dry_run=dry_run, over=over)
+    return result
+
+
+def _check_statuses(statuses: Sequence[str]) -> None:
+    """Only finished executions are pruned: any other status is refused, by name."""
+    bad = [s for s in statuses if s not in FINISHED]
+    if bad or not statuses:
+        raise ConfigurationError(f"prune: a status is one of {', '.join(FINISHED)}: got {', '.join(bad) or 'none'}")
+
+
+def _prune_partitions(
+    url: str, cutoff: datetime, statuses: Sequence[str], result: Pruned, *, dry_run: bool, over: Any
+) -> set[int] | None:
+    """A partitioned event table's share: the partitions that may go dropped (dry: counted);
+    returns the roots of the trees they took (none when the table is not partitioned), None
+    when the budget ran out or the marked rows could not all be deleted."""
+    if not _partitioned(url):
+        return set()
+    if not dry_run:
+        keep_partitions_ahead(url)
+    claimed = _drop_partitions(url, cutoff, statuses, result, dry_run=dry_run, over=over)
+    if over() or (not dry_run and not _delete_marked(url, result, over)):
+        return None
+    return claimed
+
+
+def _prune_rows(
+    url: str,
+    cutoff: datetime,
+    statuses: Sequence[str],
+    result: Pruned,
+    claimed: set[int],
+    *,
+    dry_run: bool,
+    over: Any,
+) -> bool:
+    """The row deletes (dry: counts), one batch of roots a transaction, oldest first; whether
+    it got through them all (False: stopped by the budget or left marked rows)."""
     after: tuple[datetime, int] | None = None
     while True:
         if over():
-            result.done = False
-            return result
+            return False
         with transaction(url) as conn:
             roots = _roots(conn, cutoff, statuses, after, lock=not dry_run)
             if not roots:
-                return result
+                return True
             after = roots[-1]
-            todo = [r[1] for r in roots if r[1] not in claimed]
-            trees = _trees(conn, todo, lock=not dry_run) if todo else {}
-            members = [m for ids in trees.values() if ids is not None for m in ids]
-            result.skipped_running += sum(1 for ids in trees.values() if ids is None)
-            result.trees += sum(1 for ids in trees.values() if ids is not None)
+            members = _batch(conn, [r[1] for r in roots if r[1] not in claimed], result, dry_run=dry_run)
             if dry_run:
-                for table in (*TABLES, EXECUTIONS):
-                    result.add(table.name, _count(conn, table, members))
                 continue
             _mark(conn, members)
         if members and not _delete_marked(url, result, over):
-            result.done = False
-            return result
+            return False
+
+
+def _batch(conn: Connection, todo: list[int], result: Pruned, *, dry_run: bool) -> list[int]:
+    """The members of the trees of these roots that may go (a tree that still runs is skipped,
+    counted); a dry run counts their rows."""
+    trees = _trees(conn, todo, lock=not dry_run) if todo else {}
+    members = [m for ids in trees.values() if ids is not None for m in ids]
+    result.skipped_running += sum(1 for ids in trees.values() if ids is None)
+    result.trees += sum(1 for ids in trees.values() if ids is not None)
+    if dry_run:
+        for table in (*TABLES, EXECUTIONS):
+            result.add(table.name, _count(conn, table, members))
+    return members
 
 
 def _partitioned(url: str) -> bool:
