@@ -54,6 +54,7 @@ def backends_cpu(database_url: str) -> float:
 
 
 def measure(database_url: str, seconds: float, interval: float) -> dict[str, Any]:
+    import noetl_celery.app  # noqa: F401  (binds the Celery app to the transport)
     from noetl_celery.engine.transport import sweeping as noetl_app
 
     sweeps, thread_s = 0, 0.0

@@ -136,6 +136,7 @@ def _publish_start(
     """Publish a new execution's first messages; when the broker cannot be reached, remove it
     again with every row its start wrote and raise BrokerUnavailable (`keep`: leave a claimed
     start to the sweeper, which publishes its stored first messages once their deadline passes)."""
+    from noetl_celery import app  # noqa: F401  (binds the Celery app to the transport)
     from noetl_celery.engine.transport.publish import SUBMIT_RETRY_POLICY, publish
 
     try:
@@ -185,6 +186,7 @@ def _notify_now(database_url: str, execution_id: int) -> None:
 def resume(settings: noetl_settings.Settings, execution_id: int) -> int:
     """Resume a failed or cancelled execution (same execution, next epoch: engine/recovery/resume.py);
     returns the new epoch. Raises ResumeRefused with the reason when it cannot resume."""
+    from noetl_celery import app  # noqa: F401  (binds the Celery app to the transport)
     from noetl_celery.engine.recovery.resume import resume as resume_execution
     from noetl_celery.engine.transport.publish import publish
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import noetl_celery.app  # noqa: F401  (binds the Celery app to the transport)
 from noetl_celery.engine.messages import Dispatch, TaskMessage, wire
 from noetl_celery.store import leases, repo
 from noetl_celery.store.db import transaction

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from sqlalchemy import func, select, text
 
+import noetl_celery.app  # noqa: F401  (binds the Celery app to the transport)
 from noetl_celery.store import repo, retention
 from noetl_celery.store.db import migrate, transaction
 from noetl_celery.store.schedules import NOTIFICATIONS

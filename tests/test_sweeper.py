@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
+import noetl_celery.app  # noqa: F401  (binds the Celery app to the transport)
 from noetl_celery.compiler import compile_playbook
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.decision import orchestrator

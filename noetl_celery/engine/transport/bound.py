@@ -2,8 +2,9 @@
 
 The app module creates the Celery app, configures it and declares the task shims; it binds them
 here (`bind`), so the transport publishes, decides and sweeps without importing the app module
-back. Each look-up is made on use: a test that rebinds (or replaces the app module's
-`current_settings`) is heard.
+back. A process uses the transport after importing `noetl_celery.app` (a worker, through
+`celery -A noetl_celery`; the runner's functions import it before they publish). Each look-up
+is made on use: a test that replaces the app module's `current_settings` is heard.
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ def bind(app: Any, *, run_task: Any, on_event: Any, notify: Any, settings: Calla
     _binding = Binding(app=app, run_task=run_task, on_event=on_event, notify=notify, settings=settings)
 
 
-def binding() -> Binding:
-    """The bound app; importing `noetl_celery.app` binds it."""
-    if _binding is None:
-        import importlib
+class Unbound(RuntimeError):
+    """The transport was used in a process that did not import `noetl_celery.app`."""
 
-        importlib.import_module("noetl_celery.app")  # binds; the transport never names it in an import
-    assert _binding is not None
+
+def binding() -> Binding:
+    """The bound app (importing `noetl_celery.app` binds it)."""
+    if _binding is None:
+        raise Unbound("the Celery app is not bound to the transport: import noetl_celery.app first")
     return _binding
 
 
