@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         services = open_services(stack, "redis", args.redis_db)
         from noetl_celery import runner
         from noetl_celery.compiler import compile_playbook
-        from noetl_celery.store import leases, repo
+        from noetl_celery.store import leases
         from noetl_celery.store.db import transaction
+        from noetl_celery.store.kernel import utcnow
 
         url = services.database_url
         results["states"]["idle"] = measure(url, args.seconds, args.interval)
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             runner.submit(plan, services.settings)
         results["states"]["waiting"] = measure(url, args.seconds, args.interval)
         with transaction(url) as conn:
-            leases.expire(conn, repo.utcnow())
+            leases.expire(conn, utcnow())
         results["states"]["overdue_in_line"] = measure(url, args.seconds, args.interval)
         with transaction(url) as conn:
             republished = conn.execute(
