@@ -11,7 +11,7 @@ from sqlalchemy import Connection
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 
-from noetl_celery.store import db, kernel
+from noetl_celery.store import db, executions, kernel
 from noetl_celery.store.events import (
     EVENT_COLUMNS,
     INSERT_ROWS_PER_STATEMENT,
@@ -23,7 +23,7 @@ from noetl_celery.store.events import (
     lease_statements,
     with_leases,
 )
-from noetl_celery.store.executions import HEAD_SQL, execution_head, running_at
+from noetl_celery.store.executions import HEAD_SQL, running_at
 from noetl_celery.store.kernel import EXECUTIONS, VARIABLES, utcnow
 from noetl_celery.store.loops import LOOP_DONE_SQL, loop_done_params
 from noetl_celery.store.variables import PG_VARIABLES, put_variables, variable_rows, variables_upsert_sql
@@ -95,7 +95,7 @@ def record_decision(
     if count is not None or bump is not None:  # only the strict statement makes them
         raise Conflict(f"execution {execution_id}: a count or bump left to the write needs the one strict statement")
     if head_version is not None:
-        head = execution_head(conn, execution_id, deciding=True)
+        head = executions.execution_head(conn, execution_id, deciding=True)
         if not running_at(head, head_version):
             raise Conflict(f"execution {execution_id}: head {head} is not running at version {head_version}")
     if dialect.name != "postgresql" or len(rows) > INSERT_ROWS_PER_STATEMENT or not any(variables.values()):

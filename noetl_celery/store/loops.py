@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy import Connection, and_, select, update
 from sqlalchemy.engine import Dialect
 
-from noetl_celery.store import kernel
-from noetl_celery.store.executions import HEAD_SQL, execution_head
+from noetl_celery.store import executions, kernel
+from noetl_celery.store.executions import HEAD_SQL
 from noetl_celery.store.kernel import EVENTS, HOLDS, LOOPS, utcnow
 
 # --- loops --------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def loop_iteration_done_checked(
     (BEGIN IMMEDIATE already excludes every other writer)."""
     dialect = conn.dialect
     if dialect.name != "postgresql":
-        head = execution_head(conn, execution_id, deciding=True)
+        head = executions.execution_head(conn, execution_id, deciding=True)
         if head is None or head["status"] != "running":
             return None, head
         return loop_iteration_done(conn, run_id, ok=ok, tolerated=tolerated), head

@@ -254,14 +254,29 @@ _read = kernel.read
 _insert = kernel.insert
 
 
-_KERNEL_NAMES = {"_run": "run"}  # a name of this module -> the kernel's, replaced together
+_KERNEL_NAMES = {"_run": "run"}  # a former name of the kernel's -> its name there
 
 
 class _Facade(types.ModuleType):
+    """A name replaced here is replaced in the module that defines it too (a test that counts
+    or fakes a query through this module is heard by the code that calls the table module)."""
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _KERNEL_NAMES:
             setattr(kernel, _KERNEL_NAMES[name], value)
+        else:
+            home = _HOMES.get(name)
+            if home is not None:
+                setattr(home, name, value)
         super().__setattr__(name, value)
 
 
+_HOMES = {  # a function's or class's name here -> the table module that defines it
+    name: sys.modules[value.__module__]
+    for name, value in list(globals().items())
+    if callable(value)
+    and getattr(value, "__module__", "").startswith("noetl_celery.store.")
+    and getattr(sys.modules[value.__module__], name, None) is value
+    and value.__module__ != __name__
+}
 sys.modules[__name__].__class__ = _Facade

@@ -30,10 +30,9 @@ from noetl_celery.engine.context import STATE, message_scope, render_context
 from noetl_celery.engine.messages import BatchEvent, OutcomeEvent, TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import storable, to_jsonable, unstorable
-from noetl_celery.store import blobs, clock, leases, views
+from noetl_celery.store import blobs, clock, executions, leases, views
 from noetl_celery.store.db import single_read, transaction
 from noetl_celery.store.events import event_exists
-from noetl_celery.store.executions import execution_head
 from noetl_celery.templating import (
     HIDDEN_META,
     as_step_result,
@@ -275,7 +274,7 @@ def still_running(url: str, execution_id: int) -> bool:
 
 
 def _running(conn: Connection, execution_id: int) -> bool:
-    head = execution_head(conn, execution_id)
+    head = executions.execution_head(conn, execution_id)
     return head is not None and head["status"] == "running"
 
 
