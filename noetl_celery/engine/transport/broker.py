@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from kombu.utils.url import parse_url
-
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.store.check import one_line, safe_url
 
 
 def check_broker_url(url: str) -> None:
     """Refuse a broker URL that does not parse (a password with '#', '/' or '@' not percent-encoded)."""
+    from kombu.utils.url import parse_url  # on use: `noetl-celery validate` loads no kombu
+
     try:
         parse_url(url)
     except ValueError as exc:
