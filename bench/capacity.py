@@ -37,8 +37,10 @@ from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.engine.recovery import sweeper
 from noetl_celery.runner import create_execution
-from noetl_celery.store import leases, repo, retention
+from noetl_celery.store import leases, retention
 from noetl_celery.store.db import migrate, transaction
+from noetl_celery.store.executions import get_execution
+from noetl_celery.store.kernel import utcnow
 
 LOOP = Path(__file__).resolve().parents[1] / "tests" / "playbooks" / "loop_many.yaml"
 TABLES = ("noetl_event", "noetl_lease", "noetl_execution", "noetl_variable", "noetl_loop", "noetl_join")
@@ -114,13 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         execution_id = run_loop(url, n)
         after = snapshot(url, name)
         with transaction(url) as conn:
-            status = repo.get_execution(conn, execution_id)["status"]  # type: ignore[index]
-            left = leases.expire(conn, repo.utcnow())
+            status = get_execution(conn, execution_id)["status"]  # type: ignore[index]
+            left = leases.expire(conn, utcnow())
         swept_from = snapshot(url, name)
         result = sweeper.sweep(url, interval=5.0)
         swept = snapshot(url, name)
         pruned_from = snapshot(url, name)
-        pruned = retention.prune(url, timedelta(0), now=repo.utcnow() + timedelta(seconds=1))
+        pruned = retention.prune(url, timedelta(0), now=utcnow() + timedelta(seconds=1))
         pruned_to = snapshot(url, name)
         removed = sum(pruned.rows.values())
         prune = per(pruned_from, pruned_to, max(removed, 1))

@@ -25,8 +25,10 @@ import requests
 from sqlalchemy import create_engine, text
 
 from noetl_celery.compiler import compile_playbook
-from noetl_celery.store import repo
 from noetl_celery.store.db import migrate, transaction
+from noetl_celery.store.events import insert_events
+from noetl_celery.store.executions import create_execution
+from noetl_celery.store.loops import create_loop
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVER = os.environ.get("NOETL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -47,14 +49,14 @@ def populate(url: str, events: int) -> tuple[int, int]:
     start = datetime.now(UTC) - timedelta(seconds=iterations / 500)
     run_id = uuid.uuid4().hex[:16]
     with transaction(url) as conn:
-        repo.create_execution(conn, execution_id=execution_id, plan=plan, workload=plan["workload"])
+        create_execution(conn, execution_id=execution_id, plan=plan, workload=plan["workload"])
         head = [
             ("execution.started", "running", None),
             ("step.started", "started", "start"),
             ("step.completed", "completed", "start"),
             ("step.started", "started", "work"),
         ]
-        repo.insert_events(
+        insert_events(
             conn,
             [
                 {
@@ -68,7 +70,7 @@ def populate(url: str, events: int) -> tuple[int, int]:
                 for i, (t, st, step) in enumerate(head)
             ],
         )
-        repo.create_loop(
+        create_loop(
             conn,
             {
                 "run_id": run_id,
@@ -119,10 +121,10 @@ def populate(url: str, events: int) -> tuple[int, int]:
         )
         if len(rows) >= BATCH:
             with transaction(url) as conn:
-                repo.insert_events(conn, rows)
+                insert_events(conn, rows)
             rows = []
     with transaction(url) as conn:
-        repo.insert_events(conn, rows)
+        insert_events(conn, rows)
         conn.execute(
             text("UPDATE noetl_loop SET done = total, succeeded = total, dispatched = total WHERE run_id = :r"),
             {"r": run_id},

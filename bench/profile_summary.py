@@ -18,14 +18,14 @@ from pathlib import Path
 
 # Inclusive phases of interest (a frame whose text contains the key).
 PHASES = [
-    ("run_task (the whole Celery job)", "run_task (noetl_celery/app.py"),
+    ("run_task (the whole Celery job)", "run_task (noetl_celery/engine/transport/attempts.py"),
     ("  worker.execute (tool call incl. state and rendering)", "execute (noetl_celery/engine/worker.py"),
-    ("  process_event (on_event body)", "process_event (noetl_celery/app.py"),
+    ("  process_event (on_event body)", "process_event (noetl_celery/engine/transport/deciding.py"),
     ("    orchestrator.handle_event", "handle_event (noetl_celery/engine/orchestrator.py"),
     ("      transaction commit", "commit (sqlalchemy"),
-    ("    publish (apply_async of the next task)", "publish (noetl_celery/app.py"),
-    ("on_event (the Celery job, queue mode)", "on_event (noetl_celery/app.py"),
-    ("send_event (queue mode: outcome to the on_event queue)", "send_event (noetl_celery/app.py"),
+    ("    publish (apply_async of the next task)", "publish (noetl_celery/engine/transport/publish.py"),
+    ("on_event (the Celery job, queue mode)", "on_event (noetl_celery/engine/transport/deciding.py"),
+    ("send_event (queue mode: outcome to the on_event queue)", "send_event (noetl_celery/engine/transport/publish.py"),
     ("psycopg2 execute (any SQL, incl. waiting for PostgreSQL)", "execute (sqlalchemy/engine/default.py"),
     ("kombu publish (any message sent)", "_publish (kombu/messaging.py"),
     ("celery trace outside the task body", "trace_task (celery/app/trace.py"),

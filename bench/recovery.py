@@ -6,7 +6,7 @@
 A fresh PostgreSQL database (NOETL_TEST_POSTGRES_URL's server, else 127.0.0.1:5432), migrated,
 then dropped. --executions running executions of bench/playbooks/three_steps.yaml are started
 (their first decision through `orchestrator.handle_event`, as a worker makes it); then
---decisions decision rows are written as decisions write them (`repo.insert_events`, a lease
+--decisions decision rows are written as decisions write them (`events.insert_events`, a lease
 each), spread over those executions, each having dispatched one attempt of the first step
 (the start's own dispatch, with its own iteration number), and --done of them get their
 attempt's outcome row. Every lease is then made overdue (`leases.expire`), and the sweeper is
@@ -42,8 +42,10 @@ from noetl_celery.compiler import compile_playbook
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.recovery import sweeper
 from noetl_celery.runner import create_execution
-from noetl_celery.store import leases, repo
+from noetl_celery.store import leases
 from noetl_celery.store.db import dispose_engine, migrate, transaction
+from noetl_celery.store.events import LEASE_KEY, insert_events
+from noetl_celery.store.kernel import utcnow
 
 PLAYBOOK = Path(__file__).parent / "playbooks" / "three_steps.yaml"
 WRITE_CHUNK = 500  # decision rows per insert transaction
@@ -111,7 +113,7 @@ def backlog(url: str, decisions: int, executions: int, done: float) -> dict[str,
                 "status": "completed",
                 "step": "a",
                 "meta": {"dispatch": [dispatch.to_dict()]},
-                repo.LEASE_KEY: repo.utcnow() + timedelta(seconds=3600),
+                LEASE_KEY: utcnow() + timedelta(seconds=3600),
             }
         )
         if i < outcomes:
@@ -126,7 +128,7 @@ def backlog(url: str, decisions: int, executions: int, done: float) -> dict[str,
             )
         if len(rows) >= WRITE_CHUNK or i == decisions - 1:
             with transaction(url) as conn:
-                repo.insert_events(conn, rows)
+                insert_events(conn, rows)
             rows = []
     written = time.perf_counter() - began
     with transaction(url) as conn:
@@ -142,7 +144,7 @@ def backlog(url: str, decisions: int, executions: int, done: float) -> dict[str,
 
 def sweep_all(url: str) -> dict[str, Any]:
     with transaction(url) as conn:
-        expired = leases.expire(conn, repo.utcnow())
+        expired = leases.expire(conn, utcnow())
     wal_before = wal_lsn(url)
     began = time.perf_counter()
     total = sweeper.SweepResult()
@@ -160,7 +162,7 @@ def sweep_all(url: str) -> dict[str, Any]:
         result = sweeper.sweep(url, interval=5.0, committed=committed)
         total.add(result)
         with transaction(url) as conn:
-            left = leases.count(conn, overdue_at=repo.utcnow())
+            left = leases.count(conn, overdue_at=utcnow())
         if left == 0:
             break
     seconds = time.perf_counter() - began

@@ -4,7 +4,7 @@ PostgreSQL backends, on Redis + PostgreSQL.
     python -m bench.sweeper [--n 2000] [--seconds 30] [--interval 5] [--json-out FILE]
 
 Against a fresh database and a claimed Redis database, with no worker running (nothing moves but
-the sweeps), this process runs `app.sweep_once` every `interval` seconds for `seconds` in each of
+the sweeps), this process runs `sweeping.sweep_once` every `interval` seconds for `seconds` in each of
 three states:
 - idle: no execution;
 - waiting: N executions submitted (`runner.submit`), their first messages in the task queue and
@@ -54,7 +54,8 @@ def backends_cpu(database_url: str) -> float:
 
 
 def measure(database_url: str, seconds: float, interval: float) -> dict[str, Any]:
-    from noetl_celery import app as noetl_app
+    import noetl_celery.app  # noqa: F401  (binds the Celery app to the transport)
+    from noetl_celery.engine.transport import sweeping as noetl_app
 
     sweeps, thread_s = 0, 0.0
     pg_before = backends_cpu(database_url)
@@ -89,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         services = open_services(stack, "redis", args.redis_db)
         from noetl_celery import runner
         from noetl_celery.compiler import compile_playbook
-        from noetl_celery.store import leases, repo
+        from noetl_celery.store import leases
         from noetl_celery.store.db import transaction
+        from noetl_celery.store.kernel import utcnow
 
         url = services.database_url
         results["states"]["idle"] = measure(url, args.seconds, args.interval)
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             runner.submit(plan, services.settings)
         results["states"]["waiting"] = measure(url, args.seconds, args.interval)
         with transaction(url) as conn:
-            leases.expire(conn, repo.utcnow())
+            leases.expire(conn, utcnow())
         results["states"]["overdue_in_line"] = measure(url, args.seconds, args.interval)
         with transaction(url) as conn:
             republished = conn.execute(

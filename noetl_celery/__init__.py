@@ -7,10 +7,7 @@ store) is created on first use of `noetl_celery.app` / `noetl_celery.celery`, wh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from celery import Celery
+from typing import Any
 
 __all__ = ["app", "celery"]
 __version__ = "0.1.0"
@@ -26,7 +23,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'noetl_celery' has no attribute {name!r}")
 
 
-def _celery_app() -> Celery:
+def _celery_app() -> Any:
     from noetl_celery.app import app as celery_app
 
     return celery_app

@@ -22,6 +22,7 @@ import click
 
 from noetl_celery import log_format, secret_registry
 from noetl_celery import settings as noetl_settings
+from noetl_celery.engine.transport.broker import check_broker_url
 from noetl_celery.errors import (
     BrokerUnavailable,
     ConfigurationError,
@@ -31,7 +32,7 @@ from noetl_celery.errors import (
     Problem,
 )
 from noetl_celery.lazy import lazy_module
-from noetl_celery.store.check import check_broker_url, describe_infrastructure_error, safe_url
+from noetl_celery.store.check import describe_infrastructure_error, safe_url
 
 if TYPE_CHECKING:
     from noetl_celery import compiler, runner

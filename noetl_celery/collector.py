@@ -25,8 +25,9 @@ from sqlalchemy import Connection, text
 
 from noetl_celery import schedules
 from noetl_celery import settings as noetl_settings
-from noetl_celery.store import gauges, repo
+from noetl_celery.store import gauges
 from noetl_celery.store.db import transaction
+from noetl_celery.store.kernel import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class StoreCollector:
         try:
             with transaction(self.settings.database_url) as conn:
                 _bound(conn)
-                series = list(_store_facts(conn, repo.utcnow(), self.settings.schedule_grace))
+                series = list(_store_facts(conn, utcnow(), self.settings.schedule_grace))
         except Exception as exc:  # unreachable, or behind this version: shown as down
             log.warning("metrics: the store could not be read: %s", type(exc).__name__)
             up.add_metric([], 0)

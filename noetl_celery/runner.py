@@ -24,9 +24,18 @@ from noetl_celery.engine.decision.orchestrator import start_new
 from noetl_celery.engine.ids import new_execution_id
 from noetl_celery.engine.recovery.lifecycle import end_tree
 from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
-from noetl_celery.store import repo
+from noetl_celery.store import executions
 from noetl_celery.store import schedules as notifications
+from noetl_celery.store.catalog import find_playbook, list_playbooks, register_playbook
 from noetl_celery.store.db import decision_transaction, ensure_schema, transaction
+from noetl_celery.store.executions import (
+    child_executions,
+    delete_unpublished_execution,
+    execution_head,
+    list_executions,
+    running_since,
+)
+from noetl_celery.store.kernel import utcnow
 from noetl_celery.store.status import execution_events as execution_events
 from noetl_celery.store.status import execution_status as execution_status
 from noetl_celery.store.status import not_found
@@ -36,7 +45,6 @@ log = logging.getLogger(__name__)
 
 EMBEDDED_CONCURRENCY = 4  # worker threads of `noetl-celery run`
 POLL_INTERVAL = 0.05  # seconds between status reads while waiting
-SHUTDOWN_WAKE_MESSAGES = 2  # control messages that wake the embedded worker's two waits
 
 
 def create_execution(plan: Plan, database_url: str, *, parent_execution_id: int | None = None) -> int:
@@ -59,7 +67,7 @@ def _insert_execution(
     stored: dict[str, Any] | None = None,
 ) -> None:
     """`stored`: the plan in its JSON form, when the caller has it already."""
-    repo.create_execution(
+    executions.create_execution(
         conn,
         execution_id=execution_id,
         plan=stored if stored is not None else plan.model_dump(mode="json"),
@@ -70,7 +78,7 @@ def _insert_execution(
         state_version=state_version,
     )
     if parent_execution_id is None and "completed" in (plan.webhook_events or ()):
-        notifications.expect_completion(conn, execution_id, repo.utcnow())  # webhooks.py: the scan finds it
+        notifications.expect_completion(conn, execution_id, utcnow())  # webhooks.py: the scan finds it
 
 
 Start = Callable[[Connection, ExecutionState, Callable[[int, int], None]], list[Any]]
@@ -128,7 +136,8 @@ def _publish_start(
     """Publish a new execution's first messages; when the broker cannot be reached, remove it
     again with every row its start wrote and raise BrokerUnavailable (`keep`: leave a claimed
     start to the sweeper, which publishes its stored first messages once their deadline passes)."""
-    from noetl_celery.app import SUBMIT_RETRY_POLICY, publish
+    from noetl_celery import app  # noqa: F401  (binds the Celery app to the transport)
+    from noetl_celery.engine.transport.publish import SUBMIT_RETRY_POLICY, publish
 
     try:
         publish(dispatches, retry_policy=SUBMIT_RETRY_POLICY)
@@ -137,7 +146,7 @@ def _publish_start(
             log.warning("execution %s started, its first messages wait for the broker: %s", execution_id, exc)
             return
         with transaction(settings.database_url) as conn:
-            repo.delete_unpublished_execution(conn, execution_id)
+            delete_unpublished_execution(conn, execution_id)
         raise BrokerUnavailable(
             f"cannot reach the broker at {_safe_url(settings.broker_url or '')}: {_first_line(exc)}"
         ) from exc
@@ -150,7 +159,7 @@ def cancel(database_url: str, execution_id: int, reason: str | None = None) -> l
     ensure_schema(database_url)
     error = {"kind": ErrorKind.CANCELLED, "message": reason or "cancelled"}
     with transaction(database_url) as conn:
-        if repo.execution_head(conn, execution_id) is None:
+        if execution_head(conn, execution_id) is None:
             raise not_found(database_url, execution_id)
         ended = end_tree(conn, execution_id, "cancelled", ev.EXECUTION_CANCELLED, error)
     if execution_id in ended:
@@ -162,7 +171,8 @@ def _notify_now(database_url: str, execution_id: int) -> None:
     """Enqueue the failure webhook of an execution this process ended (the sweep's scan would
     find it too, a sweep later)."""
     from noetl_celery import webhooks
-    from noetl_celery.app import app, current_settings, enqueue_notifications
+    from noetl_celery.app import app, current_settings
+    from noetl_celery.engine.transport.sweeping import enqueue_notifications
 
     if not (app.conf.noetl_embedded or app.conf.noetl_settings.broker_url):
         return  # no worker would take it: the sweep of the deployment's workers sends it
@@ -176,8 +186,9 @@ def _notify_now(database_url: str, execution_id: int) -> None:
 def resume(settings: noetl_settings.Settings, execution_id: int) -> int:
     """Resume a failed or cancelled execution (same execution, next epoch: engine/recovery/resume.py);
     returns the new epoch. Raises ResumeRefused with the reason when it cannot resume."""
-    from noetl_celery.app import publish
+    from noetl_celery import app  # noqa: F401  (binds the Celery app to the transport)
     from noetl_celery.engine.recovery.resume import resume as resume_execution
+    from noetl_celery.engine.transport.publish import publish
 
     ensure_schema(settings.database_url)
     epoch, dispatches = resume_execution(settings.database_url, execution_id)
@@ -206,7 +217,7 @@ def wait(
         if on_poll is not None:
             on_poll(execution_id)
         with transaction(database_url) as conn:
-            head = repo.execution_head(conn, execution_id)
+            head = execution_head(conn, execution_id)
         if head is None:
             raise ExecutionNotFound(f"no execution {execution_id}")
         if head["status"] != "running":
@@ -219,42 +230,14 @@ def wait(
 
 @contextmanager
 def embedded_worker(concurrency: int = EMBEDDED_CONCURRENCY) -> Iterator[Any]:
-    """A worker thread pool inside this process, on the in-memory broker."""
-    from celery.contrib.testing.worker import start_worker
-
+    """A worker thread pool inside this process, on the in-memory broker (engine/transport/embedded.py)."""
     from noetl_celery.app import app, configure
+    from noetl_celery.engine.transport import embedded
 
     settings = noetl_settings.load()
     configure(app, settings, embedded=True)
-    from noetl_celery.app import start_sweeper, stop_sweeper
-
-    with start_worker(
-        app,
-        pool="threads",
-        concurrency=concurrency,
-        perform_ping_check=False,
-        loglevel="WARNING",
-        shutdown_timeout=10.0,
-        queues=[settings.task_queue, settings.event_queue],
-    ) as worker:
-        start_sweeper()  # the embedded process is the deployment's only sweeper
-        try:
-            yield worker
-        finally:
-            stop_sweeper()
-            _wake_for_shutdown(app, worker)
-
-
-def _wake_for_shutdown(app: Any, worker: Any) -> None:
-    """Ask the embedded worker to stop, and wake its consumer loop at once. Between shutdown
-    checks the loop waits up to 2 s for a message, and after the check that stops it, it waits
-    once more (Celery's synloop drains in a `finally`). Two control pings to this worker alone (no
-    reply wanted, nothing run) end both waits at once."""
-    from celery.worker import state
-
-    state.should_terminate = 0
-    for _ in range(SHUTDOWN_WAKE_MESSAGES):
-        app.control.broadcast("ping", destination=[worker.hostname], reply=False)
+    with embedded.worker_thread_pool(app, settings, concurrency) as worker:
+        yield worker
 
 
 INTERRUPTED_REASON = "interrupted: Ctrl-C on the command that ran it"
@@ -415,7 +398,7 @@ class _StoreCatalog:
         try:
             ensure_schema(self.database_url)
             with transaction(self.database_url) as conn:
-                entry = repo.find_playbook(conn, path)
+                entry = find_playbook(conn, path)
         except Exception:  # an unreachable store: fall back to the files
             return None
         if entry is None:
@@ -426,7 +409,7 @@ class _StoreCatalog:
         try:
             ensure_schema(self.database_url)
             with transaction(self.database_url) as conn:
-                return [entry["path"] for entry in repo.list_playbooks(conn)]
+                return [entry["path"] for entry in list_playbooks(conn)]
         except Exception:  # an unreachable store lists nothing
             return []
 
@@ -454,7 +437,7 @@ def register_text(text: str, database_url: str, source: str, source_file: str | 
         )
     ensure_schema(database_url)
     with transaction(database_url) as conn:
-        repo.register_playbook(conn, path=plan.path, name=plan.name, content=text, source_file=source_file)
+        register_playbook(conn, path=plan.path, name=plan.name, content=text, source_file=source_file)
     return plan
 
 
@@ -462,7 +445,7 @@ def catalog_entries(database_url: str) -> list[dict[str, Any]]:
     """The registered playbooks (path, name, source_file, registered_at), by path."""
     ensure_schema(database_url)
     with transaction(database_url) as conn:
-        return repo.list_playbooks(conn)
+        return list_playbooks(conn)
 
 
 def compile_registered(path: str, overrides: dict[str, Any], database_url: str) -> Plan:
@@ -519,7 +502,7 @@ def prepare_rerun(
     if latest:
         path = old["playbook_path"]
         with transaction(database_url) as conn:
-            entry = repo.find_playbook(conn, path) if path else None
+            entry = find_playbook(conn, path) if path else None
         if entry is None:
             where = f"at its path {path!r}" if path else "(its playbook has no metadata.path)"
             raise reruns.RerunRefused(
@@ -543,7 +526,7 @@ def cleanup(database_url: str, older_than_minutes: float, dry_run: bool, reason:
 
     ensure_schema(database_url)
     with transaction(database_url) as conn:
-        stuck = repo.running_since(conn, repo.utcnow() - timedelta(minutes=older_than_minutes))
+        stuck = running_since(conn, utcnow() - timedelta(minutes=older_than_minutes))
     if not dry_run:
         for execution_id in stuck:
             cancel(database_url, execution_id, reason or f"cleanup: running for more than {older_than_minutes:g} min")
@@ -558,9 +541,9 @@ def execution_tree(database_url: str, limit: int = 20) -> list[tuple[int, dict[s
 
         def walk(row: dict[str, Any], depth: int) -> None:
             out.append((depth, row))
-            for child in repo.child_executions(conn, row["execution_id"]):
+            for child in child_executions(conn, row["execution_id"]):
                 walk(child, depth + 1)
 
-        for row in repo.list_executions(conn, limit, top_level=True):
+        for row in list_executions(conn, limit, top_level=True):
             walk(row, 0)
     return out

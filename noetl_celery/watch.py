@@ -214,8 +214,8 @@ def stream_events(
     server-side cursor) and yielded as they come, so that a log of any size is written in bounded
     memory. Filters: event types, steps, rows after id `after_id`, rows created at or after
     `since`; at most `limit` rows. Raises ExecutionNotFound for an unknown execution."""
-    from noetl_celery.store import repo
     from noetl_celery.store.db import ensure_schema
+    from noetl_celery.store.executions import execution_head
 
     ensure_schema(database_url)
     e = views.EVENTS.c
@@ -230,7 +230,7 @@ def stream_events(
     if limit is not None:
         query = query.limit(limit)
     with transaction(database_url) as conn:
-        if repo.execution_head(conn, execution_id) is None:
+        if execution_head(conn, execution_id) is None:
             raise not_found(database_url, execution_id)
         if since is not None:
             if conn.dialect.name == "sqlite" and since.tzinfo is not None:  # SQLite keeps naive UTC

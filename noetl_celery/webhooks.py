@@ -49,9 +49,10 @@ from typing import Any
 from noetl_celery import credentials, secret_registry
 from noetl_celery import settings as noetl_settings
 from noetl_celery.errors import CredentialError
-from noetl_celery.store import repo
 from noetl_celery.store import schedules as store
 from noetl_celery.store.db import transaction
+from noetl_celery.store.executions import get_execution
+from noetl_celery.store.kernel import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def backoff(attempts: int) -> float:
 def pending(settings: noetl_settings.Settings, now: datetime | None = None) -> list[int]:
     """Executions whose notification is due (see the module's docstring). Without
     NOETL_WEBHOOK_URL only those whose playbook names its own webhook."""
-    now = now or repo.utcnow()
+    now = now or utcnow()
     with transaction(settings.database_url) as conn:
         return store.unnotified_ends(conn, now - NOTIFY_WINDOW, now, SCAN_LIMIT, own_url_only=not settings.webhook_url)
 
@@ -103,12 +104,12 @@ def wanted(settings: noetl_settings.Settings, execution_id: int, database_url: s
     if settings.webhook_url:
         return True
     with transaction(database_url or settings.database_url) as conn:
-        row = repo.get_execution(conn, execution_id)
+        row = get_execution(conn, execution_id)
     return bool(row and row["parent_execution_id"] is None and (row["plan"] or {}).get("webhook"))
 
 
 def _message(conn: Any, execution_id: int, attempt: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    row = repo.get_execution(conn, execution_id)
+    row = get_execution(conn, execution_id)
     if row is None or row["status"] not in ("failed", "cancelled", "completed"):
         return None
     plan = row["plan"] or {}
@@ -142,7 +143,7 @@ def deliver(
     post = post or requests.post
     url_of_store = settings.database_url
     token = uuid.uuid4().hex
-    now = repo.utcnow()
+    now = utcnow()
     with transaction(url_of_store) as conn:
         until = now + timedelta(seconds=DELIVERY_TIMEOUT + LEASE_MARGIN)
         if not store.lease_notification(conn, execution_id, token, until, now):
@@ -213,7 +214,7 @@ def _record(
     delay: float | None = None,
 ) -> None:
     shown = noetl_settings.webhook_shown(url) if url else None
-    next_at = repo.utcnow() + timedelta(seconds=delay) if delay is not None else None
+    next_at = utcnow() + timedelta(seconds=delay) if delay is not None else None
     with transaction(settings.database_url) as conn:
         store.notification_done(
             conn, execution_id, token, url=shown, delivered=delivered, error=error, next_at=next_at, give_up=give_up

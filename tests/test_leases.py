@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import noetl_celery.app  # noqa: F401  (binds the Celery app to the transport)
 from noetl_celery.engine.messages import Dispatch, TaskMessage, wire
 from noetl_celery.store import leases, repo
 from noetl_celery.store.db import transaction
@@ -153,7 +154,7 @@ def test_the_sweeper_vacuums_the_lease_table_when_no_vacuum_has(url, sqlite_url)
 
 
 def test_the_sweep_looks_at_the_lease_table_once_a_minute_and_a_failed_vacuum_is_logged(url, monkeypatch, caplog):
-    from noetl_celery import app
+    from noetl_celery.engine.transport import sweeping as app
 
     looks: list[str] = []
 
@@ -211,7 +212,7 @@ def test_a_store_role_that_may_not_vacuum_the_lease_table_leaves_it_alone(url):
 
 
 def test_a_look_at_the_lease_table_while_the_last_vacuum_still_runs_is_skipped(url, monkeypatch):
-    from noetl_celery import app
+    from noetl_celery.engine.transport import sweeping as app
 
     running, release = threading.Event(), threading.Event()
 

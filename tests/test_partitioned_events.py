@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from noetl_celery import app
+import noetl_celery.app  # noqa: F401  (binds the Celery app to the transport)
+from noetl_celery.engine.transport import sweeping as app
 from noetl_celery.id_time import first_id_at, time_of
 from noetl_celery.store import partitions, repo, retention
 from noetl_celery.store.db import migrate, transaction

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from sqlalchemy import func, select, text
 
+import noetl_celery.app  # noqa: F401  (binds the Celery app to the transport)
 from noetl_celery.store import repo, retention
 from noetl_celery.store.db import migrate, transaction
 from noetl_celery.store.schedules import NOTIFICATIONS
@@ -160,8 +161,8 @@ def test_prune_command(sqlite_url, tmp_path):
 
 
 def test_the_sweeper_prunes_with_noetl_prune_older_than(sqlite_url, monkeypatch):
-    from noetl_celery import app
     from noetl_celery import settings as noetl_settings
+    from noetl_celery.engine.transport import sweeping as app
 
     assert noetl_settings.load({"NOETL_PRUNE_OLDER_THAN": "30d"}).prune_older_than == timedelta(days=30)
     assert noetl_settings.load({}).prune_older_than is None

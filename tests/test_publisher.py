@@ -7,7 +7,7 @@ import time
 
 from celery import Celery
 
-from noetl_celery import publisher
+from noetl_celery.engine.transport import publisher
 
 
 def test_one_producer_is_reused_until_forgotten():

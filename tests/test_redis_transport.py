@@ -1,4 +1,4 @@
-"""noetl_celery.redis_transport against a real Redis: a channel whose connection was let go fails
+"""noetl_celery.engine.transport.redis_transport against a real Redis: a channel whose connection was let go fails
 as a connection error (Celery handles those), never as AttributeError (which stops a worker)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from kombu import Connection
 
 import noetl_celery.app  # noqa: F401  (installs the transport, as every process of ours does)
-from noetl_celery import redis_transport
+from noetl_celery.engine.transport import redis_transport
 
 
 def test_redis_urls_use_the_transport_and_keep_their_scheme(redis_url):

@@ -236,8 +236,8 @@ workflow:
 def test_submit_writes_the_execution_row_with_the_counters_its_start_leaves(url, tmp_path, plan, playbook, monkeypatch):
     """`runner.submit` decides the start before the row exists and inserts the row with its
     counters: the chain's first step pending; a playbook of steps without work completed."""
-    from noetl_celery import app as app_module
     from noetl_celery import settings as noetl_settings
+    from noetl_celery.engine.transport import publish as app_module
 
     if playbook == "inline_only":
         (tmp_path / "inline.yaml").write_text(INLINE_ONLY)
@@ -265,8 +265,8 @@ def test_a_new_executions_first_message_is_run_without_a_read_by_a_process_that_
     its start wrote). A process that read an execution of the same plan before (same workload)
     builds the state from it and reads nothing; one that did not, or another plan, reads as
     before; the stored dispatch keeps no seed."""
-    from noetl_celery import app as app_module
     from noetl_celery import settings as noetl_settings
+    from noetl_celery.engine.transport import publish as app_module
 
     published: list[Dispatch] = []
     monkeypatch.setattr(app_module, "publish", lambda dispatches, **_: published.extend(dispatches))

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
+import noetl_celery.app  # noqa: F401  (binds the Celery app to the transport)
 from noetl_celery.compiler import compile_playbook
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.decision import orchestrator
@@ -243,7 +244,7 @@ def test_a_re_publish_while_the_queues_hold_messages_is_logged_as_routine_and_ot
     """An overdue attempt found while the queues hold messages is most likely waiting in line (a
     loop with more iterations in flight than pool processes, under the eager window): its copy is
     published the same way either time, and the log says which case it is."""
-    from noetl_celery import app
+    from noetl_celery.engine.transport import sweeping as app
 
     published: list[tuple[int, str]] = []
     monkeypatch.setattr(app, "publish", lambda dispatches, queue: published.append((len(dispatches), queue)))

@@ -22,7 +22,7 @@ from sqlalchemy import Connection
 
 from noetl_celery import limits
 from noetl_celery.dsl.plan import Plan, Step
-from noetl_celery.store import repo
+from noetl_celery.store import variables as variable_rows
 from noetl_celery.store.db import single_read
 from noetl_celery.templating import (
     BUILTIN_NAMES,
@@ -134,7 +134,7 @@ class StateCache:
             self._keep(url, seeded)
             return seeded
         with _reuse(conn) if conn is not None else single_read(url) as conn:
-            loaded = repo.read_state(conn, execution_id, full=state is None)
+            loaded = variable_rows.read_state(conn, execution_id, full=state is None)
         if state is None:
             if loaded is None:
                 raise LookupError(f"execution {execution_id} not found")

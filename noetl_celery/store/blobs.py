@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from noetl_celery import limits, secret_registry
-from noetl_celery.store import repo
+from noetl_celery.store import kernel
 from noetl_celery.store.db import single_read, transaction
 
 PLAIN = "json"
@@ -91,10 +91,17 @@ def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False
         return limits.marker(len(raw), digest, text, limit)
     encoding, data = _packed(raw)
     dialect = conn.dialect
-    repo._run(
+    kernel.run(
         conn,
-        repo._sql(dialect, "blob.insert", _INSERT),
-        (execution_id, digest, len(raw), encoding, data, repo._bound(dialect, repo.BLOBS, "created_at", repo.utcnow())),
+        kernel.sql(dialect, "blob.insert", _INSERT),
+        (
+            execution_id,
+            digest,
+            len(raw),
+            encoding,
+            data,
+            kernel.bound(dialect, kernel.BLOBS, "created_at", kernel.utcnow()),
+        ),
     )
     ref = limits.reference(execution_id, len(raw), digest, value, text)
     CACHE.keep(ref, value)
@@ -140,8 +147,8 @@ def fetch(conn: Connection, ref: Mapping[str, Any]) -> Any:
     found = CACHE.get(ref)
     if found is not _MISSING:
         return found
-    row = repo._run(
-        conn, repo._sql(conn.dialect, "blob.select", _SELECT), (int(ref["execution_id"]), str(ref["sha256"]))
+    row = kernel.run(
+        conn, kernel.sql(conn.dialect, "blob.select", _SELECT), (int(ref["execution_id"]), str(ref["sha256"]))
     ).fetchone()
     if row is None:
         raise LookupError(

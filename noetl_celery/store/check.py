@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from noetl_celery import secret_registry
-from noetl_celery.errors import ConfigurationError
+from noetl_celery.store.urls import safe_url as safe_url
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +46,6 @@ class StoreUnusable(Exception):
     def __init__(self, message: str, *, transient: bool = False):
         super().__init__(secret_registry.mask_text(message))
         self.transient = transient
-
-
-def safe_url(url: str) -> str:
-    """`url` with its password replaced by ***, also when the URL does not parse (the whole
-    user-info part when a password holds an unencoded '@')."""
-    from noetl_celery.settings import mask_url, unencoded_at
-
-    if unencoded_at(url):
-        return mask_url(url)
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return secret_registry.mask_text(re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url))
 
 
 def first_line(exc: BaseException) -> str:
@@ -135,21 +120,8 @@ def describe_infrastructure_error(exc: BaseException, database_url: str | None, 
         return alembic_line
     if _is_broker_error(exc):
         where = safe_url(broker_url) if broker_url else "(no NOETL_BROKER_URL)"
-        return secret_registry.mask_text(f"broker at {where} cannot be used: {_one_line(exc)}")
+        return secret_registry.mask_text(f"broker at {where} cannot be used: {one_line(exc)}")
     return None
-
-
-def check_broker_url(url: str) -> None:
-    """Refuse a broker URL that does not parse (a password with '#', '/' or '@' not percent-encoded)."""
-    from kombu.utils.url import parse_url
-
-    try:
-        parse_url(url)
-    except ValueError as exc:
-        raise ConfigurationError(
-            f"NOETL_BROKER_URL {safe_url(url)} is not a valid URL ({_one_line(exc)}); percent-encode "
-            "special characters of the user and password (# -> %23, / -> %2F, @ -> %40)"
-        ) from None
 
 
 def _alembic_error(exc: BaseException, store: str) -> str | None:
@@ -160,26 +132,24 @@ def _alembic_error(exc: BaseException, store: str) -> str | None:
     if isinstance(exc, CommandError) and "Can't locate revision" in str(exc):
         return secret_registry.mask_text(
             f"event store at {store} is at a schema revision this release does not know "
-            f"({_one_line(exc)}): it was migrated by another release; run that release, or this "
+            f"({one_line(exc)}): it was migrated by another release; run that release, or this "
             "release's `noetl-celery migrate` on a store of its own"
         )
     if isinstance(exc, CommandError):
         return secret_registry.mask_text(
-            f"event store at {store}: schema migration failed: {_one_line(exc)} "
+            f"event store at {store}: schema migration failed: {one_line(exc)} "
             "(is this release's `noetl-celery migrate` applied?)"
         )
     return None
 
 
 def _is_broker_error(exc: BaseException) -> bool:
-    from kombu.exceptions import OperationalError as KombuOperationalError
-
+    """A broker's error: by its class's package (kombu's OperationalError among them), or a
+    ConnectionError; by name, so that the store needs no import of the broker's libraries."""
     names = {cls.__module__.split(".")[0] for cls in type(exc).__mro__}
-    return isinstance(exc, (KombuOperationalError, ConnectionError)) or bool(
-        names & {"redis", "amqp", "kombu", "librabbitmq"}
-    )
+    return isinstance(exc, ConnectionError) or bool(names & {"redis", "amqp", "kombu", "librabbitmq"})
 
 
-def _one_line(exc: Any) -> str:
+def one_line(exc: Any) -> str:
     text = str(exc).strip().splitlines()
     return secret_registry.mask_text(text[0] if text else type(exc).__name__)

@@ -25,7 +25,7 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError
 from noetl_celery import settings as noetl_settings
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.store import clock, prepared
-from noetl_celery.store.check import safe_url
+from noetl_celery.store.urls import safe_url
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _folds_begin(engine: Engine) -> bool:
 def _begin_with_first_statement(conn, cursor, statement, parameters, _context, executemany):  # type: ignore[no-untyped-def]
     """A statement built with SQLAlchemy Core in a `decision_transaction` opens it when it is the
     first, and carries the statements deferred before it (the hot path's own statements do the
-    same in `repo._run`, with `begin_prefix`)."""
+    same in `kernel.run`, with `begin_prefix`)."""
     if executemany:
         prefix = begin_prefix(conn, bound=False)
         if prefix:

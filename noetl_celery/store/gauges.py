@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, select
 
-from noetl_celery.store import repo
+from noetl_celery.store.kernel import EXECUTIONS, LEASES
 from noetl_celery.store.schedules import NOTIFICATIONS, RUNS, SCHEDULES, aware
 
 NOT_CHOSEN = "not chosen"  # webhooks.NOT_CHOSEN: an event the playbook did not choose (never sent)
@@ -31,14 +31,14 @@ ENDED_STATUSES = ("completed", "failed", "cancelled")
 
 def executions_by_status(conn: Connection) -> list[tuple[str, str, int]]:
     """(playbook, status, executions) for every pair that has one."""
-    e = repo.EXECUTIONS.c
+    e = EXECUTIONS.c
     query = select(e.playbook_name, e.status, func.count()).group_by(e.playbook_name, e.status)
     return [(str(name), str(status), int(count)) for name, status, count in conn.execute(query)]
 
 
 def overdue_leases(conn: Connection, now: datetime) -> tuple[int, float]:
     """(leases past their deadline at `now`, seconds the oldest of them is past it; 0 when none)."""
-    c = repo.LEASES.c
+    c = LEASES.c
     count, oldest = conn.execute(select(func.count(), func.min(c.deadline_at)).where(c.deadline_at < now)).one()
     oldest_at = aware(oldest)
     return int(count or 0), max((now - oldest_at).total_seconds(), 0.0) if oldest_at else 0.0

@@ -12,7 +12,7 @@ What the engine relies on holds in both forms: the same columns, defaults and id
 primary key `uq_noetl_event_key (execution_id, event_id)` (ON CONFLICT, redelivery), which holds
 the partition key already; every other index, by the same name. A partition's copy of the key is
 named `uq_noetl_event_key_<partition>`: a duplicate key is reported under the partition's name
-(repo.is_event_key). A table partitioned before revision 0010_event_key has the key as a unique
+(is_event_key). A table partitioned before revision 0010_event_key has the key as a unique
 constraint (and no primary key): `undo` makes it the plain table's primary key.
 
 Nothing here runs unless an operator converts the table: a store that was never converted is
@@ -31,9 +31,9 @@ from sqlalchemy.engine import make_url
 
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.id_time import EPOCH_MS, RANDOM_BITS, first_id_at, time_of
-from noetl_celery.store.check import safe_url
 from noetl_celery.store.db import transaction
-from noetl_celery.store.repo import EVENT_KEY as KEY
+from noetl_celery.store.events import EVENT_KEY as KEY
+from noetl_celery.store.urls import safe_url
 
 TABLE = "noetl_event"
 DEFAULT = "noetl_event_default"  # the partition of any id no other partition covers

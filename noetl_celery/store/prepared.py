@@ -1,6 +1,6 @@
 """Prepared statements for the hot path's SQL on PostgreSQL with psycopg2.
 
-Decides whether a statement `repo._run` sends is planned by the server each time or prepared
+Decides whether a statement `kernel.run` sends is planned by the server each time or prepared
 once per connection. A decision's statement is planned anew by every `EXECUTE`-less send: its
 CTEs cost the server about 0.2 ms of planning, more than executing it, and on a worker that
 is not busy that planning is in the latency of every step of a chain. Here a statement text
@@ -21,7 +21,7 @@ server plans it once per connection (its generic plan, once its custom plans cos
 - A batch that prepared or executed by name and failed with an error its preparation may cause
   (PLAIN_AGAIN_CLASSES: a type the server cannot infer, a syntax `EXECUTE` cannot carry, a
   limit, a plan whose result type a migration changed), sent while no transaction was open, is
-  rolled back and sent again as plain text (`repo._as_text`). If the text runs, its statements
+  rolled back and sent again as plain text (`kernel._as_text`). If the text runs, its statements
   are never prepared again on that connection; if it fails too, its error is the caller's. In a
   transaction opened before, the batch cannot be sent again: its error is raised and its text
   stays plain on that connection. Other errors (a key that exists, which the strict decision

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, select, update
 
-from noetl_celery.store.repo import EVENTS, EXECUTIONS, utcnow
+from noetl_celery.store.kernel import EVENTS, EXECUTIONS, utcnow
 
 
 def running_children(conn: Connection, parents: Iterable[int]) -> list[int]:

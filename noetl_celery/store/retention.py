@@ -40,9 +40,10 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from noetl_celery.errors import ConfigurationError
 from noetl_celery.settings import parse_age
-from noetl_celery.store import partitions, repo
+from noetl_celery.store import partitions
 from noetl_celery.store import schedules as schedule_store
 from noetl_celery.store.db import transaction
+from noetl_celery.store.kernel import BLOBS, EVENTS, EXECUTIONS, HOLDS, JOINS, LEASES, LOOPS, VARIABLES, utcnow
 
 FINISHED = ("completed", "failed", "cancelled")
 PRUNING = "pruning"  # the status of an execution whose rows are being deleted
@@ -50,13 +51,13 @@ BATCH = 200  # top-level executions examined (and trees marked) per transaction
 CHUNK = 5000  # rows deleted per transaction
 # the tables holding rows of an execution, deleted in this order; the execution rows go last
 TABLES: tuple[Table, ...] = (
-    repo.EVENTS,
-    repo.VARIABLES,
-    repo.LOOPS,
-    repo.JOINS,
-    repo.LEASES,
-    repo.HOLDS,
-    repo.BLOBS,
+    EVENTS,
+    VARIABLES,
+    LOOPS,
+    JOINS,
+    LEASES,
+    HOLDS,
+    BLOBS,
     schedule_store.NOTIFICATIONS,
 )
 __all__ = ["FINISHED", "Dropped", "Pruned", "keep_partitions_ahead", "parse_age", "prune"]
@@ -77,7 +78,7 @@ class Dropped:
 class Pruned:
     """What a prune removed (or, dry, would remove): rows per table, executions included."""
 
-    rows: dict[str, int] = field(default_factory=lambda: {t.name: 0 for t in (*TABLES, repo.EXECUTIONS)})
+    rows: dict[str, int] = field(default_factory=lambda: {t.name: 0 for t in (*TABLES, EXECUTIONS)})
     trees: int = 0
     done: bool = True  # False: stopped by its time budget with work left
     skipped_running: int = 0  # eligible top-level executions left because their tree runs
@@ -88,7 +89,7 @@ class Pruned:
 
     @property
     def executions(self) -> int:
-        return self.rows[repo.EXECUTIONS.name]
+        return self.rows[EXECUTIONS.name]
 
 
 def prune(
@@ -102,10 +103,8 @@ def prune(
 ) -> Pruned:
     """Delete (or count, `dry_run`) the trees of finished executions older than `older_than`.
     `budget`: seconds after which it stops between two transactions (`done` False)."""
-    bad = [s for s in statuses if s not in FINISHED]
-    if bad or not statuses:
-        raise ConfigurationError(f"prune: a status is one of {', '.join(FINISHED)}: got {', '.join(bad) or 'none'}")
-    cutoff = (now or repo.utcnow()) - older_than
+    _check_statuses(statuses)
+    cutoff = (now or utcnow()) - older_than
     began = time.monotonic()
     result = Pruned()
 
@@ -115,37 +114,77 @@ def prune(
     if not dry_run and not _delete_marked(url, result, over):
         result.done = False
         return result
-    claimed: set[int] = set()  # dry run: the trees the partitions would take
-    if _partitioned(url):
-        if not dry_run:
-            keep_partitions_ahead(url)
-        claimed = _drop_partitions(url, cutoff, statuses, result, dry_run=dry_run, over=over)
-        if over() or (not dry_run and not _delete_marked(url, result, over)):
-            result.done = False
-            return result
+    claimed = _prune_partitions(url, cutoff, statuses, result, dry_run=dry_run, over=over)
+    if claimed is None:
+        result.done = False
+        return result
+    result.done = _prune_rows(url, cutoff, statuses, result, claimed, dry_run=dry_run, over=over)
+    return result
+
+
+def _check_statuses(statuses: Sequence[str]) -> None:
+    """Only finished executions are pruned: any other status is refused, by name."""
+    bad = [s for s in statuses if s not in FINISHED]
+    if bad or not statuses:
+        raise ConfigurationError(f"prune: a status is one of {', '.join(FINISHED)}: got {', '.join(bad) or 'none'}")
+
+
+def _prune_partitions(
+    url: str, cutoff: datetime, statuses: Sequence[str], result: Pruned, *, dry_run: bool, over: Any
+) -> set[int] | None:
+    """A partitioned event table's share: the partitions that may go dropped (dry: counted);
+    returns the roots of the trees they took (none when the table is not partitioned), None
+    when the budget ran out or the marked rows could not all be deleted."""
+    if not _partitioned(url):
+        return set()
+    if not dry_run:
+        keep_partitions_ahead(url)
+    claimed = _drop_partitions(url, cutoff, statuses, result, dry_run=dry_run, over=over)
+    if over() or (not dry_run and not _delete_marked(url, result, over)):
+        return None
+    return claimed
+
+
+def _prune_rows(
+    url: str,
+    cutoff: datetime,
+    statuses: Sequence[str],
+    result: Pruned,
+    claimed: set[int],
+    *,
+    dry_run: bool,
+    over: Any,
+) -> bool:
+    """The row deletes (dry: counts), one batch of roots a transaction, oldest first; whether
+    it got through them all (False: stopped by the budget or left marked rows)."""
     after: tuple[datetime, int] | None = None
     while True:
         if over():
-            result.done = False
-            return result
+            return False
         with transaction(url) as conn:
             roots = _roots(conn, cutoff, statuses, after, lock=not dry_run)
             if not roots:
-                return result
+                return True
             after = roots[-1]
-            todo = [r[1] for r in roots if r[1] not in claimed]
-            trees = _trees(conn, todo, lock=not dry_run) if todo else {}
-            members = [m for ids in trees.values() if ids is not None for m in ids]
-            result.skipped_running += sum(1 for ids in trees.values() if ids is None)
-            result.trees += sum(1 for ids in trees.values() if ids is not None)
+            members = _batch(conn, [r[1] for r in roots if r[1] not in claimed], result, dry_run=dry_run)
             if dry_run:
-                for table in (*TABLES, repo.EXECUTIONS):
-                    result.add(table.name, _count(conn, table, members))
                 continue
             _mark(conn, members)
         if members and not _delete_marked(url, result, over):
-            result.done = False
-            return result
+            return False
+
+
+def _batch(conn: Connection, todo: list[int], result: Pruned, *, dry_run: bool) -> list[int]:
+    """The members of the trees of these roots that may go (a tree that still runs is skipped,
+    counted); a dry run counts their rows."""
+    trees = _trees(conn, todo, lock=not dry_run) if todo else {}
+    members = [m for ids in trees.values() if ids is not None for m in ids]
+    result.skipped_running += sum(1 for ids in trees.values() if ids is None)
+    result.trees += sum(1 for ids in trees.values() if ids is not None)
+    if dry_run:
+        for table in (*TABLES, EXECUTIONS):
+            result.add(table.name, _count(conn, table, members))
+    return members
 
 
 def _partitioned(url: str) -> bool:
@@ -269,8 +308,8 @@ def _count_rest(conn: Connection, members: list[int], result: Pruned) -> None:
     then remove (every table but the event rows in those partitions)."""
     dropped = {p.name for p in result.partitions}
     ranges = [p for p in partitions.partitions(conn) if p.name in dropped]
-    for table in (*TABLES, repo.EXECUTIONS):
-        if table is not repo.EVENTS:
+    for table in (*TABLES, EXECUTIONS):
+        if table is not EVENTS:
             result.add(table.name, _count(conn, table, members))
             continue
         outside = " AND ".join(f"NOT (execution_id >= {p.low} AND execution_id < {p.high})" for p in ranges)
@@ -283,8 +322,8 @@ def _roots(
     conn: Connection, cutoff: datetime, statuses: Sequence[str], after: tuple[datetime, int] | None, *, lock: bool
 ) -> list[tuple[datetime, int]]:
     """The next BATCH top-level executions (by creation) finished with `statuses` before `cutoff`."""
-    x = repo.EXECUTIONS.c
-    parent = repo.EXECUTIONS.alias("parent")
+    x = EXECUTIONS.c
+    parent = EXECUTIONS.alias("parent")
     orphan_or_top = (
         x.parent_execution_id.is_(None)
         | ~select(parent.c.execution_id).where(parent.c.execution_id == x.parent_execution_id).exists()
@@ -303,7 +342,7 @@ def _roots(
     if after is not None:
         query = query.where(tuple_(x.created_at, x.execution_id) > tuple_(*after))
     if lock and conn.dialect.name == "postgresql":
-        query = query.with_for_update(of=repo.EXECUTIONS, skip_locked=True)
+        query = query.with_for_update(of=EXECUTIONS, skip_locked=True)
     return [(r[0], int(r[1])) for r in conn.execute(query)]
 
 
@@ -323,7 +362,7 @@ def _trees(conn: Connection, roots: list[int], *, lock: bool) -> dict[int, list[
     rows: list[tuple[Any, Any, Any]] = [tuple(r) for r in conn.execute(text(sql))]
     if lock and conn.dialect.name == "postgresql" and rows:
         ids = sorted({int(r[1]) for r in rows})
-        c = repo.EXECUTIONS.c
+        c = EXECUTIONS.c
         locked = {
             int(r[0]): r[1]
             for r in conn.execute(
@@ -340,11 +379,9 @@ def _trees(conn: Connection, roots: list[int], *, lock: bool) -> dict[int, list[
 
 
 def _mark(conn: Connection, members: list[int]) -> None:
-    c = repo.EXECUTIONS.c
+    c = EXECUTIONS.c
     for chunk in _chunks(members, 500):
-        conn.execute(
-            repo.EXECUTIONS.update().where(c.execution_id.in_(chunk), c.status != "running").values(status=PRUNING)
-        )
+        conn.execute(EXECUTIONS.update().where(c.execution_id.in_(chunk), c.status != "running").values(status=PRUNING))
 
 
 def _count(conn: Connection, table: Table, members: list[int]) -> int:
@@ -358,13 +395,13 @@ def _count(conn: Connection, table: Table, members: list[int]) -> int:
 def _delete_marked(url: str, result: Pruned, over: Any) -> bool:
     """Delete the rows of every `pruning` execution, CHUNK rows a transaction; False when the
     budget ran out first."""
-    c = repo.EXECUTIONS.c
+    c = EXECUTIONS.c
     while True:
         with transaction(url) as conn:
             marked = [int(r[0]) for r in conn.execute(select(c.execution_id).where(c.status == PRUNING).limit(BATCH))]
         if not marked:
             return True
-        for table in (*TABLES, repo.EXECUTIONS):
+        for table in (*TABLES, EXECUTIONS):
             while True:
                 if over():
                     return False
@@ -378,7 +415,7 @@ def _delete_marked(url: str, result: Pruned, over: Any) -> bool:
 def _delete_chunk(conn: Connection, table: Table, executions: list[int]) -> int:
     """At most CHUNK rows of `table` belonging to `executions`: one statement."""
     ids = ", ".join(str(int(x)) for x in executions)
-    if table is repo.EXECUTIONS:
+    if table is EXECUTIONS:
         where = f"execution_id IN ({ids}) AND status = '{PRUNING}'"
     else:
         where = f"execution_id IN ({ids})"

@@ -8,8 +8,9 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Table, and_, delete, func, not_, or_, select, true, update
 
+from noetl_celery.store.kernel import insert as _insert
+from noetl_celery.store.kernel import utcnow
 from noetl_celery.store.models import Execution, Notification, Schedule, ScheduleRun
-from noetl_celery.store.repo import _insert, utcnow
 
 SCHEDULES = cast(Table, Schedule.__table__)
 RUNS = cast(Table, ScheduleRun.__table__)

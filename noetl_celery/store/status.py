@@ -11,10 +11,12 @@ from sqlalchemy import Connection
 
 from noetl_celery import vocabulary as ev
 from noetl_celery.errors import ExecutionNotFound
-from noetl_celery.store import repo
 from noetl_celery.store import schedules as schedule_store
-from noetl_celery.store.check import safe_url
 from noetl_celery.store.db import ensure_schema, transaction
+from noetl_celery.store.events import find_event, list_events
+from noetl_celery.store.executions import child_executions, execution_head, get_execution
+from noetl_celery.store.urls import safe_url
+from noetl_celery.store.variables import load_variables
 
 RERUN_KEYS = ("rerun_of", "from_step", "plan", "registered_at", "seeded")
 
@@ -22,7 +24,7 @@ RERUN_KEYS = ("rerun_of", "from_step", "plan", "registered_at", "seeded")
 def rerun_origin(conn: Connection, execution_id: int) -> dict[str, Any] | None:
     """{rerun_of, from_step, plan, registered_at, seeded} of an execution made by a rerun (its
     `execution.started` row's meta, engine/recovery/rerun.py); None otherwise."""
-    row = repo.find_event(conn, execution_id, ev.START_KEY)
+    row = find_event(conn, execution_id, ev.START_KEY)
     meta = (row or {}).get("meta") or {}
     if meta.get("rerun_of") is None:
         return None
@@ -37,10 +39,10 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
     """{execution_id, status, error, failed_step, results: {step: result}, ...} from the store."""
     ensure_schema(database_url)
     with transaction(database_url) as conn:
-        row = repo.get_execution(conn, execution_id)
+        row = get_execution(conn, execution_id)
         if row is None:
             raise not_found(database_url, execution_id)
-        variables = repo.load_variables(conn, execution_id)
+        variables = load_variables(conn, execution_id)
         made_from = rerun_origin(conn, execution_id) or {}
         scheduled = schedule_store.started_by(conn, execution_id)
         webhook = webhook_state(schedule_store.notification(conn, execution_id))
@@ -52,7 +54,7 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
                 "path": c["playbook_path"],
                 "parent_event_id": c["parent_event_id"],
             }
-            for c in repo.child_executions(conn, execution_id)
+            for c in child_executions(conn, execution_id)
         ]
     return {
         "execution_id": execution_id,
@@ -104,6 +106,6 @@ def execution_events(database_url: str, execution_id: int) -> list[dict[str, Any
     """Every event row of the execution, in order."""
     ensure_schema(database_url)
     with transaction(database_url) as conn:
-        if repo.execution_head(conn, execution_id) is None:
+        if execution_head(conn, execution_id) is None:
             raise not_found(database_url, execution_id)
-        return repo.list_events(conn, execution_id)
+        return list_events(conn, execution_id)

@@ -124,7 +124,7 @@ def _stored_time(conn: Connection, moment: datetime) -> datetime:
 
 
 def _now(like: datetime | None) -> datetime:
-    from noetl_celery.store.repo import utcnow
+    from noetl_celery.store.kernel import utcnow
 
     now = utcnow()
     return now if like is None or like.tzinfo is not None else now.replace(tzinfo=None)

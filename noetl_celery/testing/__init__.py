@@ -91,8 +91,8 @@ def run_playbook(
     new SQLite file in a temporary directory)."""
     from noetl_celery import runner, secret_registry
     from noetl_celery.compiler import compile_source
-    from noetl_celery.store import repo
     from noetl_celery.store.db import transaction
+    from noetl_celery.store.events import list_events
     from noetl_celery.testing.harness import Harness, cli_sets, environment
 
     url = database_url or f"sqlite:///{Path(tempfile.mkdtemp(prefix='noetl-test-')) / 'noetl.sqlite'}"
@@ -106,6 +106,6 @@ def run_playbook(
         status = runner.execution_status(url, execution_id)
         masked = json.loads(secret_registry.mask_text(json.dumps(status, default=str)))
     with transaction(url) as conn:
-        events = repo.list_events(conn, execution_id)
+        events = list_events(conn, execution_id)
     events = json.loads(secret_registry.mask_text(json.dumps(events, default=str)))
     return RunResult(execution_id, str(masked["status"]), masked, events, dict(tool_mocks.calls), warnings)

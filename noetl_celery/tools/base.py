@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal
 
-from billiard.exceptions import SoftTimeLimitExceeded  # raised by the worker pool's time limit
 from pydantic import BaseModel
 
 from noetl_celery import limits, settings
 from noetl_celery.jsonable import unstorable
+from noetl_celery.time_limit import SoftTimeLimitExceeded  # raised by the worker pool's time limit
 from noetl_celery.vocabulary import ToolErrorKind
 
 ERROR_TEXT_LIMIT = 4000  # characters of an error message or traceback kept in an outcome

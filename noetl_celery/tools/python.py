@@ -60,13 +60,13 @@ from functools import lru_cache
 from types import CodeType, TracebackType
 from typing import Any
 
-from billiard.exceptions import SoftTimeLimitExceeded
 from pydantic import Field
 
 from noetl_celery import secret_registry
 from noetl_celery.engine.transport import process
 from noetl_celery.fd_masking import masking_file_descriptors
 from noetl_celery.jsonable import to_jsonable
+from noetl_celery.time_limit import SoftTimeLimitExceeded
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, refuse_unstorable, register
 from noetl_celery.tools.settings import ToolSettings

@@ -184,7 +184,7 @@ def run_through_a_broker_outage(
 def test_workers_stay_up_through_redis_restarts_with_messages_in_hand(store_url, worker_factory):
     """Redis is restarted three times while two workers hold messages not yet acknowledged. On
     kombu's own Redis transport the first restart stopped both workers ("Unrecoverable error":
-    AttributeError from a channel of the collected connection, noetl_celery/redis_transport.py);
+    AttributeError from a channel of the collected connection, noetl_celery/engine/transport/redis_transport.py);
     here each worker reconnects every time and the loop completes, every index once."""
     redis = OwnRedis(aof=False)
     redis.start()

@@ -72,7 +72,7 @@ def test_a_redelivered_attempt_that_was_recorded_does_not_run_again(broker, env,
 
 
 def test_a_recorded_attempt_is_replayed_only_when_the_broker_says_it_was_delivered_before():
-    from noetl_celery.app import _redelivered
+    from noetl_celery.engine.transport.attempts import _redelivered
 
     class Request:
         def __init__(self, info):

@@ -21,15 +21,16 @@ import redis
 from celery import Celery
 from sqlalchemy import text
 
-from noetl_celery import publisher
 from noetl_celery import settings as noetl_settings
-from noetl_celery.app import _late, configure
+from noetl_celery.app import configure
 from noetl_celery.compiler import compile_playbook
 from noetl_celery.compiler.names import RUN_TASK
 from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import TaskMessage, wire
+from noetl_celery.engine.transport import publisher
+from noetl_celery.engine.transport.attempts import _late
 from noetl_celery.runner import create_execution, wait
 from noetl_celery.store.db import get_engine
 from tests.distributed.test_durability import freeze_holding_messages, rows

@@ -21,8 +21,8 @@ from noetl_celery.dsl.plan import Step
 from noetl_celery.engine.ids import slot_id
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
-from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
+from noetl_celery.store.loops import held_claim, hold_claim
 from noetl_celery.templating import plain, render_value
 from noetl_celery.tools.base import Outcome
 from noetl_celery.vocabulary import ToolErrorKind
@@ -84,7 +84,7 @@ def held(url: str, step: Step, message: TaskMessage) -> list[Any] | None:
         return None
     assert message.slot is not None
     with transaction(url) as conn:
-        return repo.held_claim(conn, message.execution_id, message.run_id, message.slot["id"], message.slot["claim"])
+        return held_claim(conn, message.execution_id, message.run_id, message.slot["id"], message.slot["claim"])
 
 
 def hold(url: str, step: Step, message: TaskMessage, rows: list[Any]) -> None:
@@ -93,4 +93,4 @@ def hold(url: str, step: Step, message: TaskMessage, rows: list[Any]) -> None:
         return
     assert message.slot is not None
     with transaction(url) as conn:
-        repo.hold_claim(conn, message.execution_id, message.run_id, message.slot["id"], message.slot["claim"], rows)
+        hold_claim(conn, message.execution_id, message.run_id, message.slot["id"], message.slot["claim"], rows)

@@ -32,8 +32,9 @@ from noetl_celery.engine.context import STATE, message_scope, render_context
 from noetl_celery.engine.messages import BatchEvent, OutcomeEvent, TaskMessage
 from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.jsonable import storable, to_jsonable, unstorable
-from noetl_celery.store import blobs, clock, leases, repo, views
+from noetl_celery.store import blobs, clock, executions, leases, views
 from noetl_celery.store.db import single_read, transaction
+from noetl_celery.store.events import event_exists
 from noetl_celery.templating import (
     HIDDEN_META,
     as_step_result,
@@ -267,7 +268,7 @@ def claimed_rows(outcome: Outcome, secrets: set[str]) -> list[Any] | None:
 def already_done(url: str, message: TaskMessage) -> bool:
     key = message.outcome_key()
     with transaction(url) as conn:
-        return repo.event_exists(conn, message.execution_id, key)
+        return event_exists(conn, message.execution_id, key)
 
 
 def taken_late(url: str, message: TaskMessage, lease_seconds: float) -> bool:
@@ -284,7 +285,7 @@ def still_wanted(url: str, message: TaskMessage) -> bool:
     """A delayed message that came due: False once its execution has ended, or when its attempt
     was recorded meanwhile (a replay of its decision ran it first). One transaction."""
     with transaction(url) as conn:
-        return _running(conn, message.execution_id) and not repo.event_exists(
+        return _running(conn, message.execution_id) and not event_exists(
             conn, message.execution_id, message.outcome_key()
         )
 
@@ -296,7 +297,7 @@ def still_running(url: str, execution_id: int) -> bool:
 
 
 def _running(conn: Connection, execution_id: int) -> bool:
-    head = repo.execution_head(conn, execution_id)
+    head = executions.execution_head(conn, execution_id)
     return head is not None and head["status"] == "running"
 
 

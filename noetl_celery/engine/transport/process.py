@@ -34,9 +34,10 @@ def reset_after_fork() -> None:
     """Forget everything per process that a forked child inherited: pooled database
     connections, the publisher, cached execution states, loop collections, values stored by reference and credential
     files."""
-    from noetl_celery import credentials, publisher
+    from noetl_celery import credentials
     from noetl_celery.engine.context import STATE
     from noetl_celery.engine.decision import loops
+    from noetl_celery.engine.transport import publisher
     from noetl_celery.store import blobs
     from noetl_celery.store.db import dispose_engines
 

@@ -35,8 +35,8 @@ from noetl_celery.engine.transport import eager
 from noetl_celery.errors import AttemptFailed
 from noetl_celery.settings import Settings
 from noetl_celery.store import recovery as store_recovery
-from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
+from noetl_celery.store.events import insert_events
 from noetl_celery.vocabulary import ErrorKind
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
     with transaction(url) as conn:
         seen = store_recovery.existing_keys(conn, execution_id, candidates)
         count = len(seen) + 1
-        repo.insert_events(
+        insert_events(
             conn,
             [
                 {

@@ -28,11 +28,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from billiard.exceptions import SoftTimeLimitExceeded  # the attempt's time limit: run_tool reports it
 from pydantic import ValidationInfo, field_validator
 
 from noetl_celery import credentials
 from noetl_celery.errors import CredentialError
+from noetl_celery.time_limit import SoftTimeLimitExceeded  # the attempt's time limit: run_tool reports it
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, missing_extra, register
 from noetl_celery.tools.settings import TEMPLATE_MARKERS, ToolSettings
 from noetl_celery.tools.transfer import databases, formats, streams, web

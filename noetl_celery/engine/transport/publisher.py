@@ -7,7 +7,7 @@ process (each thread, for the embedded thread pool: kombu channels are not threa
 one connection, one producer, and on Redis one client over that channel's connection pool.
 
 Forked children never use their parent's: the publisher is keyed by pid, and
-`engine/process.reset_after_fork` drops it (without closing: the socket belongs to the parent).
+`engine/transport/process.reset_after_fork` drops it (without closing: the socket belongs to the parent).
 A connection that fails is handled by kombu as before (`Connection.ensure` revives the
 producer's channel); a revived Redis channel gets its reused client on the next publish.
 """
@@ -24,7 +24,7 @@ from typing import Any
 from noetl_celery.store import clock
 
 SENT_HEADER = "noetl_sent"  # a task message's publish time (epoch seconds): a worker that takes it
-# late checks whether its attempt was recorded meanwhile (app._late)
+# late checks whether its attempt was recorded meanwhile (attempts._late)
 
 _local = threading.local()
 _generation = 0  # bumped by forget(): every thread's publisher is then rebuilt

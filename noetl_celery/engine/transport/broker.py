@@ -1,0 +1,19 @@
+"""Checks of the broker's configuration made before connecting (the CLI's, a worker's)."""
+
+from __future__ import annotations
+
+from noetl_celery.errors import ConfigurationError
+from noetl_celery.store.check import one_line, safe_url
+
+
+def check_broker_url(url: str) -> None:
+    """Refuse a broker URL that does not parse (a password with '#', '/' or '@' not percent-encoded)."""
+    from kombu.utils.url import parse_url  # on use: `noetl-celery validate` loads no kombu
+
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"NOETL_BROKER_URL {safe_url(url)} is not a valid URL ({one_line(exc)}); percent-encode "
+            "special characters of the user and password (# -> %23, / -> %2F, @ -> %40)"
+        ) from None
