@@ -65,12 +65,11 @@ def check_broker(broker_url: str | None) -> dict[str, Any]:
     whenever the process is."""
     if not broker_url:
         return {"ok": True, "url": f"(embedded: {noetl_settings.EMBEDDED_BROKER})"}
-    from kombu import Connection
+    from noetl_celery.engine.transport.broker import connect_once
 
     started = time.monotonic()
     try:
-        with Connection(broker_url, connect_timeout=BROKER_TIMEOUT) as conn:
-            conn.ensure_connection(max_retries=1, interval_start=0, timeout=BROKER_TIMEOUT)
+        connect_once(broker_url, BROKER_TIMEOUT)
     except Exception as exc:  # noqa: BLE001 - whatever kombu raises, the broker is not usable
         return {"ok": False, "url": safe_url(broker_url), "error": f"{type(exc).__name__}: {first_line(exc)}"}
     return {"ok": True, "url": safe_url(broker_url), "seconds": round(time.monotonic() - started, 3)}
