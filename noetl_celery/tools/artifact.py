@@ -34,7 +34,7 @@ from noetl_celery import limits
 from noetl_celery import settings as noetl_settings
 from noetl_celery.tools import object_store
 from noetl_celery.tools.base import Outcome, ToolCall, register
-from noetl_celery.tools.settings import ToolSettings
+from noetl_celery.tools.object_store import CallRefused
 from noetl_celery.vocabulary import ToolErrorKind
 
 LOCAL_PREFIX = "artifact://localfs/"
@@ -42,29 +42,18 @@ RESULT_STORE_SCHEMES = ("noetl", "eventlog", "nats-kv", "nats-obj")
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-class ArtifactSettings(ToolSettings):
+class ArtifactSettings(object_store.ObjectStoreSettings):
     action: Literal["get", "put"] | None = None
     uri: str | None = None
     result_ref: str | dict[str, Any] | None = None
     compress: bool | None = None
-    content_type: str | None = None
-    max_bytes: int | None = None
-    endpoint_url: str | None = None
-    region: str | None = None
-    project: str | None = None
-
-
-class _Refused(Exception):
-    def __init__(self, message: str, kind: str = ToolErrorKind.INVALID_ARGS) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 def location(uri: str) -> str:
     """The object_store location of an artifact URI (a local path, s3:// or gs://)."""
     scheme = uri.partition("://")[0].lower() if "://" in uri else ""
     if scheme in RESULT_STORE_SCHEMES:
-        raise _Refused(
+        raise CallRefused(
             f"artifact {uri}: {scheme}:// names NoETL's own result store, which this engine does not have; "
             "a step's result is read here as {{ step_name }} (stored by reference above the result cap)"
         )
@@ -99,7 +88,7 @@ def _ref_uri(ref: Any) -> str:
         for key in ("ref", "uri", "logical_uri"):
             if isinstance(ref.get(key), str) and ref[key]:
                 return ref[key]
-    raise _Refused("artifact get: result_ref must be a location or a mapping with `ref` or `uri`")
+    raise CallRefused("artifact get: result_ref must be a location or a mapping with `ref` or `uri`")
 
 
 def _options(call: ToolCall) -> dict[str, Any]:
@@ -113,9 +102,9 @@ def put(call: ToolCall) -> dict[str, Any]:
     cfg = call.config
     uri = cfg.get("uri")
     if not uri:
-        raise _Refused("artifact put needs `uri`")
+        raise CallRefused("artifact put needs `uri`")
     if cfg.get("data") is None:
-        raise _Refused("artifact put needs `data`")
+        raise CallRefused("artifact put needs `data`")
     data = cfg["data"]
     text = data if isinstance(data, str) else json.dumps(data)
     raw = text.encode("utf-8")
@@ -138,13 +127,13 @@ def put(call: ToolCall) -> dict[str, Any]:
 def get(call: ToolCall) -> dict[str, Any]:
     ref = _result_ref(call.config)
     if ref is None and _names_empty_ref(call.config):
-        raise _Refused(
+        raise CallRefused(
             "artifact get: result_ref rendered empty (NoETL's {{ step._ref }} names a result in NoETL's own "
             "result store, which this engine does not have); read a step's result as {{ step_name }}, or give "
             "the `uri` an artifact put returned"
         )
     if ref is None:
-        raise _Refused("artifact get needs `uri` or `result_ref`")
+        raise CallRefused("artifact get needs `uri` or `result_ref`")
     uri = _ref_uri(ref)
     limit = int(call.config.get("max_bytes") or limits.max_stored_bytes())
     stored = object_store.get_bytes(location(uri), call.credential, max_bytes=limit, **_options(call))
@@ -153,7 +142,7 @@ def get(call: ToolCall) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise _Refused(f"artifact {uri} is not UTF-8 text") from None
+        raise CallRefused(f"artifact {uri} is not UTF-8 text") from None
     try:
         value: Any = json.loads(text)
     except ValueError:
@@ -166,7 +155,7 @@ def _gunzip(body: bytes, limit: int, uri: str) -> bytes:
         with gzip.GzipFile(fileobj=io.BytesIO(body)) as stream:
             raw = stream.read(limit + 1)
     except (OSError, EOFError) as exc:
-        raise _Refused(f"artifact {uri} is not valid gzip: {exc}") from None
+        raise CallRefused(f"artifact {uri} is not valid gzip: {exc}") from None
     if len(raw) > limit:
         raise object_store.ObjectTooLarge(f"artifact {uri} decompresses to more than {limit} bytes (max_bytes)")
     return raw
@@ -185,7 +174,7 @@ def run_artifact(call: ToolCall) -> Outcome:
         return Outcome.fail(ToolErrorKind.INVALID_ARGS, f"artifact: action {action!r} is unknown; use get or put")
     try:
         return Outcome.ok(put(call) if action == "put" else get(call))
-    except _Refused as exc:
+    except CallRefused as exc:
         return Outcome.fail(exc.kind, str(exc))
     except object_store.ObjectStoreError as exc:
         return Outcome.fail(exc.kind, f"artifact {action}: {exc}", exc.retryable)

@@ -39,7 +39,7 @@ from typing import Any, Literal
 from noetl_celery import limits
 from noetl_celery.tools import object_store
 from noetl_celery.tools.base import Outcome, ToolCall, register
-from noetl_celery.tools.settings import ToolSettings
+from noetl_celery.tools.object_store import CallRefused
 from noetl_celery.vocabulary import ToolErrorKind
 
 ACTIONS = ("upload", "download", "put", "get", "list", "delete")
@@ -69,7 +69,7 @@ FIELDS = {
 }
 
 
-class BucketSettings(ToolSettings):
+class BucketSettings(object_store.ObjectStoreSettings):
     action: Literal["upload", "download", "put", "get", "list", "delete"] | None = None
     source: str | None = None
     destination: str | None = None
@@ -79,20 +79,9 @@ class BucketSettings(ToolSettings):
     blob: str | None = None
     prefix: str | None = None
     content: str | None = None
-    content_type: str | None = None
     metadata: dict[str, Any] | None = None
     decode: Literal["auto", "text", "json", "base64"] | None = None
-    max_bytes: int | None = None
     max_keys: int | None = None
-    endpoint_url: str | None = None
-    region: str | None = None
-    project: str | None = None
-
-
-class _Refused(Exception):
-    def __init__(self, message: str, kind: str = ToolErrorKind.INVALID_ARGS) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 class _Bucket:
@@ -121,20 +110,20 @@ class _Bucket:
         if bucket and key:
             return f"{self.scheme}://{bucket}/{str(key).lstrip('/')}"
         wanted = " or ".join(f"`{k}`" for k in keys)
-        raise _Refused(f"{self.kind}: give {wanted} ({self.scheme}://bucket/key), or `bucket` and `key`")
+        raise CallRefused(f"{self.kind}: give {wanted} ({self.scheme}://bucket/key), or `bucket` and `key`")
 
     def checked(self, uri: str, field: str) -> str:
         loc = object_store.parse(uri)
         if loc.scheme != self.scheme:
-            raise _Refused(f"{self.kind}: {field} {uri!r} is not a {self.scheme}:// location")
+            raise CallRefused(f"{self.kind}: {field} {uri!r} is not a {self.scheme}:// location")
         return loc.uri
 
     def local(self, field: str) -> str:
         value = self.cfg.get(field)
         if not value:
-            raise _Refused(f"{self.kind}: give `{field}` (a local file)")
+            raise CallRefused(f"{self.kind}: give `{field}` (a local file)")
         if "://" in str(value) and not str(value).startswith("file://"):
-            raise _Refused(f"{self.kind}: {field} {value!r} must be a local file")
+            raise CallRefused(f"{self.kind}: {field} {value!r} must be a local file")
         return object_store.parse(str(value), self.base).key
 
     def parts(self, uri: str) -> dict[str, Any]:
@@ -170,7 +159,7 @@ class _Bucket:
         elif "data" in self.cfg:
             body, default_type = json.dumps(self.cfg["data"]).encode("utf-8"), "application/json"
         else:
-            raise _Refused(f"{self.kind}: put needs `content` (text) or `data` (a value written as JSON)")
+            raise CallRefused(f"{self.kind}: put needs `content` (text) or `data` (a value written as JSON)")
         content_type = self.cfg.get("content_type") or default_type
         info = object_store.put_bytes(
             target, body, self.credential, content_type, self.cfg.get("metadata"), **self.options
@@ -204,7 +193,7 @@ class _Bucket:
         elif self.cfg.get("bucket"):
             prefix_uri = f"{self.scheme}://{self.cfg['bucket']}/{self.cfg.get('prefix') or ''}"
         else:
-            raise _Refused(f"{self.kind}: list needs `uri` ({self.scheme}://bucket/prefix) or `bucket`")
+            raise CallRefused(f"{self.kind}: list needs `uri` ({self.scheme}://bucket/prefix) or `bucket`")
         limit = int(self.cfg.get("max_keys") or DEFAULT_MAX_KEYS)
         found, truncated = object_store.list_objects(prefix_uri, self.credential, limit, **self.options)
         loc = object_store.parse(prefix_uri)
@@ -240,14 +229,14 @@ def decoded(body: bytes, decode: str, source: str) -> dict[str, Any]:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         if decode in ("text", "json"):
-            raise _Refused(f"{source} is not UTF-8 text (read it with decode: base64)") from None
+            raise CallRefused(f"{source} is not UTF-8 text (read it with decode: base64)") from None
         return {"content": base64.b64encode(body).decode("ascii"), "encoding": "base64"}
     if decode != "json":
         return {"content": text, "encoding": "utf-8"}
     try:
         return {"data": json.loads(text)}
     except ValueError as exc:
-        raise _Refused(f"{source} is not JSON ({exc})") from None
+        raise CallRefused(f"{source} is not JSON ({exc})") from None
 
 
 def run_bucket(scheme: str, call: ToolCall) -> Outcome:
@@ -259,7 +248,7 @@ def run_bucket(scheme: str, call: ToolCall) -> Outcome:
     bucket = _Bucket(scheme, call)
     try:
         return Outcome.ok(getattr(bucket, action)())
-    except _Refused as exc:
+    except CallRefused as exc:
         return Outcome.fail(exc.kind, str(exc))
     except object_store.ObjectStoreError as exc:
         return Outcome.fail(exc.kind, f"{call.kind} {action}: {exc}", exc.retryable)

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from noetl_celery.tools.settings import ToolSettings
 from noetl_celery.vocabulary import ToolErrorKind
 
 SPOOL_BYTES = 8 * 1024 * 1024  # a write is kept in memory up to this size, then in a temporary file
@@ -81,6 +82,26 @@ _GCS_ENDPOINT = ("endpoint_url", "api_endpoint", "endpoint", "emulator_host")
 _REGION = ("region", "region_name")
 Meta = dict[str, Any] | None  # user metadata of an object (S3 x-amz-meta-*, GCS metadata)
 _PROJECT = ("project", "project_id")
+
+
+class CallRefused(Exception):
+    """A call of an object-store tool (gcs, s3, artifact) that cannot be made as configured; `kind`
+    is the attempt's error kind (invalid_args unless said)."""
+
+    def __init__(self, message: str, kind: str = ToolErrorKind.INVALID_ARGS) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class ObjectStoreSettings(ToolSettings):
+    """The settings every object-store tool takes: its client's endpoint, region and project,
+    and the bound on what a read may bring back."""
+
+    content_type: str | None = None
+    max_bytes: int | None = None
+    endpoint_url: str | None = None
+    region: str | None = None
+    project: str | None = None
 
 
 class ObjectStoreError(Exception):
