@@ -255,6 +255,7 @@ def test_bad_query_parameters_get_400(server):
         ("/api/executions/1?page=0", "page"),
         ("/api/executions/1?page_size=5000", "page_size"),
         ("/api/executions/1?page=x", "page"),
+        ("/api/executions/1?page=72057594037927935&page_size=387", "page"),  # an offset past 64 bits
         ("/api/executions?status=done", "status"),
         ("/api/executions?limit=0", "limit"),
         ("/api/executions/1/events?limit=100000", "limit"),

@@ -41,6 +41,8 @@ API_CANCEL_REASON = "cancelled through the REST API"
 DEFAULT_CLEANUP_MINUTES = 5  # NoETL's default age of a "stuck" execution
 MAX_CLEANUP_MINUTES = 100 * 366 * 24 * 60  # a century: more is no age an execution has
 MAX_PAGE_SIZE = 1000  # events per page of GET /api/executions/{id}
+# the last page number asked for: its offset, (page - 1) * page_size, stays inside a 64-bit integer
+MAX_PAGE = 2**40
 
 
 class ApiError(tornado.web.HTTPError):
@@ -494,6 +496,8 @@ class ExecutionJson(Api):
         from noetl_celery.dashboard.server import _execution
 
         page = self.positive("page", 1)
+        if page > MAX_PAGE:
+            raise ApiError(400, f"page: at most {MAX_PAGE}, got {page}", "page")
         page_size = self.positive("page_size", DEFAULT_PAGE_SIZE)
         if page_size > MAX_PAGE_SIZE:
             raise ApiError(400, f"page_size: at most {MAX_PAGE_SIZE}, got {page_size}", "page_size")

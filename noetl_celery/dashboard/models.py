@@ -106,7 +106,7 @@ class ExecutionsQuery(BaseModel):
 
 
 class ExecutionPageQuery(BaseModel):
-    page: int | None = Field(None, ge=1)
+    page: int | None = Field(None, ge=1, le=2**40)
     page_size: int | None = Field(None, ge=1, le=1000)
     since_event_id: int | None = Field(None, ge=0, le=2**63 - 1)
     event_type: str | None = None
