@@ -360,26 +360,37 @@ def iteration_done(
     )
 
 
-def _final_rows(decider: DecisionPort, run_id: str) -> dict[int, Row]:
-    """Each iteration's last end row (a resumed iteration's new end outranks its old failure)."""
-    rows: list[dict[str, Any]] = []
+# An iteration's last end: (row id, failed?, its result or its error). A tuple, not the row's
+# dict: a loop of a million iterations holds a million of these while it completes.
+End = tuple[float, bool, Any]
+_NOT_WRITTEN = float("inf")  # an end decided in this same event outranks every recorded one
+
+
+def _final_rows(decider: DecisionPort, run_id: str) -> dict[int, End]:
+    """Each iteration's last end (a resumed iteration's new end outranks its old failure)."""
+    final: dict[int, End] = {}
     for kind, column in ((ev.ITERATION_COMPLETED, "result"), (ev.ITERATION_FAILED, "error")):
-        found = decider.reads.run_events(run_id, kind, ("id", "iteration", column))
-        rows.extend({**r, "event_type": kind} for r in found)
-    final: dict[int, Row] = {}
-    for r in sorted(rows, key=lambda r: r["id"]):
-        if r["iteration"] is not None:
-            final[r["iteration"]] = r
-    ends = (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED)
+        failed = kind == ev.ITERATION_FAILED
+        for r in decider.reads.run_events(run_id, kind, ("id", "iteration", column)):
+            _keep_later(final, r["iteration"], (r["id"], failed, r[column]))
     for decided in decider.decided():  # decided in this same event, not written yet
-        if decided.get("run_id") == run_id and decided.get("event_type") in ends:
-            final[decided["iteration"]] = decided
+        decided_kind = decided.get("event_type")
+        if decided.get("run_id") == run_id and decided_kind in (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED):
+            failed = decided_kind == ev.ITERATION_FAILED
+            _keep_later(
+                final, decided["iteration"], (_NOT_WRITTEN, failed, decided.get("error" if failed else "result"))
+            )
     return final
 
 
-def _first_failures(final: dict[int, Row], message: TaskMessage, *, ok: bool, current: Any) -> list[dict[str, Any]]:
+def _keep_later(final: dict[int, End], iteration: int | None, end: End) -> None:
+    if iteration is not None and (iteration not in final or final[iteration][0] <= end[0]):
+        final[iteration] = end
+
+
+def _first_failures(final: dict[int, End], message: TaskMessage, *, ok: bool, current: Any) -> list[dict[str, Any]]:
     """The failed iterations in index order, at most FAILURES_NAMED: {index, kind, message, task}."""
-    found = {i: r.get("error") for i, r in final.items() if r["event_type"] == ev.ITERATION_FAILED}
+    found = {i: payload for i, (_, failed, payload) in final.items() if failed}
     if message.iteration is not None:
         if ok:
             found.pop(message.iteration, None)
@@ -395,11 +406,13 @@ def _first_failures(final: dict[int, Row], message: TaskMessage, *, ok: bool, cu
     return failures
 
 
-def _ordered_results(final: dict[int, Row], message: TaskMessage, total: int, *, ok: bool, data: Any) -> list[Any]:
-    """Every iteration's result in collection order (the current one is not written yet)."""
-    by_index = {i: (r.get("result") if r["event_type"] == ev.ITERATION_COMPLETED else None) for i, r in final.items()}
-    by_index[message.iteration] = data if ok else None  # type: ignore[index]
-    return [by_index.get(i) for i in range(total)]
+def _ordered_results(final: dict[int, End], message: TaskMessage, total: int, *, ok: bool, data: Any) -> list[Any]:
+    """Every iteration's result in collection order (the current one is not written yet); a
+    failed iteration's is None."""
+    results = [None if (end := final.get(i)) is None or end[1] else end[2] for i in range(total)]
+    if message.iteration is not None and 0 <= message.iteration < total:
+        results[message.iteration] = data if ok else None
+    return results
 
 
 def record_loop_done(
