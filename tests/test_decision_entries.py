@@ -282,3 +282,19 @@ def test_every_entry_has_its_write():
         en.CreateChildExecution,
     }
     assert set(write._APPLY) == kinds
+
+
+def test_a_child_s_end_is_decided_from_its_link_as_read():
+    from noetl_celery.engine.decision.subplaybooks import child_end
+
+    assert child_end(None, 9, "completed", {}, None) is None  # a top-level execution: no parent
+    message = TaskMessage(execution_id=EXECUTION, run_id="r", step="call", task_index=0)
+    link = {"parent_execution_id": EXECUTION, "parent_task": {"message": message.to_dict(), "path": "child"}}
+    end = child_end(link, 9, "completed", {"done": 1}, None)
+    assert end is not None and end.label == "child.done"
+    assert end.message["execution_id"] == EXECUTION
+    assert end.message["outcome"] == {
+        "status": "ok",
+        "data": {"done": 1},
+        "meta": {"child": {"execution_id": 9, "path": "child", "status": "completed"}},
+    }
