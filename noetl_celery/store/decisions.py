@@ -62,7 +62,7 @@ def record_decision(
     written. With the BEGIN sent with the first statement, a retry's decision is one round trip.
 
     `count`: a loop iteration the decision counted on the assumption that it is not the loop's
-    last (orchestrator `Decider.count_iteration`). The strict statement counts it, and refuses
+    last (entries.CountIteration, write.count_iteration). The strict statement counts it, and refuses
     (Conflict) when it is the last, or the loop is not as assumed: an iteration's decision is
     then one statement, which holds the loop row's lock only while it runs.
 

@@ -20,15 +20,14 @@ from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import ExecutionState, Scope, message_scope
 from noetl_celery.engine.decision import cursor_loop, loops, write
+from noetl_celery.engine.decision.entries import Entry
 from noetl_celery.engine.decision.inputs import DecisionInputs
 from noetl_celery.engine.decision.reads import Reads
 from noetl_celery.engine.decision.rows import OpenRow, Row
 from noetl_celery.engine.decision.store_reads import StoreReads
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.decision.value import Decision
-from noetl_celery.engine.decision.write import Redecide
 from noetl_celery.engine.messages import Dispatch, TaskMessage
-from noetl_celery.store import repo
 from noetl_celery.templating import strict_rendering
 
 # step runs and inline loop iterations without work (routing-only: no tool, noop, end, router) one
@@ -49,9 +48,9 @@ class DecisionCore:
     `deferred`: the decision started without reading the execution head (an attempt's outcome,
     with the state cached at the version the message asks for), assuming the execution runs at
     `version`. The head is then read by the first statement of the transaction: a loop counter's
-    update carries it, locked FOR KEY SHARE (`count_iteration`); the execution counters' update
+    update carries it, locked FOR KEY SHARE (write.count_iteration); the execution counters' update
     in `flush` returns it, the row locked by the update itself; any other statement reads it
-    first (`conn`). A head that does not match raises Redecide."""
+    first (write.checked). A head that does not match raises Redecide."""
 
     connection: Connection
     state: ExecutionState
@@ -67,9 +66,9 @@ class DecisionCore:
     # a new execution (start_new): flush inserts its row with its counters instead of updating them
     create_row: Callable[[int, int], None] | None = None
     # the decision's last write commits it and refuses rows that exist (see `flush`); an iteration
-    # may then be counted by that write (`count_iteration`, `later_count`)
+    # may then be counted by that write (write.count_iteration, `later_count`)
     strict: bool = False
-    later_count: repo.IterationCount | None = None
+    later_count: write.IterationCount | None = None
     # step starts and routing-only tasks decided inline wait here while one runs (see `inline`)
     inline_queue: deque[Callable[[], None]] | None = None
     steps_run: int | None = None  # step runs recorded before this decision, once counted (`_too_many_steps`)
@@ -135,39 +134,13 @@ class DecisionCore:
 
     @property
     def conn(self) -> Connection:
-        """The transaction's connection; the head is checked before any statement uses it."""
-        if self.deferred:
-            self.deferred = False
-            self._check_head(repo.execution_head(self.connection, self.execution_id, deciding=True))
-        return self.connection
+        """The transaction's connection; the head is checked before any statement uses it
+        (write.checked). Strategies write through `apply`, never through it."""
+        return write.checked(self)
 
-    def _check_head(self, head: dict[str, Any] | None) -> None:
-        if not repo.running_at(head, self.version):
-            raise Redecide()
-
-    def count_iteration(
-        self, run_id: str, *, ok: bool, tolerated: bool, unless_last: tuple[int, int] | None = None
-    ) -> dict[str, Any]:
-        """Count one finished loop iteration (`repo.loop_iteration_done`); in a deferred decision
-        the same statement reads and locks the execution head.
-
-        `unless_last`: the loop's (cap, total) as this process knows them. A strict deferred
-        decision then leaves the count to its last write, which refuses it when the iteration is
-        the loop's last (Redecide: the classic decision finishes the loop); the counters returned
-        have `done` None, and the caller goes on as for an iteration that is not the last."""
-        if unless_last is not None and self.strict and self.deferred and self.later_count is None:
-            cap, total = unless_last
-            self.later_count = repo.IterationCount(run_id, ok, tolerated, cap, total)
-            return {"done": None, "cap": cap, "total": total, "context": None}
-        if not self.deferred:
-            return repo.loop_iteration_done(self.conn, run_id, ok=ok, tolerated=tolerated)
-        self.deferred = False
-        counters, head = repo.loop_iteration_done_checked(
-            self.connection, self.execution_id, run_id, ok=ok, tolerated=tolerated
-        )
-        self._check_head(head)
-        assert counters is not None
-        return counters
+    def apply(self, entry: Entry) -> Any:
+        """Write one entry a strategy decided (entries.py) through write.py; returns its answer."""
+        return write.apply_entry(self, entry)
 
     @property
     def plan(self):  # type: ignore[no-untyped-def]

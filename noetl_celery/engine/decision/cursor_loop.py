@@ -36,14 +36,17 @@ Everything here runs inside on_event; workers only run claims and the rows' task
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from noetl_celery import cursors
 from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Action, Step
 from noetl_celery.engine import deadlines
+from noetl_celery.engine.decision.entries import CompleteLoop, CountIteration, CreateLoop, EndCursorSlot
 from noetl_celery.engine.decision.inputs import is_reference, is_truncated
 from noetl_celery.engine.decision.loops import fail_loop_start, record_loop_done
 from noetl_celery.engine.decision.policy_eval import next_backoff
@@ -52,7 +55,6 @@ from noetl_celery.engine.decision.subplaybooks import PLAYBOOK_KIND
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import claim_key, cursor_iteration
 from noetl_celery.engine.messages import FRAME_VERSION, Dispatch, TaskMessage, row_slot, sanitize, written_formats
-from noetl_celery.store import blobs, repo
 from noetl_celery.tools.base import get_tool
 from noetl_celery.vocabulary import ErrorKind
 
@@ -87,18 +89,16 @@ class CursorLoop:
                 {"kind": ErrorKind.LOOP, "message": "cursor loop without a claim SQL"},
             )
             return
-        repo.create_loop(
-            decider.conn,
-            {
-                "run_id": run.run_id,
-                "execution_id": decider.execution_id,
-                "step": step.name,
-                "mode": "cursor",
-                "total": 0,
-                "cap": slots,
-                "collection": None,
-                "context": {"frames": run.frames, "args": run.args, "parent": parent},
-            },
+        decider.apply(
+            CreateLoop(
+                run_id=run.run_id,
+                step=step.name,
+                mode="cursor",
+                total=0,
+                cap=slots,
+                collection=None,
+                context={"frames": run.frames, "args": run.args, "parent": parent},
+            )
         )
         key = decider.record(
             ev.ITERATOR_STARTED,
@@ -134,7 +134,7 @@ class CursorLoop:
                 **({} if noted else sanitize({"row": message.element}) or {}),
                 **({"tolerated": True} if end.tolerated is not None else {}),
             )
-        decider.count_iteration(message.run_id, ok=not failed, tolerated=end.tolerated is not None)
+        decider.apply(CountIteration(message.run_id, ok=not failed, tolerated=end.tolerated is not None))
         if not decider.can_dispatch():
             return
         run = RunRef(message.run_id, message.frames, message.args)
@@ -172,7 +172,45 @@ class CursorLoop:
 CURSOR_LOOP = CursorLoop()
 
 FRAME_CACHE_BYTES = 32 * 1024 * 1024  # JSON bytes of the frames a process keeps read, at most
-_frames = blobs.ValueCache(lambda: FRAME_CACHE_BYTES)  # by (store, execution, the row keeping it)
+
+
+class KeptFrames:
+    """The frames a process read, least recently used dropped first, bounded by their JSON size
+    (FRAME_CACHE_BYTES, read at each keep); a frame above the bound is not kept."""
+
+    def __init__(self) -> None:
+        self._values: OrderedDict[Hashable, tuple[int, list[Any]]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def lookup(self, key: Hashable) -> list[Any] | None:
+        with self._lock:
+            found = self._values.get(key)
+            if found is None:
+                return None
+            self._values.move_to_end(key)
+            return found[1]
+
+    def hold(self, key: Hashable, size: int, frame: list[Any]) -> None:
+        bound = FRAME_CACHE_BYTES
+        if size > bound:
+            return
+        with self._lock:
+            old = self._values.pop(key, None)
+            if old is not None:
+                self._bytes -= old[0]
+            self._values[key] = (size, frame)
+            self._bytes += size
+            while self._bytes > bound:
+                _, (dropped, _) = self._values.popitem(last=False)
+                self._bytes -= dropped
+
+    def __iter__(self) -> Iterator[Hashable]:
+        with self._lock:
+            return iter(list(self._values))
+
+
+_frames = KeptFrames()  # by (store, execution, the row keeping it)
 
 
 def _frame(decider: DecisionPort, message: TaskMessage) -> tuple[list[Any], int, str | None]:
@@ -201,10 +239,10 @@ def _frame(decider: DecisionPort, message: TaskMessage) -> tuple[list[Any], int,
 def _read_frame(decider: DecisionPort, at: str, size: int) -> list[Any]:
     """The frame kept by the row `at` (meta.frame), of `size` rows: from this process's cache
     (the frames read last, FRAME_CACHE_BYTES of them at most), else read from the store."""
-    key = (str(decider.conn.engine.url), decider.execution_id, at)
+    key = (decider.reads.store_key(), decider.execution_id, at)
     kept = _frames.lookup(key)
     if kept is not None:
-        return cast(list[Any], kept)
+        return kept
     frame = decider.reads.event_meta(at).get("frame")
     if not isinstance(frame, list) or len(frame) != size:
         raise RuntimeError(
@@ -482,7 +520,7 @@ def _claim_slot_ended(decider: DecisionPort, claim: _Claim, key: str) -> None:
 def _claim_failed(decider: DecisionPort, claim: _Claim, key: str) -> None:
     """`fail`: a claim failed past its retries: the loop fails (once, by whoever completes it)."""
     message, slot = claim.message, claim.slot
-    if not repo.complete_loop(decider.conn, message.run_id):
+    if not decider.apply(CompleteLoop(message.run_id)):
         return
     reason = (claim.outcome.get("error") or {}).get("message") or "claim failed"
     error = {
@@ -514,8 +552,8 @@ CLAIM_RULES: tuple[ClaimRule, ...] = (
 
 
 def _slot_ended(decider: DecisionPort, step: Step, run_id: str, parent: str) -> None:
-    counters = repo.end_loop_slot(decider.conn, run_id)
-    if counters["slots_ended"] < counters["cap"] or not repo.complete_loop(decider.conn, run_id):
+    counters = decider.apply(EndCursorSlot(run_id))
+    if counters["slots_ended"] < counters["cap"] or not decider.apply(CompleteLoop(run_id)):
         return
     stats = {"processed": counters["done"], "failed": counters["failed"], "slots": counters["cap"]}
     fatal = counters["failed"] - counters["tolerated"]

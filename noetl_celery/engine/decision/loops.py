@@ -17,7 +17,7 @@ Collection loops: on_event fans a loop step out into one task per iteration (or 
   and the completion of index i dispatches index i + cap if it exists: every index is sent once,
   by the one completion of the index cap before it, and at most `cap` are in flight. Which index
   comes next needs no counter, so an iteration that is not the loop's last is counted and
-  recorded by one statement (orchestrator `Decider.count_iteration`).
+  recorded by one statement (entries.CountIteration, written by write.count_iteration).
 - The completion that makes done == total marks the loop completed (a guarded UPDATE: exactly
   once), aggregates the results in collection order from the iteration rows (read once), and
   finishes the step.
@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from noetl_celery import vocabulary as ev
 from noetl_celery.dsl.plan import Step
+from noetl_celery.engine.decision.entries import ClaimIndexes, CompleteLoop, CountIteration, CreateLoop, PutValue
 from noetl_celery.engine.decision.inputs import Bounds, is_reference, is_truncated
 from noetl_celery.engine.decision.rows import OpenRow, Row
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.errors import TemplateError
-from noetl_celery.store import blobs, repo
 from noetl_celery.templating import evaluate_condition, materialise, plain, render_value
 from noetl_celery.vocabulary import ErrorKind
 
@@ -209,19 +209,17 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
         return
     cap = loop_cap(step)
     total = len(items)
-    collection = blobs.put(decider.conn, decider.execution_id, items)  # above the row cap: by reference
-    repo.create_loop(
-        decider.conn,
-        {
-            "run_id": run_id,
-            "execution_id": decider.execution_id,
-            "step": step.name,
-            "mode": loop.mode,
-            "total": total,
-            "cap": cap,
-            "collection": collection,
-            "context": {"frames": frames, "args": args, "parent": parent},
-        },
+    collection = decider.apply(PutValue(items))  # above the row cap: by reference
+    decider.apply(
+        CreateLoop(
+            run_id=run_id,
+            step=step.name,
+            mode=loop.mode,
+            total=total,
+            cap=cap,
+            collection=collection,
+            context={"frames": frames, "args": args, "parent": parent},
+        )
     )
     _remember(run_id, collection)
     key = decider.record(
@@ -237,7 +235,7 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
         finish_loop(decider, step, run_id, key, [], ok_count=0, failed=0)
         return
     first = min(cap, total)
-    repo.claim_loop_indexes(decider.conn, run_id, first)
+    decider.apply(ClaimIndexes(run_id, first))
     for index in range(first):
         _dispatch_iteration(decider, step, run_id, index, items[index], frames, args, key)
 
@@ -334,7 +332,7 @@ def iteration_done(
 ) -> None:
     """Count the iteration, dispatch the next index, and finish the loop on the last one."""
     shape = (loop_cap(step), len(_collection(decider, message.run_id)))
-    counters = decider.count_iteration(message.run_id, ok=ok, tolerated=tolerated, unless_last=shape)
+    counters = decider.apply(CountIteration(message.run_id, ok=ok, tolerated=tolerated, unless_last=shape))
     done, total = counters["done"], counters["total"]
     entry = next_entry(counters, message.iteration)
     if entry is not None and decider.can_dispatch():
@@ -342,7 +340,7 @@ def iteration_done(
         dispatch_queued(decider, step, message.run_id, entry, context, row["event_id"])
     if done is None or done < total:  # None: counted by the decision's last write, never the last
         return
-    if not repo.complete_loop(decider.conn, message.run_id):
+    if not decider.apply(CompleteLoop(message.run_id)):
         return
     final = _final_rows(decider, message.run_id)  # every iteration's end row, read once
     results = _ordered_results(final, message, total, ok=ok, data=data)

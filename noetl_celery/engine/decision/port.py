@@ -2,8 +2,8 @@
 
 The strategies (loops.py, cursor_loop.py, subplaybooks.py) decide a loop's or a child's part of
 one event; the Decider (orchestrator.py) accumulates the decision. They meet here, not on the
-Decider's fields: a strategy records rows, dispatches, counts iterations and ends units through
-these calls, and imports no orchestrator (which imports the strategies).
+Decider's fields: a strategy records rows, dispatches, asks for writes (entries.py) and ends units
+through these calls, and imports no orchestrator (which imports the strategies).
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from sqlalchemy import Connection
-
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import ExecutionState, Scope
+from noetl_celery.engine.decision.entries import Entry
 from noetl_celery.engine.decision.inputs import DecisionInputs
 from noetl_celery.engine.decision.reads import Reads
 from noetl_celery.engine.decision.rows import Row
@@ -24,10 +23,6 @@ from noetl_celery.engine.messages import Dispatch, TaskMessage
 
 class DecisionPort(Protocol):
     """What a strategy may ask of the decision in progress."""
-
-    @property
-    def conn(self) -> Connection:
-        """The transaction's connection (the execution head checked first)."""
 
     @property
     def execution_id(self) -> int: ...
@@ -64,9 +59,9 @@ class DecisionPort(Protocol):
     def drop_unit(self) -> None:
         """A unit counted as pending will not run (a loop that cannot start)."""
 
-    def count_iteration(
-        self, run_id: str, *, ok: bool, tolerated: bool, unless_last: tuple[int, int] | None = None
-    ) -> dict[str, Any]: ...
+    def apply(self, entry: Entry) -> Any:
+        """Write one entry of the decision (entries.py, written by write.py) in its transaction;
+        returns what the entry gives back. A guarded entry refused raises write.Redecide."""
 
     def fail_step(self, step: str, run_id: str, error: Any, parent: str | None) -> None: ...
 

@@ -34,3 +34,13 @@ class Reads(Protocol):
 
     def value(self, reference: Mapping[str, Any]) -> Any:
         """The whole value a stored reference names."""
+
+    def execution_link(self) -> dict[str, Any] | None:
+        """The execution's link to its parent (parent execution, parent task, depth; None: no row)."""
+
+    def playbook(self, path: str) -> dict[str, Any] | None:
+        """The catalog's entry for `path` (its `content` and `source_file`; None: not registered)."""
+
+    def store_key(self) -> str:
+        """Names the store read: what a process keeps of rows it read (rows do not change) is
+        kept per store."""

@@ -14,12 +14,12 @@ from noetl_celery.dsl.plan import Step
 from noetl_celery.engine.context import Scope, render_context
 from noetl_celery.engine.decision import policy_eval, routing
 from noetl_celery.engine.decision.core import DecisionCore, loop_strategy
+from noetl_celery.engine.decision.entries import OpenJoin, SettleJoin
 from noetl_celery.engine.decision.select import select_part
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import run_id_for
 from noetl_celery.engine.messages import TaskMessage, sanitize
 from noetl_celery.errors import TemplateError
-from noetl_celery.store import repo
 from noetl_celery.templating import HIDDEN_META, as_step_result, lenient, plain, render_value, response_view
 from noetl_celery.vocabulary import ErrorKind
 
@@ -136,7 +136,7 @@ class StepFlow(DecisionCore):
             return
         child_frames = frames
         if len(targets) > 1 and step.join:
-            repo.open_join(self.conn, self.execution_id, parent, step.join, len(targets))
+            self.apply(OpenJoin(parent, step.join, len(targets)))
             child_frames = [*frames, [parent, step.join]]
         for target, args in targets:
             self.enter_step(target, parent, child_frames, args, came_from=step.name)
@@ -146,7 +146,7 @@ class StepFlow(DecisionCore):
     ) -> None:
         if frames and frames[-1][1] == name:
             fork_id = frames[-1][0]
-            settled, arrived, width = repo.settle_join(self.conn, self.execution_id, fork_id, arrived=True)
+            settled, arrived, width = self.apply(SettleJoin(fork_id, arrived=True))
             self.record(
                 ev.JOIN_ARRIVED,
                 f"{parent}>{name}.arrive",
@@ -165,7 +165,7 @@ class StepFlow(DecisionCore):
         if not frames:
             return
         fork_id, join_step = frames[-1]
-        settled, arrived, width = repo.settle_join(self.conn, self.execution_id, fork_id, arrived=False)
+        settled, arrived, width = self.apply(SettleJoin(fork_id, arrived=False))
         if settled < width:
             return
         if arrived:

@@ -1,7 +1,7 @@
 """`Reads` (reads.py) from the store, in the decision's transaction.
 
 Every read goes through `connection()`, the decision's `conn`: a deferred decision checks the
-execution head before its first statement (core.DecisionCore.conn).
+execution head before its first statement (write.checked).
 """
 
 from __future__ import annotations
@@ -42,3 +42,12 @@ class StoreReads:
 
     def value(self, reference: Mapping[str, Any]) -> Any:
         return blobs.fetch(self.connection(), reference)
+
+    def execution_link(self) -> dict[str, Any] | None:
+        return repo.execution_link(self.connection(), self.execution_id)
+
+    def playbook(self, path: str) -> dict[str, Any] | None:
+        return repo.find_playbook(self.connection(), path)
+
+    def store_key(self) -> str:
+        return str(self.connection().engine.url)

@@ -24,27 +24,26 @@ from noetl_celery import vocabulary as ev
 from noetl_celery.compiler import compile_playbook, resolve
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import render_context
+from noetl_celery.engine.decision.entries import CreateChildExecution
 from noetl_celery.engine.ids import new_execution_id
 from noetl_celery.engine.messages import Dispatch, OutcomeEvent, TaskMessage, sanitize
 from noetl_celery.errors import PlaybookError, TemplateError
-from noetl_celery.store import repo
 from noetl_celery.templating import plain, render_value
 from noetl_celery.tools import playbook as playbook_tool
 from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection
-
     from noetl_celery.engine.decision.port import DecisionPort
+    from noetl_celery.engine.decision.reads import Reads
 
 PLAYBOOK_KIND = "playbook"
 MAX_NESTING = 16  # sub-playbook levels below a top-level execution
 EVENT_DISPATCH = DispatchKind.EVENT  # Dispatch.kind of an event for on_event (a child's start, its end)
 
 
-def catalog_for(conn: Connection) -> resolve.Catalog:
+def catalog_for(reads: Reads) -> resolve.Catalog:
     def lookup(path: str) -> resolve.Found | None:
-        entry = repo.find_playbook(conn, path)
+        entry = reads.playbook(path)
         if entry is None:
             return None
         return resolve.Found(path=path, source=entry["source_file"] or f"catalog:{path}", text=entry["content"])
@@ -70,7 +69,7 @@ def start_child(
     if not isinstance(path, str) or not path:
         _fail(decider, message, ErrorKind.PLAYBOOK, f"playbook task needs a path, got {path!r}")
         return
-    link = repo.execution_link(decider.conn, decider.execution_id) or {}
+    link = decider.reads.execution_link() or {}
     depth = int(link.get("depth") or 0) + 1
     if depth > MAX_NESTING:
         _fail(
@@ -82,7 +81,7 @@ def start_child(
         )
         return
     try:
-        found = resolve.find(path, decider.plan.source_file, catalog_for(decider.conn))
+        found = resolve.find(path, decider.plan.source_file, catalog_for(decider.reads))
     except PlaybookError as exc:
         _fail(decider, message, ErrorKind.PLAYBOOK, f"sub-playbook {path!r} cannot be read: {exc}")
         return
@@ -100,7 +99,7 @@ def start_child(
             found.source,
             text=found.text,
             overrides=child_input or {},
-            catalog=catalog_for(decider.conn),
+            catalog=catalog_for(decider.reads),
             seen=frozenset({path}),
         )
     except PlaybookError as exc:
@@ -124,16 +123,16 @@ def start_child(
         "path": path,
         "sink": task.sink is not None,
     }
-    repo.create_execution(
-        decider.conn,
-        execution_id=child_id,
-        plan=plan.model_dump(mode="json"),
-        workload=plan.workload,
-        parent_execution_id=decider.execution_id,
-        parent_event_id=start_key,
-        parent_task=parent_task,
-        depth=depth,
-        timeout=timeout,
+    decider.apply(
+        CreateChildExecution(
+            execution_id=child_id,
+            plan=plan.model_dump(mode="json"),
+            workload=plan.workload,
+            parent_event_id=start_key,
+            parent_task=parent_task,
+            depth=depth,
+            timeout=timeout,
+        )
     )
     if record_start:
         first = message.iteration is not None and message.seq == 0 and message.attempt == 1
@@ -162,9 +161,11 @@ def _child_timeout(task_timeout: Any, playbook_timeout: float | None) -> float |
     return min(limits) if limits else None
 
 
-def child_end(conn: Connection, execution_id: int, status: str, results: dict[str, Any], error: Any) -> Dispatch | None:
-    """The outcome event a finished child sends its parent (None for a top-level execution)."""
-    link = repo.execution_link(conn, execution_id)
+def child_end(
+    link: dict[str, Any] | None, execution_id: int, status: str, results: dict[str, Any], error: Any
+) -> Dispatch | None:
+    """The outcome event a finished child sends its parent (None for a top-level execution);
+    `link`: the child's execution link (`Reads.execution_link`)."""
     parent_task = (link or {}).get("parent_task")
     if not link or not parent_task or link.get("parent_execution_id") is None:
         return None

@@ -20,11 +20,14 @@ from noetl_celery import vocabulary as ev
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.context import STATE, ExecutionState
 from noetl_celery.engine.decision import batching, subplaybooks
+from noetl_celery.engine.decision import entries as en
 from noetl_celery.engine.decision.inputs import DecisionInputs
 from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.messages import Dispatch
-from noetl_celery.store import repo
+from noetl_celery.store import blobs, repo
 from noetl_celery.vocabulary import DispatchKind
+
+IterationCount = repo.IterationCount  # an iteration's count left to the decision's last write
 
 
 class DuplicateEvent(Exception):
@@ -50,11 +53,8 @@ class Decided(Protocol):
     written_pending: int | None
     create_row: Callable[[int, int], None] | None
     strict: bool
-    later_count: repo.IterationCount | None
+    later_count: IterationCount | None
     inputs: DecisionInputs
-
-    @property
-    def conn(self) -> Connection: ...
 
     @property
     def execution_id(self) -> int: ...
@@ -66,6 +66,100 @@ class Decided(Protocol):
 
 
 T = TypeVar("T")
+
+
+# --- the head a decision assumed, and the writes strategies ask for (entries.py) -----------------
+
+
+def checked(d: Decided) -> Connection:
+    """The transaction's connection; a deferred decision reads (and locks) the execution head
+    before the first statement that uses it, and a head that moved on raises Redecide."""
+    if d.deferred:
+        d.deferred = False
+        check_head(d, repo.execution_head(d.connection, d.execution_id, deciding=True))
+    return d.connection
+
+
+def check_head(d: Decided, head: dict[str, Any] | None) -> None:
+    """Redecide unless the execution still runs at the version the decision assumed."""
+    if not repo.running_at(head, d.version):
+        raise Redecide()
+
+
+def count_iteration(d: Decided, entry: en.CountIteration) -> dict[str, Any]:
+    """Count one finished loop iteration (`repo.loop_iteration_done`); in a deferred decision
+    the same statement reads and locks the execution head.
+
+    `entry.unless_last`: the loop's (cap, total) as this process knows them. A strict deferred
+    decision then leaves the count to its last write, which refuses it when the iteration is
+    the loop's last (Redecide: the classic decision finishes the loop); the counters returned
+    have `done` None, and the caller goes on as for an iteration that is not the last."""
+    run_id, ok, tolerated = entry.run_id, entry.ok, entry.tolerated
+    if entry.unless_last is not None and d.strict and d.deferred and d.later_count is None:
+        cap, total = entry.unless_last
+        d.later_count = IterationCount(run_id, ok, tolerated, cap, total)
+        return {"done": None, "cap": cap, "total": total, "context": None}
+    if not d.deferred:
+        return repo.loop_iteration_done(checked(d), run_id, ok=ok, tolerated=tolerated)
+    d.deferred = False
+    counters, head = repo.loop_iteration_done_checked(d.connection, d.execution_id, run_id, ok=ok, tolerated=tolerated)
+    check_head(d, head)
+    assert counters is not None
+    return counters
+
+
+def _create_loop(d: Decided, entry: en.CreateLoop) -> None:
+    repo.create_loop(
+        checked(d),
+        {
+            "run_id": entry.run_id,
+            "execution_id": d.execution_id,
+            "step": entry.step,
+            "mode": entry.mode,
+            "total": entry.total,
+            "cap": entry.cap,
+            "collection": entry.collection,
+            "context": entry.context,
+        },
+    )
+
+
+def _create_child(d: Decided, entry: en.CreateChildExecution) -> None:
+    repo.create_execution(
+        checked(d),
+        execution_id=entry.execution_id,
+        plan=entry.plan,
+        workload=entry.workload,
+        parent_execution_id=d.execution_id,
+        parent_event_id=entry.parent_event_id,
+        parent_task=entry.parent_task,
+        depth=entry.depth,
+        timeout=entry.timeout,
+    )
+
+
+_APPLY: dict[type, Callable[[Decided, Any], Any]] = {
+    en.PutValue: lambda d, e: blobs.put(checked(d), d.execution_id, e.value),
+    en.CreateLoop: _create_loop,
+    en.ClaimIndexes: lambda d, e: repo.claim_loop_indexes(checked(d), e.run_id, e.count),
+    en.CountIteration: count_iteration,
+    en.CompleteLoop: lambda d, e: repo.complete_loop(checked(d), e.run_id),
+    en.EndCursorSlot: lambda d, e: repo.end_loop_slot(checked(d), e.run_id),
+    en.OpenJoin: lambda d, e: repo.open_join(checked(d), d.execution_id, e.fork_id, e.join_step, e.width),
+    en.SettleJoin: lambda d, e: repo.settle_join(checked(d), d.execution_id, e.fork_id, arrived=e.arrived),
+    en.CreateChildExecution: _create_child,
+}
+
+
+def apply_entry(d: Decided, entry: en.Entry) -> Any:
+    """Write one entry a strategy decided (entries.py), in the decision's transaction, and return
+    what the strategy needs of it. The only place the strategies' writes reach the store."""
+    return _APPLY[type(entry)](d, entry)
+
+
+def child_end(conn: Connection, execution_id: int, status: str, results: dict[str, Any], error: Any) -> Dispatch | None:
+    """The outcome event a finished child sends its parent (None for a top-level execution)."""
+    return subplaybooks.child_end(repo.execution_link(conn, execution_id), execution_id, status, results, error)
 
 
 def decide_until_current(decide: Callable[[bool], T], *, forget: Callable[[], None]) -> T:
@@ -89,7 +183,11 @@ def flush(d: Decided, *, last: bool = False) -> list[Dispatch]:
     version, finished, bump = _counters(d, last)
     if d.decision.failure is not None:
         repo.finish_execution(
-            d.conn, d.execution_id, "failed", error=d.decision.failure["error"], failed_step=d.decision.failure["step"]
+            checked(d),
+            d.execution_id,
+            "failed",
+            error=d.decision.failure["error"],
+            failed_step=d.decision.failure["step"],
         )
     dispatches = _dispatches(d, version, finished)
     # the causing row is built last, with the decision's dispatch list (rows.py)
@@ -149,7 +247,7 @@ def _bump_counters(d: Decided, last: bool, step: int) -> tuple[int, int, repo.Bu
         pending = 1 if bump.expected is None else bump.expected + bump.pending
         return pending, d.version + step, bump
     pending, version, status = repo.bump_execution(
-        d.connection if deferred else d.conn, d.execution_id, pending=d.decision.pending, version=step
+        d.connection if deferred else checked(d), d.execution_id, pending=d.decision.pending, version=step
     )
     if deferred and (status != "running" or version != d.version + step):
         raise Redecide()  # the update read the head: it moved on since the cached state
@@ -166,7 +264,7 @@ def _complete(d: Decided, bump: repo.Bump | None) -> bool:
     )
     if bump is not None:
         return bump.finish  # the write completes it
-    return bool(repo.finish_execution(d.conn, d.execution_id, "completed"))
+    return bool(repo.finish_execution(checked(d), d.execution_id, "completed"))
 
 
 def _dispatches(d: Decided, version: int, finished: bool) -> list[Dispatch]:
@@ -179,9 +277,7 @@ def _dispatches(d: Decided, version: int, finished: bool) -> list[Dispatch]:
     ]
     if d.state.parent_execution_id is not None and (finished or d.decision.failure is not None):
         status = "failed" if d.decision.failure is not None else "completed"
-        end = subplaybooks.child_end(
-            d.conn, d.execution_id, status, d.state.results, (d.decision.failure or {}).get("error")
-        )
+        end = child_end(checked(d), d.execution_id, status, d.state.results, (d.decision.failure or {}).get("error"))
         if end is not None:
             dispatches.append(end)
     return dispatches

@@ -50,7 +50,7 @@ def end_tree(conn: Connection, execution_id: int, status: str, event_type: str, 
 
 def _parent_notice(conn: Connection, execution_id: int, status: str, error: dict[str, Any]) -> dict[str, Any]:
     """The dispatch list (and deadline: now) that tells a running parent its child has ended."""
-    from noetl_celery.engine.decision.subplaybooks import child_end  # the decider's side of sub-playbooks
+    from noetl_celery.engine.decision.write import child_end  # the decider's side of sub-playbooks
 
     end = child_end(conn, execution_id, status, {}, error)
     if end is None:
