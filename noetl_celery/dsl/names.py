@@ -19,7 +19,7 @@ from jinja2.exceptions import TemplateError as JinjaError
 
 from noetl_celery.dsl.validate import NON_TEMPLATE_KEYS, Context, join, step_path, suggest
 from noetl_celery.dsl.yaml_lines import line_of
-from noetl_celery.templating import BUILTIN_NAMES, ENV, jinja_source
+from noetl_celery.templates.render import BUILTIN_NAMES, ENV, jinja_source
 
 # Names the engine or NoETL's renderer gives beside BUILTIN_NAMES and Jinja's globals.
 ENGINE_NAMES = frozenset(

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import limits
+from noetl_celery.config import limits
 from noetl_celery.dsl.plan import Plan, Step
 from noetl_celery.store import variables as variable_rows
 from noetl_celery.store.db import single_read
-from noetl_celery.templating import (
+from noetl_celery.templates.render import (
     BUILTIN_NAMES,
     Lenient,
     LoopResult,

@@ -30,7 +30,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import limits, secret_registry
+from noetl_celery.config import limits, secret_registry
 from noetl_celery.store import kernel
 from noetl_celery.store.db import single_read, transaction
 

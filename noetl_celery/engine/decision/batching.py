@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from noetl_celery.core.vocabulary import DispatchKind
 from noetl_celery.dsl.plan import Loop, Plan
 from noetl_celery.engine.messages import BATCH_VERSION, VERSION_FIELD, Dispatch, written_formats
-from noetl_celery.vocabulary import DispatchKind
 
 AUTO_MAX = 32  # iterations of one message with `batch: auto`
 AUTO_MESSAGES = 8  # with `batch: auto`, the loop's cap is spread over at least this many messages

@@ -19,7 +19,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.vocabulary import DispatchKind, ErrorKind, PayloadKind
 from noetl_celery.engine.context import STATE, ExecutionState, seed_of
 from noetl_celery.engine.decision import core, policy_eval, write
 from noetl_celery.engine.decision.inputs import DecisionInputs, Draws
@@ -30,8 +31,7 @@ from noetl_celery.engine.decision.write import DuplicateEvent, Redecide
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, OutcomeEvent, TaskMessage
 from noetl_celery.store import blobs, repo
 from noetl_celery.store.db import commit_suffix, decision_transaction, transaction
-from noetl_celery.templating import reading
-from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
+from noetl_celery.templates.render import reading
 
 log = logging.getLogger(__name__)
 

@@ -28,18 +28,18 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import ExecutionNotFound, NoetlError
+from noetl_celery.core.vocabulary import DispatchKind
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.decision.orchestrator import Decider
 from noetl_celery.engine.decision.rows import OpenRow, Row
 from noetl_celery.engine.decision.subplaybooks import EVENT_DISPATCH
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.engine.recovery.resume_loops import reopen_loops
-from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import recovery as store_recovery
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
-from noetl_celery.vocabulary import DispatchKind
 
 OK_TYPES = (ev.ACTION_COMPLETED, ev.ITERATION_COMPLETED, ev.PAGE_COMPLETED)
 ENDING_KEYS = (ev.EXECUTION_FAILED, ev.EXECUTION_CANCELLED, ev.EXECUTION_COMPLETED)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
 from noetl_celery.engine.decision.loops import dispatch_queued
 from noetl_celery.engine.decision.orchestrator import Decider
 from noetl_celery.engine.messages import Dispatch

@@ -16,9 +16,9 @@ from typing import Any
 
 from celery.exceptions import Retry
 
+from noetl_celery.core.errors import AttemptFailed
+from noetl_celery.core.vocabulary import DispatchKind
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage
-from noetl_celery.errors import AttemptFailed
-from noetl_celery.vocabulary import DispatchKind
 
 ERROR_TEXT_LIMIT = 300  # characters of an attempt's error shown as Flower's exception text
 

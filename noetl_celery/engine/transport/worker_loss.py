@@ -27,17 +27,17 @@ from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.config.settings import Settings
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import AttemptFailed
+from noetl_celery.core.vocabulary import ErrorKind
 from noetl_celery.engine.attempt.worker import already_done
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.engine.recovery.sweeper import lost_outcome
 from noetl_celery.engine.transport import eager
-from noetl_celery.errors import AttemptFailed
-from noetl_celery.settings import Settings
 from noetl_celery.store import recovery as store_recovery
 from noetl_celery.store.db import transaction
 from noetl_celery.store.events import insert_events
-from noetl_celery.vocabulary import ErrorKind
 
 log = logging.getLogger(__name__)
 

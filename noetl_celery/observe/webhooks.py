@@ -46,9 +46,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from noetl_celery import credentials, secret_registry
-from noetl_celery import settings as noetl_settings
-from noetl_celery.errors import CredentialError
+from noetl_celery.config import credentials, secret_registry
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.errors import CredentialError
 from noetl_celery.store import schedules as store
 from noetl_celery.store.db import transaction
 from noetl_celery.store.executions import get_execution

@@ -32,7 +32,7 @@ import json
 import sys
 from typing import Any
 
-from noetl_celery import settings
+from noetl_celery.config import settings
 
 DEFAULT_MAX_RESULT_BYTES = settings.DEFAULT_MAX_RESULT_BYTES  # bytes of JSON per stored result / error / body
 DEFAULT_MAX_PLAYBOOK_BYTES = settings.DEFAULT_MAX_PLAYBOOK_BYTES  # bytes of playbook text
