@@ -490,7 +490,7 @@ def start_rerun(settings: noetl_settings.Settings, plan: Plan, made: Any) -> int
 def prepare_rerun(
     database_url: str, execution_id: int, overrides: dict[str, Any], *, from_step: str | None, latest: bool
 ) -> tuple[Plan, Any]:
-    """The plan of a rerun of `execution_id` and what it starts from (engine.rerun.Rerun)."""
+    """The plan of a rerun of `execution_id` and what it starts from (engine.recovery.rerun.Rerun)."""
     from noetl_celery.dsl import deep_merge
     from noetl_celery.engine.recovery import rerun as reruns
 

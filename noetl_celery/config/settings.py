@@ -177,7 +177,7 @@ class Settings:
     message_format: int = NEWEST_MESSAGE_FORMAT  # the newest message format written (NOETL_MESSAGE_FORMAT)
     max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES
     stored_cache_bytes: int = DEFAULT_STORED_CACHE_BYTES
-    strict_templates: bool = False  # as load() saw it; templating reads it again at each use
+    strict_templates: bool = False  # as load() saw it; templates/render.py reads it again at each use
     pg_prepare: str = DEFAULT_PG_PREPARE  # NOETL_PG_PREPARE (store/prepared.py), read when an engine is made
     # the sweeper deletes the history of finished executions older than this (None: never; `prune`)
     prune_older_than: timedelta | None = None

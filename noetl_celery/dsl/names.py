@@ -1,6 +1,6 @@
 """Names a template may use, and the `{{ name }}` that can never exist in a playbook.
 
-Templates render leniently at run time (templating.lenient): a name that is not there reads as
+Templates render leniently at run time (templates.render.lenient): a name that is not there reads as
 empty. That must not hide a typo for good, so validate reports each name a template uses that no
 part of the playbook could ever give: it is no step, task label, workbook entry, workload or
 ctx key, vars/set/iter name, loop iterator, argument name, keychain entry or built-in name

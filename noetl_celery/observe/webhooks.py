@@ -11,7 +11,7 @@ field, is the key): `X-Noetl-Signature: t=<unix seconds>,v1=<hex>`, the HMAC-SHA
 `<t>.<the body's bytes>` (`signature`). A receiver recomputes it over the raw body and refuses a
 mismatch or an old `t`. `X-Noetl-Event` names the event.
 
-How it is sent, never inside a decision: each sweep (engine/sweeper.py, every
+How it is sent, never inside a decision: each sweep (engine/recovery/sweeper.py, every
 NOETL_SWEEP_INTERVAL seconds on every worker) looks for executions that ended in the last
 NOTIFY_WINDOW with an event and have no delivered notification (a playbook that wants
 `completed` gets its notification row when it starts: the scan finds completions through it),

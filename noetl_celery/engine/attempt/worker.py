@@ -408,7 +408,7 @@ def _run_attempt(url: str, message: TaskMessage, *, queue_id: str | None, node: 
 def execute_batch(
     url: str, message: TaskMessage, *, queue_id: str | None = None, node: str | None = None
 ) -> dict[str, Any] | None:
-    """Run a batch's iterations one after another (engine/batching.py); returns one on_event
+    """Run a batch's iterations one after another (engine/decision/batching.py); returns one on_event
     payload with every outcome, in order (None for a replay of a batch already recorded: its
     outcomes are written in one transaction, so the first one tells)."""
     if message.replay and already_done(url, message):

@@ -15,8 +15,8 @@ Decides, when on_event's decision is written (Decider.flush):
 
 Everything else stays per iteration: each iteration records its own `iteration.started` row at
 dispatch and its own outcome row, and is retried alone. The worker runs a batch's iterations one
-after another (engine/worker.py) and reports their outcomes in one on_event payload, decided in
-one transaction (engine/orchestrator.py): a crash before that commit redelivers the whole batch,
+after another (engine/attempt/worker.py) and reports their outcomes in one on_event payload, decided in
+one transaction (engine/decision/orchestrator.py): a crash before that commit redelivers the whole batch,
 after it the redelivery finds every outcome recorded and only re-publishes what was decided.
 """
 

@@ -44,7 +44,7 @@ def _fired(arcs: list[Arc], mode: str, context: dict[str, Any]) -> list[Arc]:
 
 
 def _holds(arc: Arc, context: dict[str, Any]) -> bool:
-    """An arc's `when`; rendering leniently (templating.lenient), a `when` that raises is false,
+    """An arc's `when`; rendering leniently (templates.render.lenient), a `when` that raises is false,
     as in NoETL (the next arc is tried), and noted. A template past its budget still fails."""
     try:
         return evaluate_condition(arc.when, context)

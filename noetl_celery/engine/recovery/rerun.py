@@ -1,5 +1,5 @@
 """Rerun: a NEW execution made from an old one, recorded as such (resume, by contrast, continues
-the same execution: engine/resume.py).
+the same execution: engine/recovery/resume.py).
 
 Decides what a rerun from a step keeps and where it starts:
 - the steps of the old execution that completed before the last run of STEP started keep their
