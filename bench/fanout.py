@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         services = open_services(stack, "redis", args.redis_db)
         os.environ["NOETL_RESULT_BACKEND"] = services.redis_url  # the raw chord's results
-        from noetl_celery import settings as noetl_settings
         from noetl_celery.app import app, configure
+        from noetl_celery.config import settings as noetl_settings
 
         settings = noetl_settings.load()
         configure(app, settings)

@@ -1535,7 +1535,7 @@ class Services:
     broker_url: str
     db: Any  # tests.support.services.FreshDatabase
     machine: dict[str, Any]
-    settings: Any  # noetl_celery.settings.Settings
+    settings: Any  # noetl_celery.config.settings.Settings
 
 
 def open_services(
@@ -1578,8 +1578,8 @@ def open_services(
     migrate(database_url)
     os.environ.update(NOETL_BROKER_URL=broker_url, NOETL_DATABASE_URL=database_url, **{COUNTER_URL_ENV: redis_url})
     os.environ.update(engine or {})
-    from noetl_celery import settings as noetl_settings
     from noetl_celery.app import app, configure
+    from noetl_celery.config import settings as noetl_settings
 
     settings = noetl_settings.load()
     configure(app, settings)

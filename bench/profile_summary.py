@@ -19,9 +19,9 @@ from pathlib import Path
 # Inclusive phases of interest (a frame whose text contains the key).
 PHASES = [
     ("run_task (the whole Celery job)", "run_task (noetl_celery/engine/transport/attempts.py"),
-    ("  worker.execute (tool call incl. state and rendering)", "execute (noetl_celery/engine/worker.py"),
+    ("  worker.execute (tool call incl. state and rendering)", "execute (noetl_celery/engine/attempt/worker.py"),
     ("  process_event (on_event body)", "process_event (noetl_celery/engine/transport/deciding.py"),
-    ("    orchestrator.handle_event", "handle_event (noetl_celery/engine/orchestrator.py"),
+    ("    orchestrator.handle_event", "handle_event (noetl_celery/engine/decision/orchestrator.py"),
     ("      transaction commit", "commit (sqlalchemy"),
     ("    publish (apply_async of the next task)", "publish (noetl_celery/engine/transport/publish.py"),
     ("on_event (the Celery job, queue mode)", "on_event (noetl_celery/engine/transport/deciding.py"),

@@ -21,10 +21,11 @@ from typing import Any
 
 from celery import Celery, signals
 
-from noetl_celery import limits as noetl_limits
-from noetl_celery import log_format, metrics, secret_registry
-from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler.names import ON_EVENT, RUN_TASK
+from noetl_celery.config import limits as noetl_limits
+from noetl_celery.config import secret_registry
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.errors import AttemptFailed, ConfigurationError, WebhookNotDelivered
 from noetl_celery.engine.transport import (
     attempts,
     bound,
@@ -38,7 +39,7 @@ from noetl_celery.engine.transport import (
 from noetl_celery.engine.transport.publish import PUBLISH_RETRY_POLICY, PublishFailed
 from noetl_celery.engine.transport.store_eta import install_store_eta
 from noetl_celery.engine.transport.sweeping import enqueue_notifications, start_sweeper, stop_sweeper
-from noetl_celery.errors import AttemptFailed, ConfigurationError, WebhookNotDelivered
+from noetl_celery.observe import log_format, metrics
 from noetl_celery.store import check as store_check
 from noetl_celery.store import clock
 
@@ -108,8 +109,8 @@ def configure(app: Celery, settings: noetl_settings.Settings, *, embedded: bool 
         worker_hijack_root_logger=False,
         noetl_settings=settings,
         noetl_embedded=embedded,
-        # `celery -A noetl_celery beat`: the schedules of the event store (noetl_celery/beat.py)
-        beat_scheduler="noetl_celery.beat:StoreScheduler",
+        # `celery -A noetl_celery beat`: the schedules of the event store (noetl_celery/schedules/beat.py)
+        beat_scheduler="noetl_celery.schedules.beat:StoreScheduler",
     )
     options.update(broker_options(settings, embedded=embedded))
     app.conf.update(options)
@@ -162,7 +163,7 @@ def on_event(self, execution_id: int, event: dict[str, Any]) -> None:  # type: i
     deciding.on_event(execution_id, event)
 
 
-NOTIFY = "noetl.notify"  # a failed or cancelled execution's webhook (noetl_celery/webhooks.py)
+NOTIFY = "noetl.notify"  # a failed or cancelled execution's webhook (noetl_celery/observe/webhooks.py)
 
 
 @app.task(name=NOTIFY, bind=True, acks_late=True, ignore_result=True, throws=(WebhookNotDelivered,))
@@ -170,7 +171,7 @@ def notify(self, execution_id: int) -> str:  # type: ignore[no-untyped-def]
     """One delivery attempt of an execution's webhook; a failed one is sent again with its backoff
     as a countdown (the sweep's scan also finds it once due: the lease takes one of them), and
     the task ends as a failure (WebhookNotDelivered, logged without a traceback): Flower shows it."""
-    from noetl_celery import webhooks
+    from noetl_celery.observe import webhooks
 
     outcome, delay = webhooks.deliver(current_settings(), int(execution_id))
     metrics.webhook_delivery(outcome)
@@ -237,7 +238,7 @@ def _require_broker(sender: Any = None, **_: Any) -> None:
 
 
 def _serve_metrics() -> None:
-    """With NOETL_METRICS_PORT: this worker's series on that port (noetl_celery/metrics.py), set up
+    """With NOETL_METRICS_PORT: this worker's series on that port (noetl_celery/observe/metrics.py), set up
     in the main process before the pool forks."""
     settings = current_settings()
     if settings.metrics_port is None or metrics.enabled():

@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from noetl_celery import log_format, secret_registry
-from noetl_celery import settings as noetl_settings
-from noetl_celery.engine.transport.broker import check_broker_url
-from noetl_celery.errors import (
+from noetl_celery.config import secret_registry
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.errors import (
     BrokerUnavailable,
     ConfigurationError,
     ExecutionNotFound,
@@ -31,7 +30,9 @@ from noetl_celery.errors import (
     PlaybookError,
     Problem,
 )
-from noetl_celery.lazy import lazy_module
+from noetl_celery.core.lazy import lazy_module
+from noetl_celery.engine.transport.broker import check_broker_url
+from noetl_celery.observe import log_format
 from noetl_celery.store.check import describe_infrastructure_error, safe_url
 
 if TYPE_CHECKING:
@@ -318,7 +319,7 @@ def submit(playbook: str, sets: tuple[str, ...], wait: bool, as_json: bool, time
 def _progress(database_url: str, quiet: bool, as_json: bool) -> Any:
     """Live progress on stderr: redrawn on a terminal, plain lines otherwise; none with --quiet
     (nor with --json, unless stderr is a terminal)."""
-    from noetl_celery.watch import Progress
+    from noetl_celery.observe.watch import Progress
 
     if quiet or (as_json and not sys.stderr.isatty()):
         return None
@@ -338,7 +339,7 @@ def _execution_or_exit(fn: Any, execution_id: int) -> Any:
 @click.option("--json", "as_json", is_flag=True)
 def status(execution_id: int, as_json: bool) -> None:
     """The state of an execution, read from the event store."""
-    from noetl_celery.watch import status_extras
+    from noetl_celery.observe.watch import status_extras
 
     result = _execution_or_exit(store_status.execution_status, execution_id)
     extras = status_extras(noetl_settings.load().database_url, execution_id)
@@ -426,7 +427,7 @@ def events(
     since: str | None,
 ) -> None:
     """The event log of an execution, in order, written as it is read (any size, bounded memory)."""
-    from noetl_celery.watch import follow_events, stream_events
+    from noetl_celery.observe.watch import follow_events, stream_events
 
     after_id, since_time = _since(since)
     url = noetl_settings.load().database_url
@@ -762,8 +763,8 @@ def config_cmd() -> None:
 def executions_cmd(limit: int, status: str | None, playbook: str | None, as_json: bool) -> None:
     """The most recent executions, newest first, with duration and progress; without filters each
     is followed by its sub-playbook executions, indented."""
+    from noetl_celery.observe.watch import executions, tree_progress
     from noetl_celery.store.db import ensure_schema
-    from noetl_celery.watch import executions, tree_progress
 
     url = noetl_settings.load().database_url
     ensure_schema(url)
@@ -982,7 +983,7 @@ def catalog_cmd(as_json: bool) -> None:
         echo(f"{e['path']:<40} {e['name']:<28} {when}  {e['source_file'] or ''}")
 
 
-# --- schedules (noetl_celery/schedules.py; `celery -A noetl_celery beat` fires them) -------
+# --- schedules (noetl_celery/schedules/__init__.py; `celery -A noetl_celery beat` fires them) -------
 
 
 @cli.group(name="schedule")

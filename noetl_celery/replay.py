@@ -36,15 +36,15 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import ExecutionNotFound, NoetlError
+from noetl_celery.core.vocabulary import DispatchKind
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.decision.inputs import RecordedDraws
 from noetl_celery.engine.decision.units import REPORTED_META
 from noetl_celery.engine.messages import BATCH_EVENT, BatchEvent, Dispatch, OutcomeEvent, TaskMessage
-from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import db, repo
-from noetl_celery.vocabulary import DispatchKind
 
 # the rows that are an attempt's outcome (the cause of a decision, or one more outcome of a batch)
 OUTCOME_TYPES = frozenset(

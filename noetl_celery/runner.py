@@ -15,15 +15,16 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import settings as noetl_settings
-from noetl_celery import vocabulary as ev
 from noetl_celery.compiler import compile_playbook, resolve
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
+from noetl_celery.core.vocabulary import ErrorKind
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.engine.context import ExecutionState, new_state
 from noetl_celery.engine.decision.orchestrator import start_new
 from noetl_celery.engine.ids import new_execution_id
 from noetl_celery.engine.recovery.lifecycle import end_tree
-from noetl_celery.errors import BrokerUnavailable, ExecutionNotFound, Interrupted, PlaybookError, Problem
 from noetl_celery.store import executions
 from noetl_celery.store import schedules as notifications
 from noetl_celery.store.catalog import find_playbook, list_playbooks, register_playbook
@@ -39,7 +40,6 @@ from noetl_celery.store.kernel import utcnow
 from noetl_celery.store.status import execution_events as execution_events
 from noetl_celery.store.status import execution_status as execution_status
 from noetl_celery.store.status import not_found
-from noetl_celery.vocabulary import ErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def submit(plan: Plan, settings: noetl_settings.Settings | None = None, *, claim
     wrote: nothing is left of what the user was told did not start.
 
     `claim(conn, execution_id)` runs first in the start's transaction (a schedule's claim of its
-    fire time, noetl_celery/schedules.py): if it raises, nothing is recorded. A claimed start is
+    fire time, noetl_celery/schedules/__init__.py): if it raises, nothing is recorded. A claimed start is
     kept when the broker cannot be reached (its claim is spent): the sweeper publishes its first
     messages from the stored dispatch list when their deadline passes."""
     from noetl_celery.app import app
@@ -170,9 +170,9 @@ def cancel(database_url: str, execution_id: int, reason: str | None = None) -> l
 def _notify_now(database_url: str, execution_id: int) -> None:
     """Enqueue the failure webhook of an execution this process ended (the sweep's scan would
     find it too, a sweep later)."""
-    from noetl_celery import webhooks
     from noetl_celery.app import app, current_settings
     from noetl_celery.engine.transport.sweeping import enqueue_notifications
+    from noetl_celery.observe import webhooks
 
     if not (app.conf.noetl_embedded or app.conf.noetl_settings.broker_url):
         return  # no worker would take it: the sweep of the deployment's workers sends it
@@ -490,7 +490,7 @@ def start_rerun(settings: noetl_settings.Settings, plan: Plan, made: Any) -> int
 def prepare_rerun(
     database_url: str, execution_id: int, overrides: dict[str, Any], *, from_step: str | None, latest: bool
 ) -> tuple[Plan, Any]:
-    """The plan of a rerun of `execution_id` and what it starts from (engine.rerun.Rerun)."""
+    """The plan of a rerun of `execution_id` and what it starts from (engine.recovery.rerun.Rerun)."""
     from noetl_celery.dsl import deep_merge
     from noetl_celery.engine.recovery import rerun as reruns
 

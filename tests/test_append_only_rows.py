@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from noetl_celery import vocabulary as ev
 from noetl_celery.compiler import compile_source
+from noetl_celery.core import vocabulary as ev
 from noetl_celery.engine.decision import rows as rows_module
 from noetl_celery.engine.decision.rows import OpenRow, RowOpen, RowRecorded
 from noetl_celery.engine.decision.units import REPORTED_META
 from noetl_celery.engine.decision.value import Decision
-from noetl_celery.mockapi import start_mock_api
 from noetl_celery.store import db, repo
 from tests.support.engines import REPO_ROOT
 from tests.support.harness import Harness, run_playbook
+from tests.support.mockapi import start_mock_api
 
 EXAMPLES = REPO_ROOT / "playbooks"
 

@@ -8,8 +8,8 @@ import uuid
 
 from celery import Celery
 
-from noetl_celery import settings as noetl_settings
 from noetl_celery.app import configure
+from noetl_celery.config import settings as noetl_settings
 from noetl_celery.engine.transport.sweeping import _queues_busy
 from tests.support.services import free_port, on_both_brokers
 

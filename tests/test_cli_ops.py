@@ -157,8 +157,8 @@ def test_after_a_ctrl_c_the_command_is_not_interrupted_again_on_its_way_out(monk
     import contextlib
 
     from noetl_celery import runner
-    from noetl_celery import settings as noetl_settings
-    from noetl_celery.errors import Interrupted
+    from noetl_celery.config import settings as noetl_settings
+    from noetl_celery.core.errors import Interrupted
 
     cancelled: list[int] = []
     monkeypatch.setattr(runner, "embedded_worker", contextlib.nullcontext)

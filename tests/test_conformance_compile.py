@@ -7,12 +7,12 @@ import textwrap
 
 import pytest
 
+from noetl_celery.core.errors import PlaybookError, Problem, TemplateError
 from noetl_celery.dsl import load_plan
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.decision.select import select_part
-from noetl_celery.errors import PlaybookError, Problem, TemplateError
-from noetl_celery.templating import as_step_result, render_string
+from noetl_celery.templates.render import as_step_result, render_string
 
 FILE = "pb.yaml"
 V1 = "apiVersion: noetl.io/v1\nkind: Playbook\nmetadata:\n  name: t\n"
@@ -282,7 +282,7 @@ def test_compile_shows_the_result_selector_and_the_advisory_hints() -> None:
 
 def test_policy_conditions_read_the_aliases_of_a_list_result() -> None:
     from noetl_celery.engine.decision.policy_eval import outcome_scope
-    from noetl_celery.templating import evaluate_condition
+    from noetl_celery.templates.render import evaluate_condition
 
     scope = outcome_scope({"status": "ok", "data": [1, 2]}, attempt=1)
     assert evaluate_condition("{{ result.data | length == 2 and result.result[0] == 1 }}", scope)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from noetl_celery.core.errors import PlaybookError
 from noetl_celery.dsl import load_plan
 from noetl_celery.dsl.plan import DEFAULT_PAGINATION_MAX, Collect, Plan
-from noetl_celery.errors import PlaybookError
 from tests.support.corpus import CORPUS, MISSING_REASON
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason=MISSING_REASON)

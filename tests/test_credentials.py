@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from noetl_celery import credentials
-from noetl_celery.credentials import env_var_name, resolve, scrub, secret_values
-from noetl_celery.errors import CredentialError
+from noetl_celery.config import credentials
+from noetl_celery.config.credentials import env_var_name, resolve, scrub, secret_values
+from noetl_celery.core.errors import CredentialError
 
 
 @pytest.fixture(autouse=True)
@@ -153,7 +153,7 @@ def _encodings(secret: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("secret", ["Tok/rel+0042==#@%canary", "Pw<x>&y/é€😀z"])
 def test_every_encoding_of_a_secret_is_masked_and_ordinary_text_is_not(secret: str) -> None:
-    from noetl_celery import secret_registry
+    from noetl_celery.config import secret_registry
 
     pattern = secret_registry.compile_masks({secret})
     for name, spelled in _encodings(secret).items():
@@ -165,7 +165,7 @@ def test_every_encoding_of_a_secret_is_masked_and_ordinary_text_is_not(secret: s
 
 
 def test_a_long_secret_compiles_into_one_pattern() -> None:
-    from noetl_celery import secret_registry
+    from noetl_celery.config import secret_registry
 
     key = "-----BEGIN KEY-----\n" + "QUJD/+" * 700 + "\n-----END KEY-----"  # 4,200 characters
     pattern = secret_registry.compile_masks({key, "other-secret"})

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from noetl_celery.compiler import compile_playbook
+from noetl_celery.core.vocabulary import ErrorKind
 from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import cursor_loop, orchestrator
 from noetl_celery.engine.ids import claim_key
@@ -20,7 +21,6 @@ from noetl_celery.engine.recovery.sweeper import lost_outcome
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
-from noetl_celery.vocabulary import ErrorKind
 from tests.support.harness import run_playbook
 
 DEMO = Path(__file__).resolve().parents[1] / "playbooks" / "cursor_queue.yaml"

@@ -155,8 +155,8 @@ def test_a_failed_attempts_shown_input_is_masked_before_it_is_capped(monkeypatch
     """The rendered arguments kept with a failed attempt: raw fields left out, secret-named keys,
     the credential's values and configured secrets masked, each value capped; a secret at the
     edge of a truncated preview is masked first, so no part of it is kept."""
+    from noetl_celery.config.limits import PREVIEW_CHARS, is_truncated
     from noetl_celery.engine.attempt.worker import INPUT_VALUE_BYTES, shown_input
-    from noetl_celery.limits import PREVIEW_CHARS, is_truncated
 
     monkeypatch.setenv("NOETL_AUTH_API_TOKEN", SECRET)
     long_text = "a" * (PREVIEW_CHARS - 5) + SECRET + "b" * INPUT_VALUE_BYTES  # the secret crosses the preview's end

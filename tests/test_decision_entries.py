@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
 from noetl_celery.dsl.plan import Loop, Step
 from noetl_celery.engine.decision import cursor_loop, loops, write
 from noetl_celery.engine.decision import entries as en

@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
+from noetl_celery.core.errors import TemplateError
 from noetl_celery.dsl.plan import Action, Loop, Step, Task
 from noetl_celery.engine.decision import pagination, policy_eval
 from noetl_celery.engine.decision.inputs import Bound, Bounds, DecisionInputs, RandomDraws, RecordedDraws
 from noetl_celery.engine.decision.loops import build_items
 from noetl_celery.engine.decision.reads import Reads
 from noetl_celery.engine.messages import TaskMessage
-from noetl_celery.errors import TemplateError
 
 
 class RowsInMemory:

@@ -401,7 +401,7 @@ def test_a_redelivered_step_outcome_is_refused_by_the_strict_write_and_replayed(
 
 def test_submit_records_the_execution_and_its_start_in_one_round_trip(url, wire, tmp_path, monkeypatch):
     from noetl_celery import runner
-    from noetl_celery import settings as noetl_settings
+    from noetl_celery.config import settings as noetl_settings
     from noetl_celery.engine.transport import publish as app_module
 
     path = tmp_path / "chain.yaml"

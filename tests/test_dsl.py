@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from noetl_celery.core.errors import PlaybookError, Problem
 from noetl_celery.dsl import load_plan
 from noetl_celery.dsl.plan import (
     DEFAULT_MAX_DELAY,
@@ -17,7 +18,6 @@ from noetl_celery.dsl.plan import (
     Plan,
     Rule,
 )
-from noetl_celery.errors import PlaybookError, Problem
 
 FILE = "pb.yaml"
 V1 = "apiVersion: noetl.io/v1\nkind: Playbook\nmetadata:\n  name: t\n"

@@ -13,14 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from noetl_celery import settings as noetl_settings
 from noetl_celery.compiler import compile_playbook
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.errors import ConfigurationError
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.engine.transport import eager, process
-from noetl_celery.errors import ConfigurationError
 from noetl_celery.runner import create_execution
 
 THREE_STEPS = Path(__file__).resolve().parents[1] / "bench" / "playbooks" / "three_steps.yaml"

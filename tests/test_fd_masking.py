@@ -1,5 +1,5 @@
 """What code writes to file descriptors 1 and 2 itself is masked during a python tool attempt
-(noetl_celery/fd_masking.py). Each case runs in a process of its own, whose fds 1 and 2 are
+(noetl_celery/observe/fd_masking.py). Each case runs in a process of its own, whose fds 1 and 2 are
 pipes read here, as a worker's are its log."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ SECRET = "Fd/secret+0042%canary"
 PROGRAM = textwrap.dedent(
     """
     import os, subprocess, sys, threading
-    from noetl_celery import secret_registry
+    from noetl_celery.config import secret_registry
     from noetl_celery.tools.base import ToolCall, get_tool
 
     secret_registry.register(SECRET)

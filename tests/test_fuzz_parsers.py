@@ -22,10 +22,10 @@ from click.testing import CliRunner
 
 from noetl_celery.cli import cli
 from noetl_celery.compiler import compile_playbook
+from noetl_celery.core.errors import PlaybookError
 from noetl_celery.dsl import load_plan
 from noetl_celery.dsl.bounded import InputError, parse_json
 from noetl_celery.dsl.set_values import parse_assignments
-from noetl_celery.errors import PlaybookError
 from tests.support.corpus import CORPUS
 
 SEEDS = Path(__file__).parent / "fuzz_seeds"

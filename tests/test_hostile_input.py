@@ -21,11 +21,11 @@ from urllib.parse import quote
 
 import pytest
 
-from noetl_celery import credentials, limits, secret_registry
 from noetl_celery.compiler import compile_playbook
+from noetl_celery.config import credentials, limits, secret_registry
+from noetl_celery.core.errors import PlaybookError, TemplateError
 from noetl_celery.engine.attempt.worker import bounded
-from noetl_celery.errors import PlaybookError, TemplateError
-from noetl_celery.templating import evaluate_condition, render_string, render_value
+from noetl_celery.templates.render import evaluate_condition, render_string, render_value
 from noetl_celery.tools.base import Outcome, ToolCall, get_tool
 from tests.support.hostile_http import hostile_server
 

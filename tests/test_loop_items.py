@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from noetl_celery.core.errors import TemplateError
 from noetl_celery.dsl.plan import Loop, Step
 from noetl_celery.engine.decision.loops import build_items
-from noetl_celery.errors import TemplateError
 
 
 def items(**loop) -> list:
@@ -35,8 +35,8 @@ def test_a_collection_that_is_not_a_list_is_an_error_naming_the_step():
 
 
 def test_a_truncated_collection_is_an_error_naming_the_step_and_the_setting():
-    from noetl_celery import limits
-    from noetl_celery.templating import as_step_result
+    from noetl_celery.config import limits
+    from noetl_celery.templates.render import as_step_result
 
     big = limits.cap([0] * 5_000_000)
     assert limits.is_truncated(big)
@@ -61,7 +61,7 @@ def test_a_collection_past_the_item_limit_is_refused_pointing_to_cursor_loops(mo
 
 
 def test_the_default_item_limit_refuses_five_million_elements_from_a_template():
-    from noetl_celery import settings
+    from noetl_celery.config import settings
 
     assert settings.DEFAULT_MAX_LOOP_ITEMS == 1_000_000
     with pytest.raises(TemplateError, match="has 5000000 elements, more than NOETL_MAX_LOOP_ITEMS \\(1000000\\)"):

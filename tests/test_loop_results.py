@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
 from noetl_celery.engine.decision.loops import _final_rows, _first_failures, _ordered_results
 from tests.test_decision_inputs import RowsInMemory
 

@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert
 
-from noetl_celery import collector
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.dashboard import collector
 from noetl_celery.store import repo
 from noetl_celery.store.db import ensure_schema, transaction
 from noetl_celery.store.schedules import NOTIFICATIONS, RUNS, SCHEDULES
@@ -134,7 +134,7 @@ def test_an_unreachable_store_is_a_series_not_a_failed_scrape():
 # run in a fresh interpreter: multiprocess mode is process-wide
 MULTIPROCESS = """
 import json, os, sys, time
-from noetl_celery import metrics
+from noetl_celery.observe import metrics
 directory = sys.argv[1]
 metrics.enable(directory)
 for _ in range(3):

@@ -227,7 +227,7 @@ def test_a_store_at_head_is_checked_without_alembic_and_one_behind_is_not_taken_
 
 
 def test_migration_files_missing_or_forked_are_refused_by_name(tmp_path, monkeypatch):
-    from noetl_celery.errors import ConfigurationError
+    from noetl_celery.core.errors import ConfigurationError
     from noetl_celery.store import db
 
     versions = tmp_path / "versions"

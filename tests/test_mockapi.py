@@ -1,4 +1,4 @@
-"""Tests for the mock HTTP API (noetl_celery.mockapi), over real loopback HTTP."""
+"""Tests for the mock HTTP API (tests.support.mockapi), over real loopback HTTP."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from noetl_celery.mockapi import TOTAL_ITEMS, MockServer, start_mock_api
+from tests.support.mockapi import TOTAL_ITEMS, MockServer, start_mock_api
 
 TIMEOUT = 10
 
@@ -353,7 +353,7 @@ def test_patient_page_counts_vary_and_need_patient_id(api: MockServer) -> None:
 
 def test_module_runs_in_foreground() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "noetl_celery.mockapi", "--host", "127.0.0.1", "--port", "0"],
+        [sys.executable, "-m", "tests.support.mockapi", "--host", "127.0.0.1", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )

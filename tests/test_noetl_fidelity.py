@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from noetl_celery import runner
-from noetl_celery.templating import HIDDEN_META
+from noetl_celery.templates.render import HIDDEN_META
 from tests.support.harness import run_playbook
 
 M02_NOTRUN = """
@@ -137,7 +137,7 @@ def test_strict_rendering_fails_the_step_on_an_undefined_name(sqlite_url, tmp_pa
 
 def test_strict_templates_must_be_a_boolean(tmp_path):
     from noetl_celery.compiler import compile_source
-    from noetl_celery.errors import PlaybookError
+    from noetl_celery.core.errors import PlaybookError
 
     text = M02_NOTRUN.replace("metadata: {name: m02}", "metadata: {name: m02}\nexecutor: {spec: {strict_templates: 2}}")
     with pytest.raises(PlaybookError, match="strict_templates: must be true or false"):
@@ -286,7 +286,7 @@ def test_arc_set_writes_ctx_when_the_arc_is_taken(sqlite_url, tmp_path):
 
 def test_arc_set_keys_are_checked(tmp_path):
     from noetl_celery.compiler import compile_source
-    from noetl_celery.errors import PlaybookError
+    from noetl_celery.core.errors import PlaybookError
 
     text = M04_ARCSET.replace("ctx.never: 1", "iter.never: 1")
     with pytest.raises(PlaybookError, match=r"arcs\[1\]\.set\.iter\.never: set keys look like ctx.x or vars.x"):
@@ -332,7 +332,7 @@ def test_templated_max_in_flight_runs_and_follows_the_workload(sqlite_url, tmp_p
 )
 def test_templated_max_in_flight_that_is_no_count_is_a_problem(tmp_path, template, said):
     from noetl_celery.compiler import compile_source
-    from noetl_celery.errors import PlaybookError
+    from noetl_celery.core.errors import PlaybookError
 
     text = M05_MAXINFLIGHT.replace("{{ n }}", template)
     with pytest.raises(PlaybookError) as caught:
@@ -481,7 +481,7 @@ def test_a_sink_renders_leniently_and_notes_what_it_hid(sqlite_url, tmp_path):
     (logged,) = [r for r in rows if r["event_type"] == "sink.event_log"]
     assert logged["result"] == {"n": 2, "typo": None}
     # strict rendering: the typo is a name the playbook never gives, refused before it runs
-    from noetl_celery.errors import PlaybookError
+    from noetl_celery.core.errors import PlaybookError
 
     with pytest.raises(PlaybookError, match=r"pb.yaml:10: .*'reslt' in .* did you mean 'result'\?"):
         run_playbook(sqlite_url, _write(tmp_path, text), env=STRICT_ENV)

@@ -12,7 +12,7 @@ import pytest
 
 from noetl_celery import runner
 from noetl_celery.compiler import compile_source
-from noetl_celery.errors import PlaybookError
+from noetl_celery.core.errors import PlaybookError
 from tests.support.harness import run_playbook
 from tests.test_noetl_fidelity import M15_TASK_OUTPUT  # the m15 playbook, compiled there, run here
 

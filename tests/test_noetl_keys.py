@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from noetl_celery.core.errors import PlaybookError, Problem
 from noetl_celery.dsl import load_plan
-from noetl_celery.errors import PlaybookError, Problem
-from noetl_celery.mockapi import start_mock_api
 from noetl_celery.store import db
 from tests.support.harness import run_playbook
+from tests.support.mockapi import start_mock_api
 
 HEAD = "apiVersion: noetl.io/v2\nkind: Playbook\n"
 

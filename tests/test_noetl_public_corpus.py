@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from noetl_celery.core.errors import PlaybookError, Problem
 from noetl_celery.dsl import load_plan
-from noetl_celery.errors import PlaybookError, Problem
 from tests.support.corpus import CORPUS
 
 PUBLIC = Path(__file__).parent / "corpus" / "noetl-public"

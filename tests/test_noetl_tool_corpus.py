@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from noetl_celery.core.errors import PlaybookError, Problem
 from noetl_celery.dsl import load_plan
-from noetl_celery.errors import PlaybookError, Problem
 
 TOOLS = Path(__file__).parent / "corpus" / "noetl-public" / "tools"
 PENDING_KINDS: set[str] = set()  # a kind still to land; shell and snowflake have

@@ -268,8 +268,8 @@ workflow:
 
 
 def test_noetl_forms_validate_and_a_missing_client_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from noetl_celery.core.errors import PlaybookError
     from noetl_celery.dsl import load_plan
-    from noetl_celery.errors import PlaybookError
     from noetl_celery.tools import base
 
     tasks = load_plan("forms.yaml", text=NOETL_FORMS).steps["start"].tasks

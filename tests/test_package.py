@@ -29,7 +29,9 @@ def loaded_after(statement: str) -> list[str]:
 
 
 def test_importing_the_dsl_and_the_compiler_loads_neither_celery_nor_sqlalchemy():
-    assert loaded_after("import noetl_celery, noetl_celery.dsl, noetl_celery.compiler, noetl_celery.settings") == []
+    assert (
+        loaded_after("import noetl_celery, noetl_celery.dsl, noetl_celery.compiler, noetl_celery.config.settings") == []
+    )
 
 
 def test_the_validate_command_loads_neither_celery_nor_sqlalchemy():

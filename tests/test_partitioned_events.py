@@ -15,8 +15,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 import noetl_celery.app  # noqa: F401  (binds the Celery app to the transport)
+from noetl_celery.core.id_time import first_id_at, time_of
 from noetl_celery.engine.transport import sweeping as app
-from noetl_celery.id_time import first_id_at, time_of
 from noetl_celery.store import partitions, repo, retention
 from noetl_celery.store.db import migrate, transaction
 from tests.support.harness import run_playbook

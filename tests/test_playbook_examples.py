@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from noetl_celery.mockapi import start_mock_api
 from tests.support.engines import REPO_ROOT, cli
+from tests.support.mockapi import start_mock_api
 
 PLAYBOOKS = REPO_ROOT / "playbooks"
 ALL = sorted(path.name for path in PLAYBOOKS.glob("*.yaml"))

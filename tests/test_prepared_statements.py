@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.exc import DBAPIError
 
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import settings as noetl_settings
 from noetl_celery.store import db, prepared, repo
 from tests.support import pgbouncer as bouncers
 

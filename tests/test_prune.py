@@ -161,7 +161,7 @@ def test_prune_command(sqlite_url, tmp_path):
 
 
 def test_the_sweeper_prunes_with_noetl_prune_older_than(sqlite_url, monkeypatch):
-    from noetl_celery import settings as noetl_settings
+    from noetl_celery.config import settings as noetl_settings
     from noetl_celery.engine.transport import sweeping as app
 
     assert noetl_settings.load({"NOETL_PRUNE_OLDER_THAN": "30d"}).prune_older_than == timedelta(days=30)

@@ -17,10 +17,10 @@ import pytest
 from noetl_celery import replay
 from noetl_celery.compiler import compile_source
 from noetl_celery.engine.decision import policy_eval
-from noetl_celery.mockapi import start_mock_api
 from noetl_celery.store import db, repo
 from tests.support.engines import REPO_ROOT, cli
 from tests.support.harness import Harness, run_playbook
+from tests.support.mockapi import start_mock_api
 
 EXAMPLES = REPO_ROOT / "playbooks"
 # the examples that run without a server of their own (http_mock runs against the bundled mock API)

@@ -11,8 +11,8 @@ import pytest
 
 from noetl_celery import runner
 from noetl_celery.compiler import compile_playbook
+from noetl_celery.core.errors import ExecutionNotFound
 from noetl_celery.engine.recovery import rerun as reruns
-from noetl_celery.errors import ExecutionNotFound
 from noetl_celery.replay import ReplayError, replay
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
@@ -248,7 +248,7 @@ def test_the_forms_are_offered_only_with_the_token_where_executions_run(sqlite_u
     import tornado.httpclient
     import tornado.httpserver
 
-    from noetl_celery import settings as noetl_settings
+    from noetl_celery.config import settings as noetl_settings
     from noetl_celery.dashboard.server import make_app
     from tests.support.services import free_port
 

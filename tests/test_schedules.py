@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from noetl_celery import schedules
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import settings as noetl_settings
 from noetl_celery.store import schedules as store
 from noetl_celery.store.db import transaction
 from noetl_celery.tools.base import known_kinds

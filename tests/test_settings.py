@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from noetl_celery import settings
-from noetl_celery.errors import ConfigurationError
+from noetl_celery.config import settings
+from noetl_celery.core.errors import ConfigurationError
 
 
 def test_the_empty_environment_is_the_embedded_default(tmp_path):
@@ -177,7 +177,7 @@ def test_the_tool_and_sub_playbook_folders_are_read_here_too(tmp_path):
 
 
 def test_the_limits_are_read_here_and_when_used(monkeypatch):
-    from noetl_celery import limits
+    from noetl_celery.config import limits
 
     s = settings.load({"NOETL_MAX_RESULT_BYTES": "1e6", "NOETL_MAX_YAML_NODES": "10", "NOETL_TEMPLATE_TIMEOUT": "0.5"})
     assert (s.max_result_bytes, s.max_yaml_nodes, s.template_timeout) == (1_000_000, 10, 0.5)
@@ -198,11 +198,11 @@ def test_the_limits_are_read_here_and_when_used(monkeypatch):
         limits.max_result_bytes()
 
 
-PACKAGE = Path(settings.__file__).resolve().parent
-SETTINGS_MODULE = PACKAGE / "settings.py"
+PACKAGE = Path(settings.__file__).resolve().parents[1]  # noetl_celery/ (settings is config/settings.py)
+SETTINGS_MODULE = PACKAGE / "config" / "settings.py"
 # the environment layer settings reads through (secret_registry.environ): it seals the credential
 # and URL variables away from user code and masks their values, so it names those itself
-ENVIRONMENT_LAYER = PACKAGE / "secret_registry.py"
+ENVIRONMENT_LAYER = PACKAGE / "config" / "secret_registry.py"
 VARIABLE_NAME = re.compile(r"NOETL_[A-Z0-9_]*\Z")
 
 
@@ -241,14 +241,14 @@ def test_the_config_listing_shows_every_variable_this_module_reads():
 
 
 def test_no_other_module_reads_a_noetl_variable():
-    """Every NOETL_* variable is read in settings.py (and so shown by `noetl-celery config`)."""
+    """Every NOETL_* variable is read in config/settings.py (and so shown by `noetl-celery config`)."""
     elsewhere = {
         str(path.relative_to(PACKAGE)): sorted(names)
         for path in sorted(PACKAGE.rglob("*.py"))
         if path not in (SETTINGS_MODULE, ENVIRONMENT_LAYER)
         and (names := variables_named(path.read_text(encoding="utf-8")))
     }
-    assert elsewhere == {}, "read these in noetl_celery/settings.py and show them in Settings.masked()"
+    assert elsewhere == {}, "read these in noetl_celery/config/settings.py and show them in Settings.masked()"
 
 
 def test_the_message_format_a_deployment_writes_is_at_most_the_newest_this_release_reads():

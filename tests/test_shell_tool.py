@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 
-from noetl_celery.errors import PlaybookError
+from noetl_celery.core.errors import PlaybookError
 from noetl_celery.tools import shell
 from noetl_celery.tools.base import Outcome, ToolCall, run_tool
 from tests.support.workers import group_members, process_alive
@@ -124,7 +124,7 @@ def test_the_program_sees_only_safe_worker_variables_env_and_the_credential(monk
 
 
 def test_a_credential_printed_by_the_program_is_masked_in_the_outcome(tmp_path: Path) -> None:
-    from noetl_celery import secret_registry
+    from noetl_celery.config import secret_registry
     from noetl_celery.engine.attempt import worker
 
     secrets: set[str] = set()
@@ -237,7 +237,7 @@ def test_a_disabled_kind_is_refused_by_name_at_validate_and_in_the_worker(monkey
 
 
 def test_disabled_tools_setting_is_shown_by_config() -> None:
-    from noetl_celery import settings
+    from noetl_celery.config import settings
 
     loaded = settings.load({"NOETL_DISABLED_TOOLS": "python,shell,"})
     assert loaded.disabled_tools == frozenset({"python", "shell"})

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from noetl_celery import limits
+from noetl_celery.config import limits
 from noetl_celery.tools.base import ToolCall, run_tool
 from noetl_celery.tools.sql_text import placeholders
 from tests.support.harness import run_playbook

@@ -236,7 +236,7 @@ workflow:
 def test_submit_writes_the_execution_row_with_the_counters_its_start_leaves(url, tmp_path, plan, playbook, monkeypatch):
     """`runner.submit` decides the start before the row exists and inserts the row with its
     counters: the chain's first step pending; a playbook of steps without work completed."""
-    from noetl_celery import settings as noetl_settings
+    from noetl_celery.config import settings as noetl_settings
     from noetl_celery.engine.transport import publish as app_module
 
     if playbook == "inline_only":
@@ -265,7 +265,7 @@ def test_a_new_executions_first_message_is_run_without_a_read_by_a_process_that_
     its start wrote). A process that read an execution of the same plan before (same workload)
     builds the state from it and reads nothing; one that did not, or another plan, reads as
     before; the stored dispatch keeps no seed."""
-    from noetl_celery import settings as noetl_settings
+    from noetl_celery.config import settings as noetl_settings
     from noetl_celery.engine.transport import publish as app_module
 
     published: list[Dispatch] = []

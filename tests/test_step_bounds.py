@@ -124,8 +124,8 @@ def test_an_arc_cycle_with_work_ends_at_the_step_bound(url, tmp_path, monkeypatc
 
 
 def test_the_step_bound_has_a_default_and_refuses_nonsense(monkeypatch):
-    from noetl_celery import limits
-    from noetl_celery.errors import ConfigurationError
+    from noetl_celery.config import limits
+    from noetl_celery.core.errors import ConfigurationError
 
     monkeypatch.delenv("NOETL_MAX_STEPS", raising=False)
     assert limits.max_steps() == 100_000

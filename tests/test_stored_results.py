@@ -14,13 +14,13 @@ import zlib
 import pytest
 from sqlalchemy import text
 
-from noetl_celery import limits, secret_registry
 from noetl_celery.compiler import compile_source
+from noetl_celery.config import limits, secret_registry
+from noetl_celery.core.errors import TemplateError
 from noetl_celery.engine.context import STATE
-from noetl_celery.errors import TemplateError
 from noetl_celery.store import blobs
 from noetl_celery.store.db import transaction
-from noetl_celery.templating import Stored, as_step_result, reading, render_value
+from noetl_celery.templates.render import Stored, as_step_result, reading, render_value
 from tests.support.harness import Harness
 
 CAP = 6_000  # NOETL_MAX_RESULT_BYTES in these tests: 300 small dicts are above it

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from noetl_celery.compiler import compile_source
-from noetl_celery.errors import PlaybookError
+from noetl_celery.core.errors import PlaybookError
 from noetl_celery.store import db
 from tests.support.harness import run_playbook
 

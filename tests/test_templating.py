@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from noetl_celery.errors import TemplateError
-from noetl_celery.templating import (
+from noetl_celery.core.errors import TemplateError
+from noetl_celery.templates.render import (
     LoopResult,
     as_step_result,
     check_syntax,
@@ -141,8 +141,8 @@ def test_a_duckdb_result_reads_as_its_rows_and_keeps_its_fields():
 
 
 def test_a_truncated_result_cannot_be_iterated_but_its_marker_fields_read():
-    from noetl_celery import limits
-    from noetl_celery.templating import as_step_result
+    from noetl_celery.config import limits
+    from noetl_celery.templates.render import as_step_result
 
     big = as_step_result(limits.cap(list(range(300_000))))
     context = {"start": big, "http": {"status_code": 200, "data": dict(big)}}

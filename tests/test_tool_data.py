@@ -11,10 +11,10 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from noetl_celery import credentials
+from noetl_celery.config import credentials
+from noetl_celery.core.sql_result import both_forms
 from noetl_celery.dsl import load_plan
 from noetl_celery.engine.attempt import worker
-from noetl_celery.sql_result import both_forms
 from noetl_celery.tools.base import Outcome
 from tests.test_tool_settings import V2, compile_text, one_step, problems
 

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
+from noetl_celery.core.errors import PlaybookError
 from noetl_celery.dsl import load_plan
-from noetl_celery.errors import PlaybookError
 from noetl_celery.tools import base
 from noetl_celery.tools.base import Outcome, ToolCall, missing_extra, register, run_tool
 

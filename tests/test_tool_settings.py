@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from noetl_celery.core.errors import PlaybookError, Problem
 from noetl_celery.dsl import load_plan
 from noetl_celery.engine.attempt import worker
-from noetl_celery.errors import PlaybookError, Problem
 from noetl_celery.tools.base import Outcome, ToolCall, get_tool, known_kinds, register, run_tool
 from noetl_celery.tools.unavailable import UNAVAILABLE_KINDS
 from tests.support.engines import REPO_ROOT

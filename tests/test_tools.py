@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from noetl_celery.sql_result import both_forms
+from noetl_celery.core.sql_result import both_forms
 from noetl_celery.tools.base import Outcome, ToolCall, get_tool, run_tool
 from tests.support.loopback import serve
 

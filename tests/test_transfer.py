@@ -411,8 +411,8 @@ def playbook(source: str, target: str, mode: str = "append") -> str:
 
 
 def test_validate_refuses_an_unknown_endpoint_type_and_mode_by_name():
+    from noetl_celery.core.errors import PlaybookError
     from noetl_celery.dsl import load_plan
-    from noetl_celery.errors import PlaybookError
 
     with pytest.raises(PlaybookError) as raised:
         load_plan("t.yaml", text=playbook("{type: oracle, query: x}", "{type: postgres, table: t}", "sync"))
@@ -423,8 +423,8 @@ def test_validate_refuses_an_unknown_endpoint_type_and_mode_by_name():
 
 
 def test_a_missing_parquet_or_mysql_library_fails_validate_and_the_call_naming_the_extra(monkeypatch, tmp_path):
+    from noetl_celery.core.errors import PlaybookError
     from noetl_celery.dsl import load_plan
-    from noetl_celery.errors import PlaybookError
     from noetl_celery.tools import base
 
     monkeypatch.setattr(base, "module_installed", lambda name: name not in ("pyarrow", "pymysql"))

@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy.exc import DataError
 
 from noetl_celery.compiler import compile_playbook
+from noetl_celery.core.jsonable import storable, unstorable
 from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.engine.transport import deciding as app_module
-from noetl_celery.jsonable import storable, unstorable
 from noetl_celery.runner import create_execution
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction

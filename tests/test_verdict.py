@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from celery.exceptions import Retry
 
+from noetl_celery.core.errors import AttemptFailed
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.engine.transport.verdict import AttemptRetried, conclude
-from noetl_celery.errors import AttemptFailed
 
 
 def payload(status: str, *, attempt: int = 1, error: dict | None = None) -> dict:

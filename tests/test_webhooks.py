@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from noetl_celery import webhooks
+from noetl_celery.observe import webhooks
 from tests.support.webhook_receiver import receiver
 from tests.test_server import REPO_ROOT, SLOW_LOOP, Server
 
@@ -109,7 +109,7 @@ class Answer:
 
 
 def test_the_scan_the_lease_and_the_retries_in_the_store(sqlite_url):
-    from noetl_celery import settings as noetl_settings
+    from noetl_celery.config import settings as noetl_settings
 
     _ended(sqlite_url, 1, "failed")
     _ended(sqlite_url, 2, "cancelled", webhook="http://127.0.0.1:9/own")
@@ -140,7 +140,7 @@ def test_the_scan_the_lease_and_the_retries_in_the_store(sqlite_url):
 
 def test_a_playbooks_own_webhook_is_a_string_in_executor_spec():
     from noetl_celery.compiler import compile_playbook
-    from noetl_celery.errors import PlaybookError
+    from noetl_celery.core.errors import PlaybookError
 
     text = FAILING.replace("workflow:", "executor: {spec: {webhook: 'https://hooks.example/x'}}\nworkflow:", 1)
     assert compile_playbook("p.yaml", text=text).webhook == "https://hooks.example/x"
@@ -151,7 +151,7 @@ def test_a_playbooks_own_webhook_is_a_string_in_executor_spec():
 
 def test_a_webhook_mapping_names_its_url_events_and_secret_and_bad_ones_are_refused():
     from noetl_celery.compiler import compile_playbook
-    from noetl_celery.errors import PlaybookError
+    from noetl_celery.core.errors import PlaybookError
 
     def spec(hook: str) -> str:
         return FAILING.replace("workflow:", f"executor: {{spec: {{webhook: {hook}}}}}\nworkflow:", 1)
@@ -178,7 +178,7 @@ def test_the_scan_reads_the_last_days_ends_not_every_failure_kept(migrated_postg
     index of recent top-level failures (0008_indexes), not through every failure ever kept."""
     from sqlalchemy import event, text
 
-    from noetl_celery import settings as noetl_settings
+    from noetl_celery.config import settings as noetl_settings
     from noetl_celery.store.db import get_engine, transaction
 
     url = migrated_postgres.url
@@ -292,8 +292,8 @@ def _status(home, execution_id) -> str:
 def test_a_failed_delivery_ends_its_task_as_a_failure(sqlite_url, monkeypatch):
     """What Flower shows: the `noetl.notify` task of a refused delivery fails (its state is FAILURE)."""
     from noetl_celery import app as app_module
-    from noetl_celery import settings as noetl_settings
-    from noetl_celery.errors import WebhookNotDelivered
+    from noetl_celery.config import settings as noetl_settings
+    from noetl_celery.core.errors import WebhookNotDelivered
 
     with receiver({"/refuse": [503]}) as hooks:
         _ended(sqlite_url, 7, "failed", webhook=f"{hooks.url}/refuse")

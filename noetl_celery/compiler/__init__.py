@@ -14,9 +14,9 @@ from typing import Any
 from noetl_celery.compiler import resolve
 from noetl_celery.compiler.graph import annotate_joins, unsupported
 from noetl_celery.compiler.names import ON_EVENT, RUN_TASK, shadow_label
+from noetl_celery.core.errors import PlaybookError, Problem
 from noetl_celery.dsl import load_plan
 from noetl_celery.dsl.plan import Plan, Policy
-from noetl_celery.errors import PlaybookError, Problem
 
 PLAYBOOK_KIND = "playbook"
 

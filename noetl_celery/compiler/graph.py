@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from noetl_celery.core.errors import Problem
 from noetl_celery.dsl.plan import Plan
-from noetl_celery.errors import Problem
 
 
 def _distances(plan: Plan, start: str) -> dict[str, int]:

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from noetl_celery import limits
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import limits
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.errors import PlaybookError
 from noetl_celery.dsl import read_playbook_text
 from noetl_celery.dsl.yaml_lines import load_yaml
-from noetl_celery.errors import PlaybookError
 
 PLAYBOOK_PATH_ENV = noetl_settings.PLAYBOOK_PATH_ENV
 PLAYBOOK_SUFFIXES = (".yaml", ".yml")

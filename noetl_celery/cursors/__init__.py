@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import Outcome
 from noetl_celery.tools.base import missing_extra as tools_missing_extra
-from noetl_celery.vocabulary import ToolErrorKind
 
 SLOT_PARAM = "__worker_slot_id"  # bound by every driver: the slot's unique id
 DEFAULT_LEASE_SECONDS = 300.0  # a frame without lease_seconds

@@ -53,9 +53,9 @@ import time
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.cursors import SLOT_PARAM, ClaimCall, reclaim_seconds, register, wait_seconds
 from noetl_celery.tools.base import Outcome
-from noetl_celery.vocabulary import ToolErrorKind
 
 DEFAULT_MAX_DELIVERIES = 5
 CONNECT_TIMEOUT = 10  # seconds

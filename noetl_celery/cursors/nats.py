@@ -67,9 +67,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.cursors import SLOT_PARAM, ClaimCall, reclaim_seconds, register, wait_seconds
 from noetl_celery.tools.base import Outcome
-from noetl_celery.vocabulary import ToolErrorKind
 
 DEFAULT_CONSUMER = "noetl"
 DEFAULT_MAX_DELIVERIES = 5

@@ -7,7 +7,7 @@ claim without parameters may contain a literal `%`.
 
 from __future__ import annotations
 
-from noetl_celery import sql_result
+from noetl_celery.core import sql_result
 from noetl_celery.cursors import ClaimCall, register
 from noetl_celery.tools.base import Outcome, ToolCall, run_tool
 

@@ -37,9 +37,9 @@ from typing import Any
 
 import redis
 
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.cursors import SLOT_PARAM, ClaimCall, reclaim_seconds, register, wait_seconds
 from noetl_celery.tools.base import Outcome
-from noetl_celery.vocabulary import ToolErrorKind
 
 DEFAULT_GROUP = "noetl"
 DEFAULT_MAX_DELIVERIES = 5

@@ -11,9 +11,9 @@ import re
 import sqlite3
 from typing import Any
 
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.cursors import ClaimCall, register
 from noetl_celery.tools.base import Outcome
-from noetl_celery.vocabulary import ToolErrorKind
 
 BUSY_TIMEOUT = 30.0  # seconds a claim waits for another writer's lock
 _PARAM = re.compile(r"%\((\w+)\)s")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import settings as noetl_settings
 
 CANCEL_REASON = "cancelled from the dashboard"  # recorded in the execution.cancelled row
 

@@ -27,12 +27,12 @@ from urllib.parse import urlencode
 import tornado.web
 import yaml
 
+from noetl_celery.core.errors import BrokerUnavailable, ConfigurationError, ExecutionNotFound, NoetlError, PlaybookError
 from noetl_celery.dashboard import models as m
 from noetl_celery.dashboard import probes
 from noetl_celery.dashboard.server import Base
 from noetl_celery.dsl import nest_dotted
 from noetl_celery.dsl.bounded import InputError, parse_json
-from noetl_celery.errors import BrokerUnavailable, ConfigurationError, ExecutionNotFound, NoetlError, PlaybookError
 from noetl_celery.store import views
 
 T = TypeVar("T")
@@ -429,8 +429,8 @@ class Execute(Api):
 def _status(database_url: str, execution_id: int) -> dict[str, Any]:
     """`noetl-celery status --json`, and the fields NoETL's client reads from a status."""
     from noetl_celery import runner
+    from noetl_celery.observe.watch import status_extras
     from noetl_celery.store.db import transaction
-    from noetl_celery.watch import status_extras
 
     result = runner.execution_status(database_url, execution_id)
     extras = status_extras(database_url, execution_id)
@@ -760,7 +760,7 @@ class Executions(Api):
 def listed_execution(r: dict[str, Any]) -> dict[str, Any]:
     """One execution of a list: `noetl-celery executions --json`'s fields and NoETL's (path,
     version, start_time, end_time, duration_seconds, duration_human, progress 0-100)."""
-    from noetl_celery.watch import _listed
+    from noetl_celery.observe.watch import _listed
 
     created, finished = _iso(r["created_at"]), _iso(r["finished_at"])
     done, total = r["done"], r["total"]
@@ -782,7 +782,7 @@ class Events(Executions):
     doc = {"get": m.Op("`noetl-celery events --json`: rows in id order after `after`", m.Events, query=m.EventsQuery)}
 
     async def get(self, execution_id: str) -> None:  # type: ignore[override]
-        from noetl_celery.watch import stream_events
+        from noetl_celery.observe.watch import stream_events
 
         limit = self.bounded("limit", DEFAULT_EVENTS, MAX_EVENTS)
         after = self.int_arg("after")

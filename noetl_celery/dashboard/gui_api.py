@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from sqlalchemy import func, select
 
+from noetl_celery.core.errors import PlaybookError
 from noetl_celery.dashboard import models as m
 from noetl_celery.dashboard.api import (
     PLAYBOOK,
@@ -24,7 +25,6 @@ from noetl_celery.dashboard.api import (
     optional,
     playbook_text,
 )
-from noetl_celery.errors import PlaybookError
 from noetl_celery.store import repo, views
 from noetl_celery.store.repo import EXECUTIONS
 

@@ -21,10 +21,10 @@ from urllib.parse import quote
 
 import tornado.web
 
+from noetl_celery.core.errors import ExecutionNotFound, NoetlError, PlaybookError
 from noetl_celery.dashboard.server import Control
 from noetl_celery.dsl import deep_merge
 from noetl_celery.dsl.set_values import parse_assignments, scalar
-from noetl_celery.errors import ExecutionNotFound, NoetlError, PlaybookError
 from noetl_celery.store import views
 
 FIELD_PREFIX = "w."  # form field names of the launch form: w.<index of the workload leaf>

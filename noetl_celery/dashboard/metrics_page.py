@@ -1,4 +1,4 @@
-"""`GET /metrics`: the server's Prometheus exposition (noetl_celery/collector.py).
+"""`GET /metrics`: the server's Prometheus exposition (noetl_celery/dashboard/collector.py).
 
 Open like the pages (read-only, no token), in Prometheus's text format; the reads run on a
 thread so the server stays responsive while the store answers.
@@ -12,8 +12,8 @@ from typing import Any
 import tornado.web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from noetl_celery import collector
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.dashboard import collector
 
 
 def _celery_app() -> Any:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from noetl_celery import settings as noetl_settings
-from noetl_celery.errors import BrokerUnavailable
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.errors import BrokerUnavailable
 from noetl_celery.store.check import _is_broker_error, first_line, safe_url
 
 BROKER_TIMEOUT = 2.0  # seconds to connect to the broker before /ready says it is unreachable

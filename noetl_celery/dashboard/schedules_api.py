@@ -1,4 +1,4 @@
-"""The schedules' routes of the REST API (noetl_celery/schedules.py; `celery -A noetl_celery beat`
+"""The schedules' routes of the REST API (noetl_celery/schedules/__init__.py; `celery -A noetl_celery beat`
 fires them). Reads are open; add, remove, pause and resume need the Bearer token, as every write.
 
     GET    /api/schedules                 the schedules, with last and next fire times

@@ -31,9 +31,9 @@ import jinja2
 import tornado.web
 from markupsafe import Markup
 
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.errors import NoetlError
 from noetl_celery.dashboard import actions, layout, probes
-from noetl_celery.errors import NoetlError
 from noetl_celery.store import repo, views
 from noetl_celery.store.db import ensure_schema, transaction
 from noetl_celery.store.status import rerun_origin

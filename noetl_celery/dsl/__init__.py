@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from noetl_celery import credentials, limits
+from noetl_celery.config import credentials, limits
+from noetl_celery.core.errors import PlaybookError, Problem, TemplateError
 from noetl_celery.dsl.bounded import InputError, check_value_depth
 from noetl_celery.dsl.canonical import build_loop, canonical_tasks, routing, task_from_mapping
 from noetl_celery.dsl.case import compile_case
@@ -39,8 +40,7 @@ from noetl_celery.dsl.validate import (
 )
 from noetl_celery.dsl.workload import ctx_with_overrides, render_workload
 from noetl_celery.dsl.yaml_lines import LDict, line_of, load_yaml, plain
-from noetl_celery.errors import PlaybookError, Problem, TemplateError
-from noetl_celery.templating import BUILTIN_NAMES, render_string, strict_rendering
+from noetl_celery.templates.render import BUILTIN_NAMES, render_string, strict_rendering
 
 __all__ = ["PlaybookError", "load_plan"]
 
@@ -308,7 +308,7 @@ WEBHOOK_EVENTS = ("failed", "cancelled", "completed")
 
 def _check_webhook(ctx: Context, value: Any, line: int | None) -> None:
     """`executor.spec.webhook`: a URL, or {url, events: [failed|cancelled|completed], secret: a
-    credential name} (noetl_celery/webhooks.py)."""
+    credential name} (noetl_celery/observe/webhooks.py)."""
     path = "executor.spec.webhook"
     if not isinstance(value, dict):
         expect_str(ctx, value, line, path)

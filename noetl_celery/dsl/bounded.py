@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from noetl_celery import limits
+from noetl_celery.config import limits
 
 OPENERS = frozenset(b"[{")
 CLOSERS = frozenset(b"]}")

@@ -53,7 +53,7 @@ from noetl_celery.dsl.validate import (
     unknown_key,
 )
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
-from noetl_celery.templating import is_template
+from noetl_celery.templates.render import is_template
 from noetl_celery.tools.base import get_tool
 
 WORKBOOK_CALL_KEYS = frozenset({"kind", "name", "args", "auth"})

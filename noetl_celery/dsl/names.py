@@ -1,6 +1,6 @@
 """Names a template may use, and the `{{ name }}` that can never exist in a playbook.
 
-Templates render leniently at run time (templating.lenient): a name that is not there reads as
+Templates render leniently at run time (templates.render.lenient): a name that is not there reads as
 empty. That must not hide a typo for good, so validate reports each name a template uses that no
 part of the playbook could ever give: it is no step, task label, workbook entry, workload or
 ctx key, vars/set/iter name, loop iterator, argument name, keychain entry or built-in name
@@ -19,7 +19,7 @@ from jinja2.exceptions import TemplateError as JinjaError
 
 from noetl_celery.dsl.validate import NON_TEMPLATE_KEYS, Context, join, step_path, suggest
 from noetl_celery.dsl.yaml_lines import line_of
-from noetl_celery.templating import BUILTIN_NAMES, ENV, jinja_source
+from noetl_celery.templates.render import BUILTIN_NAMES, ENV, jinja_source
 
 # Names the engine or NoETL's renderer gives beside BUILTIN_NAMES and Jinja's globals.
 ENGINE_NAMES = frozenset(

@@ -201,7 +201,7 @@ class Plan(_Model):
     # tool args, sinks, set/vars and arcs render leniently, as NoETL renders them)
     strict_templates: bool = False
     # `executor.spec.webhook`: called once when an execution of this playbook ends with one of its
-    # events (noetl_celery/webhooks.py), instead of NOETL_WEBHOOK_URL
+    # events (noetl_celery/observe/webhooks.py), instead of NOETL_WEBHOOK_URL
     webhook: str | None = None
     # its `events` (None: failed and cancelled) and `secret` (a credential name: the HMAC key of
     # the X-Noetl-Signature header), when the webhook is given as a mapping

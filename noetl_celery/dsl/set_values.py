@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from noetl_celery import limits, settings
+from noetl_celery.config import limits, settings
 from noetl_celery.dsl import nest_dotted
 from noetl_celery.dsl.yaml_lines import load_yaml, plain
 

@@ -14,11 +14,11 @@ from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.errors import Problem
 from noetl_celery.dsl.plan import Condition, Sink
 from noetl_celery.dsl.yaml_lines import LDict, line_of, plain
-from noetl_celery.errors import Problem
-from noetl_celery.templating import check_syntax
+from noetl_celery.templates.render import check_syntax
 from noetl_celery.tools import settings as tool_settings
 from noetl_celery.tools.base import COMMON_FIELDS, ToolSpec, get_tool, known_kinds
 from noetl_celery.tools.unavailable import UNAVAILABLE_KINDS

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from noetl_celery.errors import TemplateError
-from noetl_celery.templating import TEMPLATE_MARKERS, plain, render_value
+from noetl_celery.core.errors import TemplateError
+from noetl_celery.templates.render import TEMPLATE_MARKERS, plain, render_value
 
 CTX_KEY = "ctx"  # `--set ctx.x=1`: root ctx values by name
 WORKLOAD_RENDER_PASSES = 3  # a template naming another workload template is resolved this deep

@@ -14,9 +14,9 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from noetl_celery import limits
-from noetl_celery.errors import Problem
-from noetl_celery.jsonable import plain as _plain
+from noetl_celery.config import limits
+from noetl_celery.core.errors import Problem
+from noetl_celery.core.jsonable import plain as _plain
 
 
 class LDict(dict):  # type: ignore[type-arg]

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import limits
+from noetl_celery.config import limits
 from noetl_celery.dsl.plan import Plan, Step
 from noetl_celery.store import variables as variable_rows
 from noetl_celery.store.db import single_read
-from noetl_celery.templating import (
+from noetl_celery.templates.render import (
     BUILTIN_NAMES,
     Lenient,
     LoopResult,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 CACHED_EXECUTIONS = 256  # executions whose plan and state one process keeps in memory
 CACHED_PLANS = 64  # plans (with their workload) one process keeps by digest, for seeded messages
-DUCKDB_KIND = "duckdb"  # a one-task step of this kind reads as its list of rows (templating.RowsResult)
+DUCKDB_KIND = "duckdb"  # a one-task step of this kind reads as its list of rows (templates.render.RowsResult)
 LOOP_RESULTS = "loop_results"  # a run entered from a loop step's arc reads its iteration results by this name
 JOB_UUID_NAMESPACE = uuid.UUID("5d3c7c1e-6b0f-4f43-9d55-2f7e0c1a9b21")  # job.uuid = uuid5(this, execution id)
 

@@ -10,12 +10,12 @@ import hashlib
 import secrets
 import time
 
-from noetl_celery.id_time import EPOCH_MS, RANDOM_BITS
+from noetl_celery.core.id_time import EPOCH_MS, RANDOM_BITS
 
 
 def new_execution_id() -> int:
     """A 63-bit, time-ordered integer (usable unquoted in SQL, as NoETL playbooks do): its time
-    is read back by noetl_celery.id_time."""
+    is read back by noetl_celery.core.id_time."""
     millis = int(time.time() * 1000) - EPOCH_MS
     return (millis << RANDOM_BITS) | secrets.randbits(RANDOM_BITS)
 

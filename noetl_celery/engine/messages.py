@@ -38,11 +38,11 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from noetl_celery import settings
+from noetl_celery.config import settings
+from noetl_celery.core.errors import NoetlError
+from noetl_celery.core.vocabulary import DispatchKind, PayloadKind
 from noetl_celery.engine.deadlines import DEFAULT_TIMEOUT
 from noetl_celery.engine.ids import attempt_key, claim_key, cursor_iteration
-from noetl_celery.errors import NoetlError
-from noetl_celery.vocabulary import DispatchKind, PayloadKind
 
 log = logging.getLogger(__name__)
 

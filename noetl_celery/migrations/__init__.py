@@ -27,7 +27,7 @@ def run_environment(engine_factory: Callable[[str], Any] | None = None) -> None:
     from alembic import context
     from sqlalchemy import create_engine, pool
 
-    from noetl_celery import settings as noetl_settings
+    from noetl_celery.config import settings as noetl_settings
     from noetl_celery.store.models import Base
 
     config = context.config

@@ -10,7 +10,7 @@ loop's collection that is that result) is the same row: an insert that finds it 
 Reading: `read` gives the whole value, through a per-process cache of decoded values bounded by
 NOETL_STORED_CACHE_BYTES (the JSON size of what it holds; least recently used dropped first; a
 value bigger than the whole bound is not kept). Templates read references through `reader`
-(templating.reading); a reference is never rendered as if it were the value.
+(templates.render.reading); a reference is never rendered as if it were the value.
 
 A value above NOETL_MAX_STORED_BYTES is not stored: it is truncated (limits.marker), as every
 value above NOETL_MAX_RESULT_BYTES was before, and a loop over it fails naming the setting.
@@ -30,7 +30,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import limits, secret_registry
+from noetl_celery.config import limits, secret_registry
 from noetl_celery.store import kernel
 from noetl_celery.store.db import single_read, transaction
 
@@ -161,7 +161,7 @@ def fetch(conn: Connection, ref: Mapping[str, Any]) -> Any:
 
 
 def reader(conn: Connection) -> Callable[[Mapping[str, Any]], Any]:
-    """What templates read references with (templating.reading), in `conn`'s transaction."""
+    """What templates read references with (templates.render.reading), in `conn`'s transaction."""
     return lambda ref: fetch(conn, ref)
 
 

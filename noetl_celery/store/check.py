@@ -13,7 +13,7 @@ import re
 import time
 from typing import Any
 
-from noetl_celery import secret_registry
+from noetl_celery.config import secret_registry
 from noetl_celery.store.urls import safe_url as safe_url
 
 log = logging.getLogger(__name__)

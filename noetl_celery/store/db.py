@@ -22,8 +22,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 
-from noetl_celery import settings as noetl_settings
-from noetl_celery.errors import ConfigurationError
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.errors import ConfigurationError
 from noetl_celery.store import clock, prepared
 from noetl_celery.store.urls import safe_url
 

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, select
 from sqlalchemy.engine import Dialect
 
-from noetl_celery import secret_registry
+from noetl_celery.config import secret_registry
 from noetl_celery.store import kernel
 from noetl_celery.store.kernel import EVENTS, LEASES, utcnow
 

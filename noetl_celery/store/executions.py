@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, select
 
-from noetl_celery import secret_registry
+from noetl_celery.config import secret_registry
 from noetl_celery.store import db, kernel
 from noetl_celery.store.kernel import EVENTS, EXECUTIONS, HOLDS, JOINS, LEASES, LOOPS, VARIABLES, utcnow
 

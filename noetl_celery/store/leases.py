@@ -1,4 +1,4 @@
-"""Leases and recovery: the statements the sweeper (engine/sweeper.py) makes, by name.
+"""Leases and recovery: the statements the sweeper (engine/recovery/sweeper.py) makes, by name.
 
 A decision row with messages to dispatch is written with a lease (`repo.LEASE_KEY`): a row of
 noetl_lease on the decision row's key, with the time by which every message it dispatched should

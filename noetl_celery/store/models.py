@@ -200,7 +200,7 @@ class CatalogEntry(Base):
 
 
 class Schedule(Base):
-    """A playbook fired by Celery beat (noetl_celery/schedules.py): a cron expression in its time
+    """A playbook fired by Celery beat (noetl_celery/schedules/__init__.py): a cron expression in its time
     zone, or every `interval_s` seconds. Only fire times after `anchor_at` count."""
 
     __tablename__ = "noetl_schedule"
@@ -234,7 +234,7 @@ class ScheduleRun(Base):
 
 
 class Notification(Base):
-    """The failure webhook of one ended execution (noetl_celery/webhooks.py)."""
+    """The failure webhook of one ended execution (noetl_celery/observe/webhooks.py)."""
 
     __tablename__ = "noetl_notification"
 

@@ -1,7 +1,7 @@
 """The event table partitioned by time (PostgreSQL, opt in): `noetl-celery store partition-events`.
 
 `convert` turns `noetl_event` into a table partitioned by RANGE of `execution_id`, one partition per
-month, week or day of the ids' time (noetl_celery.id_time), plus a default partition that takes any
+month, week or day of the ids' time (noetl_celery.core.id_time), plus a default partition that takes any
 id no partition covers, so no insert ever fails. `undo` turns it back into a plain table. Both run
 in one transaction that holds an ACCESS EXCLUSIVE lock on `noetl_event` while every row is copied:
 decisions wait for it (they insert event rows), readers too. `keep_ahead` creates the partitions of
@@ -29,8 +29,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 
-from noetl_celery.errors import ConfigurationError
-from noetl_celery.id_time import EPOCH_MS, RANDOM_BITS, first_id_at, time_of
+from noetl_celery.core.errors import ConfigurationError
+from noetl_celery.core.id_time import EPOCH_MS, RANDOM_BITS, first_id_at, time_of
 from noetl_celery.store.db import transaction
 from noetl_celery.store.events import EVENT_KEY as KEY
 from noetl_celery.store.urls import safe_url

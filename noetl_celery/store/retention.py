@@ -38,8 +38,8 @@ from sqlalchemy import Connection, Table, func, select, text, tuple_
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from noetl_celery.errors import ConfigurationError
-from noetl_celery.settings import parse_age
+from noetl_celery.config.settings import parse_age
+from noetl_celery.core.errors import ConfigurationError
 from noetl_celery.store import partitions
 from noetl_celery.store import schedules as schedule_store
 from noetl_celery.store.db import transaction

@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import vocabulary as ev
-from noetl_celery.errors import ExecutionNotFound
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import ExecutionNotFound
 from noetl_celery.store import schedules as schedule_store
 from noetl_celery.store.db import ensure_schema, transaction
 from noetl_celery.store.events import find_event, list_events
@@ -77,7 +77,7 @@ def execution_status(database_url: str, execution_id: int) -> dict[str, Any]:
 
 
 def webhook_state(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    """An execution's webhook delivery (noetl_celery/webhooks.py) as `status` shows it: `state`
+    """An execution's webhook delivery (noetl_celery/observe/webhooks.py) as `status` shows it: `state`
     (pending, retrying, delivered, gave_up, not_chosen), attempts, the last error, the next try."""
     if row is None:
         return None

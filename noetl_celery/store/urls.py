@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 
-from noetl_celery import secret_registry
+from noetl_celery.config import secret_registry
 
 
 def safe_url(url: str) -> str:
     """`url` with its password replaced by ***, also when the URL does not parse (the whole
     user-info part when a password holds an unencoded '@')."""
-    from noetl_celery.settings import mask_url, unencoded_at
+    from noetl_celery.config.settings import mask_url, unencoded_at
 
     if unencoded_at(url):
         return mask_url(url)

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 from sqlalchemy.engine import Dialect
 
-from noetl_celery import limits, secret_registry
+from noetl_celery.config import limits, secret_registry
 from noetl_celery.store import kernel
 from noetl_celery.store.kernel import EXECUTIONS, VARIABLES, utcnow
 

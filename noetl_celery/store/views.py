@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, or_, select
 
-from noetl_celery import credentials, secret_registry
-from noetl_celery import vocabulary as ev
+from noetl_celery.config import credentials, secret_registry
+from noetl_celery.core import vocabulary as ev
 from noetl_celery.store.models import Event, Execution, Join, LoopState
 
 EVENTS = Event.__table__

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from noetl_celery.errors import Problem
+from noetl_celery.core.errors import Problem
 from noetl_celery.testing.mocks import Failure, Sequence, ToolMocks, fails, sequence
 
 __all__ = ["Failure", "RunResult", "Sequence", "fails", "run_playbook", "sequence"]
@@ -89,8 +89,9 @@ def run_playbook(
     or `kind:<tool kind>` (see noetl_celery.testing.mocks); env: environment variables for the run
     (credentials `NOETL_AUTH_*`), restored afterwards; database_url: the event store (default: a
     new SQLite file in a temporary directory)."""
-    from noetl_celery import runner, secret_registry
+    from noetl_celery import runner
     from noetl_celery.compiler import compile_source
+    from noetl_celery.config import secret_registry
     from noetl_celery.store.db import transaction
     from noetl_celery.store.events import list_events
     from noetl_celery.testing.harness import Harness, cli_sets, environment

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from noetl_celery import runner, secret_registry
+from noetl_celery import runner
 from noetl_celery.compiler import compile_source
+from noetl_celery.config import secret_registry
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.dsl.set_values import parse_assignments
 from noetl_celery.engine.attempt import worker

@@ -30,12 +30,12 @@ import io
 import json
 from typing import Any, Literal
 
-from noetl_celery import limits
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import limits
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools import object_store
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.object_store import CallRefused
-from noetl_celery.vocabulary import ToolErrorKind
 
 LOCAL_PREFIX = "artifact://localfs/"
 RESULT_STORE_SCHEMES = ("noetl", "eventlog", "nats-kv", "nats-obj")

@@ -36,11 +36,11 @@ import mimetypes
 from pathlib import Path
 from typing import Any, Literal
 
-from noetl_celery import limits
+from noetl_celery.config import limits
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools import object_store
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.object_store import CallRefused
-from noetl_celery.vocabulary import ToolErrorKind
 
 ACTIONS = ("upload", "download", "put", "get", "list", "delete")
 DEFAULT_MAX_KEYS = 1000

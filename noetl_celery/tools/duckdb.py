@@ -34,14 +34,15 @@ from typing import Any
 
 import psycopg2.extensions
 
-from noetl_celery import credentials, sql_result
-from noetl_celery import settings as noetl_settings
-from noetl_celery.errors import CredentialError
-from noetl_celery.jsonable import to_jsonable
+from noetl_celery.config import credentials
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core import sql_result
+from noetl_celery.core.errors import CredentialError
+from noetl_celery.core.jsonable import to_jsonable
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, register
 from noetl_celery.tools.postgres import build_dsn
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.vocabulary import ToolErrorKind
 
 DIR_ENV = noetl_settings.DUCKDB_DIR_ENV
 DEFAULT_DIR = noetl_settings.DEFAULT_DUCKDB_DIR

@@ -30,12 +30,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from noetl_celery import settings as noetl_settings
-from noetl_celery.jsonable import to_jsonable
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.jsonable import to_jsonable
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, register
 from noetl_celery.tools.duckdb import AttachError, load_extension, postgres_credential, quote
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.vocabulary import ToolErrorKind
 
 DATA_DIR = "ducklake"  # under NOETL_DUCKDB_DIR: where a relative data_path goes
 _POSTGRES_PREFIXES = ("postgresql://", "postgres://")

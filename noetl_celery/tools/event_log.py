@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.vocabulary import ToolErrorKind
 
 
 class EventLogSettings(ToolSettings):

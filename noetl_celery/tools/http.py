@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from noetl_celery import limits
-from noetl_celery.lazy import lazy_module
+from noetl_celery.config import limits
+from noetl_celery.core.lazy import lazy_module
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.vocabulary import ToolErrorKind
 
 if TYPE_CHECKING:
     import requests

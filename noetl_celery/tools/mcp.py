@@ -36,11 +36,11 @@ from typing import IO, Any, TextIO, cast
 
 import requests
 
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.http import CredentialShapeError, auth_headers
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.vocabulary import ToolErrorKind
 
 DEFAULT_SERVER = "kubernetes"  # NoETL's default `server` name
 MCP_ERROR = "mcp"

@@ -37,9 +37,9 @@ import json
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.vocabulary import ToolErrorKind
 
 # operation -> the fields it needs (checked before connecting)
 OPERATIONS: dict[str, tuple[str, ...]] = {

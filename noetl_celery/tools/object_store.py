@@ -63,8 +63,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.vocabulary import ToolErrorKind
 
 SPOOL_BYTES = 8 * 1024 * 1024  # a write is kept in memory up to this size, then in a temporary file
 READ_CHUNK_BYTES = 1024 * 1024  # bytes asked of S3/GCS per read of a stream

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import Outcome, ToolCall, register
-from noetl_celery.vocabulary import ToolErrorKind
 
 # `payload:` is NoETL's name for the child's workload (as `input:`/`args:` are); `retry:` is
 # accepted and, as in NoETL, not used: a child execution is started once.

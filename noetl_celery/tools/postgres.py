@@ -56,14 +56,14 @@ import psycopg2.extras
 from psycopg2 import sql
 from pydantic import ValidationInfo, field_validator
 
-from noetl_celery import settings as noetl_settings
-from noetl_celery import sql_result
-from noetl_celery.jsonable import to_jsonable
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core import sql_result
+from noetl_celery.core.jsonable import to_jsonable
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
 from noetl_celery.tools.sql_text import placeholders, split_statements
-from noetl_celery.vocabulary import ToolErrorKind
 
 DSN_ENV = noetl_settings.POSTGRES_DSN_ENV
 CONNECT_TIMEOUT = "10"  # seconds, unless the credential says otherwise

@@ -62,15 +62,15 @@ from typing import Any
 
 from pydantic import Field
 
-from noetl_celery import secret_registry
+from noetl_celery.config import secret_registry
+from noetl_celery.core.jsonable import to_jsonable
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.engine.transport import process
-from noetl_celery.fd_masking import masking_file_descriptors
-from noetl_celery.jsonable import to_jsonable
-from noetl_celery.time_limit import SoftTimeLimitExceeded
+from noetl_celery.observe.fd_masking import masking_file_descriptors
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, refuse_unstorable, register
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.vocabulary import ToolErrorKind
+from noetl_celery.tools.time_limit import SoftTimeLimitExceeded
 
 __all__ = ["run_python", "to_jsonable"]
 

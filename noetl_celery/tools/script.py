@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from noetl_celery import credentials, secret_registry
-from noetl_celery.errors import CredentialError
-from noetl_celery.lazy import lazy_module
+from noetl_celery.config import credentials, secret_registry
+from noetl_celery.core.errors import CredentialError
+from noetl_celery.core.lazy import lazy_module
 from noetl_celery.tools import object_store
 
 if TYPE_CHECKING:

@@ -16,11 +16,11 @@ from typing import Any
 
 from pydantic import field_validator
 
-from noetl_celery import credentials
-from noetl_celery.errors import CredentialError
+from noetl_celery.config import credentials
+from noetl_celery.core.errors import CredentialError
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.vocabulary import ToolErrorKind
 
 PROVIDERS = ("env", "file", "credentials", "local")
 REFUSED_PROVIDERS = ("google", "gcp", "aws", "azure", "vault", "secret_manager")

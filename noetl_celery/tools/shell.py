@@ -42,10 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from noetl_celery.core.vocabulary import ErrorKind, ToolErrorKind
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.vocabulary import ErrorKind, ToolErrorKind
 
 DEFAULT_SHELL = "sh"  # NoETL's default (POSIX, present everywhere)
 DEFAULT_TIMEOUT = 600.0  # seconds: NoETL's default for a shell call

@@ -24,11 +24,11 @@ from typing import Any
 
 from pydantic import Field
 
-from noetl_celery.jsonable import to_jsonable
+from noetl_celery.core.jsonable import to_jsonable
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import Outcome, ToolCall, register
 from noetl_celery.tools.settings import ToolSettings
 from noetl_celery.tools.sql_text import split_statements
-from noetl_celery.vocabulary import ToolErrorKind
 
 CONNECTION_KEYS = (
     "account",

@@ -32,7 +32,8 @@ BACKLOG = 2000
 
 SUBMIT_MANY = """
 import json, sys
-from noetl_celery import runner, settings as noetl_settings
+from noetl_celery import runner
+from noetl_celery.config import settings as noetl_settings
 from noetl_celery.app import app, configure
 from noetl_celery.compiler import compile_playbook
 

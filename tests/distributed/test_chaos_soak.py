@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from noetl_celery.mockapi import start_mock_api
 from noetl_celery.runner import execution_status
 from noetl_celery.store.db import get_engine
 from tests.distributed.test_loop_delivery import loop_log
 from tests.distributed.test_retry_delivery import step_rows
 from tests.support.engines import submit
+from tests.support.mockapi import start_mock_api
 from tests.support.workers import process_alive
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"

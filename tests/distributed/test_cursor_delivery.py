@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from noetl_celery.mockapi import PATIENT_MAX_PAGES, PATIENT_PAGE_MULTIPLIER, PATIENT_TYPE_OFFSETS, start_mock_api
 from noetl_celery.runner import wait
 from noetl_celery.store.db import get_engine
 from tests.support import services as svc
 from tests.support.corpus import CORPUS
 from tests.support.engines import submit
+from tests.support.mockapi import PATIENT_MAX_PAGES, PATIENT_PAGE_MULTIPLIER, PATIENT_TYPE_OFFSETS, start_mock_api
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE_CONTINUATION = CORPUS / "cursor" / "pft_page_continuation.yaml"

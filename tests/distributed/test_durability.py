@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import settings as noetl_settings
 from noetl_celery.engine import deadlines
 from noetl_celery.runner import wait
 from noetl_celery.store.db import get_engine

@@ -9,10 +9,10 @@ from pathlib import Path
 import redis
 from sqlalchemy import text
 
-from noetl_celery.mockapi import start_mock_api
 from noetl_celery.runner import wait
 from noetl_celery.store.db import get_engine
 from tests.support.engines import submit
+from tests.support.mockapi import start_mock_api
 from tests.support.services import on_both_brokers, queued_messages
 
 PLAYBOOKS = Path(__file__).resolve().parents[1] / "playbooks"

@@ -21,10 +21,10 @@ import redis
 from celery import Celery
 from sqlalchemy import text
 
-from noetl_celery import settings as noetl_settings
 from noetl_celery.app import configure
 from noetl_celery.compiler import compile_playbook
 from noetl_celery.compiler.names import RUN_TASK
+from noetl_celery.config import settings as noetl_settings
 from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.decision import orchestrator

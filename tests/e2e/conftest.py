@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from noetl_celery.mockapi import start_mock_api
 from noetl_celery.store.db import migrate
 from tests.support.engines import DistributedEngine, EmbeddedEngine, InProcessEngine
+from tests.support.mockapi import start_mock_api
 from tests.support.workers import WorkerGroup
 
 API_TOKEN = "tok-3f9c1e-very-secret-value"  # must never appear in any event row

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from noetl_celery.core.errors import PlaybookError
 from noetl_celery.dsl import load_plan
-from noetl_celery.errors import PlaybookError
 from tests.support.harness import run_playbook
 
 PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "ducklake_time_travel.yaml"

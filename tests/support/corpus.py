@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from noetl_celery import settings
+from noetl_celery.config import settings
 
 CORPUS: Path = settings.load().corpus_dir
 MISSING_REASON = f"no NoETL corpus at {CORPUS} (set {settings.CORPUS_DIR_ENV})"

@@ -16,16 +16,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from noetl_celery import credentials, cursors
+from noetl_celery import cursors
+from noetl_celery.config import credentials
+from noetl_celery.core.errors import CredentialError, TemplateError
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.dsl.plan import Step
 from noetl_celery.engine.ids import slot_id
 from noetl_celery.engine.messages import TaskMessage
-from noetl_celery.errors import CredentialError, TemplateError
 from noetl_celery.store.db import transaction
 from noetl_celery.store.loops import held_claim, hold_claim
-from noetl_celery.templating import plain, render_value
+from noetl_celery.templates.render import plain, render_value
 from noetl_celery.tools.base import Outcome
-from noetl_celery.vocabulary import ToolErrorKind
 
 
 def frame_values(step: Step) -> dict[str, Any]:

@@ -22,7 +22,10 @@ from typing import Any, cast
 
 from sqlalchemy import Connection
 
-from noetl_celery import credentials, limits, log_format, metrics, secret_registry
+from noetl_celery.config import credentials, limits, secret_registry
+from noetl_celery.core.errors import CredentialError, TemplateError
+from noetl_celery.core.jsonable import storable, to_jsonable, unstorable
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.dsl.plan import Sink, Task
 from noetl_celery.engine import deadlines
 from noetl_celery.engine import identity as process_identity
@@ -30,12 +33,11 @@ from noetl_celery.engine.arc_args import merge_arc_args
 from noetl_celery.engine.attempt import cursor_claim
 from noetl_celery.engine.context import STATE, message_scope, render_context
 from noetl_celery.engine.messages import BatchEvent, OutcomeEvent, TaskMessage
-from noetl_celery.errors import CredentialError, TemplateError
-from noetl_celery.jsonable import storable, to_jsonable, unstorable
+from noetl_celery.observe import log_format, metrics
 from noetl_celery.store import blobs, clock, executions, leases, views
 from noetl_celery.store.db import single_read, transaction
 from noetl_celery.store.events import event_exists
-from noetl_celery.templating import (
+from noetl_celery.templates.render import (
     HIDDEN_META,
     as_step_result,
     lenient,
@@ -47,7 +49,6 @@ from noetl_celery.templating import (
 )
 from noetl_celery.tools import settings as tool_settings
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, get_tool, refuse_unstorable, run_tool
-from noetl_celery.vocabulary import ToolErrorKind
 
 CALL_OVERRIDES = ("params", "body", "payload", "json", "headers", "args", "data")  # merged by next_call
 STORE_KEY_LENGTH = 12  # hex characters of the store URL's digest in ToolCall.store_key
@@ -407,7 +408,7 @@ def _run_attempt(url: str, message: TaskMessage, *, queue_id: str | None, node: 
 def execute_batch(
     url: str, message: TaskMessage, *, queue_id: str | None = None, node: str | None = None
 ) -> dict[str, Any] | None:
-    """Run a batch's iterations one after another (engine/batching.py); returns one on_event
+    """Run a batch's iterations one after another (engine/decision/batching.py); returns one on_event
     payload with every outcome, in order (None for a replay of a batch already recorded: its
     outcomes are written in one transaction, so the first one tells)."""
     if message.replay and already_done(url, message):

@@ -15,8 +15,8 @@ Decides, when on_event's decision is written (Decider.flush):
 
 Everything else stays per iteration: each iteration records its own `iteration.started` row at
 dispatch and its own outcome row, and is retried alone. The worker runs a batch's iterations one
-after another (engine/worker.py) and reports their outcomes in one on_event payload, decided in
-one transaction (engine/orchestrator.py): a crash before that commit redelivers the whole batch,
+after another (engine/attempt/worker.py) and reports their outcomes in one on_event payload, decided in
+one transaction (engine/decision/orchestrator.py): a crash before that commit redelivers the whole batch,
 after it the redelivery finds every outcome recorded and only re-publishes what was decided.
 """
 
@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from noetl_celery.core.vocabulary import DispatchKind
 from noetl_celery.dsl.plan import Loop, Plan
 from noetl_celery.engine.messages import BATCH_VERSION, VERSION_FIELD, Dispatch, written_formats
-from noetl_celery.vocabulary import DispatchKind
 
 AUTO_MAX = 32  # iterations of one message with `batch: auto`
 AUTO_MESSAGES = 8  # with `batch: auto`, the loop's cap is spread over at least this many messages

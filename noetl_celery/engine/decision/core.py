@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import ExecutionState, Scope, message_scope
 from noetl_celery.engine.decision import cursor_loop, loops, write
@@ -28,7 +28,7 @@ from noetl_celery.engine.decision.store_reads import StoreReads
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.messages import Dispatch, TaskMessage
-from noetl_celery.templating import strict_rendering
+from noetl_celery.templates.render import strict_rendering
 
 # step runs and inline loop iterations without work (routing-only: no tool, noop, end, router) one
 # decision may chain: beyond it the execution fails (a cycle of steps without work never ends)

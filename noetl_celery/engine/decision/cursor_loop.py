@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from noetl_celery import cursors
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.vocabulary import ErrorKind
 from noetl_celery.dsl.plan import Action, Step
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.decision.entries import CompleteLoop, CountIteration, CreateLoop, EndCursorSlot
@@ -56,7 +57,6 @@ from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import claim_key, cursor_iteration
 from noetl_celery.engine.messages import FRAME_VERSION, Dispatch, TaskMessage, row_slot, sanitize, written_formats
 from noetl_celery.tools.base import get_tool
-from noetl_celery.vocabulary import ErrorKind
 
 if TYPE_CHECKING:
     from noetl_celery.engine.decision.port import DecisionPort

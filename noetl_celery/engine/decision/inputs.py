@@ -17,8 +17,8 @@ from datetime import datetime
 from functools import cached_property
 from typing import Protocol
 
-from noetl_celery import limits, settings
-from noetl_celery.limits import is_reference, is_truncated  # what a stored value's marker says
+from noetl_celery.config import limits, settings
+from noetl_celery.config.limits import is_reference, is_truncated  # what a stored value's marker says
 from noetl_celery.store import clock as store_clock
 
 __all__ = [

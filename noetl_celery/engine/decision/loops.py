@@ -29,7 +29,9 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import TemplateError
+from noetl_celery.core.vocabulary import ErrorKind
 from noetl_celery.dsl.plan import Step
 from noetl_celery.engine.decision.entries import ClaimIndexes, CompleteLoop, CountIteration, CreateLoop, PutValue
 from noetl_celery.engine.decision.inputs import Bounds, is_reference, is_truncated
@@ -37,9 +39,7 @@ from noetl_celery.engine.decision.rows import OpenRow, Row
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
-from noetl_celery.errors import TemplateError
-from noetl_celery.templating import evaluate_condition, materialise, plain, render_value
-from noetl_celery.vocabulary import ErrorKind
+from noetl_celery.templates.render import evaluate_condition, materialise, plain, render_value
 
 if TYPE_CHECKING:
     from noetl_celery.engine.decision.port import DecisionPort

@@ -19,7 +19,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.vocabulary import DispatchKind, ErrorKind, PayloadKind
 from noetl_celery.engine.context import STATE, ExecutionState, seed_of
 from noetl_celery.engine.decision import core, policy_eval, write
 from noetl_celery.engine.decision.inputs import DecisionInputs, Draws
@@ -30,8 +31,7 @@ from noetl_celery.engine.decision.write import DuplicateEvent, Redecide
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, OutcomeEvent, TaskMessage
 from noetl_celery.store import blobs, repo
 from noetl_celery.store.db import commit_suffix, decision_transaction, transaction
-from noetl_celery.templating import reading
-from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
+from noetl_celery.templates.render import reading
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ Outcome = tuple[TaskMessage, dict[str, Any], dict[str, Any]]  # an attempt's mes
 
 
 def outcomes_of(payload: dict[str, Any]) -> list[Outcome]:
-    """The attempt outcomes an event reports, in order: one, or a batch's (engine/batching.py).
+    """The attempt outcomes an event reports, in order: one, or a batch's (engine/decision/batching.py).
     A batch message that ended without reporting (lost, worker_lost, timeout) gives its one
     outcome to each of its iterations."""
     if payload["kind"] == BATCH_EVENT:
@@ -209,7 +209,7 @@ def replay(url: str, execution_id: int, key: str, *, ran_by: str | None = None) 
     """A redelivered event: publish again what its first delivery decided (receivers dedupe). A
     message decided with a countdown keeps what is left of it: a retry's backoff still holds.
     `ran_by`: the Celery task id of a redelivered message, which may have run attempts of its own
-    decisions itself (engine/eager.py): an attempt recorded with that id as its queue_id is not
+    decisions itself (engine/transport/eager.py): an attempt recorded with that id as its queue_id is not
     sent again; its decision is replayed in its place, and so on to the attempts not recorded."""
     replayed = []
     followed: set[str] = set()

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import TemplateError
+from noetl_celery.core.vocabulary import ErrorKind
 from noetl_celery.dsl.plan import Action, Step, Task
 from noetl_celery.engine.context import render_context
 from noetl_celery.engine.decision import cursor_loop, pagination, policy_eval
@@ -25,9 +27,7 @@ from noetl_celery.engine.decision.rows import OpenRow
 from noetl_celery.engine.decision.units import UnitEnd
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage, sanitize
-from noetl_celery.errors import TemplateError
-from noetl_celery.templating import HIDDEN_META, lenient, plain, render_value
-from noetl_celery.vocabulary import ErrorKind
+from noetl_celery.templates.render import HIDDEN_META, lenient, plain, render_value
 
 # the outcome's meta: what the worker reported under these names (in this order), when set
 _OUTCOME_META = ("http", "pg")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
 from noetl_celery.dsl.plan import Collect, Task
 from noetl_celery.engine.decision.reads import Reads
 from noetl_celery.engine.messages import TaskMessage

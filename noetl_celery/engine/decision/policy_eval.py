@@ -14,9 +14,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from noetl_celery.core.errors import TemplateError
 from noetl_celery.dsl.plan import DEFAULT_PAGINATION_MAX, DEFAULT_RETRY_ATTEMPTS, Action, Policy
-from noetl_celery.errors import TemplateError
-from noetl_celery.templating import Lenient, as_step_result, evaluate_condition, response_view
+from noetl_celery.templates.render import Lenient, as_step_result, evaluate_condition, response_view
 
 if TYPE_CHECKING:
     from noetl_celery.engine.decision.inputs import Draws

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from noetl_celery.core.errors import TemplateError
 from noetl_celery.dsl.plan import Arc, Rule, Step
 from noetl_celery.engine.decision.policy_eval import EventName
-from noetl_celery.errors import TemplateError
-from noetl_celery.template_budget import BudgetExceeded
-from noetl_celery.templating import evaluate_condition, lenient_active, note, plain, render_value
+from noetl_celery.templates.budget import BudgetExceeded
+from noetl_celery.templates.render import evaluate_condition, lenient_active, note, plain, render_value
 
 # What `event.name` equals when a step's arcs are evaluated, by how the step ended.
 TERMINAL_EVENT_NAMES = {
@@ -44,7 +44,7 @@ def _fired(arcs: list[Arc], mode: str, context: dict[str, Any]) -> list[Arc]:
 
 
 def _holds(arc: Arc, context: dict[str, Any]) -> bool:
-    """An arc's `when`; rendering leniently (templating.lenient), a `when` that raises is false,
+    """An arc's `when`; rendering leniently (templates.render.lenient), a `when` that raises is false,
     as in NoETL (the next arc is tried), and noted. A template past its budget still fails."""
     try:
         return evaluate_condition(arc.when, context)

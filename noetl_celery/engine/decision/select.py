@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from noetl_celery import sql_result
-from noetl_celery.errors import TemplateError
-from noetl_celery.templating import as_step_result, is_template, materialise, plain, render_string
+from noetl_celery.core import sql_result
+from noetl_celery.core.errors import TemplateError
+from noetl_celery.templates.render import as_step_result, is_template, materialise, plain, render_string
 
 
 def select_part(data: Any, selector: str, context: Mapping[str, Any]) -> Any:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import TemplateError
+from noetl_celery.core.vocabulary import ErrorKind
 from noetl_celery.dsl.plan import Step
 from noetl_celery.engine.context import Scope, render_context
 from noetl_celery.engine.decision import policy_eval, routing
@@ -19,9 +21,7 @@ from noetl_celery.engine.decision.select import select_part
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import run_id_for
 from noetl_celery.engine.messages import TaskMessage, sanitize
-from noetl_celery.errors import TemplateError
-from noetl_celery.templating import HIDDEN_META, as_step_result, lenient, plain, render_value, response_view
-from noetl_celery.vocabulary import ErrorKind
+from noetl_celery.templates.render import HIDDEN_META, as_step_result, lenient, plain, render_value, response_view
 
 START_KEY = ev.START_KEY
 

@@ -20,17 +20,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from noetl_celery import vocabulary as ev
 from noetl_celery.compiler import compile_playbook, resolve
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import PlaybookError, TemplateError
+from noetl_celery.core.vocabulary import DispatchKind, ErrorKind, PayloadKind
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine.context import render_context
 from noetl_celery.engine.decision.entries import CreateChildExecution
 from noetl_celery.engine.ids import new_execution_id
 from noetl_celery.engine.messages import Dispatch, OutcomeEvent, TaskMessage, sanitize
-from noetl_celery.errors import PlaybookError, TemplateError
-from noetl_celery.templating import plain, render_value
+from noetl_celery.templates.render import plain, render_value
 from noetl_celery.tools import playbook as playbook_tool
-from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 if TYPE_CHECKING:
     from noetl_celery.engine.decision.port import DecisionPort

@@ -7,8 +7,10 @@ starts its child execution; a routing-only task is decided inline, without a wor
 
 from __future__ import annotations
 
-from noetl_celery import vocabulary as ev
 from noetl_celery.compiler.names import shadow_label
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import TemplateError
+from noetl_celery.core.vocabulary import ErrorKind
 from noetl_celery.dsl.plan import Step, Task
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.arc_args import merge_arc_args
@@ -19,10 +21,8 @@ from noetl_celery.engine.decision.rows import OpenRow
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import Dispatch, TaskMessage, sanitize
-from noetl_celery.errors import TemplateError
-from noetl_celery.templating import lenient, plain, render_value
+from noetl_celery.templates.render import lenient, plain, render_value
 from noetl_celery.tools.base import get_tool
-from noetl_celery.vocabulary import ErrorKind
 
 
 class TaskFlow(DecisionCore):

@@ -16,7 +16,8 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.vocabulary import DispatchKind
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.context import STATE, ExecutionState
 from noetl_celery.engine.decision import batching, subplaybooks
@@ -25,7 +26,6 @@ from noetl_celery.engine.decision.inputs import DecisionInputs
 from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.messages import Dispatch
 from noetl_celery.store import blobs, repo
-from noetl_celery.vocabulary import DispatchKind
 
 IterationCount = repo.IterationCount  # an iteration's count left to the decision's last write
 

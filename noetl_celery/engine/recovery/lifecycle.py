@@ -2,7 +2,7 @@
 
 Decides: the status and the row that record it, and that child executions (parent_execution_id)
 end with their parent (their error names it: `ended_with`, the id this call ended; a resume of
-that execution runs their tasks again: engine/resume.py). A decision arriving afterwards sees a
+that execution runs their tasks again: engine/recovery/resume.py). A decision arriving afterwards sees a
 non-running execution: its outcome row is recorded, nothing new is dispatched.
 """
 

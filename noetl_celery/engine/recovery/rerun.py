@@ -1,5 +1,5 @@
 """Rerun: a NEW execution made from an old one, recorded as such (resume, by contrast, continues
-the same execution: engine/resume.py).
+the same execution: engine/recovery/resume.py).
 
 Decides what a rerun from a step keeps and where it starts:
 - the steps of the old execution that completed before the last run of STEP started keep their
@@ -25,12 +25,12 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, select
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import ExecutionNotFound, NoetlError
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.engine.context import ExecutionState
 from noetl_celery.engine.decision.orchestrator import Decider
 from noetl_celery.engine.messages import Dispatch, sanitize
-from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import repo
 
 SEEDED_FROM = "seeded_from"  # meta key of a step.completed row copied from the old execution

@@ -12,7 +12,7 @@ every key already recorded keeps deduplicating redeliveries of the old epoch. In
   outcome of the old epoch still wins);
 - the attempt whose failure failed a (non-loop) step runs again as its next attempt;
 - a collection loop that was stopped (still running, or the loop that failed its step) continues:
-  completed iterations keep their results, failed and never-dispatched ones run (engine/resume_loops.py);
+  completed iterations keep their results, failed and never-dispatched ones run (engine/recovery/resume_loops.py);
 - a sub-playbook task whose child ended with this execution (cancelled or timed out with it,
   error `ended_with`) runs again as its next attempt: a new child; a child that is still running,
   or whose end is on its way, is in flight; a child's end recorded but not acted on is decided now;
@@ -28,18 +28,18 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import ExecutionNotFound, NoetlError
+from noetl_celery.core.vocabulary import DispatchKind
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.decision.orchestrator import Decider
 from noetl_celery.engine.decision.rows import OpenRow, Row
 from noetl_celery.engine.decision.subplaybooks import EVENT_DISPATCH
 from noetl_celery.engine.messages import Dispatch, TaskMessage
 from noetl_celery.engine.recovery.resume_loops import reopen_loops
-from noetl_celery.errors import ExecutionNotFound, NoetlError
 from noetl_celery.store import recovery as store_recovery
 from noetl_celery.store import repo
 from noetl_celery.store.db import transaction
-from noetl_celery.vocabulary import DispatchKind
 
 OK_TYPES = (ev.ACTION_COMPLETED, ev.ITERATION_COMPLETED, ev.PAGE_COMPLETED)
 ENDING_KEYS = (ev.EXECUTION_FAILED, ev.EXECUTION_CANCELLED, ev.EXECUTION_COMPLETED)
@@ -144,7 +144,7 @@ def _plan_redo(decider: Decider, events: list[dict[str, Any]], epoch: int, faile
     if failed_step is not None:
         step = decider.plan.steps.get(failed_step)
         if step is not None and step.loop is not None:
-            failed_step = None  # a loop step: engine/resume_loops.py reopens it
+            failed_step = None  # a loop step: engine/recovery/resume_loops.py reopens it
     if failed_step is not None:
         failing = _failing_attempt(by_key, dispatched, failed_step)
         if failing is not None:
@@ -166,7 +166,7 @@ def _plan_children(
 ) -> dict[str, Any]:
     """What becomes of the sub-playbook tasks of the execution: {"decide": outcomes recorded but
     not acted on, "again": the next attempts of tasks whose child ended with the execution,
-    "in_flight": attempt key -> Dispatch of every task not settled (for engine/resume_loops.py)}.
+    "in_flight": attempt key -> Dispatch of every task not settled (for engine/recovery/resume_loops.py)}.
     Only the last attempt of each task position counts (an earlier one was retried already); a
     task sent to a worker with its child's outcome (to run its sink) is an attempt like any other."""
     latest: dict[tuple[Any, ...], tuple[TaskMessage, str, Any]] = {}

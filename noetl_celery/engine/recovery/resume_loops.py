@@ -12,7 +12,7 @@ The re-runs and never-dispatched indexes form the loop's queue (context "queue",
 [index, task index, seq, attempt] and, for a re-run, the event that sent the failed attempt,
 whose message runs again); the failures re-run are uncounted (done and failed), the loop is
 running again, and the first entries are sent up to the cap. Each later completion sends entry
-done + offset (engine/loops.py next_entry), so the cap holds and no entry is sent twice. A loop
+done + offset (engine/decision/loops.py next_entry), so the cap holds and no entry is sent twice. A loop
 that had failed its step gets its `loop.done` and `step.done` rows archived, so both end again.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
 from noetl_celery.engine.decision.loops import dispatch_queued
 from noetl_celery.engine.decision.orchestrator import Decider
 from noetl_celery.engine.messages import Dispatch

@@ -54,13 +54,13 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.vocabulary import DispatchKind, ErrorKind, PayloadKind
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.messages import Dispatch, OutcomeEvent, TaskMessage
 from noetl_celery.engine.recovery.lifecycle import end_tree
 from noetl_celery.store import leases, repo
 from noetl_celery.store.db import transaction
-from noetl_celery.vocabulary import DispatchKind, ErrorKind, PayloadKind
 
 log = logging.getLogger(__name__)
 

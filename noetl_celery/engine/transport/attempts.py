@@ -18,6 +18,8 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
+from noetl_celery.config.settings import Settings
+from noetl_celery.core.vocabulary import DispatchKind
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import orchestrator
@@ -26,9 +28,7 @@ from noetl_celery.engine.transport import eager, process, publisher, task_events
 from noetl_celery.engine.transport.bound import celery_app, current_settings
 from noetl_celery.engine.transport.deciding import EVENT_DB_RETRIES, decide, refuse_message, store_delay
 from noetl_celery.engine.transport.publish import attempt_shown, publish, send_event
-from noetl_celery.settings import Settings
 from noetl_celery.store import clock
-from noetl_celery.vocabulary import DispatchKind
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from noetl_celery.settings import Settings
+from noetl_celery.config.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ it accepts a connection (the server's readiness)."""
 
 from __future__ import annotations
 
-from noetl_celery.errors import ConfigurationError
+from noetl_celery.core.errors import ConfigurationError
 from noetl_celery.store.check import one_line, safe_url
 
 

@@ -18,15 +18,15 @@ from typing import Any
 from celery.exceptions import Reject
 from sqlalchemy.exc import DataError, DBAPIError
 
-from noetl_celery import metrics
+from noetl_celery.core.jsonable import storable
+from noetl_celery.core.vocabulary import ErrorKind, PayloadKind
 from noetl_celery.engine.attempt import worker
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.messages import Dispatch, MessageError, check_version
 from noetl_celery.engine.transport import process
 from noetl_celery.engine.transport.bound import current_settings
 from noetl_celery.engine.transport.publish import PublishFailed, publish, send_event
-from noetl_celery.jsonable import storable
-from noetl_celery.vocabulary import ErrorKind, PayloadKind
+from noetl_celery.observe import metrics
 
 log = logging.getLogger(__name__)
 

@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from noetl_celery.core.vocabulary import DispatchKind
 from noetl_celery.engine.deadlines import SOFT_LIMIT_GRACE
 from noetl_celery.engine.messages import Dispatch, wire
 from noetl_celery.engine.transport.process import stop_requested
-from noetl_celery.vocabulary import DispatchKind
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from noetl_celery.config.settings import Settings
 from noetl_celery.engine.transport.sweeping import start_sweeper, stop_sweeper
-from noetl_celery.settings import Settings
 
 SHUTDOWN_WAKE_MESSAGES = 2  # control messages that wake the embedded worker's two waits
 

@@ -34,7 +34,7 @@ def reset_after_fork() -> None:
     """Forget everything per process that a forked child inherited: pooled database
     connections, the publisher, cached execution states, loop collections, values stored by reference and credential
     files."""
-    from noetl_celery import credentials
+    from noetl_celery.config import credentials
     from noetl_celery.engine.context import STATE
     from noetl_celery.engine.decision import loops
     from noetl_celery.engine.transport import publisher

@@ -14,12 +14,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from noetl_celery.compiler.names import RUN_TASK, attempt_shadow, event_shadow, execution_kwargsrepr
+from noetl_celery.core.vocabulary import DispatchKind, PayloadKind
 from noetl_celery.engine import deadlines
 from noetl_celery.engine.messages import Dispatch, TaskMessage, stamp, wire
 from noetl_celery.engine.transport import publisher
 from noetl_celery.engine.transport.bound import binding, current_settings
 from noetl_celery.store import clock
-from noetl_celery.vocabulary import DispatchKind, PayloadKind
 
 # publishing decided messages: about 16 s of retries ride out a broker restart; after that the
 # sweeper re-publishes them from the stored dispatch list

@@ -17,14 +17,14 @@ import threading
 import time
 from typing import Any
 
-from noetl_celery import metrics
+from noetl_celery.config.settings import Settings
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.recovery import sweeper
 from noetl_celery.engine.transport import publisher
 from noetl_celery.engine.transport.bound import binding, current_settings
 from noetl_celery.engine.transport.deciding import process_event
 from noetl_celery.engine.transport.publish import SUBMIT_RETRY_POLICY, publish, send_event
-from noetl_celery.settings import Settings
+from noetl_celery.observe import metrics
 from noetl_celery.store import leases, retention
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ def enqueue_notifications(execution_ids: list[int], countdown: float = 0.0) -> N
 
 def _notify_ended() -> None:
     """The sweep's part of failure webhooks: enqueue the notifications that are due."""
-    from noetl_celery import webhooks
+    from noetl_celery.observe import webhooks
 
     try:
         due = webhooks.pending(current_settings())

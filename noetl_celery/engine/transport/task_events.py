@@ -24,9 +24,9 @@ import os
 import uuid
 from typing import Any
 
+from noetl_celery.core.errors import AttemptFailed
 from noetl_celery.engine.messages import Dispatch
 from noetl_celery.engine.transport import verdict
-from noetl_celery.errors import AttemptFailed
 
 log = logging.getLogger(__name__)
 

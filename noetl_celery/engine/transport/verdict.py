@@ -16,9 +16,9 @@ from typing import Any
 
 from celery.exceptions import Retry
 
+from noetl_celery.core.errors import AttemptFailed
+from noetl_celery.core.vocabulary import DispatchKind
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, TaskMessage
-from noetl_celery.errors import AttemptFailed
-from noetl_celery.vocabulary import DispatchKind
 
 ERROR_TEXT_LIMIT = 300  # characters of an attempt's error shown as Flower's exception text
 
@@ -89,7 +89,7 @@ def conclude(payload: dict[str, Any], dispatches: list[Dispatch] | None, *, rais
 
 
 def _conclude_batch(events: list[dict[str, Any]], *, raise_failures: bool) -> str:
-    """A batch (engine/batching.py) succeeds when every iteration did; else it fails naming the
+    """A batch (engine/decision/batching.py) succeeds when every iteration did; else it fails naming the
     first failure. A failed iteration's retry, if any, is its own message."""
     first = TaskMessage.from_dict(events[0]["task"])
     failed = [e for e in events if (e.get("outcome") or {}).get("status") != "ok"]

@@ -10,7 +10,7 @@ Decides, for a run_task message:
   ordinary failed attempt: the retry policy applies);
 - its hard time limit killed the pool process: the attempt gets the outcome `timeout`;
 - the worker's cold shutdown ended the pool process in the middle of the attempt (a second
-  SIGTERM, engine/process.py): counted and requeued as a lost delivery, its reason says so. The
+  SIGTERM, engine/transport/process.py): counted and requeued as a lost delivery, its reason says so. The
   tool never reports that interruption as the attempt's own error (tools/python.py).
 If the event store cannot be reached here, Celery's own handling applies (requeue on loss); the
 sweeper ends what stays without an outcome.
@@ -27,17 +27,17 @@ from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
 
-from noetl_celery import vocabulary as ev
+from noetl_celery.config.settings import Settings
+from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.errors import AttemptFailed
+from noetl_celery.core.vocabulary import ErrorKind
 from noetl_celery.engine.attempt.worker import already_done
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.engine.recovery.sweeper import lost_outcome
 from noetl_celery.engine.transport import eager
-from noetl_celery.errors import AttemptFailed
-from noetl_celery.settings import Settings
 from noetl_celery.store import recovery as store_recovery
 from noetl_celery.store.db import transaction
 from noetl_celery.store.events import insert_events
-from noetl_celery.vocabulary import ErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def count_loss(url: str, message: dict[str, Any], reason: str) -> int:
 
 
 def _batch_of(attempt: TaskMessage) -> dict[str, Any]:
-    """For a batch (engine/batching.py): the iterations the lost delivery carried."""
+    """For a batch (engine/decision/batching.py): the iterations the lost delivery carried."""
     if not attempt.batch:
         return {}
     return {"batch": [member.iteration for member in attempt.members()]}
@@ -152,7 +152,7 @@ class AttemptRequest(Request):
         eager_attempt = eager.died_in(self.id)  # the attempt it ran for this message, if any
         try:
             if already_done(settings.database_url, TaskMessage.from_dict(message)):
-                # it died in an attempt the message went on to run (engine/eager.py): that attempt's
+                # it died in an attempt the message went on to run (engine/transport/eager.py): that attempt's
                 # delivery is counted, the message requeued uncounted; its redelivery sends that
                 # attempt again (as a message of its own, counted from there on)
                 self._count_eager(settings.database_url, eager_attempt, reason)

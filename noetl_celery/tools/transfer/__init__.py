@@ -30,11 +30,12 @@ from typing import Any
 
 from pydantic import ValidationInfo, field_validator
 
-from noetl_celery import credentials
-from noetl_celery.errors import CredentialError
-from noetl_celery.time_limit import SoftTimeLimitExceeded  # the attempt's time limit: run_tool reports it
+from noetl_celery.config import credentials
+from noetl_celery.core.errors import CredentialError
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, missing_extra, register
 from noetl_celery.tools.settings import TEMPLATE_MARKERS, ToolSettings
+from noetl_celery.tools.time_limit import SoftTimeLimitExceeded  # the attempt's time limit: run_tool reports it
 from noetl_celery.tools.transfer import databases, formats, streams, web
 from noetl_celery.tools.transfer.failures import SideError, classify
 from noetl_celery.tools.transfer.plan import (
@@ -48,7 +49,6 @@ from noetl_celery.tools.transfer.plan import (
     read_plan,
 )
 from noetl_celery.tools.transfer.rows import Chunk, projection
-from noetl_celery.vocabulary import ToolErrorKind
 
 # raised through as they are: the plan's and the credential's own errors, a side's failure
 # already tagged, and the time limit (run_tool makes it a `timeout` outcome)

@@ -4,8 +4,8 @@ both credentials replaced by ***. Decides nothing else."""
 
 from __future__ import annotations
 
-from noetl_celery import credentials
-from noetl_celery.vocabulary import ToolErrorKind
+from noetl_celery.config import credentials
+from noetl_celery.core.vocabulary import ToolErrorKind
 
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})  # PostgreSQL: serialization failure, deadlock
 MYSQL_CONNECTION_CODES = frozenset({2002, 2003, 2006, 2013})  # cannot connect, gone away, lost

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import IO, Any
 
-from noetl_celery.jsonable import to_jsonable
+from noetl_celery.core.jsonable import to_jsonable
 from noetl_celery.tools.transfer.plan import Endpoint, PlanError
 from noetl_celery.tools.transfer.rows import Chunk, chunks_of_objects
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
+from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.transfer.plan import PlanError
-from noetl_celery.vocabulary import ToolErrorKind
 
 Opener = Callable[[str, str, Any], AbstractContextManager[IO[bytes]]]
 OBJECT_STORE_MODULE = "noetl_celery.tools.object_store"

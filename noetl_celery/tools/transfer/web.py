@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from noetl_celery.jsonable import to_jsonable
+from noetl_celery.core.jsonable import to_jsonable
 from noetl_celery.tools.transfer.plan import Endpoint, PlanError
 from noetl_celery.tools.transfer.rows import Chunk, chunks_of_objects
 

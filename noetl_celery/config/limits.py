@@ -32,7 +32,7 @@ import json
 import sys
 from typing import Any
 
-from noetl_celery import settings
+from noetl_celery.config import settings
 
 DEFAULT_MAX_RESULT_BYTES = settings.DEFAULT_MAX_RESULT_BYTES  # bytes of JSON per stored result / error / body
 DEFAULT_MAX_PLAYBOOK_BYTES = settings.DEFAULT_MAX_PLAYBOOK_BYTES  # bytes of playbook text
@@ -114,7 +114,7 @@ def marker(size: int, sha256: str, preview: str, limit: int) -> dict[str, Any]:
 def reference(execution_id: int, size: int, sha256: str, value: Any, text: str) -> dict[str, Any]:
     """What an event row (or a variable, a loop's collection) holds instead of a value of `size`
     bytes of JSON stored outside it (store/blobs.py), under (execution_id, sha256). Templates read
-    the whole value through it (templating: `materialise`); it is never taken for the value."""
+    the whole value through it (templates.render: `materialise`); it is never taken for the value."""
     ref: dict[str, Any] = {
         STORED: True,
         "execution_id": execution_id,

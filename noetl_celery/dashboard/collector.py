@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from sqlalchemy import Connection, text
 
 from noetl_celery import schedules
-from noetl_celery import settings as noetl_settings
+from noetl_celery.config import settings as noetl_settings
 from noetl_celery.store import gauges
 from noetl_celery.store.db import transaction
 from noetl_celery.store.kernel import utcnow
@@ -79,7 +79,7 @@ class StoreCollector:
         yield from series
 
     def _queue_series(self) -> Iterator[Metric]:
-        from noetl_celery import broker_queues
+        from noetl_celery.dashboard import broker_queues
 
         up = GaugeMetricFamily("noetl_broker_up", "Whether the broker answered this scrape (1) or not (0)")
         queues = (self.settings.task_queue, self.settings.event_queue)

@@ -13,7 +13,7 @@ names the variable, the module imports nothing heavy (the DSL and `validate` use
 credential variables are a prefix family that a model of fixed fields does not describe.
 
 The limits on hostile or oversized input and output (NOETL_MAX_*_BYTES, NOETL_MAX_YAML_NODES,
-NOETL_MAX_INPUT_DEPTH, NOETL_TEMPLATE_*) are read here too, by `limit()`: `noetl_celery.limits`
+NOETL_MAX_INPUT_DEPTH, NOETL_TEMPLATE_*) are read here too, by `limit()`: `noetl_celery.config.limits`
 asks for each one when it is used (so a running worker and the CLI agree), and `load()` reads
 them with the rest so that a bad value is refused up front and `noetl-celery config` shows them.
 """
@@ -30,8 +30,8 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from noetl_celery import secret_registry
-from noetl_celery.errors import ConfigurationError
+from noetl_celery.config import secret_registry
+from noetl_celery.core.errors import ConfigurationError
 
 DEFAULT_HOME = "~/.noetl"  # where the embedded SQLite event store lives
 DEFAULT_TASK_QUEUE = "noetl.tasks"  # tool calls
@@ -107,7 +107,7 @@ LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limi
     MESSAGE_FORMAT_ENV: NEWEST_MESSAGE_FORMAT,
 }
 WHOLE_LIMITS = frozenset(LIMIT_DEFAULTS) - {TEMPLATE_TIMEOUT_ENV}  # counts of bytes or nodes
-SOURCE_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) holding the package
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the checkout (or site-packages) holding the package
 MASK = "***"
 # seconds; an attempt's time limits grow by the window, which its lease's margin absorbs
 # (engine/deadlines.py, OUTCOME_MARGIN)
@@ -156,15 +156,15 @@ class Settings:
     dashboard_url: str | None = None  # the dashboard's base URL: Flower's args line links each task to its execution
     dashboard_token: str | None = field(default=None, repr=False)  # enables the dashboard's cancel/resume
     api_max_body_bytes: int = DEFAULT_API_MAX_BODY_BYTES  # NOETL_API_MAX_BODY_BYTES (dashboard/api.py)
-    schedule_grace: float = DEFAULT_SCHEDULE_GRACE  # NOETL_SCHEDULE_GRACE (noetl_celery/schedules.py)
-    webhook_url: str | None = field(default=None, repr=False)  # NOETL_WEBHOOK_URL (noetl_celery/webhooks.py)
+    schedule_grace: float = DEFAULT_SCHEDULE_GRACE  # NOETL_SCHEDULE_GRACE (noetl_celery/schedules/__init__.py)
+    webhook_url: str | None = field(default=None, repr=False)  # NOETL_WEBHOOK_URL (noetl_celery/observe/webhooks.py)
     webhook_secret: str | None = (
         None  # NOETL_WEBHOOK_SECRET: the credential whose value signs NOETL_WEBHOOK_URL's POSTs
     )
-    metrics_port: int | None = None  # NOETL_METRICS_PORT: a worker's own /metrics (noetl_celery/metrics.py)
+    metrics_port: int | None = None  # NOETL_METRICS_PORT: a worker's own /metrics (noetl_celery/observe/metrics.py)
     metrics_host: str = DEFAULT_METRICS_HOST  # NOETL_METRICS_HOST: the address it listens on
-    log_format: str = "text"  # NOETL_LOG_FORMAT: text | json (noetl_celery/log_format.py)
-    # the limits as load() saw them; noetl_celery.limits reads each again (`limit`) when it is used
+    log_format: str = "text"  # NOETL_LOG_FORMAT: text | json (noetl_celery/observe/log_format.py)
+    # the limits as load() saw them; noetl_celery.config.limits reads each again (`limit`) when it is used
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
     max_playbook_bytes: int = DEFAULT_MAX_PLAYBOOK_BYTES
     max_yaml_nodes: int = DEFAULT_MAX_YAML_NODES
@@ -177,7 +177,7 @@ class Settings:
     message_format: int = NEWEST_MESSAGE_FORMAT  # the newest message format written (NOETL_MESSAGE_FORMAT)
     max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES
     stored_cache_bytes: int = DEFAULT_STORED_CACHE_BYTES
-    strict_templates: bool = False  # as load() saw it; templating reads it again at each use
+    strict_templates: bool = False  # as load() saw it; templates/render.py reads it again at each use
     pg_prepare: str = DEFAULT_PG_PREPARE  # NOETL_PG_PREPARE (store/prepared.py), read when an engine is made
     # the sweeper deletes the history of finished executions older than this (None: never; `prune`)
     prune_older_than: timedelta | None = None
@@ -418,7 +418,7 @@ def pg_prepare(environ: Mapping[str, str] | None = None) -> str:
 def limit(name: str, environ: Mapping[str, str] | None = None) -> float:
     """The limit `name` (a key of LIMIT_DEFAULTS) in `environ` (the process environment by
     default), its default when unset: a positive number, whole for the ones that count bytes or
-    nodes. One variable is read per call: `noetl_celery.limits` asks on every check."""
+    nodes. One variable is read per call: `noetl_celery.config.limits` asks on every check."""
     env = os.environ if environ is None else environ  # no limit is a credential, so none is sealed
     default = LIMIT_DEFAULTS[name]
     raw = env.get(name)

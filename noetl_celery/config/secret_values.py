@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 import yaml
 
-from noetl_celery.errors import CredentialError
+from noetl_celery.core.errors import CredentialError
 
 SECRET_KEYS = frozenset(
     {

@@ -16,8 +16,8 @@ from typing import Any, TextIO
 
 from sqlalchemy import and_, func, select
 
-from noetl_celery import secret_registry
-from noetl_celery import vocabulary as ev
+from noetl_celery.config import secret_registry
+from noetl_celery.core import vocabulary as ev
 from noetl_celery.store import views
 from noetl_celery.store.db import transaction
 from noetl_celery.store.status import not_found

@@ -17,7 +17,7 @@ lower-case hex, once or twice: `%2F`, `%2f`, `%252F`), form-encoded (`+`); JSON-
 `\\/`, `\\uXXXX` in either case, for any of its characters); hex of its UTF-8 bytes (either case);
 base64 (standard and URL-safe, at each of the three byte alignments, so a secret inside a longer
 base64 text is found too). All of them are one regex, compiled once per set of secrets.
-What code writes to file descriptors 1 and 2 itself is masked by noetl_celery/fd_masking.py.
+What code writes to file descriptors 1 and 2 itself is masked by noetl_celery/observe/fd_masking.py.
 
 `seal_environment()` moves the credential variables out of os.environ into this module, so code
 run by the python tool cannot read them; `environ()` is the environment as the engine reads it.
@@ -37,8 +37,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, quote_plus
 
-from noetl_celery.errors import CredentialError
-from noetl_celery.secret_values import load_file_entries, secret_values
+from noetl_celery.config.secret_values import load_file_entries, secret_values
+from noetl_celery.core.errors import CredentialError
 
 MASK = "***"
 MIN_SECRET_LENGTH = 4  # characters; shorter values are not masked

@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from noetl_celery import limits
-from noetl_celery.errors import TemplateError
+from noetl_celery.config import limits
+from noetl_celery.core.errors import TemplateError
 
 TEMPLATE_FILENAME = "<template>"  # the file name of compiled template code
 MAX_LIPSUM_PARAGRAPHS = 100  # lipsum(n) beyond this is refused

@@ -167,7 +167,7 @@ def configure_process(name: str, level: int) -> logging.Handler | None:
     """A process that set up no logging (the CLI, the server): one handler on stderr at `level`
     (timestamps in both formats), masked, with the attempt's fields; where Celery's handlers are
     the root's already (an embedded worker), those are restyled instead. Returns its own handler."""
-    from noetl_celery import secret_registry
+    from noetl_celery.config import secret_registry
 
     root = logging.getLogger()
     handler = _own_handler["handler"]

@@ -11,7 +11,7 @@ field, is the key): `X-Noetl-Signature: t=<unix seconds>,v1=<hex>`, the HMAC-SHA
 `<t>.<the body's bytes>` (`signature`). A receiver recomputes it over the raw body and refuses a
 mismatch or an old `t`. `X-Noetl-Event` names the event.
 
-How it is sent, never inside a decision: each sweep (engine/sweeper.py, every
+How it is sent, never inside a decision: each sweep (engine/recovery/sweeper.py, every
 NOETL_SWEEP_INTERVAL seconds on every worker) looks for executions that ended in the last
 NOTIFY_WINDOW with an event and have no delivered notification (a playbook that wants
 `completed` gets its notification row when it starts: the scan finds completions through it),
@@ -46,9 +46,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from noetl_celery import credentials, secret_registry
-from noetl_celery import settings as noetl_settings
-from noetl_celery.errors import CredentialError
+from noetl_celery.config import credentials, secret_registry
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.errors import CredentialError
 from noetl_celery.store import schedules as store
 from noetl_celery.store.db import transaction
 from noetl_celery.store.executions import get_execution

@@ -2,7 +2,7 @@
 
 Stdlib only: a ``ThreadingHTTPServer`` with daemon threads that answers JSON.  Run it in a
 background thread with :func:`start_mock_api` (``with start_mock_api() as srv: srv.url``) or in the
-foreground with ``python -m noetl_celery.mockapi --host 127.0.0.1 --port 5555``.
+foreground with ``python -m tests.support.mockapi --host 127.0.0.1 --port 5555``.
 
 Endpoints and the decisions taken where the spec leaves room:
 

@@ -1,4 +1,4 @@
-"""Celery beat's scheduler for the schedules in the event store (noetl_celery/schedules.py).
+"""Celery beat's scheduler for the schedules in the event store (noetl_celery/schedules/__init__.py).
 
 `celery -A noetl_celery beat` uses StoreScheduler (the app's `beat_scheduler`): Celery's beat
 service runs its loop, its heap of entries and its sleeps; this class gives it one entry per

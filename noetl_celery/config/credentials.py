@@ -13,7 +13,7 @@ places looked.
 
 `secret_values(credential)` lists the secret strings of a credential; `scrub(obj, secrets)`
 replaces them (in every form, see secret_registry.forms) by "***" in a deep copy of a JSON-like
-value. The engine masks through noetl_celery.secret_registry, which knows every configured value.
+value. The engine masks through noetl_celery.config.secret_registry, which knows every configured value.
 
 This module never logs and never puts a secret value into an error message.
 """
@@ -25,17 +25,17 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from noetl_celery import secret_registry
-from noetl_celery import settings as noetl_settings
-from noetl_celery.errors import CredentialError
-from noetl_celery.secret_values import (  # re-exported: credentials.secret_values is the public name
+from noetl_celery.config import secret_registry
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.config.secret_values import (  # re-exported: credentials.secret_values is the public name
     DSN_KEYS,
     SECRET_KEYS,
     _file_cache,
     _load_file,
 )
-from noetl_celery.secret_values import load_file_entries as load_file_entries
-from noetl_celery.secret_values import secret_values as secret_values
+from noetl_celery.config.secret_values import load_file_entries as load_file_entries
+from noetl_celery.config.secret_values import secret_values as secret_values
+from noetl_celery.core.errors import CredentialError
 
 ENV_PREFIX = noetl_settings.AUTH_PREFIX
 FILE_ENV = noetl_settings.CREDENTIALS_FILE_ENV

@@ -41,9 +41,11 @@ from jinja2.runtime import Context, Undefined
 from jinja2.sandbox import SandboxedEnvironment, SandboxedFormatter
 from markupsafe import Markup
 
-from noetl_celery import limits, settings, sql_result, template_budget
-from noetl_celery.errors import TemplateError
-from noetl_celery.jsonable import plain as plain  # re-exported: the engine renders, then makes plain
+from noetl_celery.config import limits, settings
+from noetl_celery.core import sql_result
+from noetl_celery.core.errors import TemplateError
+from noetl_celery.core.jsonable import plain as plain  # re-exported: the engine renders, then makes plain
+from noetl_celery.templates import budget as template_budget
 
 TEMPLATE_MARKERS = ("{{", "{%")
 # Names every template sees (engine/context.py render_context, engine/decision/policy_eval.py outcome_scope, the

@@ -43,7 +43,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from noetl_celery import log_format, secret_registry
+from noetl_celery.config import secret_registry
+from noetl_celery.observe import log_format
 
 log = logging.getLogger(__name__)
 

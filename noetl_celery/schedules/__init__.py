@@ -3,7 +3,7 @@
 A schedule (`noetl-celery schedule add`, POST /api/schedules) names a playbook (a catalog path,
 or a playbook file), a cron expression (5 fields, or 6 with seconds first) in a time zone, or an
 interval in whole seconds, and workload overrides merged as `--set` does. `celery -A noetl_celery
-beat` fires them through noetl_celery.beat.StoreScheduler, which reads them from the store.
+beat` fires them through noetl_celery.schedules.beat.StoreScheduler, which reads them from the store.
 
 Exactly once per fire time: a fire time is started by claiming the row (schedule, fire time) of
 noetl_schedule_run in the very transaction that creates the execution and decides its start. A
@@ -20,6 +20,10 @@ Fire times while a schedule is paused are not missed: `resume` starts counting f
 
 Each started execution records its schedule and fire time (noetl_schedule_run.execution_id):
 `status` shows them as `scheduled: {schedule, fire_time}`.
+
+The room schedules holds this module and beat.py (Celery beat's scheduler, the one module of it
+that imports Celery). It stands above the runner, through which it starts executions: nothing
+below the runner imports it (`.importlinter`, contract schedules).
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from noetl_celery import settings as noetl_settings
-from noetl_celery.errors import ConfigurationError, NoetlError, PlaybookError
+from noetl_celery.config import settings as noetl_settings
+from noetl_celery.core.errors import ConfigurationError, NoetlError, PlaybookError
 from noetl_celery.store import clock
 from noetl_celery.store import schedules as store
 from noetl_celery.store.db import ensure_schema, transaction

@@ -13,7 +13,7 @@ while the stored result holds each row once:
   the statement fields at the top (`rows`, `row_count`, `columns`, ...) read the last one's.
 
 `both_forms(value)` is the result with the form it was not stored in added beside its own keys
-(sharing their values, so nothing is copied): the view templates read (templating.as_step_result)
+(sharing their values, so nothing is copied): the view templates read (templates.render.as_step_result)
 and, through it, what a whole step result passed on as data holds. `alias(value, name)` is one
 name of that view. Only a mapping with `statement_count` (what the SQL tools store) has a second
 form; one cut when stored (limits.cap) or stored by reference (until read) has none.
