@@ -13,6 +13,7 @@ import pytest
 from billiard import common
 
 from noetl_celery.engine.transport import process
+from noetl_celery.tools import pool
 from noetl_celery.tools.base import ToolCall, run_tool
 
 EXIT_CODE = "sys.exit(3)"
@@ -29,17 +30,17 @@ def test_the_codes_own_sys_exit_is_its_error():
 
 
 def test_the_pool_processs_own_system_exit_goes_through(monkeypatch):
-    monkeypatch.setattr(process, "pool_terminating", lambda: True)
+    monkeypatch.setattr("noetl_celery.tools.python.pool_terminating", lambda: True)
     with pytest.raises(SystemExit):
         python(f"import sys\n{EXIT_CODE}\n")
 
 
 def test_billiards_flag_is_read(monkeypatch):
-    assert not process.pool_terminating()
+    assert not pool.pool_terminating()
     monkeypatch.setattr(common, "_should_have_exited", [True])
     if hasattr(common, "terminate_handler_fired"):
         monkeypatch.setattr(common, "terminate_handler_fired", lambda: common._should_have_exited[0])
-    assert process.pool_terminating()
+    assert pool.pool_terminating()
 
 
 def _child(deferring: bool, signals: int) -> tuple[int, float]:

@@ -155,7 +155,7 @@ class Settings:
     flower_url: str | None = None  # Flower's base URL: the dashboard links each attempt to its task page
     dashboard_url: str | None = None  # the dashboard's base URL: Flower's args line links each task to its execution
     dashboard_token: str | None = field(default=None, repr=False)  # enables the dashboard's cancel/resume
-    api_max_body_bytes: int = DEFAULT_API_MAX_BODY_BYTES  # NOETL_API_MAX_BODY_BYTES (dashboard/api.py)
+    api_max_body_bytes: int = DEFAULT_API_MAX_BODY_BYTES  # NOETL_API_MAX_BODY_BYTES (dashboard/rest.py)
     schedule_grace: float = DEFAULT_SCHEDULE_GRACE  # NOETL_SCHEDULE_GRACE (noetl_celery/schedules/__init__.py)
     webhook_url: str | None = field(default=None, repr=False)  # NOETL_WEBHOOK_URL (noetl_celery/observe/webhooks.py)
     webhook_secret: str | None = (

@@ -1,6 +1,6 @@
 """The control actions the dashboard offers (cancel, resume): the engine's own commands, called
 as `noetl-celery cancel` / `resume` call them. Each is offered only where it exists in
-noetl_celery.runner, and only behind the dashboard token (server.py).
+noetl_celery.runner, and only behind the dashboard token (handlers.Control).
 """
 
 from __future__ import annotations

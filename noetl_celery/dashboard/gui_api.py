@@ -17,7 +17,8 @@ from sqlalchemy import func, select
 
 from noetl_celery.core.errors import PlaybookError
 from noetl_celery.dashboard import models as m
-from noetl_celery.dashboard.api import (
+from noetl_celery.dashboard.rest import (
+    CREDENTIALS_501,
     PLAYBOOK,
     Api,
     ApiError,
@@ -161,7 +162,7 @@ class ValidateText(Api):
 
 
 class CredentialList(Api):
-    """GET /api/credentials: none are kept here (see api.CREDENTIALS_501); an empty list, so
+    """GET /api/credentials: none are kept here (see rest.CREDENTIALS_501); an empty list, so
     that the GUI's credentials page loads."""
 
     doc = {
@@ -170,13 +171,9 @@ class CredentialList(Api):
     }
 
     def get(self) -> None:
-        from noetl_celery.dashboard.api import CREDENTIALS_501
-
         self.answer({"items": [], "detail": CREDENTIALS_501})
 
     def post(self) -> None:
-        from noetl_celery.dashboard.api import CREDENTIALS_501
-
         raise ApiError(501, CREDENTIALS_501)
 
 

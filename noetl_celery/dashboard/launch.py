@@ -5,7 +5,7 @@ Routes: `GET /playbooks` the catalog, `GET /playbooks/<path>` one playbook with 
 `POST /playbooks/<path>` launches it (as `POST /api/execute`), `POST /executions/<id>/rerun`
 reruns an execution (as `noetl-celery rerun`: `from_step`, `latest`, `set` lines of key=value).
 The writes are the dashboard's actions: the token (Basic credentials a browser caches, or
-Bearer), and from a browser only from the dashboard's own page (server.Control's origin and
+Bearer), and from a browser only from the dashboard's own page (handlers.Control's origin and
 XSRF checks). Each redirects to the new execution's page. Offered only where executions
 started here run (`runs`: a broker's workers, or the embedded worker of `noetl-celery server`).
 """
@@ -22,7 +22,7 @@ from urllib.parse import quote
 import tornado.web
 
 from noetl_celery.core.errors import ExecutionNotFound, NoetlError, PlaybookError
-from noetl_celery.dashboard.server import Control
+from noetl_celery.dashboard.handlers import Control
 from noetl_celery.dsl import deep_merge
 from noetl_celery.dsl.set_values import parse_assignments, scalar
 from noetl_celery.store import views
@@ -104,7 +104,7 @@ def assignments(text: str | None, what: str) -> dict[str, Any]:
 
 class Pages(Control):
     """The catalog's pages and the browser's launch and rerun: GETs are pages; each POST is an
-    action with server.Control's token, origin and XSRF checks, offered only where executions
+    action with handlers.Control's token, origin and XSRF checks, offered only where executions
     started here run (`runs`)."""
 
     def can_launch(self) -> bool:

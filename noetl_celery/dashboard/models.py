@@ -2,7 +2,7 @@
 document from them and from the routes, so the document says what the handlers accept.
 
 Bodies allow fields they do not name (NoETL's clients send some this server ignores). Ids are
-strings in answers (api.ids_as_strings); where an id is asked for, digits are accepted.
+strings in answers (rest.ids_as_strings); where an id is asked for, digits are accepted.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The OpenAPI 3.1 document of the REST API, served at /api/openapi.json, built from the routes
-(api.api_routes: each path pattern and its handler) and the pydantic models of models.py that each
-handler names in its `doc` (method -> models.Op): nothing is written here by hand but the errors'
-descriptions.
+"""The OpenAPI 3.1 document of the REST API, served at /api/openapi.json, built from the routes it
+is given (api.api_routes: each path pattern and its handler; this module imports no route) and
+the pydantic models of models.py that each handler names in its `doc` (method -> models.Op):
+nothing is written here by hand but the errors' descriptions.
 
 A route's path parameters are named after its handler method's parameters and constrained by
 the route's own pattern (an id: 1 to 19 digits); alternatives in a pattern, `(pause|resume)`,
@@ -156,12 +156,11 @@ def operation(
     return result
 
 
-def document() -> dict[str, Any]:
-    from noetl_celery.dashboard.api import api_routes
-
+def document(routes: list[tuple[str, type]]) -> dict[str, Any]:
+    """The document of `routes` (api.api_routes: each path pattern and its handler)."""
     schemas = Schemas()
     paths: dict[str, dict[str, Any]] = {}
-    for pattern, handler in api_routes():
+    for pattern, handler in routes:
         for method, op in getattr(handler, "doc", {}).items():
             names = list(inspect.signature(getattr(handler, method)).parameters)[1:]
             for path, params in expand(pattern, names):

@@ -18,9 +18,9 @@ from typing import Any
 import tornado.web
 
 from noetl_celery.dashboard import models as m
-from noetl_celery.dashboard.api import Api, ApiError, optional, workload
+from noetl_celery.dashboard.handlers import Base
 from noetl_celery.dashboard.launch import Pages
-from noetl_celery.dashboard.server import Base
+from noetl_celery.dashboard.rest import Api, ApiError, optional, workload
 from noetl_celery.store import views
 
 MAX_RUNS = 1000
@@ -136,7 +136,7 @@ class SchedulePause(_ScheduleApi):
 
 class ScheduleAction(Pages):
     """POST /schedules/<name>/(pause|resume|run) from the schedules page: the dashboard's token
-    (Basic or Bearer), its origin and XSRF checks (server.Control); run needs a server whose
+    (Basic or Bearer), its origin and XSRF checks (handlers.Control); run needs a server whose
     executions run."""
 
     async def post(self, name: str, action: str) -> None:  # type: ignore[override]

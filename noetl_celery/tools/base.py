@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from noetl_celery.config import limits, settings
 from noetl_celery.core.jsonable import unstorable
 from noetl_celery.core.vocabulary import ToolErrorKind
-from noetl_celery.tools.time_limit import SoftTimeLimitExceeded  # raised by the worker pool's time limit
+from noetl_celery.tools.pool import SoftTimeLimitExceeded  # raised by the worker pool's time limit
 
 ERROR_TEXT_LIMIT = 4000  # characters of an error message or traceback kept in an outcome
 # Outcome.meta key under which a tool hands the worker secret values it read (the secrets tool):

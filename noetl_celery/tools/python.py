@@ -65,12 +65,11 @@ from pydantic import Field
 from noetl_celery.config import secret_registry
 from noetl_celery.core.jsonable import to_jsonable
 from noetl_celery.core.vocabulary import ToolErrorKind
-from noetl_celery.engine.transport import process
 from noetl_celery.observe.fd_masking import masking_file_descriptors
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, refuse_unstorable, register
+from noetl_celery.tools.pool import SoftTimeLimitExceeded, pool_terminating
 from noetl_celery.tools.settings import ToolSettings
-from noetl_celery.tools.time_limit import SoftTimeLimitExceeded
 
 __all__ = ["run_python", "to_jsonable"]
 
@@ -472,7 +471,7 @@ def run_python(call: ToolCall) -> Outcome:
     except SoftTimeLimitExceeded:
         raise  # the attempt's time limit: run_tool reports it as a timeout
     except (Exception, SystemExit) as exc:  # sys.exit() in user code must not stop the worker
-        if process.pool_terminating():
+        if pool_terminating():
             # the pool process is being ended (billiard's SIGTERM handler raised SystemExit, or
             # the code's cleanup failed while it unwound): not the code's error. Let it through:
             # the attempt ends as interrupted (engine/transport/worker_loss.py) and is delivered again.

@@ -13,6 +13,9 @@ the running attempt. A child therefore lets the first SIGTERM pass while it runs
 warm shutdown of its main process ends it once they are done; a second SIGTERM (Celery's cold
 shutdown sends one per running task and one per process; a hard time limit sends one before its
 SIGKILL) ends it at once, the billiard way. SIGKILL is never deferred.
+
+Whether billiard's handler already ran (`pool_terminating`) is read by the python tool, below the
+engine: it lives in tools/pool.py and is named here for the process's story.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from noetl_celery.engine.identity import DEFAULT_NODE_PREFIX as DEFAULT_NODE_PREFIX
 from noetl_celery.engine.identity import identity as identity
 from noetl_celery.engine.identity import node_name as node_name
+from noetl_celery.tools.pool import pool_terminating as pool_terminating
 
 log = logging.getLogger(__name__)
 
@@ -89,19 +93,6 @@ def stop_requested() -> bool:
     """Whether this pool process let a SIGTERM pass (its worker is being stopped as a group): it
     finishes its running attempt and takes no more (engine/transport/eager.py)."""
     return _Termination.deferred
-
-
-def pool_terminating() -> bool:
-    """Whether billiard's terminate handler already ran in this process: a SystemExit now is the
-    pool process being ended, not the running code's own (billiard >= 4.3 says so; older ones
-    keep the same flag unnamed)."""
-    from billiard import common
-
-    fired = getattr(common, "terminate_handler_fired", None)
-    if fired is not None:
-        return bool(fired())
-    flag = getattr(common, "_should_have_exited", None)
-    return bool(flag and flag[0])
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -34,8 +34,8 @@ from noetl_celery.config import credentials
 from noetl_celery.core.errors import CredentialError
 from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.tools.base import SECRET_VALUES_META, Outcome, ToolCall, missing_extra, register
+from noetl_celery.tools.pool import SoftTimeLimitExceeded  # the attempt's time limit: run_tool reports it
 from noetl_celery.tools.settings import TEMPLATE_MARKERS, ToolSettings
-from noetl_celery.tools.time_limit import SoftTimeLimitExceeded  # the attempt's time limit: run_tool reports it
 from noetl_celery.tools.transfer import databases, formats, streams, web
 from noetl_celery.tools.transfer.failures import SideError, classify
 from noetl_celery.tools.transfer.plan import (
