@@ -86,6 +86,10 @@ def test_the_servers_access_log_has_timestamps_in_both_formats(tmp_path):
         server = Server(tmp_path / style, tmp_path / f"{style}.log", settings={"NOETL_LOG_FORMAT": style})
         try:
             assert requests.get(server.url + "/metrics", timeout=10).status_code == 200
+            # the access line is written after the answer is sent: wait for it, not for a time
+            deadline = time.monotonic() + 30
+            while "GET /metrics" not in server.log_path.read_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             server.stop()
         access = [line for line in server.log_path.read_text().splitlines() if "GET /metrics" in line]
