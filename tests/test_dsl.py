@@ -11,8 +11,8 @@ from noetl_celery.core.errors import PlaybookError, Problem
 from noetl_celery.dsl import load_plan
 from noetl_celery.dsl.plan import (
     DEFAULT_MAX_DELAY,
+    DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_PAGINATION_MAX,
-    DEFAULT_PARALLEL_CAP,
     Action,
     Collect,
     Plan,
@@ -608,7 +608,7 @@ def test_loop_defaults_per_mode() -> None:
         return plan.steps["start"].loop
 
     parallel = loop_of("{in: [1, 2], iterator: x, spec: {mode: parallel}}")
-    assert (parallel.mode, parallel.max_in_flight) == ("parallel", DEFAULT_PARALLEL_CAP)  # type: ignore[attr-defined]
+    assert (parallel.mode, parallel.max_in_flight) == ("parallel", DEFAULT_MAX_IN_FLIGHT)  # type: ignore[attr-defined]
     sequential = loop_of("{in: [1], spec: {mode: sequential, max_in_flight: 5}}")
     assert (sequential.mode, sequential.max_in_flight, sequential.iterator) == ("sequential", 1, "item")  # type: ignore[attr-defined]
     v2_form = loop_of("{in: '{{ xs }}', iterator: x, mode: parallel}")
