@@ -896,3 +896,28 @@ def test_case_for_policy_only_keeps_the_step_next() -> None:
     step = compile_text(V2, body).steps["start"]
     assert (step.next.mode, [a.step for a in step.next.arcs]) == ("exclusive", ["start"])
     assert step.tasks[0].policy is not None and step.tasks[0].policy.rules[0].on == "error"
+
+
+def test_every_spelling_of_max_in_flight_compiles_to_the_plan_s_one_name() -> None:
+    """`spec.max_in_flight`, `max_in_flight` and its alias `concurrency` on the loop itself (a
+    collection loop or a cursor loop's slots, a number or a template) all become the plan's
+    Loop.max_in_flight; the first of them given counts."""
+
+    def loop_of(loop: str) -> object:
+        plan = compile_text(
+            V10, f"workload: {{n: 6}}\nworkflow:\n  - step: start\n    tool: {{kind: noop}}\n    loop: {loop}\n"
+        )
+        return plan.steps["start"].loop
+
+    claim = 'cursor: {kind: postgres, auth: pg, claim: "UPDATE q SET s = 1 RETURNING id"}'
+    for loop, expected in (
+        ("{in: [1], iterator: x, spec: {mode: parallel, max_in_flight: 4}}", 4),
+        ("{in: [1], iterator: x, mode: parallel, max_in_flight: 4}", 4),
+        ("{in: [1], iterator: x, mode: parallel, concurrency: 4}", 4),
+        ("{collection: [1], element: x, mode: async, concurrency: 4}", 4),
+        ("{in: [1], iterator: x, mode: parallel, concurrency: '{{ n }}'}", 6),
+        ("{in: [1], iterator: x, mode: parallel, concurrency: 3, spec: {max_in_flight: 4}}", 4),
+        (f"{{{claim}, iterator: row, spec: {{mode: cursor, max_in_flight: 5}}}}", 5),
+        (f"{{{claim}, iterator: row, concurrency: 5, spec: {{mode: cursor}}}}", 5),
+    ):
+        assert loop_of(loop).max_in_flight == expected, loop  # type: ignore[attr-defined]
