@@ -2,7 +2,7 @@
 
 A loop strategy decides how a loop step starts (`start`) and what happens when one of its units
 is over (`unit_done`): the decider calls only these two. `CollectionLoop` runs a materialised
-list with a known total; `CursorLoop` (engine/cursor_loop.py) pulls rows from a database
+list with a known total; `CursorLoop` (engine/decision/cursor_loop.py) pulls rows from a database
 through slots, with no total known in advance.
 
 Collection loops: on_event fans a loop step out into one task per iteration (or per chunk), at most
