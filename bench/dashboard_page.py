@@ -78,7 +78,7 @@ def populate(url: str, events: int) -> tuple[int, int]:
                 "step": "work",
                 "mode": "parallel",
                 "total": iterations,
-                "cap": 50,
+                "max_in_flight": 50,
                 "collection": None,
                 "context": None,
             },

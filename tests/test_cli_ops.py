@@ -105,7 +105,7 @@ def test_a_loop_of_a_cancelled_execution_shows_cancelled_with_nothing_in_flight(
             repo.create_loop(
                 conn,
                 {"run_id": run_id, "execution_id": execution_id, "step": run_id, "mode": mode, "total": total}
-                | {"cap": 4, "collection": None, "context": {}},
+                | {"max_in_flight": 4, "collection": None, "context": {}},
             )
         running = {loop["step"]: loop for loop in views.loops(conn, execution_id)}
     assert (running["r1"]["status"], running["r1"]["in_flight"]) == ("running", 4)

@@ -144,7 +144,7 @@ def test_a_loop_s_start_yields_its_collection_its_row_and_its_first_claim():
             step="each",
             mode="parallel",
             total=3,
-            cap=2,
+            max_in_flight=2,
             collection={"stored": 3},  # what the write answered for the collection
             context={"frames": [], "args": {"a": 1}, "parent": "p"},
         ),
@@ -162,7 +162,7 @@ def test_an_empty_loop_claims_nothing_and_ends_its_step():
 
 
 def _last_iteration(port: EntriesPort, *, completes: bool) -> None:
-    counters = {"done": 2, "total": 2, "cap": 2, "succeeded": 2, "failed": 0, "tolerated": 0, "context": None}
+    counters = {"done": 2, "total": 2, "max_in_flight": 2, "succeeded": 2, "failed": 0, "tolerated": 0, "context": None}
     port.answers.update({en.CountIteration: lambda e: counters, en.CompleteLoop: lambda e: completes})
     port.reads.loops["r1"] = {"collection": [1, 2], "context": {"frames": [], "args": {}}}
     message = TaskMessage(execution_id=EXECUTION, run_id="r1", step="each", iteration=1, element=2)
@@ -189,7 +189,7 @@ def test_a_loop_another_decision_completed_is_not_finished_twice():
 
 def test_a_cursor_slot_s_end_yields_the_slot_then_the_loop_s_completion_with_the_last():
     step = Step(name="drain", loop=Loop(mode="cursor", cursor={"kind": "redis_stream"}, max_in_flight=2))
-    counters = {"slots_ended": 2, "cap": 2, "done": 5, "failed": 1, "tolerated": 1}
+    counters = {"slots_ended": 2, "max_in_flight": 2, "done": 5, "failed": 1, "tolerated": 1}
     port = EntriesPort(answers={en.EndCursorSlot: lambda e: counters, en.CompleteLoop: lambda e: True})
     cursor_loop._slot_ended(port, step, "r2", "claim")
     assert port.entries == [en.EndCursorSlot("r2"), en.CompleteLoop("r2")]
@@ -228,7 +228,7 @@ class Deferred:
 def test_a_strict_deferred_count_is_left_to_the_decision_s_last_write():
     d = Deferred(strict=True)
     counters = write.apply_entry(d, en.CountIteration("r1", ok=True, tolerated=False, unless_last=(2, 5)))
-    assert counters == {"done": None, "cap": 2, "total": 5, "context": None}
+    assert counters == {"done": None, "max_in_flight": 2, "total": 5, "context": None}
     assert d.later_count == repo.IterationCount("r1", True, False, 2, 5) and d.deferred
 
 
@@ -240,11 +240,11 @@ def test_a_refused_guarded_entry_decides_the_event_again(monkeypatch):
 
     def checked_count(conn: Any, execution_id: int, run_id: str, **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         counted.append("checked")
-        return {"done": 1, "total": 2, "cap": 2, "context": None}, {"status": "running", "state_version": 5}
+        return {"done": 1, "total": 2, "max_in_flight": 2, "context": None}, {"status": "running", "state_version": 5}
 
     def count(conn: Any, run_id: str, **kw: Any) -> dict[str, Any]:
         counted.append("classic")
-        return {"done": 1, "total": 2, "cap": 2, "context": None}
+        return {"done": 1, "total": 2, "max_in_flight": 2, "context": None}
 
     monkeypatch.setattr(repo, "loop_iteration_done_checked", checked_count)
     monkeypatch.setattr(repo, "loop_iteration_done", count)

@@ -11,8 +11,8 @@ from noetl_celery.core.errors import PlaybookError, Problem
 from noetl_celery.dsl import load_plan
 from noetl_celery.dsl.plan import (
     DEFAULT_MAX_DELAY,
+    DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_PAGINATION_MAX,
-    DEFAULT_PARALLEL_CAP,
     Action,
     Collect,
     Plan,
@@ -608,7 +608,7 @@ def test_loop_defaults_per_mode() -> None:
         return plan.steps["start"].loop
 
     parallel = loop_of("{in: [1, 2], iterator: x, spec: {mode: parallel}}")
-    assert (parallel.mode, parallel.max_in_flight) == ("parallel", DEFAULT_PARALLEL_CAP)  # type: ignore[attr-defined]
+    assert (parallel.mode, parallel.max_in_flight) == ("parallel", DEFAULT_MAX_IN_FLIGHT)  # type: ignore[attr-defined]
     sequential = loop_of("{in: [1], spec: {mode: sequential, max_in_flight: 5}}")
     assert (sequential.mode, sequential.max_in_flight, sequential.iterator) == ("sequential", 1, "item")  # type: ignore[attr-defined]
     v2_form = loop_of("{in: '{{ xs }}', iterator: x, mode: parallel}")
@@ -896,3 +896,28 @@ def test_case_for_policy_only_keeps_the_step_next() -> None:
     step = compile_text(V2, body).steps["start"]
     assert (step.next.mode, [a.step for a in step.next.arcs]) == ("exclusive", ["start"])
     assert step.tasks[0].policy is not None and step.tasks[0].policy.rules[0].on == "error"
+
+
+def test_every_spelling_of_max_in_flight_compiles_to_the_plan_s_one_name() -> None:
+    """`spec.max_in_flight`, `max_in_flight` and its alias `concurrency` on the loop itself (a
+    collection loop or a cursor loop's slots, a number or a template) all become the plan's
+    Loop.max_in_flight; the first of them given counts."""
+
+    def loop_of(loop: str) -> object:
+        plan = compile_text(
+            V10, f"workload: {{n: 6}}\nworkflow:\n  - step: start\n    tool: {{kind: noop}}\n    loop: {loop}\n"
+        )
+        return plan.steps["start"].loop
+
+    claim = 'cursor: {kind: postgres, auth: pg, claim: "UPDATE q SET s = 1 RETURNING id"}'
+    for loop, expected in (
+        ("{in: [1], iterator: x, spec: {mode: parallel, max_in_flight: 4}}", 4),
+        ("{in: [1], iterator: x, mode: parallel, max_in_flight: 4}", 4),
+        ("{in: [1], iterator: x, mode: parallel, concurrency: 4}", 4),
+        ("{collection: [1], element: x, mode: async, concurrency: 4}", 4),
+        ("{in: [1], iterator: x, mode: parallel, concurrency: '{{ n }}'}", 6),
+        ("{in: [1], iterator: x, mode: parallel, concurrency: 3, spec: {max_in_flight: 4}}", 4),
+        (f"{{{claim}, iterator: row, spec: {{mode: cursor, max_in_flight: 5}}}}", 5),
+        (f"{{{claim}, iterator: row, concurrency: 5, spec: {{mode: cursor}}}}", 5),
+    ):
+        assert loop_of(loop).max_in_flight == expected, loop  # type: ignore[attr-defined]

@@ -54,7 +54,7 @@ def add(url: str, execution_id: int, status: str, *, age: timedelta, parent: int
                 "step": "s",
                 "mode": "sequential",
                 "total": 1,
-                "cap": 1,
+                "max_in_flight": 1,
                 "collection": [1],
                 "context": {},
             },

@@ -180,7 +180,7 @@ def _plan(ctx: Context, document: Any, overrides: dict[str, Any]) -> Plan | None
     final = executor.get("final_step")
     root_ctx, overrides = ctx_with_overrides(plain(variables or {}), overrides, _deep_merge)
     merged_workload = render_workload(_deep_merge(plain(workload or {}), overrides), root_ctx)
-    _resolve_caps(ctx, merged_workload, root_ctx)
+    _resolve_max_in_flight(ctx, merged_workload, root_ctx)
     _refuse_secret_managers(ctx, steps)
     return Plan(
         name=name or "",
@@ -217,27 +217,32 @@ def _sink_auth(task: Task) -> tuple[Any, int | None]:
     return (task.sink.auth, task.sink.line) if task.sink is not None else (None, None)
 
 
-def _resolve_caps(ctx: Context, workload: dict[str, Any], variables: dict[str, Any]) -> None:
+def _resolve_max_in_flight(ctx: Context, workload: dict[str, Any], variables: dict[str, Any]) -> None:
     """A loop's templated `max_in_flight` (`"{{ n }}"`), rendered once from the workload (with
     `--set` overrides) and the root ctx, as bare names or `workload.x`/`ctx.x`: it must give a
     whole number, else it is a problem at its line."""
     scope = {**workload, **variables, "workload": workload, "ctx": variables}
-    for cap in ctx.templated_caps:
+    for templated in ctx.templated_max_in_flight:
         try:
-            value = render_string(cap.template, scope)
+            value = render_string(templated.template, scope)
             count = int(str(value).strip()) if not isinstance(value, bool) else -1
         except (TemplateError, ValueError) as exc:
             reason = exc if isinstance(exc, TemplateError) else f"rendered to {value!r}"
             ctx.problem(
-                cap.line,
-                cap.path,
-                f"max_in_flight {cap.template!r} must render to a whole number from the workload or root ctx: {reason}",
+                templated.line,
+                templated.path,
+                f"max_in_flight {templated.template!r} must render to a whole number "
+                f"from the workload or root ctx: {reason}",
             )
             continue
         if count < 0:
-            ctx.problem(cap.line, cap.path, f"max_in_flight {cap.template!r} rendered to {value!r}, not a whole number")
+            ctx.problem(
+                templated.line,
+                templated.path,
+                f"max_in_flight {templated.template!r} rendered to {value!r}, not a whole number",
+            )
             continue
-        cap.loop.max_in_flight = max(count, 1)
+        templated.loop.max_in_flight = max(count, 1)
 
 
 def source_path(file: str) -> str:

@@ -24,14 +24,14 @@ from noetl_celery.dsl.legacy import (
     workbook_call_args,
     workbook_entry_name,
 )
-from noetl_celery.dsl.plan import DEFAULT_PARALLEL_CAP, Action, Loop, Routing, Task
+from noetl_celery.dsl.plan import DEFAULT_MAX_IN_FLIGHT, Action, Loop, Routing, Task
 from noetl_celery.dsl.policy_forms import BACKOFF_KEYS, SET_SCOPES, retry_action, task_policy, with_task_sets
 from noetl_celery.dsl.timeouts import normalise_timeouts
 from noetl_celery.dsl.validate import (
     TASK_META_KEYS,
     WORKBOOK_KIND,
     Context,
-    TemplatedCap,
+    TemplatedMaxInFlight,
     assignments,
     boolean,
     build_sink,
@@ -343,14 +343,14 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
             "in: must be a template string or a list",
         )
     mode = _mode(ctx, loop, spec, path, cursor is not None)
-    cap = _cap(ctx, loop, spec, path)
-    templated = cap if isinstance(cap, str) and mode != "sequential" else None
-    if isinstance(cap, str):
-        cap = None
+    max_in_flight = _max_in_flight(ctx, loop, spec, path)
+    templated = max_in_flight if isinstance(max_in_flight, str) and mode != "sequential" else None
+    if isinstance(max_in_flight, str):
+        max_in_flight = None
     if mode == "sequential":
-        cap = 1
-    elif cap is None:
-        cap = DEFAULT_PARALLEL_CAP if mode == "parallel" else 1
+        max_in_flight = 1
+    elif max_in_flight is None:
+        max_in_flight = DEFAULT_MAX_IN_FLIGHT if mode == "parallel" else 1
     chunk_size = number(ctx, spec, "chunk_size", spec_path, integer=True) or number(
         ctx, loop, "chunk_size", path, integer=True
     )
@@ -377,7 +377,7 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
         cursor=cursor,
         iterator=iterator,
         mode=mode,
-        max_in_flight=max(cap, 1),
+        max_in_flight=max(max_in_flight, 1),
         chunk_size=chunk_size,
         batch=batch,
         enumerate=bool(boolean(ctx, loop, "enumerate", path)),
@@ -390,9 +390,11 @@ def build_loop(ctx: Context, value: Any, line: int | None, path: str) -> Loop | 
     )
     if templated is not None:  # rendered from the workload and ctx when the plan is made
         holder, key, where = (
-            (spec, "max_in_flight", spec_path) if "max_in_flight" in spec else (loop, _cap_key(loop), path)
+            (spec, "max_in_flight", spec_path) if "max_in_flight" in spec else (loop, _max_in_flight_key(loop), path)
         )
-        ctx.templated_caps.append(TemplatedCap(made, templated, line_of(holder, key), join(where, key)))
+        ctx.templated_max_in_flight.append(
+            TemplatedMaxInFlight(made, templated, line_of(holder, key), join(where, key))
+        )
     return made
 
 
@@ -440,22 +442,24 @@ def _batch(ctx: Context, loop: LDict, spec: LDict, path: str, mode: str) -> int 
     return "auto" if value == "auto" else int(value)
 
 
-def _cap(ctx: Context, loop: LDict, spec: LDict, path: str) -> int | str | None:
-    """The loop's cap: a number, or a template (NoETL renders `max_in_flight: "{{ n }}"`)."""
-    caps = []
+def _max_in_flight(ctx: Context, loop: LDict, spec: LDict, path: str) -> int | str | None:
+    """The loop's max_in_flight: a number, or a template (NoETL renders `max_in_flight: "{{ n }}"`).
+    Written `spec.max_in_flight`, `max_in_flight` or, as an alias, `concurrency` on the loop
+    itself (the legacy loop form); the first of them given counts."""
+    found = []
     for holder, key, hpath in (
         (spec, "max_in_flight", join(path, "spec")),
         (loop, "max_in_flight", path),
-        (loop, "concurrency", path),
+        (loop, "concurrency", path),  # an alias of max_in_flight
     ):
         if is_template(holder.get(key)):
-            caps.append(holder[key])
+            found.append(holder[key])
         elif (value := number(ctx, holder, key, hpath, integer=True)) is not None:
-            caps.append(value)
-    return caps[0] if caps else None
+            found.append(value)
+    return found[0] if found else None
 
 
-def _cap_key(loop: LDict) -> str:
+def _max_in_flight_key(loop: LDict) -> str:
     return "max_in_flight" if "max_in_flight" in loop else "concurrency"
 
 

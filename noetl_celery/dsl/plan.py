@@ -28,7 +28,7 @@ DEFAULT_RETRY_ATTEMPTS = 3  # `retry: true` and a retry action without `attempts
 DEFAULT_RETRY_DELAY = 1.0  # seconds before the second attempt
 DEFAULT_MAX_DELAY = 300.0  # seconds; no backoff waits longer than this
 DEFAULT_PAGINATION_MAX = 100  # pages when `on_success` names no max_attempts
-DEFAULT_PARALLEL_CAP = 8  # iterations in flight for async/parallel loops without a cap
+DEFAULT_MAX_IN_FLIGHT = 8  # iterations in flight for async/parallel loops without a max_in_flight
 
 
 class _Model(BaseModel):
@@ -117,6 +117,8 @@ class Loop(_Model):
     cursor: dict[str, Any] | None = None
     iterator: str = "item"
     mode: LoopMode = "sequential"
+    # iterations (a cursor loop: slots) in flight at most; written max_in_flight (loop or spec), or
+    # concurrency (dsl/canonical.py)
     max_in_flight: int = 1
     chunk_size: int | None = None
     # iterations sent together in one Celery message (engine/decision/batching.py): a count, or "auto"

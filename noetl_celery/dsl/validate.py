@@ -41,7 +41,7 @@ class ArcRef:
 
 
 @dataclass
-class TemplatedCap:
+class TemplatedMaxInFlight:
     """A loop's `max_in_flight` written as a template: rendered once the workload is known."""
 
     loop: Any  # the plan's Loop, whose max_in_flight is set then
@@ -57,7 +57,7 @@ class Context:
     file: str
     problems: list[Problem] = field(default_factory=list)
     arc_refs: list[ArcRef] = field(default_factory=list)
-    templated_caps: list[TemplatedCap] = field(default_factory=list)
+    templated_max_in_flight: list[TemplatedMaxInFlight] = field(default_factory=list)
     # unknown keys, with the id of the mapping that holds each: warnings unless strict, or unless
     # that mapping lacks a key it needs (the unknown key is then most likely that key misspelt)
     unknown: list[tuple[int, Problem]] = field(default_factory=list)

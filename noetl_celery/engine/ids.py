@@ -41,9 +41,10 @@ def claim_key(run_id: str, slot: int, claim: int, attempt: int) -> str:
     return f"{run_id}.c{slot}.{claim}.a{attempt}"
 
 
-def cursor_iteration(slot: int, index: int, slots: int) -> int:
-    """The iteration of the `index`-th row of cursor slot `slot` of `slots`: unique in the run."""
-    return index * slots + slot
+def cursor_iteration(slot: int, index: int, max_in_flight: int) -> int:
+    """The iteration of the `index`-th row of cursor slot `slot` of the loop's `max_in_flight`
+    slots: unique in the run."""
+    return index * max_in_flight + slot
 
 
 def slot_id(run_id: str, slot: int) -> str:

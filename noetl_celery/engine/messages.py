@@ -281,15 +281,15 @@ class TaskMessage:
             return claim_key(self.run_id, self.slot["id"], self.slot["claim"], attempt) + ".done"
         return attempt_key(self.run_id, self.iteration, self.seq, self.attempt) + ".done"
 
-    def claimed_row(self, rows: list[Any], slots: int) -> TaskMessage:
-        """A claim that runs its first row (`slot.run`; `slots`: the loop's): the message of that
+    def claimed_row(self, rows: list[Any], max_in_flight: int) -> TaskMessage:
+        """A claim that runs its first row (`slot.run`; `max_in_flight`: the loop's): the message of that
         row's first attempt, as cursor_loop.dispatch_row would send it, marked with the claim
         attempt (`via`)."""
         assert self.slot is not None and rows
         slot = self.slot
         return replace(
             self,
-            iteration=cursor_iteration(slot["id"], slot["index"], slots),
+            iteration=cursor_iteration(slot["id"], slot["index"], max_in_flight),
             element=rows[0],
             attempt=1,
             seq=0,

@@ -151,13 +151,13 @@ class Bump(NamedTuple):
 
 
 class IterationCount(NamedTuple):
-    """A loop iteration to count in a decision's strict statement, with the loop's cap and total
-    as the decision assumed them."""
+    """A loop iteration to count in a decision's strict statement, with the loop's max_in_flight
+    and total as the decision assumed them."""
 
     run_id: str
     ok: bool
     tolerated: bool
-    cap: int
+    max_in_flight: int
     total: int
 
 
@@ -229,7 +229,7 @@ def _checked_params(
     if count is not None:
         assert head_version is not None, "an iteration counted late is decided on an unread head"
         counted = loop_done_params(dialect, count.run_id, count.ok, count.tolerated)
-        return [execution_id, *counted, count.cap, count.total, head_version, *params]
+        return [execution_id, *counted, count.max_in_flight, count.total, head_version, *params]
     if head_version is not None:
         return [execution_id, *params[:_EVENT_KEY_AT], head_version, *params[_EVENT_KEY_AT:]]
     return params
@@ -319,6 +319,7 @@ def _strict_insert_sql(dialect: Dialect, rows: int, check: str | None, variables
             head = f"WITH head AS ({HEAD_SQL} FOR KEY SHARE) "
             condition = _HEAD_MATCHES
             if check == "counted":  # `loop_iteration_done`, for an iteration that is not the last
+                # (`cap`: the column of the loop's max_in_flight)
                 counted = (
                     f"{LOOP_DONE_SQL} AND cap = ? AND total = ? AND done + 1 < total "
                     f"AND (context -> 'queue') IS NULL AND {_HEAD_MATCHES} RETURNING 1"

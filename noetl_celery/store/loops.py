@@ -1,5 +1,8 @@
-"""The loops' table (a loop's run: its counters, cap, collection and status; iterations
-claimed by index) and the cursor holds of claimed rows."""
+"""The loops' table (a loop's run: its counters, max_in_flight, collection and status; iterations
+claimed by index) and the cursor holds of claimed rows.
+
+`max_in_flight` is the column `cap` (models.py LoopState): its rows are read under the Python
+name (`_named`), and SQL text names the column."""
 
 from __future__ import annotations
 
@@ -66,24 +69,32 @@ def run_results(conn: Connection, execution_id: int, run_id: str, event_type: st
     return [row[0] for row in conn.execute(query)]
 
 
+def _named(columns: Any) -> list[Any]:
+    """`columns` of the loops' table, each read back under its Python name (`max_in_flight`, not
+    the column's `cap`)."""
+    return [col.label(col.key) if col.key != col.name else col for col in columns]
+
+
 def get_loop(conn: Connection, run_id: str, *, with_collection: bool = False) -> dict[str, Any] | None:
     c = LOOPS.c
-    cols = [col for col in LOOPS.c if with_collection or col.name != "collection"]
+    cols = _named(col for col in LOOPS.c if with_collection or col.name != "collection")
     row = conn.execute(select(*cols).where(c.run_id == run_id)).mappings().first()
     return dict(row) if row else None
 
 
 def loop_iteration_done(conn: Connection, run_id: str, *, ok: bool, tolerated: bool = False) -> dict[str, Any]:
-    """Count one finished iteration; returns the counters after the update (done, total, cap, ...)."""
+    """Count one finished iteration; returns the counters after the update (done, total,
+    max_in_flight, ...)."""
     dialect = conn.dialect
-    sql = kernel.sql(dialect, "loop.done", LOOP_DONE_SQL + " RETURNING " + ", ".join(_LOOP_COUNTERS))
+    sql = kernel.sql(dialect, "loop.done", LOOP_DONE_SQL + " RETURNING " + _RETURNED)
     row = kernel.run(conn, sql, loop_done_params(dialect, run_id, ok, tolerated)).fetchone()
     if row is None:
         raise LookupError(f"loop {run_id} not found")
     return loop_counters(dialect, row)
 
 
-_LOOP_COUNTERS = ("done", "succeeded", "failed", "tolerated", "total", "cap", "status", "context")
+_LOOP_COUNTERS = ("done", "succeeded", "failed", "tolerated", "total", "max_in_flight", "status", "context")
+_RETURNED = ", ".join(LOOPS.c[name].name for name in _LOOP_COUNTERS)  # their columns (`cap` for max_in_flight)
 # The counters only: an iteration's update leaves the row's later columns as they were, so its
 # WAL record carries the changed counters, not the row from them to `updated_at` (130 bytes an
 # iteration). `updated_at` is set when the loop completes (`complete_loop`).
@@ -123,7 +134,7 @@ def loop_iteration_done_checked(
         dialect,
         "loop.done.checked",
         f"WITH head AS ({HEAD_SQL} FOR KEY SHARE) {LOOP_DONE_SQL} AND (SELECT status FROM head) = 'running' "
-        f"RETURNING {', '.join(_LOOP_COUNTERS)}, (SELECT pending FROM head), (SELECT state_version FROM head)",
+        f"RETURNING {_RETURNED}, (SELECT pending FROM head), (SELECT state_version FROM head)",
     )
     row = kernel.run(conn, sql, (execution_id, *loop_done_params(dialect, run_id, ok, tolerated))).fetchone()
     if row is None:
@@ -135,7 +146,7 @@ def loop_iteration_done_checked(
 def execution_loops(conn: Connection, execution_id: int) -> list[dict[str, Any]]:
     """Every loop instance of the execution (without collections), oldest first."""
     c = LOOPS.c
-    cols = [col for col in LOOPS.c if col.name != "collection"]
+    cols = _named(col for col in LOOPS.c if col.name != "collection")
     rows = conn.execute(select(*cols).where(c.execution_id == execution_id).order_by(c.created_at)).mappings()
     return [dict(r) for r in rows]
 
@@ -185,7 +196,15 @@ def end_loop_slot(conn: Connection, run_id: str) -> dict[str, Any]:
             update(LOOPS)
             .where(c.run_id == run_id)
             .values(slots_ended=c.slots_ended + 1, updated_at=utcnow())
-            .returning(c.slots_ended, c.cap, c.done, c.succeeded, c.failed, c.tolerated, c.status)
+            .returning(
+                c.slots_ended,
+                c.max_in_flight.label("max_in_flight"),
+                c.done,
+                c.succeeded,
+                c.failed,
+                c.tolerated,
+                c.status,
+            )
         )
         .mappings()
         .first()

@@ -157,7 +157,9 @@ class LoopState(Base):
     step: Mapped[str] = mapped_column(String(200))
     mode: Mapped[str] = mapped_column(String(16))
     total: Mapped[int] = mapped_column(Integer)
-    cap: Mapped[int] = mapped_column(Integer)
+    # iterations (a cursor loop: slots) in flight at most; the column keeps its first name, `cap`
+    # (migrations only add: an older worker of a rolling deploy still writes and reads `cap`)
+    max_in_flight: Mapped[int] = mapped_column("cap", Integer, key="max_in_flight")
     dispatched: Mapped[int] = mapped_column(Integer, default=0)
     done: Mapped[int] = mapped_column(Integer, default=0)
     succeeded: Mapped[int] = mapped_column(Integer, default=0)

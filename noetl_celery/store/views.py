@@ -204,7 +204,7 @@ def loops(conn: Connection, execution_id: int) -> list[dict[str, Any]]:
             lp.step,
             lp.mode,
             lp.total,
-            lp.cap,
+            lp.max_in_flight.label("cap"),  # the loops' output names it `cap`
             lp.done,
             lp.succeeded,
             lp.failed,

@@ -5,10 +5,10 @@ Decides, when on_event's decision is written (Decider.flush):
 - which dispatched messages may travel together: first attempts (first page, no countdown) of
   iterations of one loop run, at the same task, of a step whose loop asks for a batch. Retries,
   later pages, delayed attempts, sub-playbooks and cursor rows always travel alone;
-- how many go in one message: N, or with `auto` an eighth of the loop's cap (at most
+- how many go in one message: N, or with `auto` an eighth of the loop's max_in_flight (at most
   AUTO_MAX), lowered so that a batch's iterations, at the tool-call time of this loop's
   iterations just reported, take about AUTO_TARGET_MS together. Slow iterations so go back to
-  one per message and keep the loop's concurrency (a batch never grows: it refills the slots
+  one per message and keep the loop's max_in_flight (a batch never grows: it refills the slots
   its own iterations freed);
 - the batch message: the first iteration's message plus, in `batch`, each further iteration as
   the fields in which its message differs. Its timeout is the sum of its iterations' timeouts.
@@ -30,7 +30,7 @@ from noetl_celery.dsl.plan import Loop, Plan
 from noetl_celery.engine.messages import BATCH_VERSION, VERSION_FIELD, Dispatch, written_formats
 
 AUTO_MAX = 32  # iterations of one message with `batch: auto`
-AUTO_MESSAGES = 8  # with `batch: auto`, the loop's cap is spread over at least this many messages
+AUTO_MESSAGES = 8  # with `batch: auto`, the loop's max_in_flight is spread over at least this many messages
 AUTO_TARGET_MS = 100.0  # with `batch: auto`, tool-call time one batch should take at most
 
 _SHARED_FIELDS = ("run_id", "step", "task_index", "seq")  # what the iterations of a batch share

@@ -14,7 +14,8 @@ Everything here runs inside on_event; workers only run claims and the rows' task
   dispatched with that countdown: the slot does not end.
 - A claim that returns no row ends its slot (`noetl_loop.slots_ended` counts it, in the same
   transaction that records the claim's outcome row, whose key is deterministic: a redelivery
-  counts nothing twice). The claim that ends the last slot completes the loop (a guarded UPDATE:
+  counts nothing twice). The claim that ends the last slot (slots_ended == max_in_flight)
+  completes the loop (a guarded UPDATE:
   exactly once) and the step's arcs run with `event.name == "loop.done"`.
 - A failed row is recorded (`cursor.item.failed`), counted, and its slot goes on claiming. A claim
   that errors is retried (`cursor.retry`, in a task retry's words; by default CLAIM_RETRY), then
@@ -26,8 +27,8 @@ Everything here runs inside on_event; workers only run claims and the rows' task
   attempt's outcome row, built as the item's: no start rows), one per claim without rows
   (`cursor.slot.ended` / `cursor.claim.waiting` / `cursor.claim.failed`) and per claim that did
   not run its first row (`cursor.claimed`), plus step and loop start/end.
-- Unit ids: row `index` of slot `s` of `n` slots is iteration `index * n + s` (unique in the run,
-  no counter needed).
+- Unit ids: row `index` of slot `s` of a loop of `max_in_flight` slots is iteration
+  `index * max_in_flight + s` (unique in the run, no counter needed).
 - A claim's outcome is decided by the first of the named rules `CLAIM_RULES` that applies: `rows`
   (the slot's next row runs), `again` (claim again after `again_in`, or after a failed claim's
   backoff), `slot_ended`, `fail`.
@@ -79,7 +80,7 @@ class CursorLoop:
     def start(self, decider: DecisionPort, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
         loop = step.loop
         assert loop is not None and loop.cursor is not None
-        slots = max(loop.max_in_flight, 1)
+        max_in_flight = max(loop.max_in_flight, 1)  # slots
         if cursors.needs_claim(str(loop.cursor.get("kind"))) and not isinstance(loop.cursor.get("claim"), str):
             fail_loop_start(
                 decider,
@@ -95,7 +96,7 @@ class CursorLoop:
                 step=step.name,
                 mode="cursor",
                 total=0,
-                cap=slots,
+                max_in_flight=max_in_flight,
                 collection=None,
                 context={"frames": run.frames, "args": run.args, "parent": parent},
             )
@@ -107,9 +108,9 @@ class CursorLoop:
             step=step.name,
             run_id=run.run_id,
             parent_event_id=parent,
-            meta={"mode": "cursor", "slots": slots, "kind": loop.cursor.get("kind")},
+            meta={"mode": "cursor", "slots": max_in_flight, "kind": loop.cursor.get("kind")},
         )
-        for slot in range(slots):
+        for slot in range(max_in_flight):
             dispatch_claim(decider, step, run, slot=slot, claim=0, index=0, parent=key)
 
     def unit_done(self, decider: DecisionPort, step: Step, message: TaskMessage, end: UnitEnd, row: OpenRow) -> None:
@@ -343,7 +344,7 @@ def dispatch_row(
     """A cursor row's first attempt: its frame by reference (`frame`: {at, size, pos}; None: a
     frame of one row), or, for a frame no row keeps (`legacy`: the rest of it and its rows over),
     inline, as an earlier release sent it."""
-    slots = max(step.loop.max_in_flight, 1) if step.loop else 1
+    max_in_flight = max(step.loop.max_in_flight, 1) if step.loop else 1
     shape = row_slot(slot, claim, index, frame=frame)
     if legacy is not None:
         rest, done = legacy
@@ -352,7 +353,7 @@ def dispatch_row(
         execution_id=decider.execution_id,
         run_id=run.run_id,
         step=step.name,
-        iteration=cursor_iteration(slot, index, slots),
+        iteration=cursor_iteration(slot, index, max_in_flight),
         element=element,
         frames=run.frames,
         args=run.args,
@@ -553,9 +554,9 @@ CLAIM_RULES: tuple[ClaimRule, ...] = (
 
 def _slot_ended(decider: DecisionPort, step: Step, run_id: str, parent: str) -> None:
     counters = decider.apply(EndCursorSlot(run_id))
-    if counters["slots_ended"] < counters["cap"] or not decider.apply(CompleteLoop(run_id)):
+    if counters["slots_ended"] < counters["max_in_flight"] or not decider.apply(CompleteLoop(run_id)):
         return
-    stats = {"processed": counters["done"], "failed": counters["failed"], "slots": counters["cap"]}
+    stats = {"processed": counters["done"], "failed": counters["failed"], "slots": counters["max_in_flight"]}
     fatal = counters["failed"] - counters["tolerated"]
     key = record_loop_done(decider, step, run_id, parent, stats, fatal=fatal, tolerated=counters["tolerated"])
     data: dict[str, Any] = {"stats": stats}

@@ -32,7 +32,7 @@ class CreateLoop:
     step: str
     mode: str
     total: int
-    cap: int
+    max_in_flight: int
     collection: Any
     context: dict[str, Any] = field(default_factory=dict)
 
@@ -48,7 +48,7 @@ class ClaimIndexes:
 @dataclass(frozen=True)
 class CountIteration:
     """Count one finished loop iteration (guarded: in a deferred decision the statement checks
-    the execution head, and a moved head raises Redecide). `unless_last`: the loop's (cap, total)
+    the execution head, and a moved head raises Redecide). `unless_last`: the loop's (max_in_flight, total)
     as this process knows them; a strict deferred decision leaves the count to its last write.
     Returns the loop's counters (`done` None when the count was left to the last write)."""
 

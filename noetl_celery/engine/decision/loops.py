@@ -5,17 +5,20 @@ is over (`unit_done`): the decider calls only these two. `CollectionLoop` runs a
 list with a known total; `CursorLoop` (engine/decision/cursor_loop.py) pulls rows from a database
 through slots, with no total known in advance.
 
-Collection loops: on_event fans a loop step out into one task per iteration (or per chunk), under a cap.
+Collection loops: on_event fans a loop step out into one task per iteration (or per chunk), at most
+`max_in_flight` of them at once (the plan's Loop.max_in_flight; 1 for a sequential loop).
 
 - The collection is rendered once when the loop starts and stored once (noetl_loop.collection;
   above NOETL_MAX_RESULT_BYTES by reference, store/blobs.py: a collection that is a step's result
   stored by reference is that same stored value); each iteration message carries only its own
   element. Processes cache the collection by run id (one above the row cap through the bounded
   cache of values stored by reference, NOETL_STORED_CACHE_BYTES).
-- At start, min(cap, total) iterations are dispatched (indexes 0 to cap - 1). Each finished
-  iteration increments `done` atomically (in the transaction that records its completion row),
-  and the completion of index i dispatches index i + cap if it exists: every index is sent once,
-  by the one completion of the index cap before it, and at most `cap` are in flight. Which index
+- At start, min(max_in_flight, total) iterations are dispatched (indexes 0 to max_in_flight - 1),
+  and the loop's row keeps max_in_flight (noetl_loop, column `cap`). Each finished iteration
+  increments `done` atomically (in the transaction that records its completion row), and the
+  completion of index i dispatches index i + max_in_flight if it exists: every index is sent
+  once, by the one completion of the index max_in_flight before it, and at most max_in_flight
+  are in flight. Which index
   comes next needs no counter, so an iteration that is not the loop's last is counted and
   recorded by one statement (entries.CountIteration, written by write.count_iteration).
 - The completion that makes done == total marks the loop completed (a guarded UPDATE: exactly
@@ -132,7 +135,7 @@ def fail_loop_start(decider: DecisionPort, step: Step, run_id: str, parent: str,
 
 
 class CollectionLoop:
-    """A rendered list, `cap` iterations in flight, results aggregated in collection order."""
+    """A rendered list, `max_in_flight` iterations in flight, results aggregated in collection order."""
 
     def start(self, decider: DecisionPort, step: Step, run: RunRef, parent: str, context: dict[str, Any]) -> None:
         start_loop(decider, step, run, parent, context)
@@ -192,7 +195,7 @@ def iteration_error(error: Any, task: str) -> dict[str, Any]:
 COLLECTION_LOOP = CollectionLoop()
 
 
-def loop_cap(step: Step) -> int:
+def loop_max_in_flight(step: Step) -> int:
     """Iterations of a collection loop in flight at most."""
     assert step.loop is not None
     return 1 if step.loop.mode == "sequential" else max(step.loop.max_in_flight, 1)
@@ -207,7 +210,7 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
     except TemplateError as exc:
         fail_loop_start(decider, step, run_id, parent, {"kind": ErrorKind.LOOP, "message": str(exc)})
         return
-    cap = loop_cap(step)
+    max_in_flight = loop_max_in_flight(step)
     total = len(items)
     collection = decider.apply(PutValue(items))  # above the row cap: by reference
     decider.apply(
@@ -216,7 +219,7 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
             step=step.name,
             mode=loop.mode,
             total=total,
-            cap=cap,
+            max_in_flight=max_in_flight,
             collection=collection,
             context={"frames": frames, "args": args, "parent": parent},
         )
@@ -229,12 +232,12 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
         step=step.name,
         run_id=run_id,
         parent_event_id=parent,
-        meta={"total": total, "mode": loop.mode, "cap": cap},
+        meta={"total": total, "mode": loop.mode, "cap": max_in_flight},  # the event's meta: "cap"
     )
     if total == 0:
         finish_loop(decider, step, run_id, key, [], ok_count=0, failed=0)
         return
-    first = min(cap, total)
+    first = min(max_in_flight, total)
     decider.apply(ClaimIndexes(run_id, first))
     for index in range(first):
         _dispatch_iteration(decider, step, run_id, index, items[index], frames, args, key)
@@ -308,12 +311,12 @@ def _failed_message(decider: DecisionPort, source: str, key: str) -> TaskMessage
 
 
 def next_entry(counters: dict[str, Any], iteration: int | None) -> list[Any] | None:
-    """What the completion of `iteration` sends next: index iteration + cap of the collection, or,
+    """What the completion of `iteration` sends next: index iteration + max_in_flight of the collection, or,
     in a resumed loop, entry done + offset of its queue (context "queue", "offset")."""
     context = counters.get("context") or {}
     queue = context.get("queue")
     if queue is None:
-        index = int(iteration or 0) + counters["cap"]
+        index = int(iteration or 0) + counters["max_in_flight"]
         return [index, 0, 0, 1] if index < counters["total"] else None
     position = counters["done"] + int(context.get("offset", 0))
     return list(queue[position]) if 0 <= position < len(queue) else None
@@ -331,7 +334,7 @@ def iteration_done(
     error: Any = None,
 ) -> None:
     """Count the iteration, dispatch the next index, and finish the loop on the last one."""
-    shape = (loop_cap(step), len(_collection(decider, message.run_id)))
+    shape = (loop_max_in_flight(step), len(_collection(decider, message.run_id)))
     counters = decider.apply(CountIteration(message.run_id, ok=ok, tolerated=tolerated, unless_last=shape))
     done, total = counters["done"], counters["total"]
     entry = next_entry(counters, message.iteration)

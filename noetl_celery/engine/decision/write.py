@@ -90,15 +90,15 @@ def count_iteration(d: Decided, entry: en.CountIteration) -> dict[str, Any]:
     """Count one finished loop iteration (`repo.loop_iteration_done`); in a deferred decision
     the same statement reads and locks the execution head.
 
-    `entry.unless_last`: the loop's (cap, total) as this process knows them. A strict deferred
+    `entry.unless_last`: the loop's (max_in_flight, total) as this process knows them. A strict deferred
     decision then leaves the count to its last write, which refuses it when the iteration is
     the loop's last (Redecide: the classic decision finishes the loop); the counters returned
     have `done` None, and the caller goes on as for an iteration that is not the last."""
     run_id, ok, tolerated = entry.run_id, entry.ok, entry.tolerated
     if entry.unless_last is not None and d.strict and d.deferred and d.later_count is None:
-        cap, total = entry.unless_last
-        d.later_count = IterationCount(run_id, ok, tolerated, cap, total)
-        return {"done": None, "cap": cap, "total": total, "context": None}
+        max_in_flight, total = entry.unless_last
+        d.later_count = IterationCount(run_id, ok, tolerated, max_in_flight, total)
+        return {"done": None, "max_in_flight": max_in_flight, "total": total, "context": None}
     if not d.deferred:
         return repo.loop_iteration_done(checked(d), run_id, ok=ok, tolerated=tolerated)
     d.deferred = False
@@ -117,7 +117,7 @@ def _create_loop(d: Decided, entry: en.CreateLoop) -> None:
             "step": entry.step,
             "mode": entry.mode,
             "total": entry.total,
-            "cap": entry.cap,
+            "max_in_flight": entry.max_in_flight,
             "collection": entry.collection,
             "context": entry.context,
         },

@@ -11,8 +11,9 @@ cancelled or failed, and the loop whose failure failed the execution):
 The re-runs and never-dispatched indexes form the loop's queue (context "queue", entries
 [index, task index, seq, attempt] and, for a re-run, the event that sent the failed attempt,
 whose message runs again); the failures re-run are uncounted (done and failed), the loop is
-running again, and the first entries are sent up to the cap. Each later completion sends entry
-done + offset (engine/decision/loops.py next_entry), so the cap holds and no entry is sent twice. A loop
+running again, and the first entries are sent up to its max_in_flight. Each later completion
+sends entry done + offset (engine/decision/loops.py next_entry), so max_in_flight holds and no
+entry is sent twice. A loop
 that had failed its step gets its `loop.done` and `step.done` rows archived, so both end again.
 """
 
@@ -60,7 +61,7 @@ def reopen_loops(
         if not queue and not in_flight:
             continue
         base = int(loop["done"]) - rerun
-        first = max(0, min(int(loop["cap"]) - in_flight, len(queue)))
+        first = max(0, min(int(loop["max_in_flight"]) - in_flight, len(queue)))
         context = {**(loop.get("context") or {}), "queue": queue, "offset": first - base - 1}
         repo.reopen_loop(decider.conn, run_id, rerun=rerun, context=context)
         if failed_loop:
