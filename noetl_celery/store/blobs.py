@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import zlib
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import Connection
 
 from noetl_celery.config import limits, secret_registry
+from noetl_celery.core.bounded_cache import SizeBoundedCache
 from noetl_celery.store import kernel
 from noetl_celery.store.db import single_read, transaction
 
@@ -181,17 +180,12 @@ def url_reader(url: str) -> Callable[[Mapping[str, Any]], Any]:
 _MISSING = object()
 
 
-class ValueCache:
-    """Decoded values, least recently used dropped first, bounded by the JSON size of what it holds
-    (`bound()`, read at each keep; by default NOETL_STORED_CACHE_BYTES). `get`/`keep` hold values
-    stored by reference, by their reference; `lookup`/`hold` any value under a key of the caller's
-    (a cursor frame, engine/decision/cursor_loop.py)."""
+class ValueCache(SizeBoundedCache):
+    """Values stored by reference, decoded, by their reference (`get`/`keep`), in a
+    `SizeBoundedCache` bounded by default by NOETL_STORED_CACHE_BYTES."""
 
     def __init__(self, bound: Callable[[], int] | None = None) -> None:
-        self._values: OrderedDict[Hashable, tuple[int, Any]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self._bound = bound or (lambda: limits.stored_cache_bytes())
+        super().__init__(bound or (lambda: limits.stored_cache_bytes()))
 
     @staticmethod
     def _key(ref: Mapping[str, Any]) -> tuple[int, str]:
@@ -202,46 +196,6 @@ class ValueCache:
 
     def keep(self, ref: Mapping[str, Any], value: Any) -> None:
         self.hold(self._key(ref), int(ref["size"]), value)
-
-    def lookup(self, key: Hashable, default: Any = None) -> Any:
-        """The value held under `key` (`default` when none is)."""
-        with self._lock:
-            found = self._values.get(key)
-            if found is None:
-                return default
-            self._values.move_to_end(key)
-            return found[1]
-
-    def hold(self, key: Hashable, size: int, value: Any) -> None:
-        """Hold `value` (`size`: its JSON bytes) under `key`; a value above the bound is not held."""
-        bound = self._bound()
-        if size > bound:
-            return
-        with self._lock:
-            old = self._values.pop(key, None)
-            if old is not None:
-                self._bytes -= old[0]
-            self._values[key] = (size, value)
-            self._bytes += size
-            while self._bytes > bound:
-                _, (dropped, _) = self._values.popitem(last=False)
-                self._bytes -= dropped
-
-    @property
-    def held_bytes(self) -> int:
-        return self._bytes
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __iter__(self) -> Iterator[Hashable]:
-        with self._lock:
-            return iter(list(self._values))
-
-    def clear(self) -> None:
-        with self._lock:
-            self._values.clear()
-            self._bytes = 0
 
 
 CACHE = ValueCache()

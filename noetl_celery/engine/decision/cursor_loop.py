@@ -37,14 +37,13 @@ Everything here runs inside on_event; workers only run claims and the rows' task
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from noetl_celery import cursors
 from noetl_celery.core import vocabulary as ev
+from noetl_celery.core.bounded_cache import SizeBoundedCache
 from noetl_celery.core.vocabulary import ErrorKind
 from noetl_celery.dsl.plan import Action, Step
 from noetl_celery.engine import deadlines
@@ -175,43 +174,8 @@ CURSOR_LOOP = CursorLoop()
 FRAME_CACHE_BYTES = 32 * 1024 * 1024  # JSON bytes of the frames a process keeps read, at most
 
 
-class KeptFrames:
-    """The frames a process read, least recently used dropped first, bounded by their JSON size
-    (FRAME_CACHE_BYTES, read at each keep); a frame above the bound is not kept."""
-
-    def __init__(self) -> None:
-        self._values: OrderedDict[Hashable, tuple[int, list[Any]]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def lookup(self, key: Hashable) -> list[Any] | None:
-        with self._lock:
-            found = self._values.get(key)
-            if found is None:
-                return None
-            self._values.move_to_end(key)
-            return found[1]
-
-    def hold(self, key: Hashable, size: int, frame: list[Any]) -> None:
-        bound = FRAME_CACHE_BYTES
-        if size > bound:
-            return
-        with self._lock:
-            old = self._values.pop(key, None)
-            if old is not None:
-                self._bytes -= old[0]
-            self._values[key] = (size, frame)
-            self._bytes += size
-            while self._bytes > bound:
-                _, (dropped, _) = self._values.popitem(last=False)
-                self._bytes -= dropped
-
-    def __iter__(self) -> Iterator[Hashable]:
-        with self._lock:
-            return iter(list(self._values))
-
-
-_frames = KeptFrames()  # by (store, execution, the row keeping it)
+# the frames a process read, by (store, execution, the row keeping it)
+_frames = SizeBoundedCache(lambda: FRAME_CACHE_BYTES)
 
 
 def _frame(decider: DecisionPort, message: TaskMessage) -> tuple[list[Any], int, str | None]:
