@@ -8,7 +8,7 @@ event be decided again (Redecide).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,47 +24,9 @@ from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.messages import TaskMessage
 from noetl_celery.store import repo
+from tests.support.reads import ReadsInMemory
 
 EXECUTION = 7
-
-
-class ReadsInMemory:
-    """`Reads` over rows and loop rows held in memory."""
-
-    def __init__(self, rows: list[dict[str, Any]] | None = None, loops: dict[str, dict[str, Any]] | None = None):
-        self.rows = rows or []
-        self.loops = loops or {}
-
-    def count_events(self, event_type: str) -> int:
-        return sum(1 for r in self.rows if r["event_type"] == event_type)
-
-    def event(self, event_id: str) -> dict[str, Any] | None:
-        return next((r for r in self.rows if r["event_id"] == event_id), None)
-
-    def event_meta(self, event_id: str) -> dict[str, Any]:
-        return (self.event(event_id) or {}).get("meta") or {}
-
-    def run_events(self, run_id: str, event_type: str, columns: Sequence[str]) -> list[dict[str, Any]]:
-        found = [r for r in self.rows if r.get("run_id") == run_id and r["event_type"] == event_type]
-        return [{c: r.get(c) for c in columns} for r in found]
-
-    def run_results(self, run_id: str, event_type: str) -> list[Any]:
-        return [r["result"] for r in self.run_events(run_id, event_type, ("result",))]
-
-    def loop(self, run_id: str, *, with_collection: bool = False) -> dict[str, Any] | None:
-        return self.loops.get(run_id)
-
-    def value(self, reference: Mapping[str, Any]) -> Any:
-        raise AssertionError("no value is stored by reference here")
-
-    def execution_link(self) -> dict[str, Any] | None:
-        return None
-
-    def playbook(self, path: str) -> dict[str, Any] | None:
-        return None
-
-    def store_key(self) -> str:
-        return "memory"
 
 
 @dataclass

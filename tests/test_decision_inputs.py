@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from noetl_celery.core.errors import TemplateError
@@ -13,38 +11,7 @@ from noetl_celery.engine.decision.inputs import Bound, Bounds, DecisionInputs, R
 from noetl_celery.engine.decision.loops import build_items
 from noetl_celery.engine.decision.reads import Reads
 from noetl_celery.engine.messages import TaskMessage
-
-
-class RowsInMemory:
-    """`Reads` over rows held in a list (what a replay or a test hands a decision)."""
-
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-
-    def count_events(self, event_type: str) -> int:
-        return sum(1 for r in self.rows if r["event_type"] == event_type)
-
-    def event(self, event_id: str) -> dict[str, Any] | None:
-        return next((r for r in self.rows if r["event_id"] == event_id), None)
-
-    def event_meta(self, event_id: str) -> dict[str, Any]:
-        return (self.event(event_id) or {}).get("meta") or {}
-
-    def run_events(self, run_id: str, event_type: str, columns: Any) -> list[dict[str, Any]]:
-        return [
-            {c: r.get(c) for c in columns}
-            for r in self.rows
-            if r.get("run_id") == run_id and r["event_type"] == event_type
-        ]
-
-    def run_results(self, run_id: str, event_type: str) -> list[Any]:
-        return [r["result"] for r in self.run_events(run_id, event_type, ("result",))]
-
-    def loop(self, run_id: str, *, with_collection: bool = False) -> dict[str, Any] | None:
-        return None
-
-    def value(self, reference: Any) -> Any:
-        raise AssertionError("no reference in these rows")
+from tests.support.reads import ReadsInMemory
 
 
 def test_recorded_draws_give_back_what_lies_in_range_then_draw_anew():
@@ -74,7 +41,7 @@ def test_the_loop_item_bound_comes_from_the_inputs():
 
 
 def test_pages_are_collected_from_reads_held_in_memory():
-    reads: Reads = RowsInMemory(
+    reads: Reads = ReadsInMemory(
         [
             {
                 "event_type": "page.completed",

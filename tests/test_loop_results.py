@@ -7,11 +7,11 @@ from typing import Any
 
 from noetl_celery.core import vocabulary as ev
 from noetl_celery.engine.decision.loops import _final_rows, _first_failures, _ordered_results
-from tests.test_decision_inputs import RowsInMemory
+from tests.support.reads import ReadsInMemory
 
 
 def _decider(rows: list[dict[str, Any]], decided: list[dict[str, Any]]) -> Any:
-    return SimpleNamespace(reads=RowsInMemory(rows), decided=lambda: decided)
+    return SimpleNamespace(reads=ReadsInMemory(rows), decided=lambda: decided)
 
 
 def _message(iteration: int) -> Any:
