@@ -162,7 +162,27 @@ def test_a_cancel_and_values_stored_by_reference_replay_in_memory(store, tmp_pat
 
     no_database_but(monkeypatch, store)
     blobs.CACHE.clear()
+    read: list[str] = []
+    kept: list[str] = []
+    url_reader, put_value = blobs.url_reader, MemoryStore.put_value
+
+    def reader(url: str) -> Any:
+        def read_one(ref: Any) -> Any:
+            read.append(ref["sha256"])
+            return url_reader(url)(ref)
+
+        return read_one
+
+    def put(self: MemoryStore, execution_id: int, value: Any) -> Any:
+        stored = put_value(self, execution_id, value)
+        if blobs.limits.is_reference(stored):
+            kept.append(stored["sha256"])
+        return stored
+
+    monkeypatch.setattr(blobs, "url_reader", reader)
+    monkeypatch.setattr(MemoryStore, "put_value", put)
     replayed_without_a_difference(store, big)
+    assert read and kept  # the worker's result read from the recorded store, the loop's kept in memory
     replayed_without_a_difference(store, cancelled)
 
 
