@@ -3,18 +3,21 @@
 Temporal's Replayer for this engine. The recorded log of an execution holds every decision's
 cause: the start, and each attempt's outcome row (`action.completed`, `iteration.failed`, ...),
 whose columns are the outcome and the report the worker sent, and whose task message is in the
-dispatch list (`meta.dispatch`) of the decision that sent it. `replay` copies the execution's row
-(its stored plan) into a scratch SQLite store, decides its start there, then rebuilds each
-outcome's on_event payload, in the recorded order, and calls `orchestrator.handle_event` on the
-scratch store: the decisions of the code that runs now, in-process, with no tool run and nothing
-written to the store being replayed. After each decision the rows it wrote and the messages it
-dispatched are compared with the recorded ones (not ids, timestamps or deadlines); the first
-decision that differs is reported.
+dispatch list (`meta.dispatch`) of the decision that sent it. `replay` reads the execution's row
+(its stored plan and workload), its rows and the catalog from the recorded store, and holds the
+execution in memory (replay_store.MemoryStore: its head, rows, variables, loops, joins and values
+kept by reference; no database, no file). It decides the start there, then rebuilds each
+outcome's on_event payload, in the recorded order, and calls `orchestrator.decide_in` on the
+store in memory: the decisions of the code that runs now, in-process, with no tool run and
+nothing written to the store being replayed (whose values kept by reference are read when a
+decision needs one). After each decision the rows it wrote and the messages it dispatched are
+compared with the recorded ones (not ids, timestamps or deadlines); the first decision that
+differs is reported.
 
 What cannot be decided again is refused rather than guessed: an execution that was resumed
 (resume archives and rewrites rows), and a rerun (engine/recovery/rerun.py: its start is not on_event's).
 An end from outside the decisions (a cancel, a playbook timeout, an internal failure) is
-applied to the scratch store where the log has it, so that the outcomes after it are decided as
+applied to the store in memory where the log has it, so that the outcomes after it are decided as
 they were: recorded and ignored. A cursor claim's rows are read from the item message its
 decision sent (a claim that ran its first row: from that row's record and what it sent next);
 an iteration's outcome from `meta.reported` where its row shows the iteration's
@@ -25,26 +28,22 @@ end. A jittered retry delay is compared as the range the new code draws it from
 from __future__ import annotations
 
 import math
-import tempfile
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
 from noetl_celery.core import vocabulary as ev
 from noetl_celery.core.errors import ExecutionNotFound, NoetlError
 from noetl_celery.core.vocabulary import DispatchKind
-from noetl_celery.engine.context import STATE
 from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.decision.inputs import RecordedDraws
 from noetl_celery.engine.decision.units import REPORTED_META
 from noetl_celery.engine.messages import BATCH_EVENT, BatchEvent, Dispatch, OutcomeEvent, TaskMessage
-from noetl_celery.store import db, repo
+from noetl_celery.replay_store import MemoryStore
+from noetl_celery.store import blobs, db, repo
 
 # the rows that are an attempt's outcome (the cause of a decision, or one more outcome of a batch)
 OUTCOME_TYPES = frozenset(
@@ -110,7 +109,7 @@ class Difference:
 
     event_id: str  # the causing row's key
     event_type: str
-    row: int  # the causing row's id in the replayed store
+    row: int  # the causing row's id in the recorded store
     reason: str
     recorded_rows: list[dict[str, Any]]
     new_rows: list[dict[str, Any]]
@@ -137,53 +136,25 @@ class Report:
 
 
 def replay(url: str, execution_id: int) -> Report:
-    """Decide execution `execution_id` of the store at `url` again, in a scratch store; the report
-    names the first decision that differs. Reads `url` only."""
+    """Decide execution `execution_id` of the store at `url` again, on the execution held in
+    memory; the report names the first decision that differs. Reads `url` only."""
     with db.transaction(url) as conn:
         execution = repo.get_execution(conn, execution_id)
         if execution is None:
             raise ExecutionNotFound(f"no execution {execution_id} in the event store")
         rows = repo.list_events(conn, execution_id)
-        catalog = [dict(r) for r in conn.execute(select(repo.CATALOG)).mappings()]
+        catalog = [dict(r) for r in conn.execute(select(repo.CATALOG)).mappings()]  # sub-playbooks by path
         report = Report(execution_id)
         decisions = recorded_decisions(conn, rows)
-    with scratch_store() as scratch:
-        with db.transaction(scratch) as conn:
-            repo.create_execution(
-                conn,
-                execution_id=execution_id,
-                plan=execution["plan"],
-                workload=execution["workload"] or {},
-                parent_execution_id=execution["parent_execution_id"],
-                parent_event_id=execution["parent_event_id"],
-                parent_task=execution["parent_task"],
-                depth=execution["depth"] or 0,
-            )
-            if catalog:  # sub-playbooks found by catalog path
-                conn.execute(insert(repo.CATALOG), catalog)
-        try:
-            for decision in decisions:
-                difference = _decide_again(scratch, execution_id, decision)
-                if decision.payload is not None:
-                    report.decisions += 1
-                if difference is not None:
-                    report.difference = difference
-                    break
-        finally:
-            STATE.forget(scratch, execution_id)
+    store = MemoryStore(execution, catalog=catalog, values=blobs.url_reader(url))
+    for decision in decisions:
+        difference = _decide_again(store, decision)
+        if decision.payload is not None:
+            report.decisions += 1
+        if difference is not None:
+            report.difference = difference
+            break
     return report
-
-
-@contextmanager
-def scratch_store() -> Iterator[str]:
-    """A new SQLite store in a temporary directory, migrated; removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="noetl-replay-") as directory:
-        url = f"sqlite:///{Path(directory) / 'replay.db'}"
-        db.migrate(url)
-        try:
-            yield url
-        finally:
-            db.dispose_engine(url)
 
 
 # --- the recorded decisions ---------------------------------------------------------------
@@ -401,27 +372,24 @@ def _claim_outcome(row: dict[str, Any]) -> dict[str, Any]:
 # --- deciding again -----------------------------------------------------------------------
 
 
-def _decide_again(scratch: str, execution_id: int, decision: Decision) -> Difference | None:
-    """Make one recorded decision again on the scratch store; the difference, if any."""
-    with db.transaction(scratch) as conn:
-        before = repo.last_event_id(conn, execution_id)
+def _decide_again(store: MemoryStore, decision: Decision) -> Difference | None:
+    """Make one recorded decision again on the store in memory; the difference, if any."""
+    before = store.last_event_id()
     if decision.payload is None:  # an end from outside: applied as it was
         cause = decision.cause
-        with db.transaction(scratch) as conn:
-            repo.finish_execution(conn, execution_id, cause["status"], error=cause["error"])
-            repo.insert_events(conn, [{k: cause[k] for k in repo.EVENT_COLUMNS if k in cause}])
-        STATE.forget(scratch, execution_id)
+        with store.transaction():
+            store.finish_execution(store.execution_id, cause["status"], error=cause["error"])
+            store.insert_events([{k: cause[k] for k in repo.EVENT_COLUMNS if k in cause}])
         return None
     recorded_rows = [_comparable(r) for r in decision.rows]
     recorded_dispatches = _dispatches(decision.cause)
     delays = [d for r in decision.rows for d in _drawn_delays(r)]
     reason = None
     try:
-        orchestrator.handle_event(scratch, decision.payload, draws=RecordedDraws(delays))
+        orchestrator.decide_in(store, decision.payload, draws=RecordedDraws(delays))
     except Exception as exc:  # the code that runs now fails on this event
         reason = f"deciding it raised {type(exc).__name__}: {exc}"
-    with db.transaction(scratch) as conn:
-        written = repo.events_after(conn, execution_id, before)
+    written = store.events_after(before)
     new_rows = [_comparable(r) for r in written]
     new_dispatches = _dispatches(written[0]) if written else []
     if reason is None and not written:

@@ -20,6 +20,7 @@ from noetl_celery.engine.decision import cursor_loop, loops, write
 from noetl_celery.engine.decision import entries as en
 from noetl_celery.engine.decision.inputs import Bound, Bounds, DecisionInputs
 from noetl_celery.engine.decision.rows import Row, recorded
+from noetl_celery.engine.decision.sql_store import SqlDecisionStore
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.messages import TaskMessage
@@ -167,7 +168,7 @@ def test_a_cursor_slot_s_end_yields_the_slot_then_the_loop_s_completion_with_the
 class Deferred:
     """What write.py reads of a decision made on a cached head (write.Decided), without a store."""
 
-    connection: Any = None
+    store: Any = field(default_factory=lambda: SqlDecisionStore(None))  # type: ignore[arg-type]  # repo's, faked
     state: Any = None
     running: bool = True
     decision: Decision = field(default_factory=Decision)

@@ -1,7 +1,7 @@
 """`noetl-celery replay`: a recorded execution decided again by the code that runs now.
 
 Executions are recorded in-process (tests/support/harness.py) on SQLite; replay makes their
-decisions again in a scratch store and compares. Zero differences for the examples and for an
+decisions again on the execution held in memory and compares. Zero differences for the examples and for an
 execution with retries (jittered ones too) and a loop; exactly one, at the first retry's
 decision, when the retry rule's code changes between recording and replay.
 """

@@ -24,7 +24,7 @@ import hashlib
 import json
 import zlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
 
@@ -73,10 +73,20 @@ _INSERT = (
 _SELECT = "SELECT encoding, data FROM noetl_blob WHERE execution_id = ? AND sha256 = ?"
 
 
-def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False) -> Any:
-    """`value` as it may be stored in a row: itself when its JSON fits NOETL_MAX_RESULT_BYTES,
-    else a reference to it, stored once (in `conn`'s transaction), or, above
-    NOETL_MAX_STORED_BYTES, its truncation marker. `masked`: secrets are masked already."""
+class Kept(NamedTuple):
+    """A value to keep by reference (`stored_form`): the reference a row holds in its place, the
+    value (masked), its JSON text's UTF-8 bytes and their SHA-256."""
+
+    ref: dict[str, Any]
+    value: Any
+    raw: bytes
+    digest: str
+
+
+def stored_form(execution_id: int, value: Any, *, masked: bool = False) -> Any:
+    """What a row holds for `value` (`put` without the write): the value itself when its JSON fits
+    NOETL_MAX_RESULT_BYTES, its truncation marker above NOETL_MAX_STORED_BYTES, else `Kept`:
+    the value to keep once and the reference to it. `masked`: secrets are masked already."""
     limit = limits.max_result_bytes()
     if _fits(value, limit):
         return value
@@ -88,23 +98,32 @@ def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False
     digest = hashlib.sha256(raw).hexdigest()
     if len(raw) > limits.max_stored_bytes():
         return limits.marker(len(raw), digest, text, limit)
-    encoding, data = _packed(raw)
+    return Kept(limits.reference(execution_id, len(raw), digest, value, text), value, raw, digest)
+
+
+def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False) -> Any:
+    """`value` as it may be stored in a row: itself when its JSON fits NOETL_MAX_RESULT_BYTES,
+    else a reference to it, stored once (in `conn`'s transaction), or, above
+    NOETL_MAX_STORED_BYTES, its truncation marker. `masked`: secrets are masked already."""
+    form = stored_form(execution_id, value, masked=masked)
+    if not isinstance(form, Kept):
+        return form
+    encoding, data = _packed(form.raw)
     dialect = conn.dialect
     kernel.run(
         conn,
         kernel.sql(dialect, "blob.insert", _INSERT),
         (
             execution_id,
-            digest,
-            len(raw),
+            form.digest,
+            len(form.raw),
             encoding,
             data,
             kernel.bound(dialect, kernel.BLOBS, "created_at", kernel.utcnow()),
         ),
     )
-    ref = limits.reference(execution_id, len(raw), digest, value, text)
-    CACHE.keep(ref, value)
-    return ref
+    CACHE.keep(form.ref, form.value)
+    return form.ref
 
 
 def put_new(url: str, execution_id: int, value: Any, *, masked: bool = False) -> Any:
@@ -121,19 +140,27 @@ def by_reference(
     """A decision's event rows and variables with every `result` and variable value above
     NOETL_MAX_RESULT_BYTES stored once and replaced by its reference (`put`). A value stored
     twice in one decision (a step's result: its variable and its step.completed row) is one row."""
+    execution_id = rows[0]["execution_id"] if rows else 0
+    return with_references(rows, variables, lambda value: put(conn, execution_id, value))
+
+
+def with_references(
+    rows: list[dict[str, Any]], variables: dict[str, dict[str, Any]], keep: Callable[[Any], Any]
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """`by_reference` with `keep` (`put` in a transaction) storing each value above
+    NOETL_MAX_RESULT_BYTES, once per value, and giving what a row holds in its place."""
     limit = limits.max_result_bytes()
     if all(_fits(r.get("result"), limit) for r in rows) and all(
         _fits(v, limit) for values in variables.values() for v in values.values()
     ):
         return rows, variables
-    execution_id = rows[0]["execution_id"]
     stored: dict[int, Any] = {}  # id of a value -> what was stored for it
 
     def kept(value: Any) -> Any:
         if _fits(value, limit):
             return value
         if id(value) not in stored:
-            stored[id(value)] = put(conn, execution_id, value)
+            stored[id(value)] = keep(value)
         return stored[id(value)]
 
     new_rows = [{**r, "result": kept(r["result"])} if "result" in r else r for r in rows]

@@ -1,10 +1,10 @@
 """The Decider's core: the decision in progress, its bounds, its reads of the store, its records.
 
 `DecisionCore` holds one event's `Decision` (value.py) and what its write needs (write.py): the
-connection, the head it assumes (`deferred`, `version`, `strict`), and what the write left. The
-role classes build on it: outcomes.py (an attempt's outcome: policy, retry, pages), tasks.py
-(dispatch, routing-only tasks, the end of a unit), steps.py (step start and end, routing, joins);
-orchestrator.py composes them into the Decider.
+store it is written to (store_port.py), the head it assumes (`deferred`, `version`, `strict`),
+and what the write left. The role classes build on it: outcomes.py (an attempt's outcome:
+policy, retry, pages), tasks.py (dispatch, routing-only tasks, the end of a unit), steps.py
+(step start and end, routing, joins); orchestrator.py composes them into the Decider.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from noetl_celery.engine.decision.entries import Entry
 from noetl_celery.engine.decision.inputs import DecisionInputs
 from noetl_celery.engine.decision.reads import Reads
 from noetl_celery.engine.decision.rows import OpenRow, Row
-from noetl_celery.engine.decision.store_reads import StoreReads
+from noetl_celery.engine.decision.sql_store import SqlDecisionStore
+from noetl_celery.engine.decision.store_port import DecisionStore
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.messages import Dispatch, TaskMessage
@@ -50,9 +51,12 @@ class DecisionCore:
     `version`. The head is then read by the first statement of the transaction: a loop counter's
     update carries it, locked FOR KEY SHARE (write.count_iteration); the execution counters' update
     in `flush` returns it, the row locked by the update itself; any other statement reads it
-    first (write.checked). A head that does not match raises Redecide."""
+    first (write.checked). A head that does not match raises Redecide.
 
-    connection: Connection
+    `store`: where the decision reads its head and rows and writes (store_port.py); by default
+    the event store through `connection`, the decision transaction's."""
+
+    connection: Connection | None
     state: ExecutionState
     running: bool
     decision: Decision = field(default_factory=Decision)
@@ -74,6 +78,12 @@ class DecisionCore:
     steps_run: int | None = None  # step runs recorded before this decision, once counted (`_too_many_steps`)
     # per step run: what lenient renders of its routing-only tasks hid, for its step.completed row
     hidden_notes: dict[str, list[str]] = field(default_factory=dict)
+    store: DecisionStore = None  # type: ignore[assignment]  # set in __post_init__ when not given
+
+    def __post_init__(self) -> None:
+        if self.store is None:
+            assert self.connection is not None, "a decision is written to a store or through a connection"
+            self.store = SqlDecisionStore(self.connection)
 
     def inline_bound(self) -> int:
         """Steps (or loop iterations) without work one decision may chain (MAX_INLINE_DEPTH)."""
@@ -130,13 +140,13 @@ class DecisionCore:
     @property
     def reads(self) -> Reads:
         """The execution's recorded rows, read in this decision's transaction (reads.py)."""
-        return StoreReads(lambda: self.conn, self.execution_id)
+        return self.store.reads(self.execution_id, lambda: self.conn)
 
     @property
     def conn(self) -> Connection:
         """The transaction's connection; the head is checked before any statement uses it
         (write.checked). Strategies write through `apply`, never through it."""
-        return write.checked(self)
+        return write.checked(self).connection
 
     def apply(self, entry: Entry) -> Any:
         """Write one entry a strategy decided (entries.py) through write.py; returns its answer."""

@@ -7,6 +7,9 @@ One call handles one event in one database transaction:
   3. record the decision rows, variables and the execution's counters,
   4. after commit, publish the messages. A redelivered event whose row exists re-publishes the
      stored messages (flagged `replay`), so a crash between commit and publish loses nothing.
+
+The decision reads and writes through a `DecisionStore` (store_port.py): the event store in its
+transaction (`handle_event`), or a store held in memory (`decide_in`, what replay decides on).
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from noetl_celery.engine.context import STATE, ExecutionState, seed_of
 from noetl_celery.engine.decision import core, policy_eval, write
 from noetl_celery.engine.decision.inputs import DecisionInputs, Draws
 from noetl_celery.engine.decision.outcomes import OutcomeRules
+from noetl_celery.engine.decision.sql_store import SqlDecisionStore
 from noetl_celery.engine.decision.steps import StepFlow
+from noetl_celery.engine.decision.store_port import DecisionStore, HeldStore
 from noetl_celery.engine.decision.tasks import TaskFlow
 from noetl_celery.engine.decision.write import DuplicateEvent, Redecide
 from noetl_celery.engine.messages import BATCH_EVENT, Dispatch, OutcomeEvent, TaskMessage
 from noetl_celery.store import blobs, repo
-from noetl_celery.store.db import commit_suffix, decision_transaction, transaction
+from noetl_celery.store.db import decision_transaction, transaction
 from noetl_celery.templates.render import reading
 
 log = logging.getLogger(__name__)
@@ -120,46 +125,89 @@ def _decide(
     `strict`: its last write may commit it, and refuses rows that exist (Redecide): the first
     try of every event. The second, after a Redecide, tells a redelivery (DuplicateEvent) from
     rows that may exist."""
+    with decision_transaction(url) as conn, reading(blobs.reader(conn)):  # results stored by reference
+        return _decide_on(SqlDecisionStore(conn, url), payload, outcomes, state, inputs, strict=strict)
+
+
+def _decide_on(
+    store: DecisionStore,
+    payload: dict[str, Any],
+    outcomes: list[Outcome],
+    state: ExecutionState | None,
+    inputs: DecisionInputs,
+    *,
+    strict: bool,
+) -> tuple[Decider, list[Dispatch]] | None:
+    """Decide one event on `store`, inside its transaction (see `_decide`)."""
     execution_id = int(payload["execution_id"])
     kind = payload["kind"]
-    with decision_transaction(url) as conn, reading(blobs.reader(conn)):  # results stored by reference
-        if state is not None:
-            decider = Decider(
-                connection=conn,
-                state=state,
-                running=True,
-                version=state.version,
-                inputs=inputs,
-                deferred=True,
-                strict=strict and len(outcomes) == 1 and commit_suffix(conn) is not None,
-            )
-        else:
-            head = repo.execution_head(conn, execution_id, deciding=True)
-            if head is None:
-                log.warning("event for unknown execution %s dropped", execution_id)
-                return None
-            state = STATE.get(url, execution_id, min_version=head["state_version"], conn=conn)
-            decider = Decider(
-                connection=conn,
-                state=state,
-                running=head["status"] == "running",
-                version=head["state_version"],
-                inputs=inputs,
-            )
-        if kind == PayloadKind.START:
-            decider.start_execution()
-        elif kind in (PayloadKind.OUTCOME, PayloadKind.BATCH):
-            for message, outcome, report in outcomes:
-                decider.depth = 0
-                decider.on_outcome(message, outcome, report)
-            if len(outcomes) == 1 and kind == PayloadKind.OUTCOME:  # its outcome row answers the lease
-                decider.decision.settles = outcomes[0][0].lease
-        else:
-            raise ValueError(f"unknown event kind {kind!r}")
-        dispatches = decider.flush(last=strict)
-        if decider.deferred:  # nothing was written: impossible, flush inserts the causing row
-            raise Redecide()
+    if state is not None:
+        decider = Decider(
+            connection=store.connection,
+            store=store,
+            state=state,
+            running=True,
+            version=state.version,
+            inputs=inputs,
+            deferred=True,
+            strict=strict and len(outcomes) == 1 and store.last_write_commits(),
+        )
+    else:
+        head = store.execution_head(execution_id, deciding=True)
+        if head is None:
+            log.warning("event for unknown execution %s dropped", execution_id)
+            return None
+        state = store.state(execution_id, head["state_version"])
+        decider = Decider(
+            connection=store.connection,
+            store=store,
+            state=state,
+            running=head["status"] == "running",
+            version=head["state_version"],
+            inputs=inputs,
+        )
+    if kind == PayloadKind.START:
+        decider.start_execution()
+    elif kind in (PayloadKind.OUTCOME, PayloadKind.BATCH):
+        for message, outcome, report in outcomes:
+            decider.depth = 0
+            decider.on_outcome(message, outcome, report)
+        if len(outcomes) == 1 and kind == PayloadKind.OUTCOME:  # its outcome row answers the lease
+            decider.decision.settles = outcomes[0][0].lease
+    else:
+        raise ValueError(f"unknown event kind {kind!r}")
+    dispatches = decider.flush(last=strict)
+    if decider.deferred:  # nothing was written: impossible, flush inserts the causing row
+        raise Redecide()
     return decider, dispatches
+
+
+def decide_in(store: HeldStore, payload: dict[str, Any], *, draws: Draws | None = None) -> list[Dispatch]:
+    """Decide on one event on a store held in memory, as `handle_event` decides on the event
+    store: each try in a transaction of `store`, the redecide loop, no process state cache (the
+    state is the store's). A redelivery (DuplicateEvent) is dropped: nothing is written and
+    nothing published again. Returns what the decision dispatches."""
+    execution_id = int(payload["execution_id"])
+    kind = payload["kind"]
+    outcomes = outcomes_of(payload) if kind in (PayloadKind.OUTCOME, PayloadKind.BATCH) else []
+    inputs = DecisionInputs.load(draws)
+    try:
+        with policy_eval.drawing(inputs.draws):
+            decided = write.decide_until_current(
+                lambda first: _decide_held(store, payload, outcomes, inputs, strict=first), forget=lambda: None
+            )
+    except DuplicateEvent:
+        log.info("event %s of execution %s decided before: dropped", payload.get("kind"), execution_id)
+        return []
+    return [] if decided is None else decided[1]
+
+
+def _decide_held(
+    store: HeldStore, payload: dict[str, Any], outcomes: list[Outcome], inputs: DecisionInputs, *, strict: bool
+) -> tuple[Decider, list[Dispatch]] | None:
+    """One try of `decide_in`, in one transaction of the store (undone by an exception)."""
+    with store.transaction(), reading(store.value_reader()):
+        return _decide_on(store, payload, outcomes, None, inputs, strict=strict)
 
 
 def start_new(conn: Connection, state: ExecutionState, create_row: Callable[[int, int], None]) -> list[Dispatch]:

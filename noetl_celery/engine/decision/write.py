@@ -3,10 +3,11 @@
 The Decider (orchestrator.py) decides *what* happens: rows, dispatches, variables, counter
 changes, the end of the execution. This module owns *how* it is written: the execution
 counters' update (or the new execution's insert), the one-statement write of rows and
-variables (`repo.record_decision`), the optimistic concurrency of a decision made on a cached
+variables (`record_decision`), the optimistic concurrency of a decision made on a cached
 head (a moved head raises Redecide, and `decide_until_current` decides again the classic way), the
 duplicate check of a redelivered event (DuplicateEvent), and the process's state cache after
-the commit.
+the commit. Every write goes through the decision's `DecisionStore` (store_port.py): the
+event store in its transaction (sql_store.py), or replay's store held in memory.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from noetl_celery.engine.context import STATE, ExecutionState
 from noetl_celery.engine.decision import batching, subplaybooks
 from noetl_celery.engine.decision import entries as en
 from noetl_celery.engine.decision.inputs import DecisionInputs
+from noetl_celery.engine.decision.store_port import DecisionStore
 from noetl_celery.engine.decision.value import Decision
 from noetl_celery.engine.messages import Dispatch
-from noetl_celery.store import blobs, repo
+from noetl_celery.store import repo
 
 IterationCount = repo.IterationCount  # an iteration's count left to the decision's last write
 
@@ -42,7 +44,7 @@ class Redecide(Exception):
 class Decided(Protocol):
     """The decision in progress as the write reads it: its `Decision` value and the head it assumed."""
 
-    connection: Connection
+    store: DecisionStore
     state: ExecutionState
     running: bool
     decision: Decision
@@ -71,13 +73,13 @@ T = TypeVar("T")
 # --- the head a decision assumed, and the writes strategies ask for (entries.py) -----------------
 
 
-def checked(d: Decided) -> Connection:
-    """The transaction's connection; a deferred decision reads (and locks) the execution head
-    before the first statement that uses it, and a head that moved on raises Redecide."""
+def checked(d: Decided) -> DecisionStore:
+    """The decision's store; a deferred decision reads (and locks) the execution head before
+    the first statement that uses it, and a head that moved on raises Redecide."""
     if d.deferred:
         d.deferred = False
-        check_head(d, repo.execution_head(d.connection, d.execution_id, deciding=True))
-    return d.connection
+        check_head(d, d.store.execution_head(d.execution_id, deciding=True))
+    return d.store
 
 
 def check_head(d: Decided, head: dict[str, Any] | None) -> None:
@@ -100,17 +102,16 @@ def count_iteration(d: Decided, entry: en.CountIteration) -> dict[str, Any]:
         d.later_count = IterationCount(run_id, ok, tolerated, max_in_flight, total)
         return {"done": None, "max_in_flight": max_in_flight, "total": total, "context": None}
     if not d.deferred:
-        return repo.loop_iteration_done(checked(d), run_id, ok=ok, tolerated=tolerated)
+        return checked(d).loop_iteration_done(run_id, ok=ok, tolerated=tolerated)
     d.deferred = False
-    counters, head = repo.loop_iteration_done_checked(d.connection, d.execution_id, run_id, ok=ok, tolerated=tolerated)
+    counters, head = d.store.loop_iteration_done_checked(d.execution_id, run_id, ok=ok, tolerated=tolerated)
     check_head(d, head)
     assert counters is not None
     return counters
 
 
 def _create_loop(d: Decided, entry: en.CreateLoop) -> None:
-    repo.create_loop(
-        checked(d),
+    checked(d).create_loop(
         {
             "run_id": entry.run_id,
             "execution_id": d.execution_id,
@@ -125,8 +126,7 @@ def _create_loop(d: Decided, entry: en.CreateLoop) -> None:
 
 
 def _create_child(d: Decided, entry: en.CreateChildExecution) -> None:
-    repo.create_execution(
-        checked(d),
+    checked(d).create_execution(
         execution_id=entry.execution_id,
         plan=entry.plan,
         workload=entry.workload,
@@ -139,14 +139,14 @@ def _create_child(d: Decided, entry: en.CreateChildExecution) -> None:
 
 
 _APPLY: dict[type, Callable[[Decided, Any], Any]] = {
-    en.PutValue: lambda d, e: blobs.put(checked(d), d.execution_id, e.value),
+    en.PutValue: lambda d, e: checked(d).put_value(d.execution_id, e.value),
     en.CreateLoop: _create_loop,
-    en.ClaimIndexes: lambda d, e: repo.claim_loop_indexes(checked(d), e.run_id, e.count),
+    en.ClaimIndexes: lambda d, e: checked(d).claim_loop_indexes(e.run_id, e.count),
     en.CountIteration: count_iteration,
-    en.CompleteLoop: lambda d, e: repo.complete_loop(checked(d), e.run_id),
-    en.EndCursorSlot: lambda d, e: repo.end_loop_slot(checked(d), e.run_id),
-    en.OpenJoin: lambda d, e: repo.open_join(checked(d), d.execution_id, e.fork_id, e.join_step, e.width),
-    en.SettleJoin: lambda d, e: repo.settle_join(checked(d), d.execution_id, e.fork_id, arrived=e.arrived),
+    en.CompleteLoop: lambda d, e: checked(d).complete_loop(e.run_id),
+    en.EndCursorSlot: lambda d, e: checked(d).end_loop_slot(e.run_id),
+    en.OpenJoin: lambda d, e: checked(d).open_join(d.execution_id, e.fork_id, e.join_step, e.width),
+    en.SettleJoin: lambda d, e: checked(d).settle_join(d.execution_id, e.fork_id, arrived=e.arrived),
     en.CreateChildExecution: _create_child,
 }
 
@@ -182,8 +182,7 @@ def flush(d: Decided, *, last: bool = False) -> list[Dispatch]:
     row that exists, raising Redecide (see `repo.record_decision`)."""
     version, finished, bump = _counters(d, last)
     if d.decision.failure is not None:
-        repo.finish_execution(
-            checked(d),
+        checked(d).finish_execution(
             d.execution_id,
             "failed",
             error=d.decision.failure["error"],
@@ -246,8 +245,8 @@ def _bump_counters(d: Decided, last: bool, step: int) -> tuple[int, int, repo.Bu
         d.deferred = True  # the write checks the head
         pending = 1 if bump.expected is None else bump.expected + bump.pending
         return pending, d.version + step, bump
-    pending, version, status = repo.bump_execution(
-        d.connection if deferred else checked(d), d.execution_id, pending=d.decision.pending, version=step
+    pending, version, status = (d.store if deferred else checked(d)).bump_execution(
+        d.execution_id, pending=d.decision.pending, version=step
     )
     if deferred and (status != "running" or version != d.version + step):
         raise Redecide()  # the update read the head: it moved on since the cached state
@@ -264,7 +263,7 @@ def _complete(d: Decided, bump: repo.Bump | None) -> bool:
     )
     if bump is not None:
         return bump.finish  # the write completes it
-    return bool(repo.finish_execution(checked(d), d.execution_id, "completed"))
+    return bool(checked(d).finish_execution(d.execution_id, "completed"))
 
 
 def _dispatches(d: Decided, version: int, finished: bool) -> list[Dispatch]:
@@ -277,7 +276,10 @@ def _dispatches(d: Decided, version: int, finished: bool) -> list[Dispatch]:
     ]
     if d.state.parent_execution_id is not None and (finished or d.decision.failure is not None):
         status = "failed" if d.decision.failure is not None else "completed"
-        end = child_end(checked(d), d.execution_id, status, d.state.results, (d.decision.failure or {}).get("error"))
+        link = checked(d).execution_link(d.execution_id)
+        end = subplaybooks.child_end(
+            link, d.execution_id, status, d.state.results, (d.decision.failure or {}).get("error")
+        )
         if end is not None:
             dispatches.append(end)
     return dispatches
@@ -289,8 +291,7 @@ def _record(d: Decided, last: bool, bump: repo.Bump | None) -> None:
     head_version = d.version if d.deferred or d.later_count is not None else None
     d.deferred = False
     try:
-        recorded = repo.record_decision(
-            d.connection,
+        recorded = d.store.record_decision(
             d.decision.writable_rows(),
             d.decision.variables,
             new_keys=d.decision.later_causes,
