@@ -1,4 +1,4 @@
-"""`noetl-celery replay` decides on the execution held in memory (noetl_celery/replay_store.py):
+"""`noetl-celery replay` decides on the execution held in memory (noetl_celery/replay/memory_store.py):
 no database but the recorded store it reads, no file.
 
 Executions are recorded on SQLite (tests/support/harness.py); while they are replayed, a
@@ -24,7 +24,7 @@ from noetl_celery import replay
 from noetl_celery.compiler import compile_source
 from noetl_celery.engine.context import STATE
 from noetl_celery.engine.decision import orchestrator
-from noetl_celery.replay_store import MemoryStore
+from noetl_celery.replay.memory_store import MemoryStore
 from noetl_celery.store import blobs, db, repo
 from noetl_celery.store.decisions import Conflict
 from tests.support.engines import REPO_ROOT

@@ -6,7 +6,7 @@ the strategies' entries (entries.py: loops, joins, values kept by reference, a c
 the execution's link to its parent, and its recorded rows (reads.Reads).
 
 Two implementations: sql_store.SqlDecisionStore, the event store in the decision's transaction
-(every call one of `store.repo`'s, as the hot path always made it), and replay_store.MemoryStore,
+(every call one of `store.repo`'s, as the hot path always made it), and memory_store.MemoryStore,
 one execution held in memory, on which `noetl-celery replay` decides a recorded execution again
 without a database. Each call answers as `store.repo`'s function of the same name does.
 """

@@ -5,7 +5,7 @@ cause: the start, and each attempt's outcome row (`action.completed`, `iteration
 whose columns are the outcome and the report the worker sent, and whose task message is in the
 dispatch list (`meta.dispatch`) of the decision that sent it. `replay` reads the execution's row
 (its stored plan and workload), its rows and the catalog from the recorded store, and holds the
-execution in memory (replay_store.MemoryStore: its head, rows, variables, loops, joins and values
+execution in memory (memory_store.MemoryStore: its head, rows, variables, loops, joins and values
 kept by reference; no database, no file). It decides the start there, then rebuilds each
 outcome's on_event payload, in the recorded order, and calls `orchestrator.decide_in` on the
 store in memory: the decisions of the code that runs now, in-process, with no tool run and
@@ -42,7 +42,7 @@ from noetl_celery.engine.decision import orchestrator
 from noetl_celery.engine.decision.inputs import RecordedDraws
 from noetl_celery.engine.decision.units import REPORTED_META
 from noetl_celery.engine.messages import BATCH_EVENT, BatchEvent, Dispatch, OutcomeEvent, TaskMessage
-from noetl_celery.replay_store import MemoryStore
+from noetl_celery.replay.memory_store import MemoryStore
 from noetl_celery.store import blobs, db, repo
 
 # the rows that are an attempt's outcome (the cause of a decision, or one more outcome of a batch)
