@@ -198,6 +198,7 @@ def _fresh_process(**_: Any) -> None:
 def _start_sweeper(**_: Any) -> None:
     start_sweeper()  # in the worker's main process: `celery -A noetl_celery worker` needs no more
     eager.clear_stale_notes()
+    process.freeze_startup_heap()  # what the consumer and the sweeper set up
 
 
 @signals.worker_shutdown.connect
@@ -235,6 +236,7 @@ def _require_broker(sender: Any = None, **_: Any) -> None:
         message = secret_registry.mask_text(str(exc))
         log.error("%s", message)
         raise SystemExit(f"noetl_celery: {message}") from None
+    process.freeze_startup_heap()  # before the prefork pool forks its children
 
 
 def _serve_metrics() -> None:

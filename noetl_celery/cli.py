@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import sys
 from pathlib import Path
@@ -847,9 +848,14 @@ def _serve(host: str, port: int, what: str, *, runs: bool) -> None:
     from noetl_celery.dashboard.server import serve
 
     _log_format(log_format.SERVER_LEVEL)
+
+    def ready() -> None:
+        gc.freeze()  # the startup heap: no collection looks at it again (engine/transport/process.py)
+        echo(f"{what} on http://{host}:{port}/ (Ctrl-C to stop)")
+
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            serve(host, port, on_ready=lambda: echo(f"{what} on http://{host}:{port}/ (Ctrl-C to stop)"), runs=runs)
+            serve(host, port, on_ready=ready, runs=runs)
     except OSError as exc:
         echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
         sys.exit(EXIT_INVALID)
