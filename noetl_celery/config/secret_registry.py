@@ -133,18 +133,27 @@ def _configured_values() -> set[str]:
 
 _SEALED_STARTS = (CREDENTIAL_PREFIX, CREDENTIALS_FILE_VAR, *URL_VARS)  # what sealed names start with
 _SEALED_STARTS_RAW = tuple(os.fsencode(start) for start in _SEALED_STARTS)
+_SEALED_FAMILY = os.path.commonprefix(_SEALED_STARTS)  # what every one of them starts with (NOETL_)
+# os.environ's own table holds the names as bytes, as str on Windows (the os module's encodekey)
+_RAW_FAMILY, _RAW_STARTS = (
+    (_SEALED_FAMILY, _SEALED_STARTS) if os.name == "nt" else (os.fsencode(_SEALED_FAMILY), _SEALED_STARTS_RAW)
+)
+_FAMILY_LENGTH = len(_SEALED_FAMILY)
 
 
 def _environment_key() -> tuple[Any, ...]:
     """What of os.environ the configured secrets depend on: the variables whose names start like
     a sealed one's. Read from the process's raw environment table where there is one, without
-    decoding every variable (this runs before every masking pass)."""
+    decoding every variable, and a name compared with the sealed starts only when it starts with
+    NOETL_ (this runs before every masking pass)."""
     data = getattr(os.environ, "_data", None)
     if isinstance(data, dict):
         return tuple(
-            item
-            for item in data.items()
-            if item[0].startswith(_SEALED_STARTS_RAW if isinstance(item[0], bytes) else _SEALED_STARTS)
+            [
+                (name, data[name])
+                for name in data
+                if name[:_FAMILY_LENGTH] == _RAW_FAMILY and name.startswith(_RAW_STARTS)
+            ]
         )
     return tuple((k, v) for k, v in os.environ.items() if k.startswith(_SEALED_STARTS))
 

@@ -51,6 +51,23 @@ def event_processors(dialect: Dialect) -> list[Any]:
     return [kernel.PROCESSORS.bind(dialect, EVENTS, c) for c in EVENT_COLUMNS]
 
 
+_binders: dict[str, list[tuple[str, Any, Any]]] = {}
+
+
+def _event_binders(dialect: Dialect) -> list[tuple[str, Any, Any]]:
+    """Per event column: its name, its bind processor (None: the value goes as is) and what that
+    processor makes of None, worked out once (most of a row's JSON columns are None: each would
+    be serialized again to the same `null`)."""
+    found = _binders.get(dialect.name)
+    if found is None:
+        found = [
+            (c, p, None if p is None else p(None))
+            for c, p in zip(EVENT_COLUMNS, event_processors(dialect), strict=True)
+        ]
+        _binders[dialect.name] = found
+    return found
+
+
 # An event row given with a `deadline_at` (a decision with messages to dispatch) is written with
 # its lease: a noetl_lease row on its key, in the same transaction (store/leases.py reads them).
 LEASE_KEY = "deadline_at"
@@ -147,7 +164,7 @@ def insert_events(
 def event_chunks(dialect: Dialect, rows: list[dict[str, Any]]) -> list[tuple[int, list[Any]]]:
     """Event rows masked and bound, as (rows, parameters) of one INSERT each."""
     now = utcnow()
-    processors = event_processors(dialect)
+    binders = _event_binders(dialect)
     masked_rows = _masked_rows([{c: r.get(c) for c in EVENT_COLUMNS} for r in rows])
     chunks = []
     for start in range(0, len(rows), INSERT_ROWS_PER_STATEMENT):
@@ -155,9 +172,9 @@ def event_chunks(dialect: Dialect, rows: list[dict[str, Any]]) -> list[tuple[int
         params: list[Any] = []
         for masked in chunk:
             masked["created_at"] = masked["created_at"] or now
-            params.extend(
-                p(masked[c]) if p is not None else masked[c] for c, p in zip(EVENT_COLUMNS, processors, strict=True)
-            )
+            params += [
+                masked[c] if p is None else null if masked[c] is None else p(masked[c]) for c, p, null in binders
+            ]
         chunks.append((len(chunk), params))
     return chunks
 

@@ -106,17 +106,20 @@ class Mark:
     def __init__(self, task_id: str):
         self.path = MARKS / _file_name(task_id)
         self.fd: int | None = None
+        self.size: int | None = None  # bytes of the note in the file (None: not known)
 
     def note(self, message: dict[str, Any]) -> None:
         """The attempt of `message` starts now."""
         data = json.dumps(wire(message), default=str).encode()
         try:
             if self.fd is None:
-                MARKS.mkdir(mode=0o700, exist_ok=True)
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                self.fd, self.size = _open_note(self.path), 0
             os.pwrite(self.fd, data, 0)
-            os.ftruncate(self.fd, len(data))
+            if self.size is None or len(data) < self.size:  # cut what is left of a longer note
+                os.ftruncate(self.fd, len(data))
+            self.size = len(data)
         except OSError as exc:
+            self.size = None
             log.debug("eager attempt not noted: %s", exc)
 
     def close(self) -> None:
@@ -126,6 +129,16 @@ class Mark:
         os.close(self.fd)
         self.fd = None
         self.path.unlink(missing_ok=True)
+
+
+def _open_note(path: Path) -> int:
+    """The note's file, made (its directory too, the first time: no mkdir for every message)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    try:
+        return os.open(path, flags, 0o600)
+    except FileNotFoundError:  # no directory yet (or it was removed)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        return os.open(path, flags, 0o600)
 
 
 def died_in(task_id: str) -> dict[str, Any] | None:
