@@ -3,8 +3,10 @@ instead of the store (engine/decision/reads.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from noetl_celery.core import vocabulary as ev
 
 
 class ReadsInMemory:
@@ -26,6 +28,21 @@ class ReadsInMemory:
     def run_events(self, run_id: str, event_type: str, columns: Sequence[str]) -> list[dict[str, Any]]:
         found = [r for r in self.rows if r.get("run_id") == run_id and r["event_type"] == event_type]
         return [{c: r.get(c) for c in columns} for r in found]
+
+    def iteration_ends(self, run_id: str) -> Iterator[tuple[int, bool, Any]]:
+        ends = [
+            (r["iteration"], r["id"] if r.get("id") is not None else position, r)
+            for position, r in enumerate(self.rows)
+            if r.get("run_id") == run_id
+            and r["event_type"] in (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED)
+            and r.get("iteration") is not None
+        ]
+        last: dict[int, dict[str, Any]] = {}
+        for iteration, _, r in sorted(ends, key=lambda end: end[:2]):
+            last[iteration] = r  # the later recorded end of an iteration wins
+        for iteration, r in last.items():
+            failed = r["event_type"] == ev.ITERATION_FAILED
+            yield iteration, failed, r.get("error" if failed else "result")
 
     def run_results(self, run_id: str, event_type: str) -> list[Any]:
         return [r["result"] for r in self.run_events(run_id, event_type, ("result",))]

@@ -7,7 +7,7 @@ to the decision's transaction; a test or a replay may hand them rows held in mem
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 
@@ -25,6 +25,11 @@ class Reads(Protocol):
 
     def run_events(self, run_id: str, event_type: str, columns: Sequence[str]) -> list[dict[str, Any]]:
         """The `columns` of a run's rows of one type, in recorded order."""
+
+    def iteration_ends(self, run_id: str) -> Iterator[tuple[int, bool, Any]]:
+        """A loop run's iterations, each by its last end row (`iteration.completed` or
+        `iteration.failed`, the later recorded winning), in iteration order, read as they are
+        consumed: (iteration, failed?, its result, or its error when it failed)."""
 
     def run_results(self, run_id: str, event_type: str) -> list[Any]:
         """The results of a run's rows of one type, in recorded order."""

@@ -138,8 +138,15 @@ def _create_child(d: Decided, entry: en.CreateChildExecution) -> None:
     )
 
 
+def _put_value(d: Decided, entry: en.PutValue) -> Any:
+    value = entry.value
+    if isinstance(value, en.Streamed):
+        return blobs.put_streamed(checked(d), d.execution_id, value.parts, value.key, value.items)
+    return blobs.put(checked(d), d.execution_id, value)
+
+
 _APPLY: dict[type, Callable[[Decided, Any], Any]] = {
-    en.PutValue: lambda d, e: blobs.put(checked(d), d.execution_id, e.value),
+    en.PutValue: _put_value,
     en.CreateLoop: _create_loop,
     en.ClaimIndexes: lambda d, e: repo.claim_loop_indexes(checked(d), e.run_id, e.count),
     en.CountIteration: count_iteration,
