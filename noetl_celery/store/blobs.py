@@ -180,8 +180,10 @@ def _pieces(parts: Mapping[str, Any], key: str, items: Callable[[], Iterable[Any
     `{"k": v, ...}` and a list as `[a, b, ...]` (its default separators), each member as it
     writes it alone."""
 
+    mask = secret_registry.masker()  # the secrets as they are now, for the whole value as `put`
+
     def text(value: Any) -> str:
-        return json.dumps(secret_registry.mask(value), default=str, ensure_ascii=False)
+        return json.dumps(mask(value), default=str, ensure_ascii=False)
 
     yield "{"
     for n, (name, value) in enumerate(parts.items()):
