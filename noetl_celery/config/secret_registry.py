@@ -33,7 +33,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -288,6 +288,18 @@ def mask(value: Any) -> Any:
     if pattern is None:
         return value
     return _mask(value, pattern)
+
+
+def masker() -> Callable[[Any], Any]:
+    """`mask` with the secrets known now, looked up once: for the many parts of one value."""
+    pattern = _pattern()
+    if pattern is None:
+        return _unmasked
+    return lambda value: _mask(value, pattern)
+
+
+def _unmasked(value: Any) -> Any:
+    return value
 
 
 def _mask(value: Any, pattern: re.Pattern[str]) -> Any:

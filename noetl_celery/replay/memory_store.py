@@ -34,6 +34,8 @@ from typing import Any
 from noetl_celery.config import limits, secret_registry
 from noetl_celery.dsl.plan import Plan
 from noetl_celery.engine.context import ExecutionState, plan_digest
+from noetl_celery.engine.decision.entries import Streamed
+from noetl_celery.engine.decision.reads import iteration_ends_in
 from noetl_celery.store import blobs, clock
 from noetl_celery.store.decisions import Conflict, Recorded
 from noetl_celery.store.events import EVENT_COLUMNS
@@ -261,6 +263,8 @@ class MemoryStore:
     # --- values kept by reference ----------------------------------------------------------
 
     def put_value(self, execution_id: int, value: Any) -> Any:
+        if isinstance(value, Streamed):
+            return None  # held whole here: the caller builds the value and keeps it (entries.Streamed)
         form = blobs.stored_form(execution_id, value)
         if not isinstance(form, blobs.Kept):
             return form
@@ -379,6 +383,10 @@ class MemoryReads:
             for row in self.store.events
             if row["run_id"] == run_id and row["event_type"] == event_type
         ]
+
+    def iteration_ends(self, run_id: str) -> Iterator[tuple[int, bool, Any]]:
+        for iteration, failed, end in iteration_ends_in(self.store.events, run_id):
+            yield iteration, failed, copy.deepcopy(end)
 
     def run_results(self, run_id: str, event_type: str) -> list[Any]:
         return [row["result"] for row in self.run_events(run_id, event_type, ("result",))]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
@@ -109,21 +109,25 @@ def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False
     if not isinstance(form, Kept):
         return form
     encoding, data = _packed(form.raw)
+    _insert(conn, execution_id, form.digest, len(form.raw), encoding, data)
+    CACHE.keep(form.ref, form.value)
+    return form.ref
+
+
+def _insert(conn: Connection, execution_id: int, digest: str, size: int, encoding: str, data: bytes) -> None:
     dialect = conn.dialect
     kernel.run(
         conn,
         kernel.sql(dialect, "blob.insert", _INSERT),
         (
             execution_id,
-            form.digest,
-            len(form.raw),
+            digest,
+            size,
             encoding,
             data,
             kernel.bound(dialect, kernel.BLOBS, "created_at", kernel.utcnow()),
         ),
     )
-    CACHE.keep(form.ref, form.value)
-    return form.ref
 
 
 def put_new(url: str, execution_id: int, value: Any, *, masked: bool = False) -> Any:
@@ -132,6 +136,85 @@ def put_new(url: str, execution_id: int, value: Any, *, masked: bool = False) ->
         return value
     with transaction(url) as conn:
         return put(conn, execution_id, value, masked=masked)
+
+
+STREAM_CHUNK = 1 << 16  # characters of JSON text a streamed value is hashed and compressed by
+
+
+def put_streamed(
+    conn: Connection, execution_id: int, parts: Mapping[str, Any], key: str, items: Callable[[], Iterable[Any]]
+) -> Any:
+    """`put` of the mapping `parts` whose member `key` is the list of what `items()` yields,
+    without holding that list: its JSON text (the text `encode` gives the whole mapping, each
+    item masked as `put` masks the whole) is hashed and compressed as it is written, and only
+    the compressed bytes are kept (`items()` is called again if compressing saves too little to
+    keep them). Returns the reference `put` would return, or None when the value is not stored
+    by reference (its JSON is at most NOETL_MAX_RESULT_BYTES, or above NOETL_MAX_STORED_BYTES):
+    the caller keeps the whole value then."""
+    most = limits.max_stored_bytes()
+    digest = hashlib.sha256()
+    packer = zlib.compressobj(COMPRESS_LEVEL)
+    packed: list[bytes] = []
+    size = 0
+    head = ""
+    for chunk in _chunks(parts, key, items):
+        raw = chunk.encode("utf-8")
+        size += len(raw)
+        if size > most:
+            return None
+        if len(head) < limits.PREVIEW_CHARS:
+            head += chunk[: limits.PREVIEW_CHARS - len(head)]
+        digest.update(raw)
+        packed.append(packer.compress(raw))
+    if size <= limits.max_result_bytes():
+        return None
+    packed.append(packer.flush())
+    data = b"".join(packed)
+    del packed
+    encoding = ZLIB
+    if len(data) > size * COMPRESS_WHEN_SAVES:
+        encoding, data = PLAIN, b"".join(chunk.encode("utf-8") for chunk in _chunks(parts, key, items))
+    sha256 = digest.hexdigest()
+    _insert(conn, execution_id, sha256, size, encoding, data)
+    return limits.reference(execution_id, size, sha256, dict(parts), head)
+
+
+def _chunks(parts: Mapping[str, Any], key: str, items: Callable[[], Iterable[Any]]) -> Iterator[str]:
+    """The JSON text of `parts` with `key` the list of `items()`, masked, in pieces of about
+    STREAM_CHUNK characters."""
+    pending: list[str] = []
+    length = 0
+    for piece in _pieces(parts, key, items):
+        pending.append(piece)
+        length += len(piece)
+        if length >= STREAM_CHUNK:
+            yield "".join(pending)
+            pending, length = [], 0
+    if pending:
+        yield "".join(pending)
+
+
+def _pieces(parts: Mapping[str, Any], key: str, items: Callable[[], Iterable[Any]]) -> Iterator[str]:
+    """`encode`'s text of the whole mapping, piece by piece: json.dumps writes a mapping as
+    `{"k": v, ...}` and a list as `[a, b, ...]` (its default separators), each member as it
+    writes it alone."""
+
+    mask = secret_registry.masker()  # the secrets as they are now, for the whole value as `put`
+
+    def text(value: Any) -> str:
+        return json.dumps(mask(value), default=str, ensure_ascii=False)
+
+    yield "{"
+    for n, (name, value) in enumerate(parts.items()):
+        yield f"{', ' if n else ''}{text(name)}: "
+        if name != key:
+            yield text(value)
+            continue
+        yield "["
+        for i, item in enumerate(items()):
+            yield f", {text(item)}" if i else text(item)
+        yield "]"
+    yield "}"
 
 
 def by_reference(

@@ -4,7 +4,8 @@ rowcount), the leases written with them (noetl_lease), and the reads of an execu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, and_, func, select
@@ -244,3 +245,59 @@ def run_events(
         .order_by(c.id)
     ).mappings()
     return [dict(r) for r in rows]
+
+
+ENDS_PAGE = 10_000  # end rows of a loop's iterations read at a time
+_ENDS = (
+    "SELECT iteration, event_type, CASE WHEN event_type = ? THEN error ELSE result END FROM noetl_event "
+    "WHERE execution_id = ? AND run_id = ? AND event_type IN (?, ?) AND iteration IS NOT NULL "
+    "ORDER BY iteration, id"
+)
+_cursor_names = itertools.count()
+
+
+def iteration_ends(
+    conn: Connection, execution_id: int, run_id: str, completed: str, failed: str
+) -> Iterator[tuple[int, bool, Any]]:
+    """Each iteration's last end row (of type `completed` or `failed`, the one of the highest id),
+    in iteration order, as (iteration, failed?, its result, or its error when it failed). Read
+    ENDS_PAGE rows at a time (on PostgreSQL through a cursor of the transaction), never the
+    run's rows at once; only each iteration's last end is decoded."""
+    dialect = conn.dialect
+    sql = kernel.sql(dialect, "events.iteration_ends", _ENDS)
+    last: tuple[int, str, Any] | None = None
+    for page in _pages(conn, sql, (failed, execution_id, run_id, completed, failed)):
+        for iteration, kind, payload in page:
+            if last is not None and last[0] != iteration:
+                yield _iteration_end(dialect, last, failed)
+            last = (iteration, kind, payload)
+    if last is not None:
+        yield _iteration_end(dialect, last, failed)
+
+
+def _iteration_end(dialect: Dialect, row: tuple[int, str, Any], failed: str) -> tuple[int, bool, Any]:
+    iteration, kind, payload = row
+    return int(iteration), kind == failed, kernel.read(dialect, EVENTS, "result", payload)
+
+
+def _pages(conn: Connection, sql: str, params: tuple[Any, ...]) -> Iterator[list[Any]]:
+    """The rows of `sql`, ENDS_PAGE at a time. PostgreSQL (psycopg2) sends a query's every row at
+    once: there, a cursor declared in the transaction is fetched from instead (and closed after,
+    or when the reader stops early). SQLite steps its statement as rows are fetched."""
+    if conn.dialect.name != "postgresql":
+        cursor = kernel.run_text(conn, sql, params)
+        try:
+            while rows := cursor.fetchmany(ENDS_PAGE):
+                yield rows
+        finally:
+            cursor.close()
+        return
+    name = f"noetl_ends_{next(_cursor_names)}"
+    kernel.run_text(conn, f"DECLARE {name} NO SCROLL CURSOR FOR {sql}", params)
+    try:
+        while rows := kernel.run_text(conn, f"FETCH FORWARD {ENDS_PAGE} FROM {name}", None).fetchall():
+            yield rows
+    except GeneratorExit:
+        kernel.run_text(conn, f"CLOSE {name}", None)
+        raise
+    kernel.run_text(conn, f"CLOSE {name}", None)

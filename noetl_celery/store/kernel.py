@@ -94,6 +94,15 @@ def run(conn: Connection, sql: str, params: Any) -> Any:
     return cursor
 
 
+def run_text(conn: Connection, sql: str, params: Any) -> Any:
+    """`run` without preparing `sql` (a statement PostgreSQL cannot prepare: DECLARE, FETCH,
+    CLOSE of a cursor); in a `db.decision_transaction` it carries the BEGIN when it is the first."""
+    dbapi_connection = conn.connection.dbapi_connection
+    assert dbapi_connection is not None
+    cursor = dbapi_connection.cursor()
+    return _send(conn, cursor, db.begin_prefix(conn, bound=params is not None) + sql, params)
+
+
 def _as_text(conn: Connection, cursor: Any, session: prepared.Session, prefix: str, sql: str, params: Any) -> Any:
     """A batch that prepared or executed by name failed with an error its preparation may cause,
     and it had opened its transaction: roll it back and send the text itself. If the text runs,

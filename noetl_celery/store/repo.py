@@ -88,6 +88,9 @@ from noetl_celery.store.events import (
     is_event_key as is_event_key,
 )
 from noetl_celery.store.events import (
+    iteration_ends as iteration_ends,
+)
+from noetl_celery.store.events import (
     last_event_id as last_event_id,
 )
 from noetl_celery.store.events import (

@@ -3,8 +3,10 @@ instead of the store (engine/decision/reads.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from noetl_celery.engine.decision.reads import iteration_ends_in
 
 
 class ReadsInMemory:
@@ -26,6 +28,9 @@ class ReadsInMemory:
     def run_events(self, run_id: str, event_type: str, columns: Sequence[str]) -> list[dict[str, Any]]:
         found = [r for r in self.rows if r.get("run_id") == run_id and r["event_type"] == event_type]
         return [{c: r.get(c) for c in columns} for r in found]
+
+    def iteration_ends(self, run_id: str) -> Iterator[tuple[int, bool, Any]]:
+        return iteration_ends_in(self.rows, run_id)
 
     def run_results(self, run_id: str, event_type: str) -> list[Any]:
         return [r["result"] for r in self.run_events(run_id, event_type, ("result",))]

@@ -12,6 +12,7 @@ answers them from memory (tests/test_decision_entries.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +20,24 @@ from typing import Any
 @dataclass(frozen=True)
 class PutValue:
     """Keep `value` for the execution; inline below the row cap, else by reference
-    (store/blobs.py). Returns what a row stores in its place."""
+    (store/blobs.py). Returns what a row stores in its place. A `Streamed` value is kept
+    without holding its items at once: see there."""
 
     value: Any
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A mapping whose one member `key` is a list given item by item: `parts` in their order,
+    the member `key` being every item `items()` yields (each call yields them again from the
+    first; the value `parts` holds for `key` is not read). PutValue of it encodes the items one
+    at a time and answers what PutValue of the whole mapping would when that is stored by
+    reference; None when it is not (its JSON is at most the row cap, or above
+    NOETL_MAX_STORED_BYTES): the caller then builds the value and keeps it as before."""
+
+    parts: dict[str, Any]
+    key: str
+    items: Callable[[], Iterable[Any]]
 
 
 @dataclass(frozen=True)

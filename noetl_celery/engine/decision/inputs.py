@@ -80,6 +80,7 @@ class Bounds:
     max_loop_items: Bound
     max_result_bytes_env: str = settings.MAX_RESULT_BYTES_ENV
     max_stored_bytes_env: str = settings.MAX_STORED_BYTES_ENV
+    max_result_bytes: int = settings.DEFAULT_MAX_RESULT_BYTES  # the row cap: above it, by reference
 
     @classmethod
     def load(cls) -> Bounds:
@@ -87,6 +88,7 @@ class Bounds:
         return cls(
             max_steps=Bound(limits.max_steps(), settings.MAX_STEPS_ENV),
             max_loop_items=Bound(limits.max_loop_items(), settings.MAX_LOOP_ITEMS_ENV),
+            max_result_bytes=limits.max_result_bytes(),
         )
 
 

@@ -22,21 +22,34 @@ Collection loops: on_event fans a loop step out into one task per iteration (or 
   comes next needs no counter, so an iteration that is not the loop's last is counted and
   recorded by one statement (entries.CountIteration, written by write.count_iteration).
 - The completion that makes done == total marks the loop completed (a guarded UPDATE: exactly
-  once), aggregates the results in collection order from the iteration rows (read once), and
-  finishes the step.
+  once), aggregates the results in collection order from the iteration rows, and finishes the
+  step. The rows are read in iteration order as they are consumed (`LoopEnds`,
+  Reads.iteration_ends): a result whose JSON is at most the row cap is built whole, as it is
+  kept inline; a bigger one is stored by reference as its JSON is written (entries.Streamed), and
+  the step's result is that reference, as a big result's always is once written. The process
+  completing a loop holds neither every row nor every result at once.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from noetl_celery.core import vocabulary as ev
 from noetl_celery.core.errors import TemplateError
 from noetl_celery.core.vocabulary import ErrorKind
 from noetl_celery.dsl.plan import Step
-from noetl_celery.engine.decision.entries import ClaimIndexes, CompleteLoop, CountIteration, CreateLoop, PutValue
+from noetl_celery.engine.decision.entries import (
+    ClaimIndexes,
+    CompleteLoop,
+    CountIteration,
+    CreateLoop,
+    PutValue,
+    Streamed,
+)
 from noetl_celery.engine.decision.inputs import Bounds, is_reference, is_truncated
 from noetl_celery.engine.decision.rows import OpenRow, Row
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
@@ -345,24 +358,138 @@ def iteration_done(
         return
     if not decider.apply(CompleteLoop(message.run_id)):
         return
-    final = _final_rows(decider, message.run_id)  # every iteration's end row, read once
-    results = _ordered_results(final, message, total, ok=ok, data=data)
-    failures = _first_failures(final, message, ok=ok, current=error)
-    finish_loop(
+    stats = loop_stats(total, counters["succeeded"], counters["failed"])
+    ends = LoopEnds(decider, message, total, ok=ok, data=data, error=error)
+    results = ends.within(decider.inputs.bounds.max_result_bytes)
+    result = None
+    if results is None:  # above the row cap: stored by reference as its JSON is written
+        result = decider.apply(PutValue(Streamed({"results": None, "stats": stats}, "results", ends.results)))
+        if result is None:  # not stored by reference after all (above NOETL_MAX_STORED_BYTES): built whole
+            results = list(ends.results())
+    end_loop(
         decider,
         step,
         message.run_id,
         row.get("event_id"),
-        results,
-        ok_count=counters["succeeded"],
-        failed=counters["failed"],
+        {"results": results, "stats": stats} if result is None else result,
+        stats,
         tolerated=counters["tolerated"],
-        failures=failures,
+        failures=ends.failures,
     )
 
 
-# An iteration's last end: (row id, failed?, its result or its error). A tuple, not the row's
-# dict: a loop of a million iterations holds a million of these while it completes.
+class LoopEnds:
+    """A completing collection loop's iterations, read in iteration order as they are consumed
+    (`Reads.iteration_ends`): never every iteration's end at once. The same rule as
+    `_final_rows`, `_ordered_results` and `_first_failures` over rows held at once: an
+    iteration's later end wins, one decided in this same event (not written yet) wins over every
+    recorded one, and the current iteration's own end wins over both."""
+
+    def __init__(self, decider: DecisionPort, message: TaskMessage, total: int, *, ok: bool, data: Any, error: Any):
+        self.decider = decider
+        self.message = message
+        self.total = total
+        self.ok = ok
+        self.data = data
+        self.error = error
+        self.failures: list[dict[str, Any]] = []  # set by each complete pass of `results`
+
+    def ends(self) -> Generator[tuple[int, bool, Any], None, None]:
+        """Each iteration's last end, (iteration, failed?, result or error), in iteration order."""
+        run_id = self.message.run_id
+        decided: dict[int, tuple[bool, Any]] = {}
+        for row in self.decider.decided():  # decided in this same event, not written yet
+            kind = row.get("event_type")
+            if row.get("run_id") == run_id and kind in _ENDS and row.get("iteration") is not None:
+                failed = kind == ev.ITERATION_FAILED
+                decided[row["iteration"]] = (failed, row.get("error" if failed else "result"))
+        waiting = sorted(decided)
+        next_decided = 0
+        recorded = self.decider.reads.iteration_ends(run_id)
+        try:
+            for iteration, failed, payload in recorded:
+                while next_decided < len(waiting) and waiting[next_decided] < iteration:
+                    yield waiting[next_decided], *decided[waiting[next_decided]]
+                    next_decided += 1
+                if next_decided < len(waiting) and waiting[next_decided] == iteration:
+                    next_decided += 1
+                    yield iteration, *decided[iteration]
+                else:
+                    yield iteration, failed, payload
+        finally:
+            close = getattr(recorded, "close", None)
+            if close is not None:
+                close()
+        for iteration in waiting[next_decided:]:
+            yield iteration, *decided[iteration]
+
+    def results(self) -> Generator[Any, None, None]:
+        """Every iteration's result in collection order (None: it failed, or has no end); once
+        all are yielded, `failures` names the first failed iterations."""
+        current = self.message.iteration
+        named: list[tuple[int, Any]] = []  # the first failed iterations but the current one
+        own: tuple[Any] | None = None  # the current iteration's failure as read
+        index = 0
+        ends = self.ends()
+        try:
+            for iteration, failed, payload in ends:
+                if failed and iteration == current:
+                    own = (payload,)
+                elif failed and len(named) < FAILURES_NAMED:
+                    named.append((iteration, payload))
+                if iteration < index or iteration >= self.total:
+                    continue
+                while index < iteration:
+                    yield self._result(index, None)
+                    index += 1
+                yield self._result(index, None if failed else payload)
+                index += 1
+        finally:
+            ends.close()
+        while index < self.total:
+            yield self._result(index, None)
+            index += 1
+        found = dict(named)
+        if current is not None and not self.ok:
+            if self.error is not None:
+                found[current] = self.error
+            elif own is not None:
+                found[current] = own[0]
+        self.failures = [_named_failure(i, found[i]) for i in sorted(found)[:FAILURES_NAMED]]
+
+    def _result(self, index: int, recorded: Any) -> Any:
+        if index == self.message.iteration:
+            return self.data if self.ok else None
+        return recorded
+
+    def within(self, limit: int) -> list[Any] | None:
+        """Every result, when their JSON is at most `limit` bytes (the row cap: the loop's result
+        is kept inline then, whole, as before); None, read no further, above it."""
+        results: list[Any] = []
+        size = 0
+        values = self.results()
+        try:
+            for value in values:
+                size += len(json.dumps(value, default=str, ensure_ascii=False).encode("utf-8")) + 2
+                if size > limit:
+                    return None
+                results.append(value)
+        finally:
+            values.close()
+        return results
+
+
+_ENDS = (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED)
+
+
+def _named_failure(index: int, raw: Any) -> dict[str, Any]:
+    error: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    return {"index": index, "kind": error.get("kind"), "message": error.get("message"), "task": error.get("task")}
+
+
+# An iteration's last end: (row id, failed?, its result or its error). `_final_rows`,
+# `_ordered_results` and `_first_failures` apply the completion's rule to every end held at once;
+# the completion itself reads them in order (`LoopEnds`), and the tests hold it to the same value.
 End = tuple[float, bool, Any]
 _NOT_WRITTEN = float("inf")  # an end decided in this same event outranks every recorded one
 
@@ -397,14 +524,7 @@ def _first_failures(final: dict[int, End], message: TaskMessage, *, ok: bool, cu
             found.pop(message.iteration, None)
         elif current is not None:
             found[message.iteration] = current
-    failures = []
-    for index in sorted(found)[:FAILURES_NAMED]:
-        raw = found[index]
-        error: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        failures.append(
-            {"index": index, "kind": error.get("kind"), "message": error.get("message"), "task": error.get("task")}
-        )
-    return failures
+    return [_named_failure(index, found[index]) for index in sorted(found)[:FAILURES_NAMED]]
 
 
 def _ordered_results(final: dict[int, End], message: TaskMessage, total: int, *, ok: bool, data: Any) -> list[Any]:
@@ -452,13 +572,41 @@ def finish_loop(
 ) -> None:
     """The loop's result and the step's end. Failures a policy tolerated do not fail the step;
     a failed step's error names the first failed iterations (index and message)."""
+    stats = loop_stats(len(results), ok_count, failed)
+    end_loop(
+        decider,
+        step,
+        run_id,
+        parent,
+        {"results": results, "stats": stats},
+        stats,
+        tolerated=tolerated,
+        failures=failures,
+    )
+
+
+def loop_stats(total: int, ok_count: int, failed: int) -> dict[str, Any]:
+    return {"total": total, "success": ok_count, "failed": failed}
+
+
+def end_loop(
+    decider: DecisionPort,
+    step: Step,
+    run_id: str,
+    parent: str | None,
+    result: Any,
+    stats: dict[str, Any],
+    *,
+    tolerated: int = 0,
+    failures: list[dict[str, Any]] | None = None,
+) -> None:
+    """`finish_loop` of a result already made: `{"results": [...], "stats": stats}`, or its
+    reference when it was stored by reference as it was written."""
     loop_row = decider.reads.loop(run_id) or {}
     context = loop_row.get("context") or {}
-    total = len(results)
-    stats = {"total": total, "success": ok_count, "failed": failed}
+    total, failed = stats["total"], stats["failed"]
     fatal = failed - tolerated
     key = record_loop_done(decider, step, run_id, parent, stats, fatal=fatal, tolerated=tolerated)
-    result = {"results": results, "stats": stats}
     error: dict[str, Any] | None = None
     if fatal:
         named = "; ".join(f"[{f['index']}] {f['message']}" for f in failures or [])

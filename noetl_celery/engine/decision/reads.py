@@ -7,8 +7,10 @@ to the decision's transaction; a test or a replay may hand them rows held in mem
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
+
+from noetl_celery.core import vocabulary as ev
 
 
 class Reads(Protocol):
@@ -25,6 +27,11 @@ class Reads(Protocol):
 
     def run_events(self, run_id: str, event_type: str, columns: Sequence[str]) -> list[dict[str, Any]]:
         """The `columns` of a run's rows of one type, in recorded order."""
+
+    def iteration_ends(self, run_id: str) -> Iterator[tuple[int, bool, Any]]:
+        """A loop run's iterations, each by its last end row (`iteration.completed` or
+        `iteration.failed`, the later recorded winning), in iteration order, read as they are
+        consumed: (iteration, failed?, its result, or its error when it failed)."""
 
     def run_results(self, run_id: str, event_type: str) -> list[Any]:
         """The results of a run's rows of one type, in recorded order."""
@@ -44,3 +51,21 @@ class Reads(Protocol):
     def store_key(self) -> str:
         """Names the store read: what a process keeps of rows it read (rows do not change) is
         kept per store."""
+
+
+def iteration_ends_in(rows: Iterable[dict[str, Any]], run_id: str) -> Iterator[tuple[int, bool, Any]]:
+    """`Reads.iteration_ends` over rows held in memory (a test's, a replay's), in recorded order
+    (a row's `id`, else its place): the rule the store's statement applies."""
+    ends = [
+        (r["iteration"], r["id"] if r.get("id") is not None else position, r)
+        for position, r in enumerate(rows)
+        if r.get("run_id") == run_id
+        and r["event_type"] in (ev.ITERATION_COMPLETED, ev.ITERATION_FAILED)
+        and r.get("iteration") is not None
+    ]
+    last: dict[int, dict[str, Any]] = {}
+    for iteration, _, r in sorted(ends, key=lambda end: end[:2]):
+        last[iteration] = r  # the later recorded end of an iteration wins
+    for iteration, r in last.items():
+        failed = r["event_type"] == ev.ITERATION_FAILED
+        yield iteration, failed, r.get("error" if failed else "result")

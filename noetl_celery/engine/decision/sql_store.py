@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from noetl_celery.engine.context import STATE, ExecutionState
+from noetl_celery.engine.decision.entries import Streamed
 from noetl_celery.engine.decision.store_reads import StoreReads
 from noetl_celery.store import blobs, repo
 from noetl_celery.store.db import commit_suffix
@@ -79,6 +80,8 @@ class SqlDecisionStore:
         )
 
     def put_value(self, execution_id: int, value: Any) -> Any:
+        if isinstance(value, Streamed):  # a loop's result written item by item (loops.py)
+            return blobs.put_streamed(self.connection, execution_id, value.parts, value.key, value.items)
         return blobs.put(self.connection, execution_id, value)
 
     def create_loop(self, values: dict[str, Any]) -> None:

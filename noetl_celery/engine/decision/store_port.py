@@ -83,7 +83,8 @@ class DecisionStore(Protocol):
         refused raises store.decisions.Conflict."""
 
     def put_value(self, execution_id: int, value: Any) -> Any:
-        """`value` as a row may hold it: itself, or a reference to it kept once (store/blobs.py)."""
+        """`value` as a row may hold it: itself, or a reference to it kept once (store/blobs.py); of
+        an `entries.Streamed`, the reference, or None when the caller is to build it whole."""
 
     def create_loop(self, values: dict[str, Any]) -> None: ...
 

@@ -6,12 +6,13 @@ execution head before its first statement (write.checked).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
 
+from noetl_celery.core import vocabulary as ev
 from noetl_celery.store import blobs, repo
 
 
@@ -33,6 +34,11 @@ class StoreReads:
 
     def run_events(self, run_id: str, event_type: str, columns: Sequence[str]) -> list[dict[str, Any]]:
         return repo.run_events(self.connection(), self.execution_id, run_id, event_type, columns=tuple(columns))
+
+    def iteration_ends(self, run_id: str) -> Iterator[tuple[int, bool, Any]]:
+        return repo.iteration_ends(
+            self.connection(), self.execution_id, run_id, ev.ITERATION_COMPLETED, ev.ITERATION_FAILED
+        )
 
     def run_results(self, run_id: str, event_type: str) -> list[Any]:
         return repo.run_results(self.connection(), self.execution_id, run_id, event_type)
