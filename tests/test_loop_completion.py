@@ -109,6 +109,12 @@ def _as_before(decider: Any, message: Any, total: int, current: dict[str, Any]) 
     return results, loops._first_failures(final, message, ok=current["ok"], current=current["error"])
 
 
+def _loop_ends(conn: Any, message: Any, total: int, current: dict[str, Any]) -> tuple[Any, loops.LoopEnds]:
+    """A decision's port over the store's rows in `conn`'s transaction, and its loop's ends."""
+    decider = SimpleNamespace(reads=StoreReads(lambda: conn, EXECUTION), decided=_decided)
+    return decider, loops.LoopEnds(decider, message, total, **current)
+
+
 @pytest.mark.parametrize("case", ["ok", "failed", "failed_again"])
 @pytest.mark.parametrize("plain", [False, True], ids=["zlib", "plain"])
 def test_the_streamed_completion_stores_the_value_the_rows_held_at_once_give(either_store, monkeypatch, case, plain):
@@ -122,8 +128,7 @@ def test_the_streamed_completion_stores_the_value_the_rows_held_at_once_give(eit
     message, current = _current(total, case)
     stats = {"total": total, "success": 50, "failed": 10}
     with decision_transaction(either_store) as conn:
-        decider = SimpleNamespace(reads=StoreReads(lambda: conn, EXECUTION), decided=_decided)
-        ends = loops.LoopEnds(decider, message, total, **current)
+        decider, ends = _loop_ends(conn, message, total, current)
         assert ends.within(2000) is None  # above the row cap: nothing built
         ref = blobs.put_streamed(conn, EXECUTION, {"results": None, "stats": stats}, "results", ends.results)
         stored = conn.exec_driver_sql("SELECT encoding, data FROM noetl_blob").fetchall()
@@ -146,8 +151,7 @@ def test_below_the_row_cap_the_result_is_built_whole_as_before(either_store, mon
     _store(either_store, _history(total))
     message, current = _current(total, "ok")
     with decision_transaction(either_store) as conn:
-        decider = SimpleNamespace(reads=StoreReads(lambda: conn, EXECUTION), decided=_decided)
-        ends = loops.LoopEnds(decider, message, total, **current)
+        decider, ends = _loop_ends(conn, message, total, current)
         results = ends.within(1_000_000)
         expected, failures = _as_before(decider, message, total, current)
         assert results == expected and ends.failures == failures
@@ -163,8 +167,7 @@ def test_a_value_above_what_is_stored_is_not_stored_and_the_reader_stops_early(e
     _store(either_store, _history(total))
     message, current = _current(total, "ok")
     with decision_transaction(either_store) as conn:
-        decider = SimpleNamespace(reads=StoreReads(lambda: conn, EXECUTION), decided=_decided)
-        ends = loops.LoopEnds(decider, message, total, **current)
+        decider, ends = _loop_ends(conn, message, total, current)
         assert blobs.put_streamed(conn, EXECUTION, {"results": None, "stats": {}}, "results", ends.results) is None
         # the transaction goes on: the cursor left early was closed, the rows read again in full
         expected, _ = _as_before(decider, message, total, current)

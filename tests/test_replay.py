@@ -235,17 +235,24 @@ def test_an_execution_recorded_on_postgresql_replays_without_a_difference(migrat
     assert json.loads(json.dumps(report.to_dict()))["same"] is True  # what `replay --json` prints
 
 
-def test_a_cancelled_execution_replays_its_ignored_outcomes(store, tmp_path):
+def cancelled_after_three_decisions(store: str, tmp_path: Path) -> int:
+    """An execution of RETRIES_AND_A_LOOP cancelled after three decisions, then drained: the
+    outcomes that arrive after the cancel are recorded and ignored. Returns its id."""
+    from noetl_celery import runner
+
     path = tmp_path / "replay_retries.yaml"
     path.write_text(RETRIES_AND_A_LOOP.replace("JITTER", "false"))
     harness = Harness(store)
     execution_id = harness.start(compile_source(str(path), {}, None))
     for _ in range(3):
         harness.step()
-    from noetl_celery import runner
-
     runner.cancel(store, execution_id, "enough")
     harness.drain()
+    return execution_id
+
+
+def test_a_cancelled_execution_replays_its_ignored_outcomes(store, tmp_path):
+    execution_id = cancelled_after_three_decisions(store, tmp_path)
     with db.transaction(store) as conn:
         rows = repo.list_events(conn, execution_id)
     assert any((r["meta"] or {}).get("ignored") for r in rows)

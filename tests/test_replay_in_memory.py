@@ -28,8 +28,8 @@ from noetl_celery.replay.memory_store import MemoryStore
 from noetl_celery.store import blobs, db, repo
 from noetl_celery.store.decisions import Conflict
 from tests.support.engines import REPO_ROOT
-from tests.support.harness import Harness, run_playbook
-from tests.test_replay import RETRIES_AND_A_LOOP
+from tests.support.harness import run_playbook
+from tests.test_replay import RETRIES_AND_A_LOOP, cancelled_after_three_decisions
 
 EXAMPLES = REPO_ROOT / "playbooks"
 HELD = """
@@ -149,16 +149,7 @@ def test_a_cancel_and_values_stored_by_reference_replay_in_memory(store, tmp_pat
     with db.transaction(store) as conn:
         rows = repo.list_events(conn, big)
     assert any(blobs.limits.is_reference(r["result"]) for r in rows)
-    retries = tmp_path / "replay_retries.yaml"
-    retries.write_text(RETRIES_AND_A_LOOP.replace("JITTER", "false"))
-    harness = Harness(store)
-    cancelled = harness.start(compile_source(str(retries), {}, None))
-    for _ in range(3):
-        harness.step()
-    from noetl_celery import runner
-
-    runner.cancel(store, cancelled, "enough")
-    harness.drain()
+    cancelled = cancelled_after_three_decisions(store, tmp_path)
 
     no_database_but(monkeypatch, store)
     blobs.CACHE.clear()
