@@ -27,6 +27,17 @@ def through(url: str, port: int) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.hostname}:{port}"))
 
 
+def finished_at(url: str, execution_id: int) -> float:
+    """When the execution ended, in seconds since the epoch, as the worker recorded it."""
+    with get_engine(url).connect() as conn:
+        return float(
+            conn.execute(
+                text("SELECT extract(epoch FROM finished_at) FROM noetl_execution WHERE execution_id = :x"),
+                {"x": execution_id},
+            ).scalar_one()
+        )
+
+
 @pytest.mark.slow
 def test_a_worker_works_again_within_10_s_of_its_redis_link_healing(env, store_url, worker_factory):
     parts = urlsplit(env["NOETL_BROKER_URL"])
@@ -37,14 +48,23 @@ def test_a_worker_works_again_within_10_s_of_its_redis_link_healing(env, store_u
         )
         assert wait(store_url, submit(env, CHAIN), timeout=60)["status"] == "completed"
         proxy.cut()
-        time.sleep(OUTAGE)
+        cut = time.monotonic()
+        # submitted during the outage, straight to Redis (not through the proxy): the work waits
+        # there for the worker, and the bound is measured from the heal to the execution's end in
+        # the store. The submit (a CLI process: seconds of start-up on a busy machine) and this
+        # test's polling are no part of it.
+        execution_id = submit(env, CHAIN)
+        submitted = time.monotonic() - cut
+        time.sleep(max(0.0, OUTAGE - submitted))
         proxy.heal()
-        healed = time.monotonic()
-        execution_id = submit(env, CHAIN)  # published straight to Redis, not through the proxy
+        healed = time.time()
         status = wait(store_url, execution_id, timeout=120)
-        took = time.monotonic() - healed
-        print(f"work resumed {took:.1f} s after a {OUTAGE:g} s cut of the worker's Redis link healed")
         assert status["status"] == "completed", status
+        took = finished_at(store_url, execution_id) - healed
+        print(
+            f"work resumed {took:.1f} s after a {OUTAGE:g} s cut of the worker's Redis link healed"
+            f" (the submit took {submitted:.1f} s)"
+        )
         assert took < RECONNECT_WITHIN
         assert "Traceback" not in worker.log_text()  # an expected outage is a warning, not a crash
     finally:

@@ -97,6 +97,11 @@ def test_a_frozen_lock_holder_does_not_stop_recovery(env, store_url, worker_fact
     while len(rows(store_url, execution_id, "event_type = 'iteration.completed'")) < 20:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    # the victim is stopped holding messages first: it is the execution's only worker, so nothing
+    # runs on while the holder starts (its start-up, seconds on a busy machine, once let the loop
+    # finish first and left no message to hold). Were the victim stopped inside its own sweep
+    # transaction, PostgreSQL ends that after the sweep timeout and the holder takes the lock then.
+    freeze_holding_messages(victim, env["NOETL_BROKER_URL"], execution_id)
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, store_url],
         env=worker_env(),
@@ -109,7 +114,6 @@ def test_a_frozen_lock_holder_does_not_stop_recovery(env, store_url, worker_fact
         while state(holder.pid) != "T":
             time.sleep(0.01)
         frozen_at = time.monotonic()
-        freeze_holding_messages(victim, env["NOETL_BROKER_URL"], execution_id)
         victim.kill()
         killed, killed_at = time.monotonic(), datetime.now(UTC)
         worker_factory(env=env, concurrency=2, name="survivor@%h")
