@@ -345,11 +345,16 @@ def test_a_browser_watches_a_loop_run_to_its_end(tmp_path, redis_url, postgres_u
     shots = tmp_path / "screenshots"
     shots.mkdir()
     try:
-        proc = cli(["submit", str(PLAYBOOKS / "loop_many.yaml"), "--json", "--set", "n=30", "--set", "sleep=0.25"], env)
+        # iterations 10-19 wait for the file hold.1, 20-29 for hold.2: each is made once the page has
+        # shown a new count, so the loop cannot end before the browser has watched it move
+        hold = tmp_path / "hold"
+        sets = ["--set", "n=30", "--set", "sleep=0.25", "--set", f"hold={hold}", "--set", "hold_every=10"]
+        proc = cli(["submit", str(PLAYBOOKS / "loop_many.yaml"), "--json", *sets], env)
         assert proc.returncode == 0, proc.stderr
         execution_id = int(json.loads(proc.stdout)["execution_id"])
         driver.get(f"{dashboard.url}/executions/{execution_id}")
         seen: list[tuple[int, int]] = []
+        released = 0
         status = ""
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -362,6 +367,9 @@ def test_a_browser_watches_a_loop_run_to_its_end(tmp_path, redis_url, postgres_u
                 driver.save_screenshot(str(shots / f"execution-{len(seen):02d}.png"))
             if status != "running":
                 break
+            if released < 2 and len(seen) > released:
+                released += 1
+                (tmp_path / f"hold.{released}").write_text("go")
             time.sleep(0.3)
         driver.save_screenshot(str(shots / "execution-final.png"))
         html = driver.page_source

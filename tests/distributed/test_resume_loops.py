@@ -66,19 +66,26 @@ def test_resume_after_cancel_runs_the_rest_of_the_loop_once(env, store_url, work
     worker_factory(env=env, concurrency=2, name="resume-cancel@%h")
     gate = tmp_path / "gate"
     gate.write_text("open")
+    hold = tmp_path / "hold"  # iterations 8 and up wait while it exists: the loop cannot end before the cancel
+    hold.write_text("held")
     n = 40
-    execution_id = submit(env, PLAYBOOKS / "loop_resume.yaml", n=n, gate=str(gate), pause=0.5)
+    execution_id = submit(
+        env, PLAYBOOKS / "loop_resume.yaml", n=n, gate=str(gate), pause=0.5, hold=str(hold), hold_from=8
+    )
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if len(rows(store_url, execution_id, "event_type = 'iteration.completed'")) >= 5:
-            break
+    while len(rows(store_url, execution_id, "event_type = 'iteration.completed'")) < 5:
+        assert time.monotonic() < deadline, rows(store_url, execution_id)
         time.sleep(0.1)
     proc = cli(["cancel", str(execution_id), "--reason", "pause"], env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert wait(store_url, execution_id, timeout=30)["status"] == "cancelled"
-    time.sleep(2)  # the attempts in flight report (recorded, not acted on)
+    hold.unlink()  # the attempts held in flight finish now, after the cancel
     started = {r["iteration"] for r in rows(store_url, execution_id, "event_type = 'iteration.started'")}
     assert len(started) < n  # the cancel stopped the loop part way
+    deadline = time.monotonic() + 60
+    while not started <= set(attempts_per_index(store_url, execution_id)):  # they report (recorded, not acted on)
+        assert time.monotonic() < deadline, (started, attempts_per_index(store_url, execution_id))
+        time.sleep(0.1)
 
     proc = cli(["resume", str(execution_id)], env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
