@@ -23,7 +23,7 @@ from noetl_celery.store.events import (
     lease_statements,
     with_leases,
 )
-from noetl_celery.store.executions import HEAD_SQL, running_at
+from noetl_celery.store.executions import HEAD_SQL, RUNNING_BY_KEY, running_at
 from noetl_celery.store.kernel import EXECUTIONS, VARIABLES, utcnow
 from noetl_celery.store.loops import LOOP_DONE_SQL, loop_done_params
 from noetl_celery.store.variables import PG_VARIABLES, put_variables, variable_rows, variables_upsert_sql
@@ -146,7 +146,7 @@ class Bump(NamedTuple):
 
     @property
     def check(self) -> str:
-        """Its `_BUMPS` entry: the pending check and what else the update sets."""
+        """Its `BUMPS` entry: the pending check and what else the update sets."""
         return "finished" if self.finish else "bumped" if self.expected is None else "bumped.expected"
 
 
@@ -291,11 +291,11 @@ def _read_back(cursor: Any, version: int, variables: dict[str, dict[str, Any]]) 
 
 _strict_sql: dict[tuple[int, str | None, int, str], str] = {}
 _HEAD_MATCHES = "(SELECT status = 'running' AND state_version = ? FROM head)"
-_BUMP_SQL = (
+BUMP_SQL = (  # executions.RUNNING_BY_KEY: the key, never the status index, finds the row
     "UPDATE noetl_execution SET pending = pending + ?, state_version = state_version + ?, updated_at = ?{finish} "
-    "WHERE execution_id = ? AND status = 'running' AND state_version = ? AND {pending} RETURNING 1"
+    f"WHERE {RUNNING_BY_KEY} AND state_version = ? AND {{pending}} RETURNING 1"
 )
-_BUMPS = {  # `_strict_insert_sql` checks: the pending check, and what else the update sets
+BUMPS = {  # `_strict_insert_sql` checks: the pending check, and what else the update sets
     "bumped": ("pending + ? > 0", ""),
     "bumped.expected": ("pending = ?", ""),
     "finished": ("pending = ?", ", status = 'completed', error = ?, failed_step = NULL, finished_at = ?"),
@@ -305,7 +305,7 @@ _BUMPS = {  # `_strict_insert_sql` checks: the pending check, and what else the 
 def _strict_insert_sql(dialect: Dialect, rows: int, check: str | None, variables: int, commit: str) -> str:
     """The strict insert of `rows` rows, then `commit`; `check`: None, "head" (the first row's key
     is NULL unless the head matches), "counted" (... unless the iteration was counted, the head
-    matching) or one of `_BUMPS` (... unless the counters' update, at the head's version, was
+    matching) or one of `BUMPS` (... unless the counters' update, at the head's version, was
     made; the upsert of `variables` variables rides on it, and they are read back after the
     commit)."""
     key = (rows, check, variables, commit)
@@ -326,9 +326,9 @@ def _strict_insert_sql(dialect: Dialect, rows: int, check: str | None, variables
                 )
                 head = f"WITH head AS ({HEAD_SQL} FOR KEY SHARE), counted AS ({counted}) "
                 condition = "EXISTS (SELECT 1 FROM counted)"
-            elif check in _BUMPS:  # `bump_execution`, on the head the decision assumed
-                pending, finish = _BUMPS[check]
-                head = f"WITH bumped AS ({_BUMP_SQL.format(pending=pending, finish=finish)}) "
+            elif check in BUMPS:  # `bump_execution`, on the head the decision assumed
+                pending, finish = BUMPS[check]
+                head = f"WITH bumped AS ({BUMP_SQL.format(pending=pending, finish=finish)}) "
                 condition = "EXISTS (SELECT 1 FROM bumped)"
                 if variables:
                     pairs = ", ".join(["(?, ?)"] * variables)
@@ -338,7 +338,7 @@ def _strict_insert_sql(dialect: Dialect, rows: int, check: str | None, variables
                         "FROM noetl_execution e WHERE e.execution_id = ?"
                     )
             head = kernel.dialect_sql(dialect, head)
-            if check in _BUMPS and variables:  # the upsert is in the driver's paramstyle already
+            if check in BUMPS and variables:  # the upsert is in the driver's paramstyle already
                 head = f"{head[:-1]}, v AS ({variables_upsert_sql(dialect, variables, '1')}) "
             after = kernel.dialect_sql(dialect, after)
             first[_EVENT_KEY_AT] = kernel.dialect_sql(dialect, f"CASE WHEN {condition} THEN ? END")

@@ -102,6 +102,15 @@ def execution_head(conn: Connection, execution_id: int, *, deciding: bool = Fals
 
 
 HEAD_SQL = "SELECT status, pending, state_version FROM noetl_execution WHERE execution_id = ?"
+# A running execution found by its key. The status is tested with IS TRUE, which no index can
+# serve: on PostgreSQL a prepared statement's generic plan made while noetl_execution was small
+# costs the key and ix_noetl_execution_status_created the same and may keep the latter for the
+# connection's life, and then each such statement reads every running execution's index entry.
+RUNNING_BY_KEY = "execution_id = ? AND (status = 'running') IS TRUE"
+FINISH_SQL = (
+    "UPDATE noetl_execution SET status = ?, error = ?, failed_step = ?, finished_at = ?, updated_at = ? "
+    f"WHERE {RUNNING_BY_KEY} RETURNING execution_id"
+)
 
 
 def running_at(head: dict[str, Any] | None, version: int) -> bool:
@@ -139,12 +148,7 @@ def finish_execution(
 ) -> bool:
     """Move a running execution to completed/failed; False if it had already finished."""
     dialect = conn.dialect
-    sql = kernel.sql(
-        dialect,
-        "finish",
-        "UPDATE noetl_execution SET status = ?, error = ?, failed_step = ?, finished_at = ?, updated_at = ? "
-        "WHERE execution_id = ? AND status = 'running' RETURNING execution_id",
-    )
+    sql = kernel.sql(dialect, "finish", FINISH_SQL)
     now = kernel.bound(dialect, EXECUTIONS, "finished_at", utcnow())
     error = kernel.bound(dialect, EXECUTIONS, "error", secret_registry.mask(error))
     return kernel.run(conn, sql, (status, error, failed_step, now, now, execution_id)).fetchone() is not None
