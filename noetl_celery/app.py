@@ -218,6 +218,11 @@ def _mask_logs(logger: Any = None, **_: Any) -> None:
 
 
 @signals.worker_init.connect
+def _note_main_process(**_: Any) -> None:
+    process.note_main_process()  # a SIGTERM here is the worker's warm shutdown (engine/transport/process.py)
+
+
+@signals.worker_init.connect
 def _require_broker(sender: Any = None, **_: Any) -> None:
     install_store_eta()
     secret_registry.install_log_filter(log, logging.getLogger("celery"))

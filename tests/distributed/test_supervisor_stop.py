@@ -164,3 +164,36 @@ def test_a_second_group_sigterm_interrupts_attempts_which_run_again_elsewhere(tm
     for index in {r["iteration"] for r in lost}:
         assert done[index]["worker"] == other.node, (index, done[index])
     print(f"stopped worker exited {took:.1f} s after the second SIGTERM; {len(lost)} attempt(s) ran again")
+
+
+@pytest.mark.timeout(300)
+def test_a_solo_worker_stops_at_one_sigterm_after_its_running_attempt(tmp_path, env, worker_factory, store_url):
+    """`-P solo` runs attempts in the worker's main process, and Celery sends it
+    `worker_process_init` as it does a pool child: the SIGTERM of `systemctl stop` or `kill` is
+    still the worker's warm shutdown (its running attempt finishes, then it exits), never let pass
+    as a pool child lets its first one."""
+    solo = worker_factory(env=env, pool="solo", concurrency=1, name=f"solo-{os.getpid()}@%h")
+    other = worker_factory(env=env, concurrency=2, name=f"other-{os.getpid()}@%h")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    playbook = tmp_path / "solo_stop.yaml"
+    playbook.write_text(PLAYBOOK)
+    execution_id = submit(env, playbook, n=N, marks=str(marks), ticks=TICKS)
+    deadline = time.monotonic() + 60
+    while solo.pid not in {pid for _, pid in _marks(marks)}:
+        assert time.monotonic() < deadline, f"no attempt started on {solo.node}:\n{solo.log_tail()}"
+        time.sleep(0.05)
+    running_there = [index for index, pid in _marks(marks) if pid == solo.pid]
+    assert solo.proc is not None
+    solo.proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    returncode = solo.proc.wait(WARM_WINDOW)
+    took = time.monotonic() - signalled
+    assert returncode == 0, solo.log_tail()
+    assert "SIGTERM received; its running attempt finishes first" not in solo.log_text(), solo.log_tail()
+
+    _, done = _completed(store_url, execution_id)
+    for index in running_there:  # finished where it ran, in the warm shutdown
+        assert done[index]["worker"] == solo.node, (index, done[index])
+    assert other.running()
+    print(f"solo worker exited {took:.1f} s after its SIGTERM; {len(running_there)} attempt(s) finished there")

@@ -71,13 +71,25 @@ class _Termination:
     """This pool child's SIGTERM state (see the module docstring)."""
 
     pool_child = False  # set by mark_pool_child in worker_process_init
+    main_pid: int | None = None  # the worker's main process (note_main_process, in worker_init)
     installed = False
     deferred = False  # a SIGTERM was let pass
     previous: Any = None  # billiard's handler, called for the second SIGTERM
 
 
+def note_main_process() -> None:
+    """This process is a worker's main process (worker_init): never a pool child, even where it
+    runs attempts itself and Celery sends it `worker_process_init` (`-P solo`)."""
+    _Termination.main_pid = os.getpid()
+
+
 def mark_pool_child() -> None:
-    """This process is a prefork pool child: its attempts may defer SIGTERM."""
+    """This process is a prefork pool child: its attempts may defer SIGTERM. Not in a worker's
+    main process: with `-P solo` it runs the attempts and gets `worker_process_init` too, but a
+    SIGTERM there is the worker's own warm shutdown (the running attempt finishes, then the worker
+    exits); deferred, the worker would never stop at a supervisor's SIGTERM."""
+    if os.getpid() == _Termination.main_pid:
+        return
     _Termination.pool_child = True
     _Termination.installed = False
     _Termination.deferred = False
