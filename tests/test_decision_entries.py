@@ -98,10 +98,10 @@ def _loop_step() -> Step:
 
 
 def test_a_loop_s_start_yields_its_collection_its_row_and_its_first_claim():
-    port = EntriesPort(answers={en.PutValue: lambda e: {"stored": len(e.value)}})
+    port = EntriesPort(answers={en.PutCollection: lambda e: {"stored": len(e.items)}})
     loops.start_loop(port, _loop_step(), RunRef("r1", [], {"a": 1}), "p", {"xs": [10, 20, 30]})
     assert port.entries == [
-        en.PutValue([10, 20, 30]),
+        en.PutCollection([10, 20, 30]),
         en.CreateLoop(
             run_id="r1",
             step="each",
@@ -120,7 +120,7 @@ def test_a_loop_s_start_yields_its_collection_its_row_and_its_first_claim():
 def test_an_empty_loop_claims_nothing_and_ends_its_step():
     port = EntriesPort()
     loops.start_loop(port, _loop_step(), RunRef("r1", [], {}), "p", {"xs": []})
-    assert [type(e) for e in port.entries] == [en.PutValue, en.CreateLoop]
+    assert [type(e) for e in port.entries] == [en.PutCollection, en.CreateLoop]
     assert port.sent == [] and [run for run, _ in port.ended] == ["r1"]
 
 
@@ -235,6 +235,7 @@ def test_a_head_that_moved_refuses_any_entry_of_a_deferred_decision(monkeypatch)
 def test_every_entry_has_its_write():
     kinds = {
         en.PutValue,
+        en.PutCollection,
         en.CreateLoop,
         en.ClaimIndexes,
         en.CountIteration,

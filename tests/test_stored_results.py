@@ -14,10 +14,12 @@ import zlib
 import pytest
 from sqlalchemy import text
 
+from noetl_celery import replay
 from noetl_celery.compiler import compile_source
 from noetl_celery.config import limits, secret_registry
 from noetl_celery.core.errors import TemplateError
 from noetl_celery.engine.context import STATE
+from noetl_celery.engine.decision import loops
 from noetl_celery.store import blobs
 from noetl_celery.store.db import transaction
 from noetl_celery.templates.render import Stored, as_step_result, reading, render_value
@@ -101,8 +103,8 @@ def test_a_result_above_the_cap_is_stored_once_and_looped_over(either_store, tmp
         "sum": sum(i * 2 for i in range(N)),
     }
 
-    # the start step's result: one stored value, referenced by its attempt's row, its step row,
-    # its variable and the loop's collection
+    # the start step's result: one stored value, referenced by its attempt's row, its step row
+    # and its variable; the loop's collection is kept in pages, here one: that same stored value
     expected = [{"i": i, "name": "item-" + str(i)} for i in range(N)]
     digest = blobs.hashlib.sha256(blobs.encode(expected)[1]).hexdigest()
     refs = [
@@ -120,11 +122,15 @@ def test_a_result_above_the_cap_is_stored_once_and_looped_over(either_store, tmp
         e=execution_id,
     )
     loop = _rows(either_store, "SELECT collection FROM noetl_loop WHERE execution_id = :e", e=execution_id)
-    held = [*refs, _json(variable[0]["value"]), _json(loop[0]["collection"])]
-    assert len(held) == 4
+    held = [*refs, _json(variable[0]["value"])]
+    assert len(held) == 3
     for ref in held:
         assert limits.is_reference(ref) and ref["sha256"] == digest and ref["length"] == N, ref
         assert len(json.dumps(ref)) < 1000  # the row holds a reference, not the list
+    collection = _json(loop[0]["collection"])
+    assert limits.is_paged(collection) and collection["length"] == N and collection["per"] >= N
+    assert [page["sha256"] for page in collection["pages"]] == [digest]
+    assert len(json.dumps(collection)) < 1000
     stored = _rows(
         either_store,
         "SELECT sha256, size, encoding, data FROM noetl_blob WHERE execution_id = :e ORDER BY size",
@@ -244,12 +250,69 @@ def test_a_200000_element_python_result_starts_its_loop_at_the_default_settings(
     )
     collection = _json(loop["collection"])
     assert loop["total"] == 200_000 and loop["done"] == 150
-    assert limits.is_reference(collection) and collection["length"] == 200_000 and collection["size"] > 1_000_000
-    (stored,) = _rows(sqlite_url, "SELECT sha256 FROM noetl_blob WHERE execution_id = :e", e=execution_id)
-    assert stored["sha256"] == collection["sha256"]  # the result and the collection: one stored value
+    assert limits.is_paged(collection) and collection["length"] == 200_000 and collection["size"] > 1_000_000
+    stored = _rows(sqlite_url, "SELECT sha256, size FROM noetl_blob WHERE execution_id = :e", e=execution_id)
+    sizes = {r["sha256"]: r["size"] for r in stored}
+    pages = collection["pages"]
+    assert len(pages) == -(-200_000 // collection["per"]) >= 5  # the pages, each stored once beside the result
+    assert len(stored) == len(pages) + 1 and all(sizes[p["sha256"]] <= 1.2 * blobs.PAGE_BYTES for p in pages)
+    with transaction(sqlite_url) as conn:
+        elements = [x for page in pages for x in blobs.fetch(conn, page, keep=False)]
+    assert elements == list(range(200_000))
     done = _rows(
         sqlite_url,
         "SELECT iteration, result FROM noetl_event WHERE execution_id = :e AND event_type = 'iteration.completed'",
         e=execution_id,
     )
     assert len(done) == 150 and all(_json(r["result"]) == 2 * r["iteration"] for r in done)
+
+
+def test_a_paged_collection_runs_every_iteration_holding_a_few_pages(sqlite_url, monkeypatch, tmp_path):
+    """A loop over a collection above the row cap, cut into pages of about 500 bytes: every iteration runs
+    on its own element, in a process that keeps at most loops.CACHED_PAGES pages, and neither them
+    nor the collection's source in the cache of values stored by reference; the run replays on a
+    store held in memory."""
+    monkeypatch.setattr(blobs, "PAGE_BYTES", 500)
+    path = tmp_path / "paged.yaml"
+    path.write_text(
+        "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: paged}\nworkflow:\n"
+        "  - step: start\n    tool: {kind: python, code: 'result = [{\"n\": i} for i in range(600)]'}\n"
+        "    next: {arcs: [{step: work}]}\n"
+        "  - step: work\n"
+        "    loop: {in: '{{ start }}', iterator: x, spec: {mode: parallel, max_in_flight: 7}}\n"
+        "    tool: {kind: python, args: {n: '{{ iter.x.n }}'}, code: 'result = n * 3'}\n"
+    )
+    harness = Harness(sqlite_url)
+    execution_id = harness.start(compile_source(str(path), {}, None))
+    held = 0
+    while harness.step():
+        held = max(held, len(loops._pages))
+    (status,) = _rows(sqlite_url, "SELECT status FROM noetl_execution WHERE execution_id = :e", e=execution_id)
+    assert status["status"] == "completed"
+    (loop,) = _rows(sqlite_url, "SELECT collection FROM noetl_loop WHERE execution_id = :e", e=execution_id)
+    collection = _json(loop["collection"])
+    assert limits.is_paged(collection) and len(collection["pages"]) >= 10
+    assert 1 <= held <= loops.CACHED_PAGES
+    # neither the pages nor the start step's result it was cut from stay in the cache of values:
+    # this process wrote the result and started the loop, and read nothing else stored by reference
+    assert all(blobs.CACHE.get(page) is blobs._MISSING for page in collection["pages"])
+    assert len(blobs.CACHE) == 0, list(blobs.CACHE)
+    done = _rows(
+        sqlite_url,
+        "SELECT iteration, result FROM noetl_event WHERE execution_id = :e AND event_type = 'iteration.completed'",
+        e=execution_id,
+    )
+    assert sorted(r["iteration"] for r in done) == list(range(600))
+    assert all(_json(r["result"]) == 3 * r["iteration"] for r in done)
+    (work,) = _rows(
+        sqlite_url,
+        "SELECT result FROM noetl_event WHERE execution_id = :e AND step = 'work' AND event_type = 'step.completed'",
+        e=execution_id,
+    )
+    result = _json(work["result"])
+    if limits.is_reference(result):
+        with transaction(sqlite_url) as conn:
+            result = blobs.fetch(conn, result)
+    assert result["results"] == [3 * i for i in range(600)]
+    report = replay.replay(sqlite_url, execution_id)
+    assert report.difference is None and report.decisions > 600, "\n".join(replay.describe(report))

@@ -42,6 +42,7 @@ DEFAULT_TEMPLATE_MAX_BYTES = settings.DEFAULT_TEMPLATE_MAX_BYTES  # bytes one te
 PREVIEW_CHARS = 1000  # characters of a truncated value kept in its marker
 TRUNCATED = "__truncated__"  # the key that marks a truncated value
 STORED = "__stored__"  # the key that marks a reference to a value stored outside its row
+PAGED = "__paged__"  # the key that marks a loop collection stored in pages (store/blobs.py collection_form)
 
 
 def max_result_bytes() -> int:
@@ -133,6 +134,11 @@ def reference(execution_id: int, size: int, sha256: str, value: Any, text: str) 
 def is_reference(value: Any) -> bool:
     """A reference to a value stored outside its row (`reference`), whatever mapping holds it."""
     return isinstance(value, dict) and value.get(STORED) is True and isinstance(value.get("sha256"), str)
+
+
+def is_paged(value: Any) -> bool:
+    """A loop collection kept in pages stored by reference (store/blobs.py `collection_form`)."""
+    return isinstance(value, dict) and value.get(PAGED) is True and isinstance(value.get("pages"), list)
 
 
 def is_truncated(value: Any) -> bool:

@@ -271,6 +271,14 @@ class MemoryStore:
         self.values.setdefault((execution_id, form.digest), json.loads(form.raw))
         return form.ref
 
+    def put_collection(self, execution_id: int, items: list[Any]) -> Any:
+        form = blobs.collection_form(execution_id, items)
+        if not isinstance(form, blobs.Paged):
+            return form
+        for page in form.pages:
+            self.values.setdefault((execution_id, page.digest), json.loads(page.raw))
+        return form.collection
+
     def fetch(self, ref: Mapping[str, Any]) -> Any:
         """The whole value of a reference: one kept here, else the recorded store's."""
         key = (int(ref["execution_id"]), str(ref["sha256"]))
@@ -398,6 +406,9 @@ class MemoryReads:
         return {k: copy.deepcopy(v) for k, v in loop.items() if with_collection or k != "collection"}
 
     def value(self, reference: Mapping[str, Any]) -> Any:
+        return self.store.fetch(reference)
+
+    def read_once(self, reference: Mapping[str, Any]) -> Any:
         return self.store.fetch(reference)
 
     def execution_link(self) -> dict[str, Any] | None:

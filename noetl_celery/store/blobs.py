@@ -101,16 +101,75 @@ def stored_form(execution_id: int, value: Any, *, masked: bool = False) -> Any:
     return Kept(limits.reference(execution_id, len(raw), digest, value, text), value, raw, digest)
 
 
+PAGE_BYTES = 256_000  # JSON bytes of one page of a loop collection stored by reference (about)
+
+
+class Paged(NamedTuple):
+    """A loop collection above the row cap (`collection_form`): what the loop row holds (the
+    pages' references, the element count and how many elements a page has) and each page to keep."""
+
+    collection: dict[str, Any]
+    pages: list[Kept]
+
+
+def collection_form(execution_id: int, items: list[Any], page_bytes: int | None = None) -> Any:
+    """What a loop row holds for its collection `items`: the list itself when its JSON fits
+    NOETL_MAX_RESULT_BYTES, its truncation marker above NOETL_MAX_STORED_BYTES, else `Paged`: the
+    list cut into pages of about `page_bytes` of JSON, each kept by reference, so that a process
+    dispatching an iteration reads the page of its element, never the whole list (its decoded
+    objects take several times its JSON). Every page has `per` elements (the last one fewer):
+    element i is element i % per of page i // per."""
+    form = stored_form(execution_id, items)
+    if not isinstance(form, Kept):
+        return form
+    masked = form.value
+    per = max(1, len(masked) * (page_bytes or PAGE_BYTES) // max(len(form.raw), 1))
+    pages = [_kept(execution_id, masked[start : start + per]) for start in range(0, len(masked), per)]
+    collection = {
+        limits.PAGED: True,
+        "length": len(masked),
+        "per": per,
+        "size": len(form.raw),
+        "pages": [
+            {limits.STORED: True, "execution_id": execution_id, "sha256": page.digest, "size": len(page.raw)}
+            for page in pages
+        ],
+    }
+    return Paged(collection, pages)
+
+
+def _kept(execution_id: int, value: Any) -> Kept:
+    """`value` (masked already) to keep by reference whatever its size: a page of a collection."""
+    text, raw = encode(value)
+    digest = hashlib.sha256(raw).hexdigest()
+    return Kept(limits.reference(execution_id, len(raw), digest, value, text), value, raw, digest)
+
+
+def put_collection(conn: Connection, execution_id: int, items: list[Any]) -> Any:
+    """A loop's collection as its row holds it (`collection_form`), its pages stored (in `conn`'s
+    transaction) and not kept in this process's cache: the process that dispatches an iteration
+    reads the page it needs (`fetch(..., keep=False)`, engine/decision/loops.py)."""
+    form = collection_form(execution_id, items)
+    if not isinstance(form, Paged):
+        return form
+    for page in form.pages:
+        encoding, data = _packed(page.raw)
+        _insert(conn, execution_id, page.digest, len(page.raw), encoding, data)
+    return form.collection
+
+
 def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False) -> Any:
     """`value` as it may be stored in a row: itself when its JSON fits NOETL_MAX_RESULT_BYTES,
     else a reference to it, stored once (in `conn`'s transaction), or, above
-    NOETL_MAX_STORED_BYTES, its truncation marker. `masked`: secrets are masked already."""
+    NOETL_MAX_STORED_BYTES, its truncation marker. `masked`: secrets are masked already.
+    The value is not kept in this process's cache: a process keeps what it reads (`fetch`), and a
+    value read nowhere after it was written (a loop's source, a result only a sink wanted) takes
+    no memory of the process that wrote it."""
     form = stored_form(execution_id, value, masked=masked)
     if not isinstance(form, Kept):
         return form
     encoding, data = _packed(form.raw)
     _insert(conn, execution_id, form.digest, len(form.raw), encoding, data)
-    CACHE.keep(form.ref, form.value)
     return form.ref
 
 
@@ -251,8 +310,9 @@ def with_references(
     return new_rows, new_variables
 
 
-def fetch(conn: Connection, ref: Mapping[str, Any]) -> Any:
-    """The whole value of a reference, read through the process's cache."""
+def fetch(conn: Connection, ref: Mapping[str, Any], *, keep: bool = True) -> Any:
+    """The whole value of a reference, read through the process's cache (`keep`: kept there once
+    read; a loop collection's page is not, engine/decision/loops.py keeps the few it uses)."""
     found = CACHE.get(ref)
     if found is not _MISSING:
         return found
@@ -265,7 +325,8 @@ def fetch(conn: Connection, ref: Mapping[str, Any]) -> Any:
             "(pruned with its execution?)"
         )
     value = _unpacked(row[0], bytes(row[1]))
-    CACHE.keep(ref, value)
+    if keep:
+        CACHE.keep(ref, value)
     return value
 
 

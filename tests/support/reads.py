@@ -41,6 +41,9 @@ class ReadsInMemory:
     def value(self, reference: Mapping[str, Any]) -> Any:
         raise AssertionError("no value is stored by reference here")
 
+    def read_once(self, reference: Mapping[str, Any]) -> Any:
+        raise AssertionError("no value is stored by reference here")
+
     def execution_link(self) -> dict[str, Any] | None:
         return None
 

@@ -27,6 +27,15 @@ class PutValue:
 
 
 @dataclass(frozen=True)
+class PutCollection:
+    """Keep a loop's collection for the execution: inline below the row cap, else in pages kept
+    by reference (store/blobs.py `collection_form`), so that no process holds the whole list to
+    dispatch an iteration. Returns what the loop row stores."""
+
+    items: list[Any]
+
+
+@dataclass(frozen=True)
 class Streamed:
     """A mapping whose one member `key` is a list given item by item: `parts` in their order,
     the member `key` being every item `items()` yields (each call yields them again from the
@@ -122,6 +131,7 @@ class CreateChildExecution:
 
 Entry = (
     PutValue
+    | PutCollection
     | CreateLoop
     | ClaimIndexes
     | CountIteration

@@ -18,7 +18,7 @@ from functools import cached_property
 from typing import Protocol
 
 from noetl_celery.config import limits, settings
-from noetl_celery.config.limits import is_reference, is_truncated  # what a stored value's marker says
+from noetl_celery.config.limits import is_paged, is_reference, is_truncated  # what a stored value's marker says
 from noetl_celery.store import clock as store_clock
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "Draws",
     "RandomDraws",
     "RecordedDraws",
+    "is_paged",
     "is_reference",
     "is_truncated",
 ]

@@ -9,10 +9,12 @@ Collection loops: on_event fans a loop step out into one task per iteration (or 
 `max_in_flight` of them at once (the plan's Loop.max_in_flight; 1 for a sequential loop).
 
 - The collection is rendered once when the loop starts and stored once (noetl_loop.collection;
-  above NOETL_MAX_RESULT_BYTES by reference, store/blobs.py: a collection that is a step's result
-  stored by reference is that same stored value); each iteration message carries only its own
-  element. Processes cache the collection by run id (one above the row cap through the bounded
-  cache of values stored by reference, NOETL_STORED_CACHE_BYTES).
+  above NOETL_MAX_RESULT_BYTES in pages of about 256 kB of JSON, each stored by reference:
+  store/blobs.py `collection_form`); each iteration message carries only its own element.
+  Processes cache what the row holds by run id; the process that dispatches an iteration of a
+  paged collection reads the page of its element and keeps the last CACHED_PAGES pages it read,
+  so no worker holds a big collection whole after its loop started (its decoded objects take
+  several times its JSON: a million small integers about 36 MB).
 - At start, min(max_in_flight, total) iterations are dispatched (indexes 0 to max_in_flight - 1),
   and the loop's row keeps max_in_flight (noetl_loop, column `cap`). Each finished iteration
   increments `done` atomically (in the transaction that records its completion row), and the
@@ -32,10 +34,11 @@ Collection loops: on_event fans a loop step out into one task per iteration (or 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from noetl_celery.core import vocabulary as ev
@@ -47,23 +50,28 @@ from noetl_celery.engine.decision.entries import (
     CompleteLoop,
     CountIteration,
     CreateLoop,
+    PutCollection,
     PutValue,
     Streamed,
 )
-from noetl_celery.engine.decision.inputs import Bounds, is_reference, is_truncated
+from noetl_celery.engine.decision.inputs import Bounds, is_paged, is_reference, is_truncated
 from noetl_celery.engine.decision.rows import OpenRow, Row
 from noetl_celery.engine.decision.units import RunRef, UnitEnd
 from noetl_celery.engine.ids import attempt_key
 from noetl_celery.engine.messages import TaskMessage
-from noetl_celery.templates.render import evaluate_condition, materialise, plain, render_value
+from noetl_celery.templates.render import evaluate_condition, materialise, plain, reading, render_value
 
 if TYPE_CHECKING:
     from noetl_celery.engine.decision.port import DecisionPort
 
+Reader = Callable[[Mapping[str, Any]], Any]  # a reference -> the whole value it names
+
 CACHED_COLLECTIONS = 64  # loop collections (or their references) one process keeps in memory
+CACHED_PAGES = 4  # pages of paged loop collections one process keeps decoded (store/blobs.py collection_form)
 FAILURES_NAMED = 3  # failed iterations a failed loop step's error names (index + message)
 
-_collections: OrderedDict[str, Any] = OrderedDict()  # run id -> its list, or the list's reference
+_collections: OrderedDict[str, Any] = OrderedDict()  # run id -> its list, or what its row holds instead
+_pages: OrderedDict[tuple[int, str], list[Any]] = OrderedDict()  # a page's (execution id, sha256) -> its elements
 _lock = threading.Lock()
 
 
@@ -71,6 +79,7 @@ def forget_collections() -> None:
     """Drop the cached loop collections (a forked process starts without its parent's)."""
     with _lock:
         _collections.clear()
+        _pages.clear()
 
 
 def _remember(run_id: str, items: Any) -> None:
@@ -81,25 +90,67 @@ def _remember(run_id: str, items: Any) -> None:
             _collections.popitem(last=False)
 
 
-def _collection(decider: DecisionPort, run_id: str) -> list[Any]:
+def _collection(decider: DecisionPort, run_id: str) -> Any:
+    """What the loop row holds for its collection: the list, a reference to it (a loop started
+    before collections were paged), or its pages (`is_paged`)."""
     with _lock:
         items = _collections.get(run_id)
     if items is None:
         row = decider.reads.loop(run_id, with_collection=True)
         items = (row or {}).get("collection") or []
         _remember(run_id, items)
-    if is_reference(items):  # stored by reference: the bounded cache of such values holds it
-        return cast(list[Any], decider.reads.value(cast(dict[str, Any], items)))
-    return cast(list[Any], items)
+    return items
 
 
-def build_items(step: Step, context: dict[str, Any], bounds: Bounds | None = None) -> list[Any]:
+def _total(decider: DecisionPort, run_id: str) -> int:
+    """How many elements the loop's collection has."""
+    items = _collection(decider, run_id)
+    if is_paged(items):
+        return int(items["length"])
+    if is_reference(items):
+        return len(decider.reads.value(items))
+    return len(items)
+
+
+def _element(decider: DecisionPort, run_id: str, index: int) -> Any:
+    """Element `index` of the loop's collection. Of a paged one, only its page is read, and this
+    process keeps the last CACHED_PAGES pages it read: a loop dispatches its elements in order,
+    so a page serves about `per` iterations, and the whole list is never held."""
+    items = _collection(decider, run_id)
+    if is_paged(items):
+        per = int(items["per"])
+        return _page(decider, items["pages"][index // per])[index % per]
+    if is_reference(items):  # stored whole by reference: the bounded cache of such values holds it
+        return cast(list[Any], decider.reads.value(cast(dict[str, Any], items)))[index]
+    return items[index]
+
+
+def _page(decider: DecisionPort, ref: dict[str, Any]) -> list[Any]:
+    key = (int(ref["execution_id"]), str(ref["sha256"]))
+    with _lock:
+        page = _pages.get(key)
+        if page is not None:
+            _pages.move_to_end(key)
+            return page
+    page = cast(list[Any], decider.reads.read_once(ref))
+    with _lock:
+        _pages[key] = page
+        while len(_pages) > CACHED_PAGES:
+            _pages.popitem(last=False)
+    return page
+
+
+def build_items(
+    step: Step, context: dict[str, Any], bounds: Bounds | None = None, read_once: Reader | None = None
+) -> list[Any]:
     """Render the collection once and shape it into the per-task elements (within `bounds`: the
-    decision's, or the settings' now)."""
+    decision's, or the settings' now). `read_once` reads a value stored by reference that the
+    collection names without keeping it in the process's cache (the loop keeps its pages)."""
     bounds = bounds or Bounds.load()
     loop = step.loop
     assert loop is not None
-    value = materialise(render_value(loop.collection, context))  # a reference is read whole
+    with reading(read_once) if read_once is not None else contextlib.nullcontext():
+        value = materialise(render_value(loop.collection, context))  # a reference is read whole
     if is_truncated(value):
         raise TemplateError(
             f"loop collection of step {step.name!r} is a value that was truncated when stored "
@@ -219,13 +270,13 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
     assert loop is not None
     run_id, frames, args = run.run_id, run.frames, run.args
     try:
-        items = build_items(step, context, decider.inputs.bounds)
+        items = build_items(step, context, decider.inputs.bounds, read_once=decider.reads.read_once)
     except TemplateError as exc:
         fail_loop_start(decider, step, run_id, parent, {"kind": ErrorKind.LOOP, "message": str(exc)})
         return
     max_in_flight = loop_max_in_flight(step)
     total = len(items)
-    collection = decider.apply(PutValue(items))  # above the row cap: by reference
+    collection = decider.apply(PutCollection(items))  # above the row cap: in pages kept by reference
     decider.apply(
         CreateLoop(
             run_id=run_id,
@@ -300,13 +351,12 @@ def dispatch_queued(
         retry = failed.evolve(attempt=attempt, replay=False, delayed=False, parent_event_id=parent)
         decider.dispatch_task(decider.plan.steps[failed.step], retry)
         return
-    items = _collection(decider, run_id)
     _dispatch_iteration(
         decider,
         step,
         run_id,
         index,
-        items[index],
+        _element(decider, run_id, index),
         context.get("frames", []),
         context.get("args", {}),
         parent,
@@ -347,7 +397,7 @@ def iteration_done(
     error: Any = None,
 ) -> None:
     """Count the iteration, dispatch the next index, and finish the loop on the last one."""
-    shape = (loop_max_in_flight(step), len(_collection(decider, message.run_id)))
+    shape = (loop_max_in_flight(step), _total(decider, message.run_id))
     counters = decider.apply(CountIteration(message.run_id, ok=ok, tolerated=tolerated, unless_last=shape))
     done, total = counters["done"], counters["total"]
     entry = next_entry(counters, message.iteration)

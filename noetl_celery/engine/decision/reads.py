@@ -42,6 +42,11 @@ class Reads(Protocol):
     def value(self, reference: Mapping[str, Any]) -> Any:
         """The whole value a stored reference names."""
 
+    def read_once(self, reference: Mapping[str, Any]) -> Any:
+        """The whole value a stored reference names, read without keeping it in the process's cache
+        of values: a loop's collection as the loop starts, and its pages (engine/decision/loops.py:
+        it keeps the few pages it uses)."""
+
     def execution_link(self) -> dict[str, Any] | None:
         """The execution's link to its parent (parent execution, parent task, depth; None: no row)."""
 

@@ -86,6 +86,10 @@ class DecisionStore(Protocol):
         """`value` as a row may hold it: itself, or a reference to it kept once (store/blobs.py); of
         an `entries.Streamed`, the reference, or None when the caller is to build it whole."""
 
+    def put_collection(self, execution_id: int, items: list[Any]) -> Any:
+        """A loop's collection as its row holds it: the list, or its pages' references, each page
+        kept once (store/blobs.py `collection_form`)."""
+
     def create_loop(self, values: dict[str, Any]) -> None: ...
 
     def claim_loop_indexes(self, run_id: str, count: int) -> int: ...

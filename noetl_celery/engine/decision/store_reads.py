@@ -49,6 +49,9 @@ class StoreReads:
     def value(self, reference: Mapping[str, Any]) -> Any:
         return blobs.fetch(self.connection(), reference)
 
+    def read_once(self, reference: Mapping[str, Any]) -> Any:
+        return blobs.fetch(self.connection(), reference, keep=False)
+
     def execution_link(self) -> dict[str, Any] | None:
         return repo.execution_link(self.connection(), self.execution_id)
 
