@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, and_, delete, select, text, tuple_, update
 
-from noetl_celery.store import repo
+from noetl_celery.store import kernel, repo
 from noetl_celery.store.db import get_engine, outside_transaction
 
 PAIRS_PER_STATEMENT = 400  # row values per statement where arrays are not at hand (SQLite)
@@ -131,11 +131,11 @@ def overdue(conn: Connection, now: datetime, limit: int) -> Batch:
 
 
 TAKEN_STEP = 1.0  # seconds: a late pickup moves a lease on only when it moves it by more than this
-_TAKEN_PG = (
-    "WITH held AS (UPDATE noetl_lease SET deadline_at = now() + make_interval(secs => :s)"
-    " WHERE execution_id = :x AND event_id = :lease AND deadline_at < now() + make_interval(secs => :s - :step)"
+_TAKEN_PG = (  # the kernel's positional parameters: seconds, key, lease, seconds - step, key, outcome
+    "WITH held AS (UPDATE noetl_lease SET deadline_at = now() + make_interval(secs => ?)"
+    " WHERE execution_id = ? AND event_id = ? AND deadline_at < now() + make_interval(secs => ?)"
     " RETURNING 1)"
-    " SELECT EXISTS (SELECT 1 FROM noetl_event WHERE execution_id = :x AND event_id = :outcome),"
+    " SELECT EXISTS (SELECT 1 FROM noetl_event WHERE execution_id = ? AND event_id = ?),"
     " (SELECT count(*) FROM held)"
 )
 
@@ -147,13 +147,11 @@ def taken(conn: Connection, execution_id: int, lease_key: str | None, outcome_ke
     re-published copy ran it). The lease may be one its decision's other messages share (a loop's
     first iterations, a fan-out): it is rewritten only when that moves it by more than TAKEN_STEP,
     so a backlog of such messages taken late rewrites it about once a second, not once each.
-    One statement on PostgreSQL (run outside a transaction: it is its own); an update and a read
-    elsewhere."""
+    One statement on PostgreSQL (run outside a transaction: it is its own; prepared, on the kernel's
+    path: a backlog makes it once per message); an update and a read elsewhere."""
     if conn.dialect.name == "postgresql":
-        row = conn.execute(
-            text(_TAKEN_PG),
-            {"s": seconds, "step": TAKEN_STEP, "x": execution_id, "lease": lease_key or "", "outcome": outcome_key},
-        ).one()
+        params = (float(seconds), execution_id, lease_key or "", float(seconds - TAKEN_STEP), execution_id, outcome_key)
+        row = kernel.run(conn, kernel.sql(conn.dialect, "lease.taken", _TAKEN_PG), params).fetchone()
         return bool(row[0])
     if lease_key is not None:
         until = repo.utcnow() + timedelta(seconds=seconds)
