@@ -80,6 +80,19 @@ def _json(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
+def _start_then_loop(name: str, start: str, max_in_flight: int, args: str, result: str) -> str:
+    """A playbook whose step `start` results in the Python expression `start` and whose step `work`
+    loops over it in parallel, each iteration's result the expression `result` of its `args`."""
+    return (
+        f"apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {{name: {name}}}\nworkflow:\n"
+        f"  - step: start\n    tool: {{kind: python, code: 'result = {start}'}}\n"
+        "    next: {arcs: [{step: work}]}\n"
+        "  - step: work\n"
+        f"    loop: {{in: '{{{{ start }}}}', iterator: x, spec: {{mode: parallel, max_in_flight: {max_in_flight}}}}}\n"
+        f"    tool: {{kind: python, args: {args}, code: 'result = {result}'}}\n"
+    )
+
+
 def test_a_result_above_the_cap_is_stored_once_and_looped_over(either_store, tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text(PLAYBOOK)
@@ -233,14 +246,7 @@ def test_a_200000_element_python_result_starts_its_loop_at_the_default_settings(
     Running all 200,000 iterations is bench.fanout's job (docs/benchmarks.md)."""
     monkeypatch.delenv("NOETL_MAX_RESULT_BYTES")
     path = tmp_path / "fanout.yaml"
-    path.write_text(
-        "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: fanout}\nworkflow:\n"
-        "  - step: start\n    tool: {kind: python, code: 'result = list(range(200000))'}\n"
-        "    next: {arcs: [{step: work}]}\n"
-        "  - step: work\n"
-        "    loop: {in: '{{ start }}', iterator: x, spec: {mode: parallel, max_in_flight: 100}}\n"
-        "    tool: {kind: python, args: {x: '{{ iter.x }}'}, code: 'result = x * 2'}\n"
-    )
+    path.write_text(_start_then_loop("fanout", "list(range(200000))", 100, "{x: '{{ iter.x }}'}", "x * 2"))
     harness = Harness(sqlite_url)
     execution_id = harness.start(compile_source(str(path), {}, None))
     for _ in range(1 + 150):  # the python step, then 150 iterations
@@ -274,14 +280,7 @@ def test_a_paged_collection_runs_every_iteration_holding_a_few_pages(sqlite_url,
     store held in memory."""
     monkeypatch.setattr(blobs, "PAGE_BYTES", 500)
     path = tmp_path / "paged.yaml"
-    path.write_text(
-        "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: paged}\nworkflow:\n"
-        "  - step: start\n    tool: {kind: python, code: 'result = [{\"n\": i} for i in range(600)]'}\n"
-        "    next: {arcs: [{step: work}]}\n"
-        "  - step: work\n"
-        "    loop: {in: '{{ start }}', iterator: x, spec: {mode: parallel, max_in_flight: 7}}\n"
-        "    tool: {kind: python, args: {n: '{{ iter.x.n }}'}, code: 'result = n * 3'}\n"
-    )
+    path.write_text(_start_then_loop("paged", '[{"n": i} for i in range(600)]', 7, "{n: '{{ iter.x.n }}'}", "n * 3"))
     harness = Harness(sqlite_url)
     execution_id = harness.start(compile_source(str(path), {}, None))
     held = 0

@@ -76,20 +76,25 @@ def _start(tmp_path, env, worker_factory) -> tuple:
     other = worker_factory(env=env, concurrency=2, name=f"other-{os.getpid()}@%h")
     children = set(stopped.alive_group()) - {stopped.pid}
     assert len(children) == 2, stopped.alive_group()
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    playbook = tmp_path / "group_stop.yaml"
-    playbook.write_text(PLAYBOOK)
-    execution_id = submit(env, playbook, n=N, marks=str(marks), ticks=TICKS)
     # both pool processes running an attempt: none is between taking a job and starting it, when
     # billiard's own handler still ends it on a SIGTERM (the attempt then runs again elsewhere)
-    deadline = time.monotonic() + 60
-    while {pid for _, pid in _marks(marks)} & children != children:
-        assert time.monotonic() < deadline, (
-            f"attempts did not start on both processes of {stopped.node}:\n{stopped.log_tail()}"
-        )
-        time.sleep(0.05)
+    marks, execution_id = _submit_until_running(tmp_path, env, stopped, children)
     return stopped, other, children, marks, execution_id
+
+
+def _submit_until_running(tmp_path, env, worker, pids: set[int]) -> tuple[Path, int]:
+    """Submit PLAYBOOK and wait until attempts run in each of `pids` (processes of `worker`).
+    Returns the marks directory and the execution id."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    playbook = tmp_path / "stop.yaml"
+    playbook.write_text(PLAYBOOK)
+    execution_id = submit(env, playbook, n=N, marks=str(marks), ticks=TICKS)
+    deadline = time.monotonic() + 60
+    while {pid for _, pid in _marks(marks)} & pids != pids:
+        assert time.monotonic() < deadline, f"attempts did not start in {pids} of {worker.node}:\n{worker.log_tail()}"
+        time.sleep(0.05)
+    return marks, execution_id
 
 
 def _completed(store_url: str, execution_id: int) -> tuple[list[dict], dict[int, dict]]:
@@ -174,15 +179,7 @@ def test_a_solo_worker_stops_at_one_sigterm_after_its_running_attempt(tmp_path, 
     as a pool child lets its first one."""
     solo = worker_factory(env=env, pool="solo", concurrency=1, name=f"solo-{os.getpid()}@%h")
     other = worker_factory(env=env, concurrency=2, name=f"other-{os.getpid()}@%h")
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    playbook = tmp_path / "solo_stop.yaml"
-    playbook.write_text(PLAYBOOK)
-    execution_id = submit(env, playbook, n=N, marks=str(marks), ticks=TICKS)
-    deadline = time.monotonic() + 60
-    while solo.pid not in {pid for _, pid in _marks(marks)}:
-        assert time.monotonic() < deadline, f"no attempt started on {solo.node}:\n{solo.log_tail()}"
-        time.sleep(0.05)
+    marks, execution_id = _submit_until_running(tmp_path, env, solo, {solo.pid})
     running_there = [index for index, pid in _marks(marks) if pid == solo.pid]
     assert solo.proc is not None
     solo.proc.send_signal(signal.SIGTERM)
