@@ -14,6 +14,7 @@ import psutil
 import pytest
 from sqlalchemy import text
 
+from noetl_celery.config import limits
 from noetl_celery.runner import wait
 from noetl_celery.store.db import get_engine
 from tests.support.engines import cli
@@ -68,7 +69,7 @@ def test_a_loop_over_a_big_python_result_at_the_default_settings(env, store_url,
             {"x": execution_id},
         ).scalar_one()
         blobs = (
-            conn.execute(text("SELECT size FROM noetl_blob WHERE execution_id = :x ORDER BY size"), {"x": execution_id})
+            conn.execute(text("SELECT sha256 FROM noetl_blob WHERE execution_id = :x"), {"x": execution_id})
             .scalars()
             .all()
         )
@@ -84,9 +85,12 @@ def test_a_loop_over_a_big_python_result_at_the_default_settings(env, store_url,
         ).scalar_one()
     assert kinds["iteration.completed"] == N and distinct == N
     assert status["results"]["check"] == {"count": N, "total": N * (N - 1) // 2, "last": f"item-{N - 1:06d}"}
-    # the list is stored once: the attempt's row and the loop's collection hold the same reference
+    # the list is stored once, by reference; the loop's collection holds it in pages, each stored once
     assert start["__stored__"] is True and start["length"] == N and start["size"] > 1_000_000
     assert "note" in start["preview"] and len(json.dumps(start)) < 1000  # a reference, not the list
-    assert collection["sha256"] == start["sha256"]
-    assert len(blobs) == 2  # the list, and the loop's aggregated results (the same elements, in order)
+    assert limits.is_paged(collection) and collection["length"] == N and len(json.dumps(collection)) < 10_000
+    pages = {page["sha256"] for page in collection["pages"]}
+    assert len(pages) > 1 and start["sha256"] not in pages
+    # the list, its pages, and the loop's aggregated results (the same elements, in order)
+    assert len(blobs) == len(set(blobs)) == 2 + len(pages) and pages < set(blobs)
     assert max(peaks) < MAX_PROCESS_RSS, max(peaks)
