@@ -261,7 +261,7 @@ def test_a_200000_element_python_result_starts_its_loop_at_the_default_settings(
     sizes = {r["sha256"]: r["size"] for r in stored}
     pages = collection["pages"]
     assert len(pages) == -(-200_000 // collection["per"]) >= 5  # the pages, each stored once beside the result
-    assert len(stored) == len(pages) + 1 and all(sizes[p["sha256"]] <= 1.2 * blobs.PAGE_BYTES for p in pages)
+    assert len(stored) == len(pages) + 1 and all(sizes[p["sha256"]] <= 1.2 * 256_000 for p in pages)
     with transaction(sqlite_url) as conn:
         elements = [x for page in pages for x in blobs.fetch(conn, page, keep=False)]
     assert elements == list(range(200_000))
@@ -278,7 +278,7 @@ def test_a_paged_collection_runs_every_iteration_holding_a_few_pages(sqlite_url,
     on its own element, in a process that keeps at most loops.CACHED_PAGES pages, and neither them
     nor the collection's source in the cache of values stored by reference; the run replays on a
     store held in memory."""
-    monkeypatch.setattr(blobs, "PAGE_BYTES", 500)
+    monkeypatch.setenv("NOETL_LOOP_PAGE_BYTES", "500")
     path = tmp_path / "paged.yaml"
     path.write_text(_start_then_loop("paged", '[{"n": i} for i in range(600)]', 7, "{n: '{{ iter.x.n }}'}", "n * 3"))
     harness = Harness(sqlite_url)

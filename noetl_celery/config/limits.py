@@ -23,6 +23,8 @@ and the CLI agree, and `noetl-celery config` shows them with the other settings)
   size, default 256 MB) it is truncated instead (a marker), and cannot be read back.
 - NOETL_STORED_CACHE_BYTES: values stored by reference one process keeps decoded, least recently
   used dropped first (JSON size of the values, default 64 MB).
+- NOETL_LOOP_PAGE_BYTES: a loop collection above NOETL_MAX_RESULT_BYTES is stored in pages of about
+  this much JSON (default 256 kB), read one at a time (store/blobs.py `collection_form`).
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ def max_stored_bytes() -> int:
 
 def stored_cache_bytes() -> int:
     return int(settings.limit(settings.STORED_CACHE_BYTES_ENV))
+
+
+def loop_page_bytes() -> int:
+    return int(settings.limit(settings.LOOP_PAGE_BYTES_ENV))
 
 
 def max_steps() -> int:

@@ -101,9 +101,6 @@ def stored_form(execution_id: int, value: Any, *, masked: bool = False) -> Any:
     return Kept(limits.reference(execution_id, len(raw), digest, value, text), value, raw, digest)
 
 
-PAGE_BYTES = 256_000  # JSON bytes of one page of a loop collection stored by reference (about)
-
-
 class Paged(NamedTuple):
     """A loop collection above the row cap (`collection_form`): what the loop row holds (the
     pages' references, the element count and how many elements a page has) and each page to keep."""
@@ -112,10 +109,10 @@ class Paged(NamedTuple):
     pages: list[Kept]
 
 
-def collection_form(execution_id: int, items: list[Any], page_bytes: int | None = None) -> Any:
+def collection_form(execution_id: int, items: list[Any]) -> Any:
     """What a loop row holds for its collection `items`: the list itself when its JSON fits
     NOETL_MAX_RESULT_BYTES, its truncation marker above NOETL_MAX_STORED_BYTES, else `Paged`: the
-    list cut into pages of about `page_bytes` of JSON, each kept by reference, so that a process
+    list cut into pages of about NOETL_LOOP_PAGE_BYTES of JSON, each kept by reference, so that a process
     dispatching an iteration reads the page of its element, never the whole list (its decoded
     objects take several times its JSON). Every page has `per` elements (the last one fewer):
     element i is element i % per of page i // per."""
@@ -123,7 +120,7 @@ def collection_form(execution_id: int, items: list[Any], page_bytes: int | None 
     if not isinstance(form, Kept):
         return form
     masked = form.value
-    per = max(1, len(masked) * (page_bytes or PAGE_BYTES) // max(len(form.raw), 1))
+    per = max(1, len(masked) * limits.loop_page_bytes() // max(len(form.raw), 1))
     pages = [_kept(execution_id, masked[start : start + per]) for start in range(0, len(masked), per)]
     collection = {
         limits.PAGED: True,
