@@ -95,10 +95,10 @@ def stored_form(execution_id: int, value: Any, *, masked: bool = False) -> Any:
     text, raw = encode(value)
     if len(raw) <= limit:
         return value
-    digest = hashlib.sha256(raw).hexdigest()
+    kept = _kept(execution_id, value, text, raw)
     if len(raw) > limits.max_stored_bytes():
-        return limits.marker(len(raw), digest, text, limit)
-    return Kept(limits.reference(execution_id, len(raw), digest, value, text), value, raw, digest)
+        return limits.marker(len(raw), kept.digest, text, limit)
+    return kept
 
 
 class Paged(NamedTuple):
@@ -122,7 +122,7 @@ def collection_form(execution_id: int, items: list[Any]) -> Any:
     masked = form.value
     per = max(1, len(masked) * limits.loop_page_bytes() // max(len(form.raw), 1))
     pages = [_kept(execution_id, masked[start : start + per]) for start in range(0, len(masked), per)]
-    collection = {
+    collection = {  # each page's reference without its preview and message: the loop row stays small
         limits.PAGED: True,
         "length": len(masked),
         "per": per,
@@ -135,11 +135,19 @@ def collection_form(execution_id: int, items: list[Any]) -> Any:
     return Paged(collection, pages)
 
 
-def _kept(execution_id: int, value: Any) -> Kept:
-    """`value` (masked already) to keep by reference whatever its size: a page of a collection."""
-    text, raw = encode(value)
+def _kept(execution_id: int, value: Any, text: str | None = None, raw: bytes | None = None) -> Kept:
+    """`value` (masked already) to keep by reference whatever its size, given its JSON `text` and
+    `raw` bytes when they are encoded already."""
+    if text is None or raw is None:
+        text, raw = encode(value)
     digest = hashlib.sha256(raw).hexdigest()
     return Kept(limits.reference(execution_id, len(raw), digest, value, text), value, raw, digest)
+
+
+def _store(conn: Connection, execution_id: int, kept: Kept) -> None:
+    """Write a value kept by reference, compressed when that saves (in `conn`'s transaction)."""
+    encoding, data = _packed(kept.raw)
+    _insert(conn, execution_id, kept.digest, len(kept.raw), encoding, data)
 
 
 def put_collection(conn: Connection, execution_id: int, items: list[Any]) -> Any:
@@ -150,8 +158,7 @@ def put_collection(conn: Connection, execution_id: int, items: list[Any]) -> Any
     if not isinstance(form, Paged):
         return form
     for page in form.pages:
-        encoding, data = _packed(page.raw)
-        _insert(conn, execution_id, page.digest, len(page.raw), encoding, data)
+        _store(conn, execution_id, page)
     return form.collection
 
 
@@ -165,8 +172,7 @@ def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False
     form = stored_form(execution_id, value, masked=masked)
     if not isinstance(form, Kept):
         return form
-    encoding, data = _packed(form.raw)
-    _insert(conn, execution_id, form.digest, len(form.raw), encoding, data)
+    _store(conn, execution_id, form)
     return form.ref
 
 
