@@ -39,7 +39,8 @@ def to_jsonable(value: Any) -> JSONValue:
     their items are comparable); Decimal -> int when integral, else float (NaN/Infinity -> str);
     datetime/date/time -> ISO 8601 text; timedelta -> seconds (float); UUID -> str;
     bytes/bytearray/memoryview -> UTF-8 text when it decodes, else base64 text; Enum -> its value;
-    dataclass instance -> dict; anything else -> str(value).
+    dataclass instance -> dict; anything else -> str(value). A list none of whose elements
+    change is returned as it is, not copied (a tool's result of a million elements is held once).
     """
     if value is None or isinstance(value, (bool, int, str)):
         return value
@@ -47,7 +48,13 @@ def to_jsonable(value: Any) -> JSONValue:
         return value
     if isinstance(value, Mapping):
         return {_key(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            converted = to_jsonable(item)
+            if converted is not item:  # copied from the first element that changes
+                return [*value[:index], converted, *(to_jsonable(v) for v in value[index + 1 :])]
+        return value
+    if isinstance(value, tuple):
         return [to_jsonable(v) for v in value]
     if isinstance(value, (set, frozenset)):
         items = [to_jsonable(v) for v in value]
@@ -172,8 +179,16 @@ def _depth_within(value: Any, max_depth: int) -> bool:
     return True
 
 
+STRICT_SLICE = 10_000  # elements of a long list encoded at a time by the screen
+
+
 def _encodes_strictly(value: Any) -> bool:
-    """Strict JSON (no NaN/Infinity) encodes it, as UTF-8 (no lone surrogate), with no NUL."""
+    """Strict JSON (no NaN/Infinity) encodes it, as UTF-8 (no lone surrogate), with no NUL. A
+    long list is encoded a slice at a time: its whole text is never held."""
+    if isinstance(value, list) and len(value) > STRICT_SLICE:
+        return all(
+            _encodes_strictly(value[start : start + STRICT_SLICE]) for start in range(0, len(value), STRICT_SLICE)
+        )
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False, default=to_jsonable)
         text.encode("utf-8")
