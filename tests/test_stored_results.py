@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import zlib
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import text
 
 from noetl_celery import replay
@@ -78,6 +81,29 @@ def _rows(url: str, sql: str, **params):
 
 def _json(value):
     return json.loads(value) if isinstance(value, str) else value
+
+
+def _iteration_results(url: str, execution_id: int) -> dict[int, Any]:
+    """Each completed iteration's result, by iteration (one row each: asserted)."""
+    rows = _rows(
+        url,
+        "SELECT iteration, result FROM noetl_event WHERE execution_id = :e AND event_type = 'iteration.completed'",
+        e=execution_id,
+    )
+    results = {r["iteration"]: _json(r["result"]) for r in rows}
+    assert len(results) == len(rows)
+    return results
+
+
+def _step_result(url: str, execution_id: int, step: str) -> Any:
+    """What the step's `step.completed` row holds as its result (a reference, if stored so)."""
+    (row,) = _rows(
+        url,
+        "SELECT result FROM noetl_event WHERE execution_id = :e AND step = :s AND event_type = 'step.completed'",
+        e=execution_id,
+        s=step,
+    )
+    return _json(row["result"])
 
 
 def _start_then_loop(name: str, start: str, max_in_flight: int, args: str, result: str) -> str:
@@ -296,22 +322,106 @@ def test_a_paged_collection_runs_every_iteration_holding_a_few_pages(sqlite_url,
     # this process wrote the result and started the loop, and read nothing else stored by reference
     assert all(blobs.CACHE.get(page) is blobs._MISSING for page in collection["pages"])
     assert len(blobs.CACHE) == 0, list(blobs.CACHE)
-    done = _rows(
-        sqlite_url,
-        "SELECT iteration, result FROM noetl_event WHERE execution_id = :e AND event_type = 'iteration.completed'",
-        e=execution_id,
-    )
-    assert sorted(r["iteration"] for r in done) == list(range(600))
-    assert all(_json(r["result"]) == 3 * r["iteration"] for r in done)
-    (work,) = _rows(
-        sqlite_url,
-        "SELECT result FROM noetl_event WHERE execution_id = :e AND step = 'work' AND event_type = 'step.completed'",
-        e=execution_id,
-    )
-    result = _json(work["result"])
+    assert _iteration_results(sqlite_url, execution_id) == {i: 3 * i for i in range(600)}
+    result = _step_result(sqlite_url, execution_id, "work")
     if limits.is_reference(result):
         with transaction(sqlite_url) as conn:
             result = blobs.fetch(conn, result)
     assert result["results"] == [3 * i for i in range(600)]
     report = replay.replay(sqlite_url, execution_id)
     assert report.difference is None and report.decisions > 600, "\n".join(replay.describe(report))
+
+
+def _loop_collection(url: str, execution_id: int) -> dict:
+    (loop,) = _rows(url, "SELECT collection FROM noetl_loop WHERE execution_id = :e", e=execution_id)
+    return _json(loop["collection"])
+
+
+def test_a_loop_over_a_stored_list_alone_pages_it_as_it_reads_it(sqlite_url, monkeypatch, tmp_path):
+    """`in: "{{ start }}"` naming a list stored by reference: the loop's pages are made as the
+    stored text is read, and no process decodes the list whole, where `{{ start | list }}` renders
+    it first. Both make the same pages (the same digests) and run every iteration on its element."""
+    monkeypatch.setenv("NOETL_LOOP_PAGE_BYTES", "700")
+    whole: list[str] = []  # digests of the values decoded whole
+    unpacked = blobs._unpacked
+
+    def watched(encoding, data):
+        value = unpacked(encoding, data)
+        whole.append(blobs.hashlib.sha256(blobs.encode(value)[1]).hexdigest())
+        return value
+
+    monkeypatch.setattr(blobs, "_unpacked", watched)
+    start = '[{"n": i, "s": "a, }, ] " + str(i)} for i in range(400)]'
+    collections, sources = [], []
+    for name, expression in (("alone", "{{ start }}"), ("rendered", "{{ start | list }}")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(
+            _start_then_loop(name, start, 5, "{x: '{{ iter.x }}'}", 'x["n"] * 2').replace("{{ start }}", expression)
+        )
+        harness = Harness(sqlite_url)
+        execution_id = harness.start(compile_source(str(path), {}, None))
+        whole.clear()
+        while harness.step():
+            pass
+        (status,) = _rows(sqlite_url, "SELECT status FROM noetl_execution WHERE execution_id = :e", e=execution_id)
+        assert status["status"] == "completed"
+        sources.append(_step_result(sqlite_url, execution_id, "start")["sha256"])
+        collections.append(_loop_collection(sqlite_url, execution_id))
+        assert _iteration_results(sqlite_url, execution_id) == {i: 2 * i for i in range(400)}
+        if name == "alone":
+            assert sources[0] not in whole, "the loop's source was decoded whole"
+            report = replay.replay(sqlite_url, execution_id)
+            assert report.difference is None, "\n".join(replay.describe(report))
+        else:
+            assert sources[1] in whole  # the check above can fail: a rendered source is decoded whole
+    alone, rendered = collections
+    assert limits.is_paged(alone) and len(alone["pages"]) >= 10
+    assert [p["sha256"] for p in alone["pages"]] == [p["sha256"] for p in rendered["pages"]]
+    assert {k: v for k, v in alone.items() if k != "pages"} == {k: v for k, v in rendered.items() if k != "pages"}
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(alphabet='ab,]}[{" \\\n\u00e9'),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(alphabet='ab,]"', max_size=3), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=st.lists(JSON_VALUES, max_size=30), cuts=st.lists(st.integers(min_value=0), max_size=8))
+def test_a_stored_list_read_element_by_element_is_the_list_whatever_its_pieces(items, cuts):
+    text = json.dumps(items, ensure_ascii=False)
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+    assert list(blobs.array_elements(pieces)) == items
+    encoding, data = blobs._packed(blobs.encode(items)[1])
+    assert list(blobs.array_elements(blobs._texts(encoding, data))) == items
+
+
+@pytest.mark.parametrize("text", ["", "[", "[1,", "[1 2]", "{}", "[1,]", "1", '["a]', "[1.5e]"])
+def test_a_text_that_is_not_one_json_array_is_refused(text):
+    with pytest.raises(ValueError):
+        list(blobs.array_elements([text[: len(text) // 2], text[len(text) // 2 :]]))
+
+
+def test_a_long_list_is_stored_a_slice_at_a_time_as_the_whole_text_would_be(sqlite_url, monkeypatch):
+    """A list of more than blobs.LIST_SLICE elements is encoded, masked, hashed and compressed a
+    slice at a time: the same reference and the same stored text as the whole value's encoding."""
+    from noetl_celery.store.db import migrate
+
+    migrate(sqlite_url)
+    secret = "another-s3cr3t-value"
+    secret_registry.register(secret)
+    value = [{"i": i, "note": f"row {i} {secret}" if i % 7000 == 3 else "é"} for i in range(2 * blobs.LIST_SLICE + 5)]
+    expected = blobs.stored_form(1, value)
+    assert isinstance(expected, blobs.Kept)
+    monkeypatch.setattr(blobs, "encode", None)  # the whole value's text is not made on this path
+    with transaction(sqlite_url) as conn:
+        ref = blobs.put(conn, 1, value)
+    assert ref == expected.ref and secret not in json.dumps(ref)
+    (row,) = _rows(sqlite_url, "SELECT sha256, size, encoding, data FROM noetl_blob")
+    text = zlib.decompress(bytes(row["data"])) if row["encoding"] == blobs.ZLIB else bytes(row["data"])
+    assert text == expected.raw and row["size"] == len(expected.raw) and row["sha256"] == expected.digest
+    assert secret not in text.decode() and json.loads(text)[3]["note"] == "row 3 ***"

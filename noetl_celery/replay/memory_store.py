@@ -271,13 +271,14 @@ class MemoryStore:
         self.values.setdefault((execution_id, form.digest), json.loads(form.raw))
         return form.ref
 
-    def put_collection(self, execution_id: int, items: list[Any]) -> Any:
-        form = blobs.collection_form(execution_id, items)
-        if not isinstance(form, blobs.Paged):
-            return form
-        for page in form.pages:
+    def put_collection(self, execution_id: int, items: list[Any], source: Mapping[str, Any] | None = None) -> Any:
+        def keep(page: blobs.Kept) -> None:
             self.values.setdefault((execution_id, page.digest), json.loads(page.raw))
-        return form.collection
+
+        if source is None:
+            return blobs.collection_form(execution_id, items, keep)
+        raw = blobs.encode(self.fetch(source))[1]  # the stored text, read as the store reads it
+        return blobs.stored_collection_form(execution_id, source, blobs.PLAIN, raw, keep)
 
     def fetch(self, ref: Mapping[str, Any]) -> Any:
         """The whole value of a reference: one kept here, else the recorded store's."""

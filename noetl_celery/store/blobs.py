@@ -16,12 +16,18 @@ A value above NOETL_MAX_STORED_BYTES is not stored: it is truncated (limits.mark
 value above NOETL_MAX_RESULT_BYTES was before, and a loop over it fails naming the setting.
 
 Secrets: the value is masked (secret_registry) before it is encoded, as an event row's content is.
+
+Long lists are never held as one text: `put` encodes a list of more than LIST_SLICE elements a
+slice at a time, and a loop's pages are made from a stored list as its text is unpacked and
+decoded (`stored_collection_form`, `array_elements`).
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -55,6 +61,10 @@ def _packed(raw: bytes) -> tuple[str, bytes]:
 def _unpacked(encoding: str, data: bytes) -> Any:
     raw = zlib.decompress(data) if encoding == ZLIB else data
     return json.loads(raw)
+
+
+def _unmasked(value: Any) -> Any:
+    return value
 
 
 def _fits(value: Any, limit: int) -> bool:
@@ -101,38 +111,161 @@ def stored_form(execution_id: int, value: Any, *, masked: bool = False) -> Any:
     return kept
 
 
-class Paged(NamedTuple):
-    """A loop collection above the row cap (`collection_form`): what the loop row holds (the
-    pages' references, the element count and how many elements a page has) and each page to keep."""
-
-    collection: dict[str, Any]
-    pages: list[Kept]
-
-
-def collection_form(execution_id: int, items: list[Any]) -> Any:
+def collection_form(execution_id: int, items: list[Any], keep: Callable[[Kept], None]) -> Any:
     """What a loop row holds for its collection `items`: the list itself when its JSON fits
-    NOETL_MAX_RESULT_BYTES, its truncation marker above NOETL_MAX_STORED_BYTES, else `Paged`: the
-    list cut into pages of about NOETL_LOOP_PAGE_BYTES of JSON, each kept by reference, so that a process
-    dispatching an iteration reads the page of its element, never the whole list (its decoded
-    objects take several times its JSON). Every page has `per` elements (the last one fewer):
-    element i is element i % per of page i // per."""
+    NOETL_MAX_RESULT_BYTES, its truncation marker above NOETL_MAX_STORED_BYTES, else its pages:
+    the list cut into pages of about NOETL_LOOP_PAGE_BYTES of JSON, each handed to `keep` (which
+    stores it) as it is made, so that a process dispatching an iteration reads the page of its
+    element, never the whole list (its decoded objects take several times its JSON). Every page
+    has `per` elements (the last one fewer): element i is element i % per of page i // per."""
     form = stored_form(execution_id, items)
     if not isinstance(form, Kept):
         return form
-    masked = form.value
-    per = max(1, len(masked) * limits.loop_page_bytes() // max(len(form.raw), 1))
-    pages = [_kept(execution_id, masked[start : start + per]) for start in range(0, len(masked), per)]
-    collection = {  # each page's reference without its preview and message: the loop row stays small
-        limits.PAGED: True,
-        "length": len(masked),
-        "per": per,
-        "size": len(form.raw),
-        "pages": [
-            {limits.STORED: True, "execution_id": execution_id, "sha256": page.digest, "size": len(page.raw)}
-            for page in pages
-        ],
-    }
-    return Paged(collection, pages)
+    masked, size = form.value, len(form.raw)
+    del form  # the whole list's text is not held while its pages are made
+    per = _per_page(len(masked), size)
+    pages = (masked[start : start + per] for start in range(0, len(masked), per))
+    return _paged(execution_id, len(masked), size, per, pages, keep)
+
+
+def stored_collection_form(
+    execution_id: int, source: Mapping[str, Any], encoding: str, data: bytes, keep: Callable[[Kept], None]
+) -> dict[str, Any]:
+    """`collection_form` of the list stored by reference as `source` (its stored `encoding` and
+    `data`), read element by element as its text is unpacked (`array_elements`): the pages are
+    the ones `collection_form` makes of the decoded list, and the whole list is never held, as
+    neither its objects nor its text. `source` is above NOETL_MAX_RESULT_BYTES and at most
+    NOETL_MAX_STORED_BYTES (engine/decision/loops.py `stored_source`)."""
+    length, size = int(source["length"]), int(source["size"])
+    per = _per_page(length, size)
+    mask = secret_registry.masker()
+    pages = (mask(page) for page in _in_pages(array_elements(_texts(encoding, data)), per, length))
+    return _paged(execution_id, length, size, per, pages, keep)
+
+
+def _per_page(length: int, size: int) -> int:
+    """Elements per page of a list of `length` elements and `size` bytes of JSON."""
+    return max(1, length * limits.loop_page_bytes() // max(size, 1))
+
+
+def _in_pages(elements: Iterable[Any], per: int, length: int) -> Iterator[list[Any]]:
+    page: list[Any] = []
+    count = 0
+    for element in elements:
+        page.append(element)
+        count += 1
+        if len(page) == per:
+            yield page
+            page = []
+    if page:
+        yield page
+    if count != length:
+        raise ValueError(f"the stored list has {count} elements where its reference says {length}")
+
+
+def _paged(
+    execution_id: int, length: int, size: int, per: int, pages: Iterable[list[Any]], keep: Callable[[Kept], None]
+) -> dict[str, Any]:
+    """What a loop row holds for a collection in pages: each page's reference without its preview
+    and message (the loop row stays small), the element count and the elements per page."""
+    refs = []
+    for page in pages:
+        kept = _kept(execution_id, page)
+        keep(kept)
+        refs.append({limits.STORED: True, "execution_id": execution_id, "sha256": kept.digest, "size": len(kept.raw)})
+    return {limits.PAGED: True, "length": length, "per": per, "size": size, "pages": refs}
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def _texts(encoding: str, data: bytes) -> Iterator[str]:
+    """The JSON text stored as `data`, unpacked piece by piece."""
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    unpack = zlib.decompressobj() if encoding == ZLIB else None
+    for start in range(0, len(data), STREAM_CHUNK):
+        piece = data[start : start + STREAM_CHUNK]
+        yield utf8.decode(unpack.decompress(piece) if unpack is not None else piece)
+    yield utf8.decode(unpack.flush() if unpack is not None else b"", final=True)
+
+
+def array_elements(texts: Iterable[str]) -> Iterator[Any]:
+    """The elements of the JSON array whose text is the concatenation of `texts`, each decoded
+    as soon as the text holds all of it (a number counts as whole once a `,` or `]` follows it):
+    what `json.loads` gives of the whole text, one element at a time. A text that is not one
+    JSON array raises ValueError."""
+    source = iter(texts)
+    buf, pos, more, batch = "", 0, True, True
+    state = "open"  # open -> first -> (value -> after)* -> closed
+    while state != "closed":
+        pos = _SPACE.match(buf, pos).end()  # type: ignore[union-attr]
+        if state == "value" and pos < len(buf) and batch:
+            run = _run(buf, pos)
+            batch = run is not None  # else one by one until more text is read
+            if run is not None:  # the elements up to a comma near the text's end, at once
+                elements, pos = run
+                yield from elements
+                continue
+        if pos >= len(buf) or state == "value":
+            element = _element(buf, pos, more) if pos < len(buf) else None
+            if element is None:  # the text so far ends inside the next token: read on
+                if not more:
+                    raise ValueError(f"the JSON array's text ends early (at {state})")
+                try:
+                    buf, pos, batch = buf[pos:] + next(source), 0, True
+                except StopIteration:
+                    more = False
+                continue
+            value, pos = element
+            yield value
+            state = "after"
+            continue
+        char = buf[pos]
+        if state == "open" and char == "[":
+            state = "first"
+        elif state == "first":
+            state = "closed" if char == "]" else "value"
+            if state == "value":
+                continue
+        elif state == "after" and char in ",]":
+            state = "value" if char == "," else "closed"
+        else:
+            raise ValueError(f"the text is not a JSON array: {char!r} where {state} was expected")
+        pos += 1
+
+
+def _run(buf: str, pos: int) -> tuple[list[Any], int] | None:
+    """The elements from `pos` up to a comma near the end of the text, decoded at once, and where
+    the next one starts; None when no such comma is between two elements. Tried: the last comma,
+    then the last one after a closing brace, bracket or quote (between mappings, lists or strings
+    as json.dumps separates them). A comma inside a string or a nested value is never taken for
+    one between elements: the text up to it does not close as one array."""
+    tried = set()
+    for cut in (buf.rfind(",", pos), buf.rfind("}, ", pos) + 1, buf.rfind("], ", pos) + 1, buf.rfind('", ', pos) + 1):
+        if cut <= pos or cut in tried:
+            continue
+        tried.add(cut)
+        try:
+            return json.loads(f"[{buf[pos:cut]}]"), cut + 1
+        except ValueError:
+            continue
+    return None
+
+
+def _element(buf: str, pos: int, more: bool) -> tuple[Any, int] | None:
+    """The element whose text starts at `pos` and where it ends, or None when `buf` does not hold
+    all of it yet (`more`: more text is to come)."""
+    try:
+        value, end = _DECODER.raw_decode(buf, pos)
+    except ValueError:
+        if more:
+            return None
+        raise
+    after = _SPACE.match(buf, end).end()  # type: ignore[union-attr]
+    if more and (after >= len(buf) or buf[after] not in ",]"):
+        return None  # a number may go on in the next piece (`12` of `123`, `1.5` of `1.5e3`)
+    return value, end
 
 
 def _kept(execution_id: int, value: Any, text: str | None = None, raw: bytes | None = None) -> Kept:
@@ -150,16 +283,35 @@ def _store(conn: Connection, execution_id: int, kept: Kept) -> None:
     _insert(conn, execution_id, kept.digest, len(kept.raw), encoding, data)
 
 
-def put_collection(conn: Connection, execution_id: int, items: list[Any]) -> Any:
+def put_collection(
+    conn: Connection, execution_id: int, items: list[Any], source: Mapping[str, Any] | None = None
+) -> Any:
     """A loop's collection as its row holds it (`collection_form`), its pages stored (in `conn`'s
     transaction) and not kept in this process's cache: the process that dispatches an iteration
-    reads the page it needs (`fetch(..., keep=False)`, engine/decision/loops.py)."""
-    form = collection_form(execution_id, items)
-    if not isinstance(form, Paged):
-        return form
-    for page in form.pages:
+    reads the page it needs (`fetch(..., keep=False)`, engine/decision/loops.py). With `source`
+    (a list stored by reference; `items` unused), the pages are made as that list is read
+    (`stored_collection_form`)."""
+
+    def keep(page: Kept) -> None:
         _store(conn, execution_id, page)
-    return form.collection
+
+    if source is None:
+        return collection_form(execution_id, items, keep)
+    encoding, data = _stored_row(conn, source)
+    return stored_collection_form(execution_id, source, encoding, bytes(data), keep)
+
+
+LIST_SLICE = 10_000  # elements of a big list encoded at a time (`put`)
+
+
+def _list_pieces(items: list[Any], mask: Callable[[Any], Any]) -> Iterator[str]:
+    """`encode`'s text of the list `items`, masked, LIST_SLICE elements at a time: json.dumps
+    writes a list as `[a, b, ...]`, so each slice's text without its brackets, joined by `, `."""
+    yield "["
+    for start in range(0, len(items), LIST_SLICE):
+        text = json.dumps(mask(items[start : start + LIST_SLICE]), default=str, ensure_ascii=False)
+        yield f", {text[1:-1]}" if start else text[1:-1]
+    yield "]"
 
 
 def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False) -> Any:
@@ -168,7 +320,14 @@ def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False
     NOETL_MAX_STORED_BYTES, its truncation marker. `masked`: secrets are masked already.
     The value is not kept in this process's cache: a process keeps what it reads (`fetch`), and a
     value read nowhere after it was written (a loop's source, a result only a sink wanted) takes
-    no memory of the process that wrote it."""
+    no memory of the process that wrote it. A list of more than LIST_SLICE elements is encoded,
+    hashed and compressed a slice at a time: its whole text is never held (a million small
+    integers: 6.9 MB of text, twice, as characters and as bytes)."""
+    if isinstance(value, list) and len(value) > LIST_SLICE:
+        mask = _unmasked if masked else secret_registry.masker()
+        ref = _put_text(conn, execution_id, lambda: _chunks(_list_pieces(value, mask)), value)
+        if ref is not None:
+            return ref
     form = stored_form(execution_id, value, masked=masked)
     if not isinstance(form, Kept):
         return form
@@ -213,13 +372,20 @@ def put_streamed(
     keep them). Returns the reference `put` would return, or None when the value is not stored
     by reference (its JSON is at most NOETL_MAX_RESULT_BYTES, or above NOETL_MAX_STORED_BYTES):
     the caller keeps the whole value then."""
+    return _put_text(conn, execution_id, lambda: _chunks(_pieces(parts, key, items)), dict(parts))
+
+
+def _put_text(conn: Connection, execution_id: int, chunks: Callable[[], Iterable[str]], shape: Any) -> Any:
+    """Store the value whose JSON text `chunks()` gives piece by piece (called again when
+    compressing saves too little), hashing and compressing it as it comes; `shape` is the value
+    or a value of its type and length, for its reference. None: not stored (see `put_streamed`)."""
     most = limits.max_stored_bytes()
     digest = hashlib.sha256()
     packer = zlib.compressobj(COMPRESS_LEVEL)
     packed: list[bytes] = []
     size = 0
     head = ""
-    for chunk in _chunks(parts, key, items):
+    for chunk in chunks():
         raw = chunk.encode("utf-8")
         size += len(raw)
         if size > most:
@@ -235,18 +401,17 @@ def put_streamed(
     del packed
     encoding = ZLIB
     if len(data) > size * COMPRESS_WHEN_SAVES:
-        encoding, data = PLAIN, b"".join(chunk.encode("utf-8") for chunk in _chunks(parts, key, items))
+        encoding, data = PLAIN, b"".join(chunk.encode("utf-8") for chunk in chunks())
     sha256 = digest.hexdigest()
     _insert(conn, execution_id, sha256, size, encoding, data)
-    return limits.reference(execution_id, size, sha256, dict(parts), head)
+    return limits.reference(execution_id, size, sha256, shape, head)
 
 
-def _chunks(parts: Mapping[str, Any], key: str, items: Callable[[], Iterable[Any]]) -> Iterator[str]:
-    """The JSON text of `parts` with `key` the list of `items()`, masked, in pieces of about
-    STREAM_CHUNK characters."""
+def _chunks(pieces: Iterable[str]) -> Iterator[str]:
+    """The text of `pieces` in pieces of about STREAM_CHUNK characters."""
     pending: list[str] = []
     length = 0
-    for piece in _pieces(parts, key, items):
+    for piece in pieces:
         pending.append(piece)
         length += len(piece)
         if length >= STREAM_CHUNK:
@@ -319,6 +484,15 @@ def fetch(conn: Connection, ref: Mapping[str, Any], *, keep: bool = True) -> Any
     found = CACHE.get(ref)
     if found is not _MISSING:
         return found
+    encoding, data = _stored_row(conn, ref)
+    value = _unpacked(encoding, bytes(data))
+    if keep:
+        CACHE.keep(ref, value)
+    return value
+
+
+def _stored_row(conn: Connection, ref: Mapping[str, Any]) -> tuple[str, bytes]:
+    """The stored encoding and data of the value `ref` names (LookupError: it is gone)."""
     row = kernel.run(
         conn, kernel.sql(conn.dialect, "blob.select", _SELECT), (int(ref["execution_id"]), str(ref["sha256"]))
     ).fetchone()
@@ -327,10 +501,7 @@ def fetch(conn: Connection, ref: Mapping[str, Any], *, keep: bool = True) -> Any
             f"the value stored by reference {ref['sha256'][:12]} of execution {ref['execution_id']} is gone "
             "(pruned with its execution?)"
         )
-    value = _unpacked(row[0], bytes(row[1]))
-    if keep:
-        CACHE.keep(ref, value)
-    return value
+    return row[0], row[1]
 
 
 def reader(conn: Connection) -> Callable[[Mapping[str, Any]], Any]:

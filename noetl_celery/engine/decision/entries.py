@@ -12,7 +12,7 @@ answers them from memory (tests/test_decision_entries.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,9 +30,12 @@ class PutValue:
 class PutCollection:
     """Keep a loop's collection for the execution: inline below the row cap, else in pages kept
     by reference (store/blobs.py `collection_form`), so that no process holds the whole list to
-    dispatch an iteration. Returns what the loop row stores."""
+    dispatch an iteration. Returns what the loop row stores. With `source` (the reference of a
+    list stored by reference: the loop's `in:` names it alone; `items` is empty), the pages are
+    made as that list is read, and it is never decoded whole (loops.py `stored_source`)."""
 
     items: list[Any]
+    source: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ class Bounds:
     max_result_bytes_env: str = settings.MAX_RESULT_BYTES_ENV
     max_stored_bytes_env: str = settings.MAX_STORED_BYTES_ENV
     max_result_bytes: int = settings.DEFAULT_MAX_RESULT_BYTES  # the row cap: above it, by reference
+    max_stored_bytes: int = settings.DEFAULT_MAX_STORED_BYTES  # above it, not stored: truncated
 
     @classmethod
     def load(cls) -> Bounds:
@@ -90,6 +91,7 @@ class Bounds:
             max_steps=Bound(limits.max_steps(), settings.MAX_STEPS_ENV),
             max_loop_items=Bound(limits.max_loop_items(), settings.MAX_LOOP_ITEMS_ENV),
             max_result_bytes=limits.max_result_bytes(),
+            max_stored_bytes=limits.max_stored_bytes(),
         )
 
 

@@ -10,7 +10,9 @@ Collection loops: on_event fans a loop step out into one task per iteration (or 
 
 - The collection is rendered once when the loop starts and stored once (noetl_loop.collection;
   above NOETL_MAX_RESULT_BYTES in pages of about 256 kB of JSON, each stored by reference:
-  store/blobs.py `collection_form`); each iteration message carries only its own element.
+  store/blobs.py `collection_form`); each iteration message carries only its own element. A
+  loop over a list stored by reference named alone (`in: "{{ fetch }}"`) is paged as the list is
+  read, never decoded whole (`stored_source`, store/blobs.py `stored_collection_form`).
   Processes cache what the row holds by run id; the process that dispatches an iteration of a
   paged collection reads the page of its element and keeps the last CACHED_PAGES pages it read,
   so no worker holds a big collection whole after its loop started (its decoded objects take
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Mapping
@@ -138,6 +141,49 @@ def _page(decider: DecisionPort, ref: dict[str, Any]) -> list[Any]:
         while len(_pages) > CACHED_PAGES:
             _pages.popitem(last=False)
     return page
+
+
+_BARE_NAME = re.compile(r"\s*\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}\s*")
+
+
+class _Unread:
+    """What a trial render reads a stored value as (`stored_source`): the value left unread."""
+
+    def __init__(self) -> None:
+        self.refs: list[Mapping[str, Any]] = []
+
+    def __call__(self, ref: Mapping[str, Any]) -> Any:
+        self.refs.append(ref)
+        return self
+
+
+def stored_source(step: Step, context: dict[str, Any], bounds: Bounds) -> Mapping[str, Any] | None:
+    """The reference of the list stored by reference that is the loop's whole collection, when its
+    `in:` is one name alone (`{{ fetch }}`) whose value is such a list and the loop keeps every
+    element as it is (no `where`, `limit`, `enumerate` or chunks): the loop's pages are then made
+    as that list is read (entries.PutCollection `source`), and no process decodes it whole. None:
+    the collection is rendered (`build_items`)."""
+    loop = step.loop
+    assert loop is not None
+    if not isinstance(loop.collection, str) or not _BARE_NAME.fullmatch(loop.collection):
+        return None
+    if loop.where is not None or loop.limit is not None or loop.enumerate or loop.mode == "chunked":
+        return None
+    unread = _Unread()
+    try:
+        with reading(unread):
+            value = materialise(render_value(loop.collection, context))
+    except TemplateError:
+        return None  # build_items renders it and says what is wrong
+    if value is not unread or len(unread.refs) != 1:  # the name is not the stored value alone
+        return None
+    ref = unread.refs[0]
+    length, size = ref.get("length"), ref.get("size")
+    if ref.get("type") != "list" or not isinstance(length, int) or not isinstance(size, int):
+        return None
+    if not bounds.max_result_bytes < size <= bounds.max_stored_bytes or length > bounds.max_loop_items.value:
+        return None  # kept inline, or refused: build_items says so
+    return ref
 
 
 def build_items(
@@ -269,14 +315,20 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
     loop = step.loop
     assert loop is not None
     run_id, frames, args = run.run_id, run.frames, run.args
-    try:
-        items = build_items(step, context, decider.inputs.bounds, read_once=decider.reads.read_once)
-    except TemplateError as exc:
-        fail_loop_start(decider, step, run_id, parent, {"kind": ErrorKind.LOOP, "message": str(exc)})
-        return
+    source = stored_source(step, context, decider.inputs.bounds)
+    items: list[Any] | None = None  # None: the first elements are read from the collection's pages
+    if source is not None:  # paged as it is read, never decoded whole
+        total = int(source["length"])
+        collection = decider.apply(PutCollection([], source))
+    else:
+        try:
+            items = build_items(step, context, decider.inputs.bounds, read_once=decider.reads.read_once)
+        except TemplateError as exc:
+            fail_loop_start(decider, step, run_id, parent, {"kind": ErrorKind.LOOP, "message": str(exc)})
+            return
+        total = len(items)
+        collection = decider.apply(PutCollection(items))  # above the row cap: in pages kept by reference
     max_in_flight = loop_max_in_flight(step)
-    total = len(items)
-    collection = decider.apply(PutCollection(items))  # above the row cap: in pages kept by reference
     decider.apply(
         CreateLoop(
             run_id=run_id,
@@ -304,7 +356,8 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
     first = min(max_in_flight, total)
     decider.apply(ClaimIndexes(run_id, first))
     for index in range(first):
-        _dispatch_iteration(decider, step, run_id, index, items[index], frames, args, key)
+        element = items[index] if items is not None else _element(decider, run_id, index)
+        _dispatch_iteration(decider, step, run_id, index, element, frames, args, key)
 
 
 def _dispatch_iteration(

@@ -84,8 +84,8 @@ class SqlDecisionStore:
             return blobs.put_streamed(self.connection, execution_id, value.parts, value.key, value.items)
         return blobs.put(self.connection, execution_id, value)
 
-    def put_collection(self, execution_id: int, items: list[Any]) -> Any:
-        return blobs.put_collection(self.connection, execution_id, items)
+    def put_collection(self, execution_id: int, items: list[Any], source: Mapping[str, Any] | None = None) -> Any:
+        return blobs.put_collection(self.connection, execution_id, items, source)
 
     def create_loop(self, values: dict[str, Any]) -> None:
         repo.create_loop(self.connection, values)

@@ -86,9 +86,10 @@ class DecisionStore(Protocol):
         """`value` as a row may hold it: itself, or a reference to it kept once (store/blobs.py); of
         an `entries.Streamed`, the reference, or None when the caller is to build it whole."""
 
-    def put_collection(self, execution_id: int, items: list[Any]) -> Any:
+    def put_collection(self, execution_id: int, items: list[Any], source: Mapping[str, Any] | None = None) -> Any:
         """A loop's collection as its row holds it: the list, or its pages' references, each page
-        kept once (store/blobs.py `collection_form`)."""
+        kept once (store/blobs.py `collection_form`); with `source`, the pages of the list stored
+        by reference as `source`, read as they are made (`stored_collection_form`)."""
 
     def create_loop(self, values: dict[str, Any]) -> None: ...
 

@@ -140,7 +140,7 @@ def _create_child(d: Decided, entry: en.CreateChildExecution) -> None:
 
 _APPLY: dict[type, Callable[[Decided, Any], Any]] = {
     en.PutValue: lambda d, e: checked(d).put_value(d.execution_id, e.value),
-    en.PutCollection: lambda d, e: checked(d).put_collection(d.execution_id, e.items),
+    en.PutCollection: lambda d, e: checked(d).put_collection(d.execution_id, e.items, e.source),
     en.CreateLoop: _create_loop,
     en.ClaimIndexes: lambda d, e: checked(d).claim_loop_indexes(e.run_id, e.count),
     en.CountIteration: count_iteration,
