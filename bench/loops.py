@@ -164,6 +164,25 @@ def tree_rss(pid: int) -> tuple[int, list[tuple[int, int]]]:
     return sum(r for _, r in parts), parts
 
 
+def tree_peaks(pid: int) -> list[float]:
+    """The peak RSS (the kernel's high-water mark, VmHWM) of the process `pid` and of each of its
+    descendants, in MB: what each process held at its worst moment, which sampling may miss."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    peaks = []
+    for p in procs:
+        try:
+            with open(f"/proc/{p.pid}/status") as status:
+                kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        peaks.append(round(kb / 1024, 1))
+    return peaks
+
+
 class RssSampler:
     """Samples the RSS of each worker's process tree every `interval` s in a thread.
 
@@ -1229,9 +1248,11 @@ def bench_memory(ctx: Context, results: dict[str, Any]) -> None:
             }
         )
         mem.update(memory_figures(samples, n))
+        mem["peak_per_process_mb"] = tree_peaks(workers[0].pid)  # the worker's main process first
         log(
             f"   memory: {mem['iterations_per_s']} it/s, RSS at 10/50/90 %: "
-            f"{list(mem['rss_at_progress_mb'].values())} MB, max {mem['rss_max_mb']} MB"
+            f"{list(mem['rss_at_progress_mb'].values())} MB, max {mem['rss_max_mb']} MB, "
+            f"peak per process {mem['peak_per_process_mb']} MB"
         )
     finally:
         problems = log_problems(workers)
