@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from noetl_celery.config import limits
 from noetl_celery.core import vocabulary as ev
 from noetl_celery.dsl.plan import Loop, Step
 from noetl_celery.engine.decision import cursor_loop, loops, write
@@ -262,3 +263,34 @@ def test_a_child_s_end_is_decided_from_its_link_as_read():
         "data": {"done": 1},
         "meta": {"child": {"execution_id": 9, "path": "child", "status": "completed"}},
     }
+
+
+class _FailedPort(EntriesPort):
+    """An EntriesPort that keeps the error a step failed with instead of raising it."""
+
+    failures: list[Any]
+
+    def fail_step(self, step: str, run_id: str, error: Any, parent: str | None) -> None:
+        self.failures.append(error)
+
+
+def test_a_loop_over_a_stored_list_alone_asks_for_its_pages_from_the_source_and_fails_its_step_if_it_is_gone():
+    ref = {"__stored__": True, "execution_id": EXECUTION, "sha256": "ab" * 32, "size": 2_000_000, "type": "list"}
+    page = {"__stored__": True, "execution_id": EXECUTION, "sha256": "cd" * 32, "size": 12}
+    paged = {limits.PAGED: True, "length": 3, "per": 3, "size": 2_000_000, "pages": [page]}
+    port = EntriesPort(answers={en.PutCollection: lambda e: paged})
+    port.reads.stored["cd" * 32] = [10, 20, 30]  # the page; the source ("ab...") is not there to read
+    loops.start_loop(port, _loop_step(), RunRef("r1", [], {}), "p", {"xs": {**ref, "length": 3}})
+    assert port.entries[0] == en.PutCollection([], {**ref, "length": 3})  # the list itself is never read
+    assert port.entries[1].total == 3 and port.entries[1].collection == paged
+    assert [(m.iteration, m.element) for m in port.sent] == [(0, 10), (1, 20)]  # read from the page
+
+    def gone(entry: en.PutCollection) -> Any:
+        raise LookupError("the value stored by reference abab is gone")
+
+    failed = _FailedPort(answers={en.PutCollection: gone})
+    failed.failures = []
+    loops.start_loop(failed, _loop_step(), RunRef("r2", [], {}), "p", {"xs": {**ref, "length": 3}})
+    (error,) = failed.failures
+    assert error["kind"] == "loop" and "step 'each' cannot be read" in error["message"] and "gone" in error["message"]
+    assert [type(e) for e in failed.entries] == [en.PutCollection] and failed.sent == []

@@ -10,11 +10,13 @@ from noetl_celery.engine.decision.reads import iteration_ends_in
 
 
 class ReadsInMemory:
-    """`Reads` over rows and loop rows held in memory."""
+    """`Reads` over rows and loop rows held in memory; `stored`: values stored by reference, by
+    their sha256."""
 
     def __init__(self, rows: list[dict[str, Any]] | None = None, loops: dict[str, dict[str, Any]] | None = None):
         self.rows = rows or []
         self.loops = loops or {}
+        self.stored: dict[str, Any] = {}
 
     def count_events(self, event_type: str) -> int:
         return sum(1 for r in self.rows if r["event_type"] == event_type)
@@ -39,10 +41,12 @@ class ReadsInMemory:
         return self.loops.get(run_id)
 
     def value(self, reference: Mapping[str, Any]) -> Any:
-        raise AssertionError("no value is stored by reference here")
+        if reference["sha256"] not in self.stored:
+            raise AssertionError(f"no value {reference['sha256'][:12]} is stored by reference here")
+        return self.stored[reference["sha256"]]
 
     def read_once(self, reference: Mapping[str, Any]) -> Any:
-        raise AssertionError("no value is stored by reference here")
+        return self.value(reference)
 
     def execution_link(self) -> dict[str, Any] | None:
         return None

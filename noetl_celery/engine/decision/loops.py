@@ -319,7 +319,12 @@ def start_loop(decider: DecisionPort, step: Step, run: RunRef, parent: str, cont
     items: list[Any] | None = None  # None: the first elements are read from the collection's pages
     if source is not None:  # paged as it is read, never decoded whole
         total = int(source["length"])
-        collection = decider.apply(PutCollection([], source))
+        try:
+            collection = decider.apply(PutCollection([], source))
+        except (LookupError, ValueError) as exc:  # gone (pruned?), or not the list its reference says
+            message = f"loop collection of step {step.name!r} cannot be read: {exc}"
+            fail_loop_start(decider, step, run_id, parent, {"kind": ErrorKind.LOOP, "message": message})
+            return
     else:
         try:
             items = build_items(step, context, decider.inputs.bounds, read_once=decider.reads.read_once)
