@@ -40,8 +40,8 @@ from noetl_celery.engine.transport.publish import PUBLISH_RETRY_POLICY, PublishF
 from noetl_celery.engine.transport.store_eta import install_store_eta
 from noetl_celery.engine.transport.sweeping import enqueue_notifications, start_sweeper, stop_sweeper
 from noetl_celery.observe import log_format, metrics
+from noetl_celery.store import blobs, clock
 from noetl_celery.store import check as store_check
-from noetl_celery.store import clock
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +192,12 @@ worker_loss.install(settings=lambda: current_settings(), report=lambda payload: 
 def _fresh_process(**_: Any) -> None:
     process.reset_after_fork()  # a forked child never reuses the parent's connections or caches
     process.mark_pool_child()  # its attempts let a supervisor's SIGTERM pass (engine/transport/process.py)
+
+
+@signals.task_postrun.connect
+def _release_memory(**_: Any) -> None:
+    if blobs.take_written():  # a big value was built here: its freed memory goes back (process.py)
+        process.release_freed_memory()
 
 
 @signals.worker_ready.connect

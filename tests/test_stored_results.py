@@ -425,3 +425,27 @@ def test_a_long_list_is_stored_a_slice_at_a_time_as_the_whole_text_would_be(sqli
     text = zlib.decompress(bytes(row["data"])) if row["encoding"] == blobs.ZLIB else bytes(row["data"])
     assert text == expected.raw and row["size"] == len(expected.raw) and row["sha256"] == expected.digest
     assert secret not in text.decode() and json.loads(text)[3]["note"] == "row 3 ***"
+
+
+def test_a_task_that_stored_a_value_by_reference_hands_freed_memory_back(sqlite_url, monkeypatch):
+    """blobs.take_written is true once after a value is stored by reference, and the worker's
+    task_postrun handler then trims the C heap (engine/transport/process.py); a task that stored
+    nothing does not."""
+    from noetl_celery import app
+    from noetl_celery.engine.transport import process
+    from noetl_celery.store.db import migrate
+
+    migrate(sqlite_url)
+    trims: list[int] = []
+    monkeypatch.setattr(process, "release_freed_memory", lambda: trims.append(1))
+    blobs.take_written()
+    with transaction(sqlite_url) as conn:
+        assert blobs.put(conn, 1, list(range(100))) == list(range(100))  # inline: nothing stored
+    app._release_memory()
+    assert trims == []
+    with transaction(sqlite_url) as conn:
+        assert limits.is_reference(blobs.put(conn, 1, list(range(5_000))))
+    app._release_memory()
+    app._release_memory()
+    assert trims == [1] and blobs.take_written() is False
+    assert process._malloc_trim() is not None  # glibc here: the trim is real, not skipped

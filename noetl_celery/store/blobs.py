@@ -335,7 +335,22 @@ def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False
     return form.ref
 
 
+class _Written:
+    """Whether this process stored a value by reference since `take_written` last asked."""
+
+    since = False
+
+
+def take_written() -> bool:
+    """True once after this process stored a value by reference (each is above the row cap, and
+    its objects took several times that while it was built): the worker then hands the memory
+    freed since back to the system (engine/transport/process.py `release_freed_memory`)."""
+    written, _Written.since = _Written.since, False
+    return written
+
+
 def _insert(conn: Connection, execution_id: int, digest: str, size: int, encoding: str, data: bytes) -> None:
+    _Written.since = True
     dialect = conn.dialect
     kernel.run(
         conn,
