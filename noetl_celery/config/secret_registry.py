@@ -290,9 +290,10 @@ def mask(value: Any) -> Any:
     return _mask(value, pattern)
 
 
-def masker() -> Callable[[Any], Any]:
-    """`mask` with the secrets known now, looked up once: for the many parts of one value."""
-    pattern = _pattern()
+def masker(*, masked: bool = False) -> Callable[[Any], Any]:
+    """`mask` with the secrets known now, looked up once: for the many parts of one value
+    (`masked`: the value is masked already, and this gives it back as it is)."""
+    pattern = None if masked else _pattern()
     if pattern is None:
         return _unmasked
     return lambda value: _mask(value, pattern)

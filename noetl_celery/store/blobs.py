@@ -63,10 +63,6 @@ def _unpacked(encoding: str, data: bytes) -> Any:
     return json.loads(raw)
 
 
-def _unmasked(value: Any) -> Any:
-    return value
-
-
 def _fits(value: Any, limit: int) -> bool:
     """True when `value` surely fits `limit` without encoding it (as limits.cap skips it)."""
     if value is None or isinstance(value, (bool, int, float)) or limits.is_truncated(value):
@@ -324,7 +320,7 @@ def put(conn: Connection, execution_id: int, value: Any, *, masked: bool = False
     hashed and compressed a slice at a time: its whole text is never held (a million small
     integers: 6.9 MB of text, twice, as characters and as bytes)."""
     if isinstance(value, list) and len(value) > LIST_SLICE:
-        mask = _unmasked if masked else secret_registry.masker()
+        mask = secret_registry.masker(masked=masked)
         ref = _put_text(conn, execution_id, lambda: _chunks(_list_pieces(value, mask)), value)
         if ref is not None:
             return ref
