@@ -164,16 +164,19 @@ def tree_rss(pid: int) -> tuple[int, list[tuple[int, int]]]:
     return sum(r for _, r in parts), parts
 
 
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def tree_peaks(pid: int) -> list[float]:
     """The peak RSS (the kernel's high-water mark, VmHWM) of the process `pid` and of each of its
     descendants, in MB: what each process held at its worst moment, which sampling may miss."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
     peaks = []
-    for p in procs:
+    for p in _tree(pid):
         try:
             with open(f"/proc/{p.pid}/status") as status:
                 kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
@@ -183,10 +186,24 @@ def tree_peaks(pid: int) -> list[float]:
     return peaks
 
 
+def reset_peaks(pid: int) -> None:
+    """Start the high-water mark of `pid` and its descendants again from their RSS now (writing 5
+    to /proc/PID/clear_refs), so that `tree_peaks` later tells the peak of what came after."""
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p.pid}/clear_refs", "w") as refs:
+                refs.write("5")
+        except OSError:
+            continue
+
+
 class RssSampler:
     """Samples the RSS of each worker's process tree every `interval` s in a thread.
 
     `progress` (optional) is called at each sample (in the sampler thread) and stored with it.
+    `phase_at` (with `progress`): when progress first reaches it, the peak of each process so far
+    is kept (`phase_peaks`: per worker, main process first) and the peaks start again, so that
+    `tree_peaks` at the end gives the peak of what came after.
     """
 
     def __init__(
@@ -195,8 +212,11 @@ class RssSampler:
         interval: float = SAMPLE_INTERVAL,
         keep: bool = False,
         progress: Callable[[], Any] | None = None,
+        phase_at: int | None = None,
     ):
         self.pids = pids
+        self.phase_at = phase_at
+        self.phase_peaks: list[list[float]] | None = None
         self.interval = interval
         self.keep = keep
         self.progress = progress
@@ -227,6 +247,12 @@ class RssSampler:
                 except Exception as exc:  # noqa: BLE001 - a missed reading is not fatal
                     sample["progress"] = None
                     self.error = f"{type(exc).__name__}: {exc}"
+                done = sample["progress"]
+                if self.phase_at is not None and self.phase_peaks is None and (done or 0) >= self.phase_at:
+                    self.phase_peaks = [tree_peaks(pid) for pid in self.pids]
+                    for pid in self.pids:
+                        reset_peaks(pid)
+                    sample["phase"] = True
             self.samples.append(sample)
 
     def _run(self) -> None:
@@ -863,7 +889,10 @@ def run_noetl(
         with (
             waits,
             RssSampler(
-                [w.pid for w in workers], keep=keep_samples, progress=progress if keep_samples else None
+                [w.pid for w in workers],
+                keep=keep_samples,
+                progress=progress if keep_samples else None,
+                phase_at=1 if keep_samples else None,
             ) as sampler,
             CpuMeter(workers) as cpu,
         ):
@@ -897,6 +926,8 @@ def run_noetl(
         "peak_rss_mb": [round(p / MB, 1) for p in sampler.peaks],
         "cpu": cpu.result(n),
     }
+    if sampler.phase_peaks is not None:
+        result["peak_per_process_to_first_iteration_mb"] = sampler.phase_peaks
     if isinstance(waits, PgWaitSampler):
         result["pg_waits"] = waits.result()
     if keep_samples:
@@ -1248,11 +1279,24 @@ def bench_memory(ctx: Context, results: dict[str, Any]) -> None:
             }
         )
         mem.update(memory_figures(samples, n))
-        mem["peak_per_process_mb"] = tree_peaks(workers[0].pid)  # the worker's main process first
+        peaks = tree_peaks(workers[0].pid)  # the worker's main process first
+        first = run.get("peak_per_process_to_first_iteration_mb")
+        if first:  # the start step (its own code builds the collection), its storing, the loop's start
+            mem["peak_per_process_to_first_iteration_mb"] = first[0]
+            mem["peak_per_process_after_first_iteration_mb"] = peaks
+            if len(first[0]) == len(peaks):  # the same processes: the whole run's peak of each
+                peaks = [max(a, b) for a, b in zip(first[0], peaks, strict=True)]
+        mem["peak_per_process_mb"] = peaks
         log(
             f"   memory: {mem['iterations_per_s']} it/s, RSS at 10/50/90 %: "
             f"{list(mem['rss_at_progress_mb'].values())} MB, max {mem['rss_max_mb']} MB, "
             f"peak per process {mem['peak_per_process_mb']} MB"
+            + (
+                f" (to the first iteration {mem['peak_per_process_to_first_iteration_mb']}, after it "
+                f"{mem['peak_per_process_after_first_iteration_mb']})"
+                if first
+                else ""
+            )
         )
     finally:
         problems = log_problems(workers)

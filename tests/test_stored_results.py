@@ -337,11 +337,15 @@ def _loop_collection(url: str, execution_id: int) -> dict:
     return _json(loop["collection"])
 
 
-def test_a_loop_over_a_stored_list_alone_pages_it_as_it_reads_it(sqlite_url, monkeypatch, tmp_path):
+def test_a_loop_over_a_stored_list_alone_pages_it_as_it_reads_it(either_store, monkeypatch, tmp_path):
     """`in: "{{ start }}"` naming a list stored by reference: the loop's pages are made as the
     stored text is read, and no process decodes the list whole, where `{{ start | list }}` renders
-    it first. Both make the same pages (the same digests) and run every iteration on its element."""
+    it first. Both make the same pages (the same digests) and run every iteration on its element.
+    The stored bytes are read a few hundred at a time (NOETL_STORE_PIECE_BYTES), and on PostgreSQL each value
+    above that is written by COPY."""
     monkeypatch.setenv("NOETL_LOOP_PAGE_BYTES", "700")
+    monkeypatch.setenv("NOETL_STORE_PIECE_BYTES", "300")
+    sqlite_url = either_store
     whole: list[str] = []  # digests of the values decoded whole
     unpacked = blobs._unpacked
 
@@ -397,7 +401,9 @@ def test_a_stored_list_read_element_by_element_is_the_list_whatever_its_pieces(i
     pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
     assert list(blobs.array_elements(pieces)) == items
     encoding, data = blobs._packed(blobs.encode(items)[1])
-    assert list(blobs.array_elements(blobs._texts(encoding, data))) == items
+    stored = sorted({c % (len(data) + 1) for c in cuts})  # the stored bytes, read in any pieces
+    reads = [data[a:b] for a, b in zip([0, *stored], [*stored, len(data)], strict=True)]
+    assert list(blobs.array_elements(blobs._texts(encoding, reads))) == items
 
 
 @pytest.mark.parametrize("text", ["", "[", "[1,", "[1 2]", "{}", "[1,]", "1", '["a]', "[1.5e]"])
@@ -449,3 +455,81 @@ def test_a_task_that_stored_a_value_by_reference_hands_freed_memory_back(sqlite_
     app._release_memory()
     assert trims == [1] and blobs.take_written() is False
     assert process._malloc_trim() is not None  # glibc here: the trim is real, not skipped
+
+
+def test_a_big_value_goes_to_postgresql_by_copy_as_an_insert_would_write_it(migrated_postgres, monkeypatch):
+    """On PostgreSQL a value whose stored bytes are above NOETL_STORE_PIECE_BYTES is sent by COPY: the
+    row is the one the insert writes, a value stored twice is one row, several in one transaction
+    each get their own, and a rollback leaves nothing. A decision's transaction (BEGIN sent with its
+    first statement) may start with it. Read back in pieces, it is the value."""
+    from noetl_celery.store.db import decision_transaction
+
+    url = migrated_postgres.url
+    monkeypatch.setenv("NOETL_STORE_PIECE_BYTES", "4096")
+    first = [{"i": i, "s": f"x{i}\\t\t\n"} for i in range(30_000)]  # above LIST_SLICE: stored by slices
+    second = {"rows": [f"row {i}" for i in range(5_000)]}
+    with decision_transaction(url) as conn:
+        ref = blobs.put(conn, 1, first)
+        assert blobs.put(conn, 1, first) == ref
+        ref2 = blobs.put(conn, 1, second)
+    monkeypatch.setenv("NOETL_STORE_PIECE_BYTES", str(1 << 40))  # the insert of the same values, elsewhere
+    with transaction(url) as conn:
+        assert blobs.put(conn, 2, first)["sha256"] == ref["sha256"]
+        assert blobs.put(conn, 2, second)["sha256"] == ref2["sha256"]
+    rows = _rows(
+        url,
+        "SELECT execution_id, sha256, size, encoding, data, created_at > now() - interval '1 minute' AS now"
+        " FROM noetl_blob ORDER BY sha256, execution_id",
+    )
+    assert [(r["execution_id"], r["sha256"]) for r in rows] == sorted(
+        [(1, ref["sha256"]), (2, ref["sha256"]), (1, ref2["sha256"]), (2, ref2["sha256"])], key=lambda k: (k[1], k[0])
+    )
+    for copied, inserted in (rows[0:2], rows[2:4]):
+        assert len(copied["data"]) > 4_096
+        assert {k: bytes(v) if k == "data" else v for k, v in copied.items() if k != "execution_id"} == {
+            k: bytes(v) if k == "data" else v for k, v in inserted.items() if k != "execution_id"
+        }
+    monkeypatch.setenv("NOETL_STORE_PIECE_BYTES", "4096")
+    with transaction(url) as conn:
+        encoding, pieces = blobs._stored_pieces(conn, ref)
+        read = list(pieces)
+        assert len(read) > 2 and max(len(p) for p in read) == 4_096
+        assert list(blobs.array_elements(blobs._texts(encoding, read))) == first
+    with pytest.raises(RuntimeError), transaction(url) as conn:
+        gone = blobs.put(conn, 3, first)
+        raise RuntimeError("rolled back")
+    assert _rows(url, "SELECT sha256 FROM noetl_blob WHERE execution_id = 3") == []
+    with transaction(url) as conn, pytest.raises(LookupError, match="is gone"):
+        blobs._stored_pieces(conn, gone)
+
+
+def test_two_writers_of_one_big_value_on_postgresql_make_one_row(migrated_postgres, monkeypatch):
+    """COPY has no ON CONFLICT: a second transaction storing the same value while the first has
+    not committed waits for it, then writes nothing (the insert's ON CONFLICT DO NOTHING), where a
+    unique violation would fail its decision."""
+    import threading
+
+    url = migrated_postgres.url
+    monkeypatch.setenv("NOETL_STORE_PIECE_BYTES", "1024")
+    value = [f"value {i}" for i in range(20_000)]
+    written, second_done, errors = threading.Event(), threading.Event(), []
+
+    def second() -> None:
+        written.wait(10)
+        try:
+            with transaction(url) as conn:
+                blobs.put(conn, 7, value)
+        except Exception as exc:  # noqa: BLE001 - the assertion below reports it
+            errors.append(exc)
+        second_done.set()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    with transaction(url) as conn:
+        ref = blobs.put(conn, 7, value)
+        written.set()
+        assert not second_done.wait(1.0), "the second writer did not wait for the first to commit"
+    thread.join(10)
+    assert errors == [] and second_done.is_set()
+    rows = _rows(url, "SELECT sha256, length(data) AS n FROM noetl_blob WHERE execution_id = 7")
+    assert [r["sha256"] for r in rows] == [ref["sha256"]] and rows[0]["n"] > 1_024

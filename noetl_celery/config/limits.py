@@ -25,6 +25,9 @@ and the CLI agree, and `noetl-celery config` shows them with the other settings)
   used dropped first (JSON size of the values, default 64 MB).
 - NOETL_LOOP_PAGE_BYTES: a loop collection above NOETL_MAX_RESULT_BYTES is stored in pages of about
   this much JSON (default 256 kB), read one at a time (store/blobs.py `collection_form`).
+- NOETL_STORE_PIECE_BYTES: a value stored by reference whose stored bytes are above this (default
+  256 KiB) goes to PostgreSQL by COPY, written as it is sent, and a loop's stored source is read
+  this many bytes at a time (store/blobs.py `PIECE_BYTES`).
 """
 
 from __future__ import annotations
@@ -99,6 +102,10 @@ def stored_cache_bytes() -> int:
 
 def loop_page_bytes() -> int:
     return int(settings.limit(settings.LOOP_PAGE_BYTES_ENV))
+
+
+def store_piece_bytes() -> int:
+    return int(settings.limit(settings.STORE_PIECE_BYTES_ENV))
 
 
 def max_steps() -> int:

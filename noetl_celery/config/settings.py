@@ -84,6 +84,8 @@ STORED_CACHE_BYTES_ENV = "NOETL_STORED_CACHE_BYTES"  # values stored by referenc
 DEFAULT_STORED_CACHE_BYTES = 64_000_000  # bytes of their JSON (least recently used dropped first)
 LOOP_PAGE_BYTES_ENV = "NOETL_LOOP_PAGE_BYTES"  # a page of a loop collection above NOETL_MAX_RESULT_BYTES
 DEFAULT_LOOP_PAGE_BYTES = 256_000  # bytes of JSON, about (store/blobs.py collection_form)
+STORE_PIECE_BYTES_ENV = "NOETL_STORE_PIECE_BYTES"  # a value stored by reference, sent and read in pieces
+DEFAULT_STORE_PIECE_BYTES = 262_144  # stored bytes (store/blobs.py PIECE_BYTES: COPY above it, reads by it)
 MAX_RESULT_DEPTH_ENV = "NOETL_MAX_RESULT_DEPTH"  # nesting levels of a stored result
 DEFAULT_MAX_RESULT_DEPTH = 200
 STRICT_TEMPLATES_ENV = "NOETL_STRICT_TEMPLATES"  # 1: undefined names fail wherever they are rendered
@@ -107,6 +109,7 @@ LIMIT_DEFAULTS: dict[str, float] = {  # limit variable -> its default (see `limi
     MAX_STORED_BYTES_ENV: DEFAULT_MAX_STORED_BYTES,
     STORED_CACHE_BYTES_ENV: DEFAULT_STORED_CACHE_BYTES,
     LOOP_PAGE_BYTES_ENV: DEFAULT_LOOP_PAGE_BYTES,
+    STORE_PIECE_BYTES_ENV: DEFAULT_STORE_PIECE_BYTES,
     MESSAGE_FORMAT_ENV: NEWEST_MESSAGE_FORMAT,
 }
 WHOLE_LIMITS = frozenset(LIMIT_DEFAULTS) - {TEMPLATE_TIMEOUT_ENV}  # counts of bytes or nodes
@@ -181,6 +184,7 @@ class Settings:
     max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES
     stored_cache_bytes: int = DEFAULT_STORED_CACHE_BYTES
     loop_page_bytes: int = DEFAULT_LOOP_PAGE_BYTES
+    store_piece_bytes: int = DEFAULT_STORE_PIECE_BYTES
     strict_templates: bool = False  # as load() saw it; templates/render.py reads it again at each use
     pg_prepare: str = DEFAULT_PG_PREPARE  # NOETL_PG_PREPARE (store/prepared.py), read when an engine is made
     # the sweeper deletes the history of finished executions older than this (None: never; `prune`)
@@ -249,6 +253,7 @@ class Settings:
             MAX_STORED_BYTES_ENV: f"{self.max_stored_bytes} bytes",
             STORED_CACHE_BYTES_ENV: f"{self.stored_cache_bytes} bytes",
             LOOP_PAGE_BYTES_ENV: f"{self.loop_page_bytes} bytes",
+            STORE_PIECE_BYTES_ENV: f"{self.store_piece_bytes} bytes",
             STRICT_TEMPLATES_ENV: "on" if self.strict_templates else "off (NoETL's lenient rendering)",
             DUCKDB_DIR_ENV: str(self.duckdb_dir),
             ARTIFACT_DIR_ENV: str(self.artifact_dir) if self.artifact_dir else "(the current folder)",
@@ -366,6 +371,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
             max_stored_bytes=int(limit(MAX_STORED_BYTES_ENV, env)),
             stored_cache_bytes=int(limit(STORED_CACHE_BYTES_ENV, env)),
             loop_page_bytes=int(limit(LOOP_PAGE_BYTES_ENV, env)),
+            store_piece_bytes=int(limit(STORE_PIECE_BYTES_ENV, env)),
             strict_templates=strict_templates(env),
             pg_prepare=pg_prepare(env),
             disabled_tools=disabled_tools(env),

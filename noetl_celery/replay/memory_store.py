@@ -278,7 +278,7 @@ class MemoryStore:
         if source is None:
             return blobs.collection_form(execution_id, items, keep)
         raw = blobs.encode(self.fetch(source))[1]  # the stored text, read as the store reads it
-        return blobs.stored_collection_form(execution_id, source, blobs.PLAIN, raw, keep)
+        return blobs.stored_collection_form(execution_id, source, blobs.PLAIN, [raw], keep)
 
     def fetch(self, ref: Mapping[str, Any]) -> Any:
         """The whole value of a reference: one kept here, else the recorded store's."""

@@ -30,6 +30,7 @@ import json
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
@@ -125,17 +126,22 @@ def collection_form(execution_id: int, items: list[Any], keep: Callable[[Kept], 
 
 
 def stored_collection_form(
-    execution_id: int, source: Mapping[str, Any], encoding: str, data: bytes, keep: Callable[[Kept], None]
+    execution_id: int,
+    source: Mapping[str, Any],
+    encoding: str,
+    pieces: Iterable[bytes],
+    keep: Callable[[Kept], None],
 ) -> dict[str, Any]:
-    """`collection_form` of the list stored by reference as `source` (its stored `encoding` and
-    `data`), read element by element as its text is unpacked (`array_elements`): the pages are
+    """`collection_form` of the list stored by reference as `source` (its stored `encoding`, and
+    its stored bytes in `pieces`), read element by element as its text is unpacked
+    (`array_elements`): the pages are
     the ones `collection_form` makes of the decoded list, and the whole list is never held, as
     neither its objects nor its text. `source` is above NOETL_MAX_RESULT_BYTES and at most
     NOETL_MAX_STORED_BYTES (engine/decision/loops.py `stored_source`)."""
     length, size = int(source["length"]), int(source["size"])
     per = _per_page(length, size)
     mask = secret_registry.masker()
-    pages = (mask(page) for page in _in_pages(array_elements(_texts(encoding, data)), per, length))
+    pages = (mask(page) for page in _in_pages(array_elements(_texts(encoding, pieces)), per, length))
     return _paged(execution_id, length, size, per, pages, keep)
 
 
@@ -176,13 +182,14 @@ _SPACE = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
 
-def _texts(encoding: str, data: bytes) -> Iterator[str]:
-    """The JSON text stored as `data`, unpacked piece by piece."""
+def _texts(encoding: str, pieces: Iterable[bytes]) -> Iterator[str]:
+    """The JSON text stored as the concatenation of `pieces`, unpacked piece by piece."""
     utf8 = codecs.getincrementaldecoder("utf-8")()
     unpack = zlib.decompressobj() if encoding == ZLIB else None
-    for start in range(0, len(data), STREAM_CHUNK):
-        piece = data[start : start + STREAM_CHUNK]
-        yield utf8.decode(unpack.decompress(piece) if unpack is not None else piece)
+    for data in pieces:
+        for start in range(0, len(data), STREAM_CHUNK):
+            piece = data[start : start + STREAM_CHUNK]
+            yield utf8.decode(unpack.decompress(piece) if unpack is not None else piece)
     yield utf8.decode(unpack.flush() if unpack is not None else b"", final=True)
 
 
@@ -293,8 +300,8 @@ def put_collection(
 
     if source is None:
         return collection_form(execution_id, items, keep)
-    encoding, data = _stored_row(conn, source)
-    return stored_collection_form(execution_id, source, encoding, bytes(data), keep)
+    encoding, pieces = _stored_pieces(conn, source)
+    return stored_collection_form(execution_id, source, encoding, pieces, keep)
 
 
 LIST_SLICE = 10_000  # elements of a big list encoded at a time (`put`)
@@ -345,21 +352,59 @@ def take_written() -> bool:
     return written
 
 
-def _insert(conn: Connection, execution_id: int, digest: str, size: int, encoding: str, data: bytes) -> None:
+def _insert(
+    conn: Connection, execution_id: int, digest: str, size: int, encoding: str, data: bytes | bytearray
+) -> None:
     _Written.since = True
     dialect = conn.dialect
+    created_at = kernel.utcnow()
+    if len(data) > limits.store_piece_bytes() and kernel.copies(conn):
+        _insert_copied(conn, (execution_id, digest, size, encoding, created_at), data)
+        return
     kernel.run(
         conn,
         kernel.sql(dialect, "blob.insert", _INSERT),
-        (
-            execution_id,
-            digest,
-            size,
-            encoding,
-            data,
-            kernel.bound(dialect, kernel.BLOBS, "created_at", kernel.utcnow()),
-        ),
+        (execution_id, digest, size, encoding, data, kernel.bound(dialect, kernel.BLOBS, "created_at", created_at)),
     )
+
+
+BLOB_LOCKS = 0x6E6F6574  # the first key of the advisory locks that serialise writers of one value
+_HOLD_THEN_FIND = (  # two statements, each with its own snapshot: the second sees what the lock waited for
+    "SELECT pg_advisory_xact_lock(?, hashtext(?)); SELECT 1 FROM noetl_blob WHERE execution_id = ? AND sha256 = ?"
+)
+_COPY_IN = "COPY noetl_blob (execution_id, sha256, size, encoding, created_at, data) FROM STDIN"
+
+
+def _insert_copied(conn: Connection, columns: tuple[int, str, int, str, datetime], data: bytes | bytearray) -> None:
+    """The insert of a value stored by reference whose stored bytes are above
+    NOETL_STORE_PIECE_BYTES, on
+    PostgreSQL: its row goes by COPY, its bytes written as they are sent (an insert's parameter
+    is the bytes escaped as text, twice their size, and the statement holding that: several times
+    the value in this process). COPY has no ON CONFLICT: a transaction-level advisory lock on the
+    value's key makes writers of the same value wait for each other, and one that finds the row
+    written (committed by the one it waited for, or earlier in its own transaction) writes
+    nothing, as the insert's ON CONFLICT DO NOTHING does. Needs no privilege beyond the insert's."""
+    execution_id, digest, size, encoding, created_at = columns
+    found = kernel.run_text(
+        conn,
+        kernel.dialect_sql(conn.dialect, _HOLD_THEN_FIND),
+        (BLOB_LOCKS, f"{execution_id} {digest}", execution_id, digest),
+    ).fetchone()
+    if found is not None:
+        return
+    head = f"{execution_id}\t{digest}\t{size}\t{encoding}\t{created_at.isoformat()}\t"
+    kernel.copy_in(conn, _COPY_IN, _copy_row(head.encode("ascii"), data))
+
+
+def _copy_row(head: bytes, data: bytes | bytearray) -> Iterator[bytes]:
+    """One row of COPY's text format: `head` (the columns before the bytea, each followed by a
+    tab), then `data` as a bytea (`\\x` and its hex digits, the backslash doubled as the format
+    asks), a piece at a time."""
+    yield head + b"\\\\x"
+    view = memoryview(data)
+    for start in range(0, len(view), STREAM_CHUNK):
+        yield view[start : start + STREAM_CHUNK].hex().encode("ascii")
+    yield b"\n"
 
 
 def put_new(url: str, execution_id: int, value: Any, *, masked: bool = False) -> Any:
@@ -393,7 +438,7 @@ def _put_text(conn: Connection, execution_id: int, chunks: Callable[[], Iterable
     most = limits.max_stored_bytes()
     digest = hashlib.sha256()
     packer = zlib.compressobj(COMPRESS_LEVEL)
-    packed: list[bytes] = []
+    packed = bytearray()  # grown in place: never its pieces and their join at once
     size = 0
     head = ""
     for chunk in chunks():
@@ -404,15 +449,16 @@ def _put_text(conn: Connection, execution_id: int, chunks: Callable[[], Iterable
         if len(head) < limits.PREVIEW_CHARS:
             head += chunk[: limits.PREVIEW_CHARS - len(head)]
         digest.update(raw)
-        packed.append(packer.compress(raw))
+        packed += packer.compress(raw)
     if size <= limits.max_result_bytes():
         return None
-    packed.append(packer.flush())
-    data = b"".join(packed)
-    del packed
-    encoding = ZLIB
+    packed += packer.flush()
+    encoding, data = ZLIB, packed
     if len(data) > size * COMPRESS_WHEN_SAVES:
-        encoding, data = PLAIN, b"".join(chunk.encode("utf-8") for chunk in chunks())
+        del packed, data
+        encoding, data = PLAIN, bytearray()
+        for chunk in chunks():
+            data += chunk.encode("utf-8")
     sha256 = digest.hexdigest()
     _insert(conn, execution_id, sha256, size, encoding, data)
     return limits.reference(execution_id, size, sha256, shape, head)
@@ -504,15 +550,49 @@ def fetch(conn: Connection, ref: Mapping[str, Any], *, keep: bool = True) -> Any
 
 def _stored_row(conn: Connection, ref: Mapping[str, Any]) -> tuple[str, bytes]:
     """The stored encoding and data of the value `ref` names (LookupError: it is gone)."""
-    row = kernel.run(
-        conn, kernel.sql(conn.dialect, "blob.select", _SELECT), (int(ref["execution_id"]), str(ref["sha256"]))
-    ).fetchone()
+    row = kernel.run(conn, kernel.sql(conn.dialect, "blob.select", _SELECT), _key(ref)).fetchone()
     if row is None:
-        raise LookupError(
-            f"the value stored by reference {ref['sha256'][:12]} of execution {ref['execution_id']} is gone "
-            "(pruned with its execution?)"
-        )
+        raise _gone(ref)
     return row[0], row[1]
+
+
+_LENGTH = "SELECT encoding, length(data) FROM noetl_blob WHERE execution_id = ? AND sha256 = ?"
+_PIECE = "SELECT substr(data, ?, ?) FROM noetl_blob WHERE execution_id = ? AND sha256 = ?"
+
+
+def _stored_pieces(conn: Connection, ref: Mapping[str, Any]) -> tuple[str, Iterator[bytes]]:
+    """The stored encoding of the value `ref` names and its stored bytes, read
+    NOETL_STORE_PIECE_BYTES at a time as they are iterated (in `conn`'s transaction): the bytes
+    of a big value are never all in this process at once, nor their escaped text (LookupError:
+    it is gone)."""
+    key = _key(ref)
+    row = kernel.run(conn, kernel.sql(conn.dialect, "blob.length", _LENGTH), key).fetchone()
+    if row is None:
+        raise _gone(ref)
+    encoding, length = row[0], int(row[1])
+
+    each = limits.store_piece_bytes()
+
+    def pieces() -> Iterator[bytes]:
+        for start in range(0, length, each):
+            sql = kernel.sql(conn.dialect, "blob.piece", _PIECE)
+            piece = kernel.run(conn, sql, (start + 1, each, *key)).fetchone()
+            if piece is None:
+                raise _gone(ref)
+            yield bytes(piece[0])
+
+    return encoding, pieces()
+
+
+def _key(ref: Mapping[str, Any]) -> tuple[int, str]:
+    return int(ref["execution_id"]), str(ref["sha256"])
+
+
+def _gone(ref: Mapping[str, Any]) -> LookupError:
+    return LookupError(
+        f"the value stored by reference {ref['sha256'][:12]} of execution {ref['execution_id']} is gone "
+        "(pruned with its execution?)"
+    )
 
 
 def reader(conn: Connection) -> Callable[[Mapping[str, Any]], Any]:

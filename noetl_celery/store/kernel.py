@@ -12,6 +12,7 @@ these; none of them on another's private helpers.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, NoReturn, cast
 
@@ -120,6 +121,39 @@ def _as_text(conn: Connection, cursor: Any, session: prepared.Session, prefix: s
     _send(conn, cursor, prefix + sql, params)
     session.refused(sql)
     return cursor
+
+
+def copies(conn: Connection) -> bool:
+    """Whether `copy_in` can stream to this connection's server: PostgreSQL through psycopg2."""
+    return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg2"
+
+
+class _Pieces:
+    """A file for psycopg2's `copy_expert` reading the pieces of an iterable, one per read."""
+
+    def __init__(self, pieces: Iterable[bytes]):
+        self._pieces = iter(pieces)
+
+    def read(self, _size: int = -1) -> bytes:
+        return next(self._pieces, b"")
+
+    readline = read
+
+
+def copy_in(conn: Connection, sql: str, pieces: Iterable[bytes]) -> None:
+    """COPY ... FROM STDIN on the transaction's DBAPI connection (`copies`), its data the
+    concatenation of `pieces`, each sent as it is made. In a `db.decision_transaction` the BEGIN
+    and deferred statements go first, as with `run`."""
+    dbapi_connection = conn.connection.dbapi_connection
+    assert dbapi_connection is not None
+    cursor = dbapi_connection.cursor()
+    prefix = db.begin_prefix(conn, bound=False)
+    if prefix:
+        _send(conn, cursor, prefix, None)
+    try:
+        cursor.copy_expert(sql, _Pieces(pieces))
+    except Exception as exc:
+        _raise(conn, cursor, sql, None, exc)
 
 
 def _send(conn: Connection, cursor: Any, sql: str, params: Any) -> Any:

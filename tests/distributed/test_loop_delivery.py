@@ -111,8 +111,14 @@ def assert_batched(url: str, execution_id: int, n: int) -> None:
 @pytest.mark.parametrize("playbook", [SHORT_LEASE, BATCHED], ids=["one-per-message", "batched"])
 def test_a_worker_killed_mid_loop_loses_no_iteration(broker, playbook, env, store_url, worker_factory):
     # the collection (400 integers, 1.9 kB of JSON) above the row cap: stored in pages of about
-    # 300 bytes, which the killed worker and its rescuer read one at a time
-    paged = {**env, "NOETL_MAX_RESULT_BYTES": "1000", "NOETL_LOOP_PAGE_BYTES": "300"}
+    # 300 bytes, which the killed worker and its rescuer read one at a time; each value stored by
+    # reference above 200 stored bytes goes by COPY, and the loop's source is read 200 at a time
+    paged = {
+        **env,
+        "NOETL_MAX_RESULT_BYTES": "1000",
+        "NOETL_LOOP_PAGE_BYTES": "300",
+        "NOETL_STORE_PIECE_BYTES": "200",
+    }
     if broker == "redis":
         # a short visibility timeout so that Redis hands the killed worker's messages out again soon
         worker_env = {**paged, "NOETL_VISIBILITY_TIMEOUT": "8", "NOETL_RESTORE_INTERVAL": "2"}
@@ -157,6 +163,11 @@ def test_a_worker_killed_mid_loop_loses_no_iteration(broker, playbook, env, stor
             text("SELECT collection FROM noetl_loop WHERE execution_id = :x"), {"x": execution_id}
         ).scalar_one()
     assert limits.is_paged(collection) and len(collection["pages"]) >= 5, collection
+    with get_engine(store_url).connect() as conn:
+        stored = conn.execute(
+            text("SELECT max(length(data)) FROM noetl_blob WHERE execution_id = :x"), {"x": execution_id}
+        ).scalar_one()
+    assert stored > 200  # the source went by COPY and was read in pieces (store/blobs.py)
 
 
 def test_outcomes_through_the_on_event_queue(env, store_url, worker_factory):
