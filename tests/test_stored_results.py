@@ -533,3 +533,71 @@ def test_two_writers_of_one_big_value_on_postgresql_make_one_row(migrated_postgr
     assert errors == [] and second_done.is_set()
     rows = _rows(url, "SELECT sha256, length(data) AS n FROM noetl_blob WHERE execution_id = 7")
     assert [r["sha256"] for r in rows] == [ref["sha256"]] and rows[0]["n"] > 1_024
+
+
+LONG = 3_000  # elements of an inline list result: above DEFERRED_LIST_ITEMS, below the row cap
+
+DEFERRED_PLAYBOOK = f"""
+apiVersion: noetl.io/v10
+kind: Playbook
+metadata: {{name: deferred_lists}}
+workflow:
+  - step: start
+    tool: {{kind: python, code: "result = list(range({LONG}))"}}
+    next: {{arcs: [{{step: work}}]}}
+  - step: work
+    loop: {{in: "{{{{ start }}}}", iterator: x, spec: {{mode: parallel, max_in_flight: 20}}}}
+    tool: {{kind: python, args: {{x: "{{{{ iter.x }}}}"}}, code: "result = x * 2"}}
+    next: {{arcs: [{{step: check}}]}}
+  - step: check
+    tool:
+      kind: python
+      args:
+        count: "{{{{ start | length }}}}"
+        last: "{{{{ start.result[-1] }}}}"
+      code: |
+        def main(count, last, start, context):
+            seen = context["start"]
+            return {{"count": count, "last": last, "by_name": len(start), "by_context": [len(seen), seen[1]],
+                     "types": [type(start).__name__, type(seen).__name__]}}
+"""
+
+
+def test_a_long_inline_list_result_is_wrapped_only_where_a_template_or_code_reads_it(sqlite_url, tmp_path, monkeypatch):
+    """A list result of more than DEFERRED_LIST_ITEMS elements kept inline is held by the render
+    context as a placeholder (templates.render.Deferred): the iterations of a loop over it, whose
+    templates do not name it, do not copy it into its step result view each time; a template, a
+    python `main` parameter and the code's `context` still read it as the view (its legacy
+    aliases answer)."""
+    from noetl_celery.templates import render
+
+    built: list[int] = []
+
+    class Counted(render.StepList):
+        __slots__ = ()
+
+        def __init__(self, value=()):
+            super().__init__(value)
+            if len(self) == LONG:
+                built.append(1)
+
+    monkeypatch.setattr(render, "StepList", Counted)
+    monkeypatch.setenv("NOETL_MAX_RESULT_BYTES", "1000000")  # the default: the list is kept inline
+    path = tmp_path / "deferred.yaml"
+    path.write_text(DEFERRED_PLAYBOOK)
+    harness = Harness(sqlite_url)
+    execution_id = harness.start(compile_source(str(path), {}, None))
+    harness.drain()
+    (status,) = _rows(sqlite_url, "SELECT status, error FROM noetl_execution WHERE execution_id = :e", e=execution_id)
+    assert status["status"] == "completed", status["error"]
+    assert not limits.is_reference(_step_result(sqlite_url, execution_id, "start"))  # kept inline
+    assert _iteration_results(sqlite_url, execution_id) == {i: 2 * i for i in range(LONG)}
+    assert _step_result(sqlite_url, execution_id, "check") == {
+        "count": LONG,
+        "last": LONG - 1,
+        "by_name": LONG,
+        "by_context": [LONG, 1],
+        "types": ["Counted", "Counted"],
+    }
+    # the loop's start and the step reading it: a few views, not two for each of 3,000 iterations
+    assert 0 < len(built) < 20, len(built)

@@ -26,6 +26,7 @@ from noetl_celery.store import variables as variable_rows
 from noetl_celery.store.db import single_read
 from noetl_celery.templates.render import (
     BUILTIN_NAMES,
+    Deferred,
     Lenient,
     LoopResult,
     Stored,
@@ -41,6 +42,10 @@ CACHED_EXECUTIONS = 256  # executions whose plan and state one process keeps in 
 CACHED_PLANS = 64  # plans (with their workload) one process keeps by digest, for seeded messages
 DUCKDB_KIND = "duckdb"  # a one-task step of this kind reads as its list of rows (templates.render.RowsResult)
 LOOP_RESULTS = "loop_results"  # a run entered from a loop step's arc reads its iteration results by this name
+# a list result longer than this is wrapped in its step result view (a copy) only when a template
+# reads it (templates.render.Deferred): an iteration's render of a loop over a long inline list
+# does not copy the list each time
+DEFERRED_LIST_ITEMS = 1_000
 JOB_UUID_NAMESPACE = uuid.UUID("5d3c7c1e-6b0f-4f43-9d55-2f7e0c1a9b21")  # job.uuid = uuid5(this, execution id)
 
 
@@ -305,7 +310,12 @@ def render_context(state: ExecutionState, scope: Scope, **extra: Any) -> dict[st
         else:
             tasks = state.task_results.get(name)
             wrap = partial(as_step_result, task_results=tasks)
-            context[name] = Stored(value, wrap) if limits.is_reference(value) else as_step_result(value, tasks)
+            if limits.is_reference(value):
+                context[name] = Stored(value, wrap)
+            elif isinstance(value, list) and len(value) > DEFERRED_LIST_ITEMS:  # wrapped (copied) when read
+                context[name] = Deferred(value, wrap)
+            else:
+                context[name] = as_step_result(value, tasks)
     if scope.step and scope.task_results:
         # Inside a pipeline, `step.label` reads an earlier task's result of this very run, and so
         # does the bare label, as in NoETL (`{{ build.id }}`; it wins over a step or workload name,

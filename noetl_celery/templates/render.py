@@ -19,7 +19,8 @@ Rules:
   outside its row by store/blobs.py) is read whole when a template uses it: by name (the
   environment's context class), as an attribute or item, or held by a `Stored` placeholder that
   knows how to wrap it. The reading function is the caller's (`reading`); a reference itself is
-  never rendered as if it were the value.
+  never rendered as if it were the value. A long list result is held by a `Deferred` placeholder
+  the same way: wrapped in its step result view (a copy) only when a template uses it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from jinja2 import TemplateAssertionError, TemplateSyntaxError, UndefinedError, pass_environment
 from jinja2.compiler import CodeGenerator, Frame
@@ -391,15 +392,35 @@ def read_stored(ref: Mapping[str, Any]) -> Any:
         raise TemplateError(str(exc)) from None
 
 
-class Stored:
+class Deferred:
+    """A name whose value is wrapped (by `wrap`: a step result view) only when a template uses
+    it: a long list result is not copied into its view by every render that never reads it."""
+
+    __slots__ = ("value", "wrap")
+
+    def __init__(self, value: Any, wrap: Callable[[Any], Any]):
+        self.value = value
+        self.wrap = wrap
+
+    def resolve(self) -> Any:
+        return self.wrap(self.value)
+
+    def __repr__(self) -> str:
+        return f"Deferred({type(self.value).__name__})"
+
+
+class Stored(Deferred):
     """A name whose value is stored by reference, read (and wrapped by `wrap`: a step result
     view) only when a template uses it."""
 
-    __slots__ = ("ref", "wrap")
+    __slots__ = ()
 
-    def __init__(self, ref: Mapping[str, Any], wrap: Callable[[Any], Any]):
-        self.ref = ref
-        self.wrap = wrap
+    @property
+    def ref(self) -> Mapping[str, Any]:
+        return cast(Mapping[str, Any], self.value)
+
+    def resolve(self) -> Any:
+        return self.wrap(read_stored(self.ref))
 
     def __repr__(self) -> str:
         return f"Stored({self.ref.get('size')} bytes, sha256 {str(self.ref.get('sha256'))[:12]})"
@@ -413,10 +434,10 @@ def stored_or(value: Any, wrap: Callable[[Any], Any]) -> Any:
 
 
 def materialise(value: Any) -> Any:
-    """A `Stored` placeholder or a reference as the whole value it stands for (a reference in
-    a step result view keeps that view's task results); any other value as it is."""
-    if isinstance(value, Stored):
-        return value.wrap(read_stored(value.ref))
+    """A placeholder (`Deferred`, `Stored`) or a reference as the whole value it stands for (a
+    reference in a step result view keeps that view's task results); any other value as it is."""
+    if isinstance(value, Deferred):
+        return value.resolve()
     if limits.is_reference(value):
         task_results = value.task_results if isinstance(value, StepResult) else None
         return as_step_result(read_stored(value), task_results)
@@ -448,7 +469,7 @@ def _guard_truncated(value: Any) -> Any:
     read whole (`materialise`)."""
     if type(value) is dict and value.get(limits.TRUNCATED) is True:
         return TruncatedResult(value)
-    if isinstance(value, Stored) or (type(value) is dict and value.get(limits.STORED) is True):
+    if isinstance(value, Deferred) or (type(value) is dict and value.get(limits.STORED) is True):
         return materialise(value)
     return value
 
@@ -681,7 +702,7 @@ def _defined(value: Any) -> Any:
         if isinstance(value, PlaybookUndefined) and value._hidden():
             return None
         value._fail_with_undefined_error()
-    if isinstance(value, Stored):  # a placeholder inside a rendered value (`{{ ctx }}`): read whole
+    if isinstance(value, Deferred):  # a placeholder inside a rendered value (`{{ ctx }}`): read whole
         return _defined(materialise(value))
     if isinstance(value, (list, tuple)) or type(value).__name__ == "generator":
         return [_defined(v) for v in value]

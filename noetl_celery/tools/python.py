@@ -66,6 +66,7 @@ from noetl_celery.config import secret_registry
 from noetl_celery.core.jsonable import to_jsonable
 from noetl_celery.core.vocabulary import ToolErrorKind
 from noetl_celery.observe.fd_masking import masking_file_descriptors
+from noetl_celery.templates.render import Deferred, materialise
 from noetl_celery.tools import script as scripts
 from noetl_celery.tools.base import ERROR_TEXT_LIMIT, Outcome, ToolCall, refuse_unstorable, register
 from noetl_celery.tools.pool import SoftTimeLimitExceeded, pool_terminating
@@ -258,6 +259,22 @@ def _run_coroutine(awaitable: Any) -> Any:
         return pool.submit(asyncio.run, awaitable).result()
 
 
+@lru_cache(maxsize=256)
+def _names_context(code: CodeType) -> bool:
+    """Whether the code names `context` anywhere (its body, a function's parameter or body)."""
+    found = "context" in code.co_names or "context" in code.co_varnames
+    return found or any(_names_context(c) for c in code.co_consts if isinstance(c, CodeType))
+
+
+def _as_read(context: dict[str, Any]) -> dict[str, Any]:
+    """The render context as the code reads it: a long list result the render context holds
+    wrapped only when used (templates.render.Deferred) is its step result view, as every other
+    result is. A value stored by reference stays a placeholder (read by name: `_call_main`)."""
+    if not any(type(v) is Deferred for v in context.values()):
+        return context
+    return {k: v.resolve() if type(v) is Deferred else v for k, v in context.items()}
+
+
 def _call_main(main: Any, args: dict[str, Any], context: dict[str, Any]) -> Any:
     """Call main with the arguments its signature asks for; _MissingArguments names missing ones."""
     sig = inspect.signature(main)
@@ -278,7 +295,7 @@ def _call_main(main: Any, args: dict[str, Any], context: dict[str, Any]) -> Any:
         elif name == "input_data":
             value = args
         elif name in context:
-            value = context[name]
+            value = materialise(context[name])  # a placeholder of the render context: its value
         elif param.default is not param.empty:
             continue
         else:
@@ -439,6 +456,8 @@ def run_python(call: ToolCall) -> Outcome:
 
     try:
         compiled, filename = _compile(code)
+        if _names_context(compiled):
+            context = _as_read(context)
     except SyntaxError as exc:
         return Outcome.fail(ToolErrorKind.EXCEPTION, f"SyntaxError: {exc.msg} (line {exc.lineno} of the code)")
 
