@@ -601,3 +601,21 @@ def test_a_long_inline_list_result_is_wrapped_only_where_a_template_or_code_read
     }
     # the loop's start and the step reading it: a few views, not two for each of 3,000 iterations
     assert 0 < len(built) < 20, len(built)
+
+
+def test_a_main_parameter_named_after_a_stored_result_reads_the_value(sqlite_url, tmp_path):
+    """`main(start)` of a python tool, `start` a step result stored by reference: the parameter
+    is the value, read whole, not the render context's placeholder for it."""
+    path = tmp_path / "by_name.yaml"
+    path.write_text(
+        "apiVersion: noetl.io/v10\nkind: Playbook\nmetadata: {name: by_name}\nworkflow:\n"
+        "  - step: start\n    tool: {kind: python, code: 'result = list(range(3000))'}\n"
+        "    next: {arcs: [{step: check}]}\n"
+        "  - step: check\n    tool:\n      kind: python\n      code: |\n"
+        "        def main(start):\n            return [len(start), start[-1], isinstance(start, list)]\n"
+    )
+    harness = Harness(sqlite_url)
+    execution_id = harness.start(compile_source(str(path), {}, None))
+    harness.drain()
+    assert limits.is_reference(_step_result(sqlite_url, execution_id, "start"))  # CAP: stored by reference
+    assert _step_result(sqlite_url, execution_id, "check") == [3000, 2999, True]
