@@ -27,7 +27,7 @@ and the CLI agree, and `noetl-celery config` shows them with the other settings)
   this much JSON (default 256 kB), read one at a time (store/blobs.py `collection_form`).
 - NOETL_STORE_PIECE_BYTES: a value stored by reference whose stored bytes are above this (default
   256 KiB) goes to PostgreSQL by COPY, written as it is sent, and a loop's stored source is read
-  this many bytes at a time (store/blobs.py `PIECE_BYTES`).
+  this many bytes at a time (store/blobs.py `_insert_copied`, `_stored_pieces`).
 """
 
 from __future__ import annotations

@@ -134,10 +134,10 @@ def stored_collection_form(
 ) -> dict[str, Any]:
     """`collection_form` of the list stored by reference as `source` (its stored `encoding`, and
     its stored bytes in `pieces`), read element by element as its text is unpacked
-    (`array_elements`): the pages are
-    the ones `collection_form` makes of the decoded list, and the whole list is never held, as
-    neither its objects nor its text. `source` is above NOETL_MAX_RESULT_BYTES and at most
-    NOETL_MAX_STORED_BYTES (engine/decision/loops.py `stored_source`)."""
+    (`array_elements`): the pages are the ones `collection_form` makes of the decoded list, and
+    the whole list is never held, as neither its objects nor its text. `source` is above
+    NOETL_MAX_RESULT_BYTES and at most NOETL_MAX_STORED_BYTES (engine/decision/loops.py
+    `stored_source`)."""
     length, size = int(source["length"]), int(source["size"])
     per = _per_page(length, size)
     mask = secret_registry.masker()
@@ -377,13 +377,13 @@ _COPY_IN = "COPY noetl_blob (execution_id, sha256, size, encoding, created_at, d
 
 def _insert_copied(conn: Connection, columns: tuple[int, str, int, str, datetime], data: bytes | bytearray) -> None:
     """The insert of a value stored by reference whose stored bytes are above
-    NOETL_STORE_PIECE_BYTES, on
-    PostgreSQL: its row goes by COPY, its bytes written as they are sent (an insert's parameter
-    is the bytes escaped as text, twice their size, and the statement holding that: several times
-    the value in this process). COPY has no ON CONFLICT: a transaction-level advisory lock on the
-    value's key makes writers of the same value wait for each other, and one that finds the row
-    written (committed by the one it waited for, or earlier in its own transaction) writes
-    nothing, as the insert's ON CONFLICT DO NOTHING does. Needs no privilege beyond the insert's."""
+    NOETL_STORE_PIECE_BYTES, on PostgreSQL: its row goes by COPY, its bytes written as they are
+    sent (an insert's parameter is the bytes escaped as text, twice their size, and the statement
+    holding that: several times the value in this process). COPY has no ON CONFLICT: a
+    transaction-level advisory lock on the value's key makes writers of the same value wait for
+    each other, and one that finds the row written (committed by the one it waited for, or
+    earlier in its own transaction) writes nothing, as the insert's ON CONFLICT DO NOTHING does.
+    Needs no privilege beyond the insert's."""
     execution_id, digest, size, encoding, created_at = columns
     found = kernel.run_text(
         conn,
@@ -570,7 +570,6 @@ def _stored_pieces(conn: Connection, ref: Mapping[str, Any]) -> tuple[str, Itera
     if row is None:
         raise _gone(ref)
     encoding, length = row[0], int(row[1])
-
     each = limits.store_piece_bytes()
 
     def pieces() -> Iterator[bytes]:
