@@ -537,30 +537,20 @@ def test_two_writers_of_one_big_value_on_postgresql_make_one_row(migrated_postgr
 
 LONG = 3_000  # elements of an inline list result: above DEFERRED_LIST_ITEMS, below the row cap
 
-DEFERRED_PLAYBOOK = f"""
-apiVersion: noetl.io/v10
-kind: Playbook
-metadata: {{name: deferred_lists}}
-workflow:
-  - step: start
-    tool: {{kind: python, code: "result = list(range({LONG}))"}}
-    next: {{arcs: [{{step: work}}]}}
-  - step: work
-    loop: {{in: "{{{{ start }}}}", iterator: x, spec: {{mode: parallel, max_in_flight: 20}}}}
-    tool: {{kind: python, args: {{x: "{{{{ iter.x }}}}"}}, code: "result = x * 2"}}
-    next: {{arcs: [{{step: check}}]}}
-  - step: check
-    tool:
-      kind: python
-      args:
-        count: "{{{{ start | length }}}}"
-        last: "{{{{ start.result[-1] }}}}"
-      code: |
-        def main(count, last, start, context):
-            seen = context["start"]
-            return {{"count": count, "last": last, "by_name": len(start), "by_context": [len(seen), seen[1]],
-                     "types": [type(start).__name__, type(seen).__name__]}}
-"""
+DEFERRED_PLAYBOOK = _start_then_loop("deferred_lists", f"list(range({LONG}))", 20, "{x: '{{ iter.x }}'}", "x * 2") + (
+    "    next: {arcs: [{step: check}]}\n"
+    "  - step: check\n"
+    "    tool:\n"
+    "      kind: python\n"
+    "      args:\n"
+    '        count: "{{ start | length }}"\n'
+    '        last: "{{ start.result[-1] }}"\n'
+    "      code: |\n"
+    "        def main(count, last, start, context):\n"
+    '            seen = context["start"]\n'
+    '            return {"count": count, "last": last, "by_name": len(start), "by_context": [len(seen), seen[1]],\n'
+    '                     "types": [type(start).__name__, type(seen).__name__]}\n'
+)
 
 
 def test_a_long_inline_list_result_is_wrapped_only_where_a_template_or_code_reads_it(sqlite_url, tmp_path, monkeypatch):
